@@ -1,0 +1,1 @@
+"""`make demo`: import the bundled example model and run it on the reference interpreter."""

@@ -1,0 +1,14 @@
+"""Cuvil: an inference compiler whose optimizations are proved.
+
+Public entry points: :func:`import_model` (ONNX / torch -> CIR),
+:func:`run_reference` (the reference interpreter), :class:`CuvilError`.
+"""
+
+from cuvil.errors import CuvilError
+from cuvil.frontend.dispatch import import_model
+from cuvil.interp import run_reference
+from cuvil.log import set_log_level
+
+__version__ = "0.1.0"
+
+__all__ = ["CuvilError", "__version__", "import_model", "run_reference", "set_log_level"]

@@ -1,0 +1,1 @@
+"""Frontends: torch.export -> CIR and ONNX -> CIR."""

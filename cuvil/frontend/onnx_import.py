@@ -1,0 +1,448 @@
+"""ONNX -> CIR.
+
+The driver loads and checks the model (opset, external data kept inside the
+model directory), runs ONNX shape inference, turns initializers and Constant
+nodes into constants, and hands each node to the converter registered for its
+op type (``cuvil/frontend/onnx_ops``). Converters build CIR through a Builder, so
+every value is checked against its op definition as it is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from cuvil.errors import (
+    AttributeTypeError,
+    CuvilError,
+    ExternalDataError,
+    IRError,
+    MissingInitializerError,
+    ModelLoadError,
+    UnsupportedOpError,
+    UnsupportedOpsetError,
+)
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Module
+from cuvil.ir.opdef import get_op
+from cuvil.ir.symbolic import Dim, Sym
+from cuvil.ir.types import DimConstraint, TensorType
+from cuvil.ir.values import Value
+
+MIN_OPSET = 7
+
+ONNX_DTYPES: dict[int, DType] = {
+    onnx.TensorProto.FLOAT: DType.f32, onnx.TensorProto.DOUBLE: DType.f64, onnx.TensorProto.FLOAT16: DType.f16,
+    onnx.TensorProto.BFLOAT16: DType.bf16, onnx.TensorProto.INT64: DType.i64, onnx.TensorProto.INT32: DType.i32,
+    onnx.TensorProto.INT16: DType.i16, onnx.TensorProto.INT8: DType.i8, onnx.TensorProto.UINT64: DType.u64,
+    onnx.TensorProto.UINT32: DType.u32, onnx.TensorProto.UINT16: DType.u16, onnx.TensorProto.UINT8: DType.u8,
+    onnx.TensorProto.BOOL: DType.bool,
+}
+DTYPE_TO_ONNX = {v: k for k, v in ONNX_DTYPES.items()}
+
+
+def onnx_dtype(code: int, where: str) -> DType:
+    try:
+        return ONNX_DTYPES[code]
+    except KeyError:
+        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else code
+        raise UnsupportedOpError(f"element type {name} is not supported", location=where,
+                                 hint="supported: " + ", ".join(d.value for d in DType)) from None
+
+
+# --------------------------------------------------------------------------------------
+# converter registry
+
+Converter = Callable[["NodeCtx"], "Value | Sequence[Value | None]"]
+
+
+@dataclass(frozen=True)
+class ConverterEntry:
+    op_type: str
+    domain: str
+    fn: Converter
+    cir_ops: tuple[str, ...]  # the CIR ops it emits (for `cuvil ops`)
+
+
+CONVERTERS: dict[tuple[str, str], ConverterEntry] = {}
+
+
+def onnx_op(*op_types: str, domain: str = "", emits: Sequence[str] = ()) -> Callable[[Converter], Converter]:
+    """Register a converter for one or more ONNX op types (``emits`` names the CIR ops it builds)."""
+
+    def deco(fn: Converter) -> Converter:
+        for t in op_types:
+            key = (domain, t)
+            if key in CONVERTERS:
+                raise RuntimeError(f"ONNX converter for {domain or 'ai.onnx'}::{t} registered twice")
+            CONVERTERS[key] = ConverterEntry(t, domain, fn, tuple(emits))
+        return fn
+
+    return deco
+
+
+def converters() -> dict[tuple[str, str], ConverterEntry]:
+    import cuvil.frontend.onnx_ops  # noqa: F401  (registers the converter families)
+
+    return CONVERTERS
+
+
+class StaticInputRequired(UnsupportedOpError):
+    """A converter needs the value of a graph input (e.g. a Reshape shape fed as input)."""
+
+    code = "CUVIL-DYNAMIC-INPUT"
+
+    def __init__(self, param_name: str, location: str) -> None:
+        self.param_name = param_name
+        super().__init__(f"input {param_name!r} is used where a compile-time value is required",
+                         location=location,
+                         hint="make it an initializer, or pass its value via static_inputs=")
+
+
+# --------------------------------------------------------------------------------------
+# node context
+
+
+_MISSING: Any = object()
+
+
+class NodeCtx:
+    """What a converter sees: the node, its CIR inputs, typed attribute access, the builder."""
+
+    def __init__(self, imp: OnnxImporter, node: onnx.NodeProto, inputs: list[Value | None]) -> None:
+        self.imp = imp
+        self.node = node
+        self.inputs = inputs
+        self.b = imp.b
+        self.opset = imp.opset_for(node.domain)
+        self._attrs = {a.name: a for a in node.attribute}
+
+    @property
+    def location(self) -> str:
+        return f"node {self.node.name or '<unnamed>'} ({self.node.op_type})"
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.output)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.inputs) and self.inputs[i] is not None
+
+    def input(self, i: int) -> Value:
+        if not self.has_input(i):
+            raise AttributeTypeError(f"input {i} is required", location=self.location)
+        v = self.inputs[i]
+        assert v is not None
+        return v
+
+    def has_attr(self, name: str) -> bool:
+        return name in self._attrs
+
+    def attr(self, name: str, default: Any = _MISSING) -> Any:
+        """The attribute as a python value (ints, floats, strings, lists, tensors as numpy)."""
+        a = self._attrs.get(name)
+        if a is None:
+            if default is _MISSING:
+                raise AttributeTypeError(f"required attribute {name!r} is missing", location=self.location)
+            return default
+        if a.ref_attr_name:
+            raise UnsupportedOpError("attribute references (functions) are not supported", location=self.location)
+        t = a.type
+        A = onnx.AttributeProto
+        if t == A.INT:
+            return int(a.i)
+        if t == A.FLOAT:
+            return float(a.f)
+        if t == A.STRING:
+            return a.s.decode("utf-8", errors="replace")
+        if t == A.INTS:
+            return [int(x) for x in a.ints]
+        if t == A.FLOATS:
+            return [float(x) for x in a.floats]
+        if t == A.STRINGS:
+            return [s.decode("utf-8", errors="replace") for s in a.strings]
+        if t == A.TENSOR:
+            return self.imp.tensor_to_numpy(a.t, self.location)
+        if t == A.GRAPH:
+            return a.g
+        raise AttributeTypeError(f"attribute {name!r} has unsupported type "
+                                 f"{A.AttributeType.Name(t)}", location=self.location)
+
+    def _typed(self, name: str, default: Any, check: Callable[[Any], bool], what: str) -> Any:
+        v = self.attr(name, default)
+        if v is default and default is not _MISSING:
+            return v
+        if not check(v):
+            raise AttributeTypeError(f"attribute {name!r} must be {what}, got {type(v).__name__} {v!r}",
+                                     location=self.location)
+        return v
+
+    def attr_int(self, name: str, default: Any = _MISSING) -> int:
+        return self._typed(name, default, lambda v: isinstance(v, int), "an int")
+
+    def attr_float(self, name: str, default: Any = _MISSING) -> float:
+        v = self._typed(name, default, lambda v: isinstance(v, (int, float)), "a float")
+        return float(v) if v is not None else v
+
+    def attr_str(self, name: str, default: Any = _MISSING) -> str:
+        return self._typed(name, default, lambda v: isinstance(v, str), "a string")
+
+    def attr_ints(self, name: str, default: Any = _MISSING) -> list[int]:
+        return self._typed(name, default, lambda v: isinstance(v, list) and all(isinstance(x, int) for x in v),
+                           "a list of ints")
+
+    def attr_floats(self, name: str, default: Any = _MISSING) -> list[float]:
+        return self._typed(name, default,
+                           lambda v: isinstance(v, list) and all(isinstance(x, (int, float)) for x in v),
+                           "a list of floats")
+
+    def static(self, i: int) -> np.ndarray:
+        """The compile-time value of input ``i``: a constant, or derived from shapes.
+        Elements may be symbolic dims (object array) when derived from a symbolic shape."""
+        return self.imp.static_value(self.input(i), self.location)
+
+    def static_or_none(self, i: int) -> np.ndarray | None:
+        return self.static(i) if self.has_input(i) else None
+
+    def unsupported(self, what: str) -> UnsupportedOpError:
+        return UnsupportedOpError(f"{self.node.op_type}: {what}", location=self.location)
+
+
+# --------------------------------------------------------------------------------------
+# the importer
+
+
+@dataclass
+class OnnxImporter:
+    model: onnx.ModelProto
+    base_dir: Path | None = None
+    static_inputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    b: Builder = field(default_factory=Builder)
+    env: dict[str, Value] = field(default_factory=dict)
+    _static: dict[Value, np.ndarray] = field(default_factory=dict)
+    _fresh_dims: int = 0
+    opsets: dict[str, int] = field(default_factory=dict)
+
+    def opset_for(self, domain: str) -> int:
+        return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
+
+    # tensors --------------------------------------------------------------------
+    def tensor_to_numpy(self, t: onnx.TensorProto, where: str) -> np.ndarray:
+        onnx_dtype(t.data_type, where)
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            self._load_external(t, where)
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception as e:  # malformed raw_data sizes and the like
+            raise ModelLoadError(f"tensor {t.name!r} is malformed: {e}", location=where) from None
+        if arr.dtype == np.dtype("O"):
+            raise UnsupportedOpError(f"tensor {t.name!r} has an unsupported element type", location=where)
+        return arr
+
+    def _load_external(self, t: onnx.TensorProto, where: str) -> None:
+        info = {e.key: e.value for e in t.external_data}
+        rel = info.get("location", "")
+        if self.base_dir is None:
+            raise ExternalDataError(f"tensor {t.name!r} refers to external data {rel!r}, but the model "
+                                    "was not loaded from a file", location=where)
+        base = self.base_dir.resolve()
+        target = (base / rel).resolve()
+        if os.path.isabs(rel) or not target.is_relative_to(base):
+            raise ExternalDataError(f"external data path {rel!r} of tensor {t.name!r} escapes the model "
+                                    f"directory {base}", location=where)
+        if not target.is_file():
+            raise ExternalDataError(f"external data file {rel!r} of tensor {t.name!r} does not exist",
+                                    location=where)
+        from onnx.external_data_helper import load_external_data_for_tensor
+
+        try:
+            load_external_data_for_tensor(t, str(base))
+        except Exception as e:
+            raise ExternalDataError(f"cannot read external data of {t.name!r}: {e}", location=where) from None
+
+    # dims -----------------------------------------------------------------------
+    def _dim(self, d: onnx.TensorShapeProto.Dimension) -> Dim:
+        if d.HasField("dim_value"):
+            return int(d.dim_value)
+        if d.HasField("dim_param") and d.dim_param:
+            name = re.sub(r"\W", "_", d.dim_param)
+            if not re.match(r"[A-Za-z_]", name):
+                name = "d_" + name
+            return Sym.symbol(name)
+        self._fresh_dims += 1
+        return Sym.symbol(f"unk{self._fresh_dims}")
+
+    def value_type(self, vi: onnx.ValueInfoProto) -> TensorType:
+        where = f"input {vi.name!r}"
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedOpError(f"input {vi.name!r} is not a tensor (sequences/maps are unsupported)",
+                                     location=where)
+        tt = vi.type.tensor_type
+        dtype = onnx_dtype(tt.elem_type, where)
+        if not tt.HasField("shape"):
+            raise UnsupportedOpError(f"input {vi.name!r} has no shape (unknown rank)", location=where,
+                                     hint="give graph inputs a shape; dims may be symbolic")
+        return TensorType(dtype, tuple(self._dim(d) for d in tt.shape.dim))
+
+    # static evaluation ---------------------------------------------------------------
+    def static_value(self, v: Value, where: str) -> np.ndarray:
+        found = self._static.get(v)
+        if found is not None:
+            return found
+        if v.is_const:
+            return self.b.constants[v.const_hash]
+        if v.is_param:
+            raise StaticInputRequired(v.name, where)
+        if v.op == "shape":
+            x = v.operands[0].type.shape
+            arr = np.array(list(x), dtype=np.int64) if all(isinstance(d, int) for d in x) \
+                else np.array(list(x), dtype=object)
+            self._static[v] = arr
+            return arr
+        ins = [self.static_value(o, where) for o in v.operands]
+        opdef = get_op(v.op)
+        if any(a.dtype == object for a in ins):
+            if opdef.numpy is None:
+                raise UnsupportedOpError(f"cannot evaluate {v.op} on symbolic shape values", location=where)
+            out = np.asarray(opdef.numpy(ins, v.type, **v.attr_dict))
+        else:
+            from cuvil.interp import evaluate_op
+
+            if not v.type.is_static:
+                raise UnsupportedOpError(f"value of {v.op} with symbolic shape {v.type} is not static",
+                                         location=where)
+            out = evaluate_op(opdef, ins, v.attr_dict, v.type)
+        self._static[v] = out
+        return out
+
+    # graph ------------------------------------------------------------------------
+    def import_graph(self, graph: onnx.GraphProto) -> Module:
+        initializer_names = {t.name for t in graph.initializer}
+        for t in graph.initializer:
+            self.env[t.name] = self.b.const(self.tensor_to_numpy(t, f"initializer {t.name!r}"))
+        params: list[Value] = []
+        for vi in graph.input:
+            if vi.name in initializer_names:
+                continue
+            if vi.name in self.static_inputs:
+                self.env[vi.name] = self.b.const(np.asarray(self.static_inputs[vi.name]))
+                continue
+            p = self.b.param(vi.name, *_unpack(self.value_type(vi)))
+            params.append(p)
+            self.env[vi.name] = p
+        self.convert_nodes(graph.node)
+        results: list[Value] = []
+        for out in graph.output:
+            if out.name not in self.env:
+                raise MissingInitializerError(f"graph output {out.name!r} is never produced",
+                                              location=f"output {out.name!r}")
+            results.append(self.env[out.name])
+        symbols = sorted({s for p in params for s in p.type.symbols()})
+        fn = self.b.function("main", params, results, [o.name for o in graph.output],
+                             [DimConstraint(s) for s in symbols])
+        meta = {"source": "onnx", "producer": self.model.producer_name or "",
+                "opset": str(self.opset_for("")), "graph": graph.name or ""}
+        return self.b.module(fn, metadata=meta)
+
+    def convert_nodes(self, nodes: Sequence[onnx.NodeProto]) -> None:
+        table = converters()
+        for node in nodes:
+            self.convert_node(node, table)
+
+    def convert_node(self, node: onnx.NodeProto, table: Mapping[tuple[str, str], ConverterEntry]) -> None:
+        where = f"node {node.name or '<unnamed>'} ({node.op_type})"
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        entry = table.get((domain, node.op_type))
+        if entry is None:
+            dom = f"{domain}::" if domain else ""
+            raise UnsupportedOpError(f"ONNX op {dom}{node.op_type} is not supported", location=where)
+        inputs: list[Value | None] = []
+        for name in node.input:
+            if not name:
+                inputs.append(None)
+                continue
+            if name not in self.env:
+                raise MissingInitializerError(f"input {name!r} is not defined by any node, graph input "
+                                              "or initializer", location=where)
+            inputs.append(self.env[name])
+        ctx = NodeCtx(self, node, inputs)
+        try:
+            produced = entry.fn(ctx)
+        except CuvilError as e:
+            if e.location is None:
+                e.location = where
+            elif where not in e.location:
+                e.location = f"{where}: {e.location}"
+            raise
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise IRError(f"converting {node.op_type} failed: {type(e).__name__}: {e}", location=where,
+                          hint="this is a bug in the converter or an unsupported variant of the op") from e
+        outs = [produced] if isinstance(produced, Value) else list(produced)
+        for name, v in zip(node.output, outs, strict=False):
+            if name and v is not None:
+                self.env[name] = v
+        missing = [n for n, v in zip(node.output, outs + [None] * len(node.output), strict=False)
+                   if n and (v is None)]
+        if missing:
+            raise UnsupportedOpError(f"{node.op_type}: outputs {missing} are not supported", location=where)
+
+
+def _unpack(t: TensorType) -> tuple[DType, tuple[Dim, ...]]:
+    return t.dtype, t.shape
+
+
+def load_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """Parse a model without touching external data yet (that is checked per tensor)."""
+    if isinstance(source, onnx.ModelProto):
+        return source, None
+    if isinstance(source, bytes):
+        data, base = source, None
+        where = "<bytes>"
+    else:
+        path = Path(source)
+        where = str(path)
+        if not path.is_file():
+            raise ModelLoadError(f"model file {path} does not exist", location=where)
+        data, base = path.read_bytes(), path.parent
+    if not data:
+        raise ModelLoadError("model file is empty", location=where)
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as e:
+        raise ModelLoadError(f"not a valid ONNX protobuf: {type(e).__name__}: {e}", location=where) from None
+    if not model.HasField("graph"):
+        raise ModelLoadError("ONNX model has no graph", location=where)
+    return model, base
+
+
+def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
+                static_inputs: Mapping[str, np.ndarray] | None = None) -> Module:
+    """Import an ONNX model (path, bytes or ModelProto) into a CIR module.
+
+    ``static_inputs`` binds graph inputs to compile-time values (for models that feed shapes
+    or other attribute-like operands through inputs)."""
+    model, base = load_onnx(source)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
+    main = opsets.get("")
+    if main is None:
+        main = 1
+        opsets[""] = main
+    newest = onnx.defs.onnx_opset_version()
+    if main < MIN_OPSET or main > newest:
+        raise UnsupportedOpsetError(f"ONNX opset {main} is not supported (supported: {MIN_OPSET}..{newest})",
+                                    location="opset_import")
+    try:
+        model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    except Exception:  # noqa: S110 - shapes are re-derived by CIR's own shape rules
+        pass
+    imp = OnnxImporter(model, base, dict(static_inputs or {}), opsets=opsets)
+    return imp.import_graph(model.graph)

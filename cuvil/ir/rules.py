@@ -1,0 +1,433 @@
+"""The scalar compute-rule language every op's meaning is written in.
+
+An op's rule gives its output element at a symbolic output index ``i``:
+an elementwise map (``f(a[bcast(i)], b[bcast(i)])``), an index remap
+(``a[g(i)]`` with an out-of-bounds value), or a reduction over named axes.
+Three readers interpret the same rule: the numpy interpreter, the z3 encoder
+and the LLVM lowering. The primitive scalar functions in :data:`PRIMITIVES`
+are all a reader has to implement; everything else (gelu, sigmoid, ...) is
+composed from them here, once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import Dim, Sym
+from cuvil.ir.types import TensorType
+
+# --------------------------------------------------------------------------------------
+# index expressions
+
+
+@dataclass(frozen=True)
+class Ix:
+    """An integer index expression: a variable, a (possibly symbolic) literal, arithmetic,
+    or ``dyn(e)``: the value of a scalar expression used as an index (gather)."""
+
+    kind: str  # var | lit | add | sub | mul | floordiv | mod | min | max | dyn
+    args: tuple[Any, ...]
+
+    @staticmethod
+    def var(name: str) -> Ix:
+        return Ix("var", (name,))
+
+    @staticmethod
+    def lit(v: Dim) -> Ix:
+        return Ix("lit", (v.simplify() if isinstance(v, Sym) else int(v),))
+
+    @staticmethod
+    def dyn(e: Expr) -> Ix:
+        return Ix("dyn", (e,))
+
+    @property
+    def is_lit(self) -> bool:
+        return self.kind == "lit"
+
+    @property
+    def value(self) -> Dim:
+        return self.args[0]
+
+    def _bin(self, kind: str, other: IxLike, swap: bool = False) -> Ix:
+        a, b = self, as_ix(other)
+        if swap:
+            a, b = b, a
+        if a.is_lit and b.is_lit:
+            x, y = a.value, b.value
+            folded = {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y,
+                      "floordiv": lambda: x // y, "mod": lambda: x % y}
+            if kind in folded and (kind not in ("floordiv", "mod") or (isinstance(x, int) and isinstance(y, int))):
+                return Ix.lit(folded[kind]())
+        if kind in ("add", "sub") and b.is_lit and b.value == 0:
+            return a
+        if kind == "add" and a.is_lit and a.value == 0:
+            return b
+        if kind == "mul":
+            if (b.is_lit and b.value == 1):
+                return a
+            if a.is_lit and a.value == 1:
+                return b
+            if (b.is_lit and b.value == 0) or (a.is_lit and a.value == 0):
+                return Ix.lit(0)
+        if kind == "floordiv" and b.is_lit and b.value == 1:
+            return a
+        return Ix(kind, (a, b))
+
+    def __add__(self, o: IxLike) -> Ix:
+        return self._bin("add", o)
+
+    def __radd__(self, o: IxLike) -> Ix:
+        return self._bin("add", o, swap=True)
+
+    def __sub__(self, o: IxLike) -> Ix:
+        return self._bin("sub", o)
+
+    def __rsub__(self, o: IxLike) -> Ix:
+        return self._bin("sub", o, swap=True)
+
+    def __mul__(self, o: IxLike) -> Ix:
+        return self._bin("mul", o)
+
+    def __rmul__(self, o: IxLike) -> Ix:
+        return self._bin("mul", o, swap=True)
+
+    def __floordiv__(self, o: IxLike) -> Ix:
+        return self._bin("floordiv", o)
+
+    def __mod__(self, o: IxLike) -> Ix:
+        return self._bin("mod", o)
+
+    def __str__(self) -> str:
+        if self.kind == "var":
+            return self.args[0]
+        if self.kind == "lit":
+            return str(self.args[0])
+        if self.kind == "dyn":
+            return f"dyn({self.args[0]})"
+        sym = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}.get(self.kind)
+        if sym:
+            return f"({self.args[0]} {sym} {self.args[1]})"
+        return f"{self.kind}({self.args[0]}, {self.args[1]})"
+
+
+IxLike = Ix | int | Sym
+
+
+def as_ix(v: IxLike) -> Ix:
+    return v if isinstance(v, Ix) else Ix.lit(v)
+
+
+def ix_min(a: IxLike, b: IxLike) -> Ix:
+    return Ix("min", (as_ix(a), as_ix(b)))
+
+
+def ix_max(a: IxLike, b: IxLike) -> Ix:
+    return Ix("max", (as_ix(a), as_ix(b)))
+
+
+# --------------------------------------------------------------------------------------
+# scalar expressions
+
+
+@dataclass(frozen=True, eq=False)
+class Expr:
+    """A scalar expression of a known dtype, evaluated at an index point."""
+
+    dtype: DType
+
+    # arithmetic sugar: literals take the other operand's dtype
+    def __add__(self, o: ExprLike) -> Expr:
+        return call("add", self, o)
+
+    def __radd__(self, o: ExprLike) -> Expr:
+        return call("add", o, self)
+
+    def __sub__(self, o: ExprLike) -> Expr:
+        return call("sub", self, o)
+
+    def __rsub__(self, o: ExprLike) -> Expr:
+        return call("sub", o, self)
+
+    def __mul__(self, o: ExprLike) -> Expr:
+        return call("mul", self, o)
+
+    def __rmul__(self, o: ExprLike) -> Expr:
+        return call("mul", o, self)
+
+    def __truediv__(self, o: ExprLike) -> Expr:
+        return call("div", self, o)
+
+    def __rtruediv__(self, o: ExprLike) -> Expr:
+        return call("div", o, self)
+
+    def __neg__(self) -> Expr:
+        return call("neg", self)
+
+    def __lt__(self, o: ExprLike) -> Expr:  # type: ignore[override]
+        return call("lt", self, o)
+
+    def __le__(self, o: ExprLike) -> Expr:  # type: ignore[override]
+        return call("le", self, o)
+
+    def __gt__(self, o: ExprLike) -> Expr:  # type: ignore[override]
+        return call("gt", self, o)
+
+    def __ge__(self, o: ExprLike) -> Expr:  # type: ignore[override]
+        return call("ge", self, o)
+
+
+@dataclass(frozen=True, eq=False)
+class Load(Expr):
+    """``operand[index]``; when ``oob`` is set, out-of-range indices read ``oob`` instead."""
+
+    operand: int
+    index: tuple[Ix, ...]
+    oob: float | int | bool | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Lit(Expr):
+    value: float | int | bool
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """A primitive scalar function applied to arguments (see :data:`PRIMITIVES`)."""
+
+    fn: str
+    args: tuple[Expr, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class IndexValue(Expr):
+    """The value of an index expression, as a scalar (iota, one-hot, trilu masks)."""
+
+    ix: Ix
+
+
+@dataclass(frozen=True, eq=False)
+class Reduce(Expr):
+    """``kind`` (sum | prod | max | min) of ``body`` over fresh index variables ``axes``."""
+
+    kind: str
+    axes: tuple[tuple[str, Dim], ...]
+    body: Expr
+
+
+ExprLike = Expr | float | int | bool
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+    arity: int
+    result: str  # "same" | "bool" | "cast" | "cond" (select: dtype of the branches)
+    kinds: str  # which element kinds it accepts: "num" | "float" | "int" | "bool" | "any"
+    doc: str
+
+
+PRIMITIVES: dict[str, Primitive] = {}
+
+
+def _prim(name: str, arity: int, result: str, kinds: str, doc: str) -> None:
+    PRIMITIVES[name] = Primitive(name, arity, result, kinds, doc)
+
+
+for _n, _d in [("add", "a + b"), ("sub", "a - b"), ("mul", "a * b"), ("div", "a / b (ints: truncating)"),
+               ("min", "min(a, b), NaN-propagating"), ("max", "max(a, b), NaN-propagating"),
+               ("pow", "a ** b"), ("fmod", "C fmod (sign of a)"), ("mod", "floored modulo (sign of b)")]:
+    _prim(_n, 2, "same", "num", _d)
+for _n in ["neg", "abs"]:
+    _prim(_n, 1, "same", "num", _n)
+for _n in ["exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan",
+           "sinh", "cosh", "asinh", "acosh", "atanh", "floor", "ceil", "round_even"]:
+    _prim(_n, 1, "same", "float", _n)
+for _n in ["eq", "ne", "lt", "le", "gt", "ge"]:
+    _prim(_n, 2, "bool", "any", f"comparison {_n}")
+for _n in ["and", "or", "xor"]:
+    _prim(_n, 2, "same", "bool", f"logical {_n}")
+_prim("not", 1, "same", "bool", "logical not")
+_prim("isnan", 1, "bool", "float", "x is NaN")
+_prim("isinf", 1, "bool", "float", "x is +-inf")
+for _n in ["bit_and", "bit_or", "bit_xor", "shl", "shr"]:
+    _prim(_n, 2, "same", "int", f"bitwise {_n}")
+_prim("bit_not", 1, "same", "int", "bitwise not")
+_prim("select", 3, "cond", "any", "c ? a : b")
+_prim("cast", 1, "cast", "any", "convert to attr `to` (float->int truncates, ->bool is != 0)")
+
+
+def lit(value: float | int | bool, dtype: DType) -> Lit:
+    if dtype is DType.bool:
+        return Lit(dtype, bool(value))
+    if dtype.is_int:
+        return Lit(dtype, int(value))
+    return Lit(dtype, float(value))
+
+
+def _coerce(args: Sequence[ExprLike]) -> list[Expr]:
+    dtype = next((a.dtype for a in args if isinstance(a, Expr)), None)
+    if dtype is None:
+        raise TypeError("a scalar call needs at least one typed argument")
+    return [a if isinstance(a, Expr) else lit(a, dtype) for a in args]
+
+
+def call(fn: str, *args: ExprLike, **attrs: Any) -> Expr:
+    """Apply a primitive; checks arity and operand dtypes so a malformed rule fails at definition."""
+    prim = PRIMITIVES[fn]
+    if len(args) != prim.arity:
+        raise TypeError(f"{fn} takes {prim.arity} arguments, got {len(args)}")
+    if fn == "select":
+        c = args[0]
+        rest = _coerce(args[1:])
+        if not isinstance(c, Expr) or c.dtype is not DType.bool:
+            raise TypeError("select condition must be a bool expression")
+        if rest[0].dtype is not rest[1].dtype:
+            raise TypeError(f"select branches differ: {rest[0].dtype} vs {rest[1].dtype}")
+        return Call(rest[0].dtype, fn, (c, rest[0], rest[1]))
+    xs = _coerce(args)
+    if fn != "cast" and any(x.dtype is not xs[0].dtype for x in xs):
+        raise TypeError(f"{fn}: operand dtypes differ: {[str(x.dtype) for x in xs]}")
+    if prim.result == "bool":
+        dtype = DType.bool
+    elif prim.result == "cast":
+        dtype = attrs["to"]
+    else:
+        dtype = xs[0].dtype
+    return Call(dtype, fn, tuple(xs), tuple(sorted(attrs.items())))
+
+
+_fresh = itertools.count()
+
+
+def reduce(kind: str, extents: Sequence[Dim], body: Callable[..., Expr]) -> Expr:
+    """``kind`` over fresh index variables, one per extent; ``body`` receives them as :class:`Ix`."""
+    names = tuple(f"r{next(_fresh)}" for _ in extents)
+    expr = body(*[Ix.var(n) for n in names])
+    return Reduce(expr.dtype, kind, tuple(zip(names, extents, strict=True)), expr)
+
+
+# --------------------------------------------------------------------------------------
+# composite scalar functions: written once here, in terms of the primitives
+
+
+def select(c: Expr, a: ExprLike, b: ExprLike) -> Expr:
+    return call("select", c, a, b)
+
+
+def cast(x: Expr, to: DType) -> Expr:
+    return x if x.dtype is to else call("cast", x, to=to)
+
+
+def smax(a: ExprLike, b: ExprLike) -> Expr:
+    return call("max", a, b)
+
+
+def smin(a: ExprLike, b: ExprLike) -> Expr:
+    return call("min", a, b)
+
+
+def exp(x: Expr) -> Expr:
+    return call("exp", x)
+
+
+def log(x: Expr) -> Expr:
+    return call("log", x)
+
+
+def sqrt(x: Expr) -> Expr:
+    return call("sqrt", x)
+
+
+def tanh(x: Expr) -> Expr:
+    return call("tanh", x)
+
+
+def erf(x: Expr) -> Expr:
+    return call("erf", x)
+
+
+def sigmoid(x: Expr) -> Expr:
+    return 1.0 / (1.0 + exp(-x))
+
+
+def relu(x: Expr) -> Expr:
+    return smax(x, 0)
+
+
+def gelu(x: Expr, approximate: str = "none") -> Expr:
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+
+
+# --------------------------------------------------------------------------------------
+# rule context
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """An operand as a rule sees it: its type and an ``at`` that builds loads."""
+
+    index: int
+    type: TensorType
+
+    @property
+    def shape(self) -> tuple[Dim, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    @property
+    def rank(self) -> int:
+        return self.type.rank
+
+    def at(self, *idx: IxLike, oob: float | int | bool | None = None) -> Load:
+        if len(idx) != self.rank:
+            raise TypeError(f"operand {self.index} has rank {self.rank}, indexed with {len(idx)}")
+        return Load(self.dtype, self.index, tuple(as_ix(i) for i in idx), oob)
+
+
+@dataclass(frozen=True)
+class RuleCtx:
+    """What a rule is given: output index variables, operand refs, attributes, result type."""
+
+    out: tuple[Ix, ...]
+    inputs: tuple[TensorRef, ...]
+    attrs: Mapping[str, Any]
+    out_type: TensorType
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def make(in_types: Sequence[TensorType], attrs: Mapping[str, Any], out_type: TensorType) -> RuleCtx:
+        out = tuple(Ix.var(f"i{k}") for k in range(out_type.rank))
+        ins = tuple(TensorRef(k, t) for k, t in enumerate(in_types))
+        return RuleCtx(out, ins, attrs, out_type)
+
+
+def broadcast_index(out: Sequence[Ix], in_shape: Sequence[Dim], out_shape: Sequence[Dim]) -> tuple[Ix, ...]:
+    """numpy broadcasting as an index map: right-aligned, size-1 dims read index 0."""
+    offset = len(out_shape) - len(in_shape)
+    idx: list[Ix] = []
+    for k, d in enumerate(in_shape):
+        o = out_shape[k + offset]
+        idx.append(Ix.lit(0) if (d == 1 and o != 1) else out[k + offset])
+    return tuple(idx)
+
+
+def elementwise(fn: Callable[..., Expr]) -> Callable[[RuleCtx], Expr]:
+    """A rule ``out[i] = fn(x0[bcast(i)], x1[bcast(i)], ..., **attrs)``."""
+
+    def rule(c: RuleCtx) -> Expr:
+        loads = [t.at(*broadcast_index(c.out, t.shape, c.out_type.shape)) for t in c.inputs]
+        return fn(*loads, **c.attrs)
+
+    rule.elementwise_fn = fn  # type: ignore[attr-defined]
+    return rule

@@ -1,0 +1,369 @@
+"""Symbolic dimensions: integer polynomials over named symbols.
+
+A dim is an ``int`` or a :class:`Sym`. ``Sym`` keeps a canonical form (a sum of
+integer-weighted monomials; ``//``, ``%``, ``max`` and ``min`` that do not
+simplify become opaque atoms), so two dims are equal exactly when their
+canonical forms are, and shape rules can be written with ordinary ``+ - * //``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Union
+
+Dim = Union[int, "Sym"]
+
+
+class _Atom:
+    """A non-polynomial sub-expression kept opaque: ``a // c``, ``a % c``, ``max(a, b)``."""
+
+    __slots__ = ("kind", "args", "_text")
+
+    def __init__(self, kind: str, args: tuple[Dim, ...]) -> None:
+        self.kind = kind
+        self.args = args
+        if kind in ("max", "min"):
+            self._text = f"{kind}({', '.join(str(a) for a in args)})"
+        else:
+            op = "//" if kind == "floordiv" else "%"
+            self._text = f"({args[0]}){op}{_paren(args[1])}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Atom) and self._text == other._text
+
+    def __hash__(self) -> int:
+        return hash(self._text)
+
+    def __str__(self) -> str:
+        return self._text
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        vals = [evaluate_dim(a, env) for a in self.args]
+        if self.kind == "floordiv":
+            return vals[0] // vals[1]
+        if self.kind == "mod":
+            return vals[0] % vals[1]
+        return max(vals) if self.kind == "max" else min(vals)
+
+    def symbols(self) -> set[str]:
+        out: set[str] = set()
+        for a in self.args:
+            out |= free_symbols(a)
+        return out
+
+
+def _paren(d: Dim) -> str:
+    s = str(d)
+    return s if isinstance(d, int) or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s) else f"({s})"
+
+
+_Factor = Union[str, _Atom]
+_Mono = tuple[_Factor, ...]
+
+
+def _mono_key(m: _Mono) -> tuple[str, ...]:
+    return tuple(str(f) for f in m)
+
+
+class Sym:
+    """An integer-valued symbolic expression in canonical polynomial form."""
+
+    __slots__ = ("terms", "_hash")
+
+    def __init__(self, terms: Mapping[_Mono, int]) -> None:
+        clean = {m: c for m, c in terms.items() if c != 0}
+        self.terms: tuple[tuple[_Mono, int], ...] = tuple(
+            sorted(clean.items(), key=lambda mc: (len(mc[0]), _mono_key(mc[0])))
+        )
+        self._hash = hash(tuple((_mono_key(m), c) for m, c in self.terms))
+
+    # construction -----------------------------------------------------------
+    @staticmethod
+    def symbol(name: str) -> Sym:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"invalid symbol name {name!r}")
+        return Sym({(name,): 1})
+
+    @staticmethod
+    def lift(d: Dim) -> Sym:
+        if isinstance(d, Sym):
+            return d
+        return Sym({(): int(d)})
+
+    def simplify(self) -> Dim:
+        """Return an ``int`` when the expression is constant."""
+        if not self.terms:
+            return 0
+        if len(self.terms) == 1 and self.terms[0][0] == ():
+            return self.terms[0][1]
+        return self
+
+    @property
+    def constant(self) -> int:
+        for m, c in self.terms:
+            if m == ():
+                return c
+        return 0
+
+    # arithmetic -------------------------------------------------------------
+    def __add__(self, other: Dim) -> Dim:
+        o = Sym.lift(other)
+        acc = dict(self.terms)
+        for m, c in o.terms:
+            acc[m] = acc.get(m, 0) + c
+        return Sym(acc).simplify()
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Dim:
+        return Sym({m: -c for m, c in self.terms}).simplify()
+
+    def __sub__(self, other: Dim) -> Dim:
+        return self + (-Sym.lift(other))
+
+    def __rsub__(self, other: Dim) -> Dim:
+        return Sym.lift(other) + (-self)
+
+    def __mul__(self, other: Dim) -> Dim:
+        o = Sym.lift(other)
+        acc: dict[_Mono, int] = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in o.terms:
+                m = tuple(sorted(m1 + m2, key=str))
+                acc[m] = acc.get(m, 0) + c1 * c2
+        return Sym(acc).simplify()
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Dim) -> Dim:
+        if isinstance(other, int) or (isinstance(other, Sym) and isinstance(other.simplify(), int)):
+            c = int(other.simplify()) if isinstance(other, Sym) else other
+            if c == 1:
+                return self
+            if c != 0 and all(coef % c == 0 for _, coef in self.terms):
+                return Sym({m: coef // c for m, coef in self.terms}).simplify()
+        elif self == other:
+            return 1
+        else:
+            exact = _divide_by_monomial(self, other)
+            if exact is not None:
+                return exact
+        return Sym({(_Atom("floordiv", (self, other)),): 1})
+
+    def __rfloordiv__(self, other: Dim) -> Dim:
+        return Sym({(_Atom("floordiv", (other, self)),): 1})
+
+    def __mod__(self, other: Dim) -> Dim:
+        if isinstance(other, int) and other != 0:
+            if all(coef % other == 0 for m, coef in self.terms if m != ()):
+                return self.constant % other
+        elif self == other:
+            return 0
+        return Sym({(_Atom("mod", (self, other)),): 1})
+
+    def __rmod__(self, other: Dim) -> Dim:
+        return Sym({(_Atom("mod", (other, self)),): 1})
+
+    # comparison -------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int):
+            return False  # a canonical Sym is never a plain constant
+        return isinstance(other, Sym) and self._hash == other._hash and self.terms == other.terms
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __index__(self) -> int:
+        raise TypeError(f"symbolic dim {self} has no concrete value here")
+
+    # inspection -------------------------------------------------------------
+    def symbols(self) -> set[str]:
+        out: set[str] = set()
+        for m, _ in self.terms:
+            for f in m:
+                out |= {f} if isinstance(f, str) else f.symbols()
+        return out
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        total = 0
+        for m, c in self.terms:
+            v = c
+            for f in m:
+                if isinstance(f, str):
+                    if f not in env:
+                        raise KeyError(f)
+                    v *= int(env[f])
+                else:
+                    v *= f.evaluate(env)
+            total += v
+        return total
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        for m, c in reversed(self.terms):  # highest degree first
+            body = "*".join(str(f) for f in m)
+            if not body:
+                parts.append(str(c))
+            elif c == 1:
+                parts.append(body)
+            elif c == -1:
+                parts.append("-" + body)
+            else:
+                parts.append(f"{c}*{body}")
+        text = parts[0]
+        for p in parts[1:]:
+            text += f" - {p[1:]}" if p.startswith("-") else f" + {p}"
+        return text
+
+    def __repr__(self) -> str:
+        return f"Sym({self})"
+
+
+def _divide_by_monomial(num: Sym, den: Sym) -> Dim | None:
+    """``num // den`` when ``den`` is one monomial dividing every term of ``num`` exactly."""
+    if len(den.terms) != 1:
+        return None
+    dmono, dcoef = den.terms[0]
+    out: dict[_Mono, int] = {}
+    for mono, coef in num.terms:
+        rest = list(mono)
+        for f in dmono:
+            if f not in rest:
+                return None
+            rest.remove(f)
+        if coef % dcoef:
+            return None
+        out[tuple(rest)] = out.get(tuple(rest), 0) + coef // dcoef
+    return Sym(out).simplify()
+
+
+def sym(name: str) -> Sym:
+    return Sym.symbol(name)
+
+
+def sym_max(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    if a == b:
+        return a
+    return Sym({(_Atom("max", (a, b)),): 1})
+
+
+def sym_min(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    if a == b:
+        return a
+    return Sym({(_Atom("min", (a, b)),): 1})
+
+
+def is_static(d: Dim) -> bool:
+    return isinstance(d, int)
+
+
+def free_symbols(d: Dim) -> set[str]:
+    return d.symbols() if isinstance(d, Sym) else set()
+
+
+def evaluate_dim(d: Dim, env: Mapping[str, int]) -> int:
+    return d.evaluate(env) if isinstance(d, Sym) else int(d)
+
+
+def normalize_dim(d: object) -> Dim:
+    """Accept ints (incl. numpy ints), Syms and symbol names."""
+    if isinstance(d, Sym):
+        return d.simplify()
+    if isinstance(d, str):
+        return parse_dim(d)
+    return int(d)  # type: ignore[call-overload]
+
+
+# parsing --------------------------------------------------------------------
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
+
+
+def parse_dim(text: str) -> Dim:
+    """Parse the printed form of a dim (``N``, ``2*N + 1``, ``(H - 3)//2 + 1``)."""
+    tokens: list[str] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise ValueError(f"bad dim expression {text!r} at {pos}")
+        tokens.append(m.group(m.lastindex or 0))
+        pos = m.end()
+    p = _DimParser(tokens, text)
+    val = p.expr()
+    if p.i != len(tokens):
+        raise ValueError(f"trailing tokens in dim expression {text!r}")
+    return val
+
+
+class _DimParser:
+    def __init__(self, tokens: list[str], text: str) -> None:
+        self.t = tokens
+        self.i = 0
+        self.text = text
+
+    def peek(self) -> str | None:
+        return self.t[self.i] if self.i < len(self.t) else None
+
+    def take(self) -> str:
+        tok = self.peek()
+        if tok is None:
+            raise ValueError(f"unexpected end of dim expression {self.text!r}")
+        self.i += 1
+        return tok
+
+    def expr(self) -> Dim:
+        v = self.term()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            r = self.term()
+            v = v + r if op == "+" else v - r
+        return v
+
+    def term(self) -> Dim:
+        v = self.unary()
+        while self.peek() in ("*", "//", "%"):
+            op = self.take()
+            r = self.unary()
+            if op == "*":
+                v = v * r
+            elif op == "//":
+                v = Sym.lift(v) // r if not isinstance(v, int) or not isinstance(r, int) else v // r
+            else:
+                v = Sym.lift(v) % r if not isinstance(v, int) or not isinstance(r, int) else v % r
+            v = v.simplify() if isinstance(v, Sym) else v
+        return v
+
+    def unary(self) -> Dim:
+        if self.peek() == "-":
+            self.take()
+            return -self.unary()
+        return self.atom()
+
+    def atom(self) -> Dim:
+        tok = self.take()
+        if tok == "(":
+            v = self.expr()
+            if self.take() != ")":
+                raise ValueError(f"expected ')' in {self.text!r}")
+            return v
+        if tok.isdigit():
+            return int(tok)
+        if tok in ("max", "min") and self.peek() == "(":
+            self.take()
+            a = self.expr()
+            if self.take() != ",":
+                raise ValueError(f"expected ',' in {self.text!r}")
+            b = self.expr()
+            if self.take() != ")":
+                raise ValueError(f"expected ')' in {self.text!r}")
+            return sym_max(a, b) if tok == "max" else sym_min(a, b)
+        return Sym.symbol(tok)

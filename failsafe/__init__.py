@@ -1,0 +1,1 @@
+"""Degraded-mode policy synthesis and runtime guards."""

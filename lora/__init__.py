@@ -1,0 +1,1 @@
+"""LoRA adapter loading, constraint checks and verified merge."""

@@ -1,0 +1,1 @@
+"""Translation validation and overflow probing over CIR (z3-backed)."""
