@@ -30,6 +30,7 @@ from cuvil.errors import (
     UnsupportedOpError,
     UnsupportedOpsetError,
 )
+from cuvil.frontend.registry import ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
@@ -63,15 +64,6 @@ def onnx_dtype(code: int, where: str) -> DType:
 # converter registry
 
 Converter = Callable[["NodeCtx"], "Value | Sequence[Value | None]"]
-
-
-@dataclass(frozen=True)
-class ConverterEntry:
-    op_type: str
-    domain: str
-    fn: Converter
-    cir_ops: tuple[str, ...]  # the CIR ops it emits (for `cuvil ops`)
-
 
 CONVERTERS: dict[tuple[str, str], ConverterEntry] = {}
 

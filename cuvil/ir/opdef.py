@@ -102,6 +102,8 @@ _COERCE: dict[str, Callable[[Any], Any]] = {
 
 ShapeRule = Callable[..., TensorType]
 NumpyImpl = Callable[..., np.ndarray]
+# small test cases for the catalogue walk: rng -> [(operand arrays, attrs), ...]
+Examples = Callable[[np.random.Generator], list[tuple[list[np.ndarray], dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class OpDef:
     doc: str = ""
     commutative: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    examples: Examples | None = None
 
     @property
     def variadic(self) -> bool:
@@ -179,8 +182,10 @@ OPS: dict[str, OpDef] = {}
 def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callable[[RuleCtx], Expr],
            attrs: Sequence[AttrSpec] | Mapping[str, tuple[str, Any]] = (), numpy: NumpyImpl | None = None,
            family: str = "misc", doc: str = "", commutative: bool = False,
-           extra: Mapping[str, Any] | None = None) -> OpDef:
-    """Register an op. ``attrs`` may be ``{"axis": ("int", -1)}`` or a list of AttrSpec."""
+           extra: Mapping[str, Any] | None = None, examples: Examples | None = None) -> OpDef:
+    """Register an op. ``attrs`` may be ``{"axis": ("int", -1)}`` or a list of AttrSpec.
+    ``examples`` gives small cases (distinct dims >= 2) the catalogue test checks the
+    fast path against the rule on; every op needs some."""
     if name in OPS:
         raise OpDefinitionError(f"op {name!r} is defined twice", location=name)
     specs = tuple(AttrSpec(k, kind, default) for k, (kind, default) in attrs.items()) \
@@ -188,7 +193,7 @@ def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callab
     for s in specs:
         if s.kind not in ATTR_KINDS:
             raise OpDefinitionError(f"{name}: unknown attribute kind {s.kind!r}", location=name)
-    op = OpDef(name, tuple(operands), specs, shape, rule, numpy, family, doc, commutative, extra or {})
+    op = OpDef(name, tuple(operands), specs, shape, rule, numpy, family, doc, commutative, extra or {}, examples)
     OPS[name] = op
     return op
 

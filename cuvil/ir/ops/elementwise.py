@@ -26,10 +26,13 @@ def _bool_type(types: list[TensorType], **attrs: Any) -> TensorType:
 
 define("add", ("lhs", "rhs"), shape=_broadcast_type, rule=R.elementwise(lambda a, b: a + b),
        numpy=lambda xs, out: np.add(xs[0], xs[1]), family="elementwise", commutative=True,
+       examples=lambda rng: [([rng.standard_normal((2, 3)).astype(np.float32),
+                               rng.standard_normal((3,)).astype(np.float32)], {})],
        doc="lhs + rhs with numpy broadcasting")
 
 define("relu", ("x",), shape=_broadcast_type, rule=R.elementwise(R.relu),
        numpy=lambda xs, out: np.maximum(xs[0], np.zeros((), xs[0].dtype)), family="elementwise",
+       examples=lambda rng: [([rng.standard_normal((2, 3)).astype(np.float32)], {})],
        doc="max(x, 0); NaN propagates")
 
 
@@ -39,6 +42,7 @@ def _cast_type(types: list[TensorType], to: DType) -> TensorType:
 
 define("cast", ("x",), attrs={"to": ("dtype", REQUIRED)},
        shape=_cast_type, rule=R.elementwise(lambda x, to: R.cast(x, to)), family="elementwise",
+       examples=lambda rng: [([rng.standard_normal((2, 3)).astype(np.float32) * 10], {"to": DType.i32})],
        doc="convert element type; float->int truncates toward zero, ->bool is x != 0")
 
 
@@ -51,4 +55,6 @@ def _where_type(types: list[TensorType], **_: Any) -> TensorType:
 
 define("where", ("cond", "lhs", "rhs"), shape=_where_type, rule=R.elementwise(R.select),
        numpy=lambda xs, out: np.where(xs[0], xs[1], xs[2]), family="elementwise",
+       examples=lambda rng: [([rng.standard_normal((2, 3)) > 0, rng.standard_normal((2, 3)).astype(np.float32),
+                               rng.standard_normal((3,)).astype(np.float32)], {})],
        doc="cond ? lhs : rhs with broadcasting")

@@ -51,4 +51,6 @@ define("reduce_sum", ("x",), attrs={"axes": ("ints", ()), "keepdims": ("bool", F
        shape=_reduce_type, rule=reduction_rule("sum"),
        numpy=lambda xs, out, axes, keepdims: np.sum(xs[0], axis=_axes(axes, xs[0].ndim), keepdims=keepdims,
                                                      dtype=xs[0].dtype),
-       family="reduce", doc="sum over `axes` (all axes when empty)")
+       family="reduce", doc="sum over `axes` (all axes when empty)",
+       examples=lambda rng: [([rng.standard_normal((2, 3, 4)).astype(np.float32)], {"axes": (0, 2)}),
+                             ([rng.standard_normal((2, 3, 4)).astype(np.float32)], {"axes": (-1,), "keepdims": True})])

@@ -34,7 +34,8 @@ def _reshape_rule(c: R.RuleCtx) -> R.Expr:
 
 define("reshape", ("x",), attrs={"shape": ("dims", REQUIRED)}, shape=_reshape_type, rule=_reshape_rule,
        numpy=lambda xs, out, shape: xs[0].reshape(out.shape), family="layout",
-       doc="row-major reshape; `shape` is the result shape (symbolic dims allowed)")
+       doc="row-major reshape; `shape` is the result shape (symbolic dims allowed)",
+       examples=lambda rng: [([rng.standard_normal((2, 3, 4)).astype(np.float32)], {"shape": (4, 6)})])
 
 
 def _transpose_type(types: list[TensorType], perm: tuple[int, ...]) -> TensorType:
@@ -55,4 +56,5 @@ def _transpose_rule(c: R.RuleCtx) -> R.Expr:
 
 define("transpose", ("x",), attrs={"perm": ("ints", REQUIRED)}, shape=_transpose_type, rule=_transpose_rule,
        numpy=lambda xs, out, perm: np.transpose(xs[0], perm), family="layout",
-       doc="out[i_perm[0], ...] = x[i0, ...]: out dim k is x dim perm[k]")
+       doc="out dim k is x dim perm[k]",
+       examples=lambda rng: [([rng.standard_normal((2, 3, 4)).astype(np.float32)], {"perm": (2, 0, 1)})])

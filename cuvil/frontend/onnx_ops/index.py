@@ -1,0 +1,3 @@
+"""ONNX index converters."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""ONNX misc converters."""
+
+from __future__ import annotations

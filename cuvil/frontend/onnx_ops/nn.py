@@ -1,0 +1,3 @@
+"""ONNX nn converters."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""ONNX quant converters."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""ONNX reduce converters."""
+
+from __future__ import annotations

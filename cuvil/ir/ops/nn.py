@@ -1,0 +1,3 @@
+"""Neural-network ops: convolution, pooling, normalization, softmax."""
+
+from __future__ import annotations

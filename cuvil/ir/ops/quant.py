@@ -1,0 +1,3 @@
+"""Quantization: QuantizeLinear and DequantizeLinear (per-tensor and per-axis)."""
+
+from __future__ import annotations
