@@ -109,3 +109,9 @@ class RuntimeEvalError(CuvilError):
     """Evaluation failed on valid-looking input (e.g. an index out of range)."""
 
     code = "CUVIL-EVAL"
+
+
+class CodegenError(CuvilError):
+    """A model cannot be compiled to native code (symbolic dims left, no linker, ...)."""
+
+    code = "CUVIL-CODEGEN"

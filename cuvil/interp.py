@@ -17,7 +17,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
-from cuvil.ir.symbolic import evaluate_dim
+from cuvil.ir.symbolic import Sym, evaluate_dim
 from cuvil.ir.types import TensorType, bind_symbols
 from cuvil.ir.values import Value
 
@@ -216,7 +216,7 @@ def evaluate_rule(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str
     ev = _RuleEvaluator(arrays, shape, opdef.name)
     with np.errstate(all="ignore"):
         out = ev.expr(rule)
-    return np.ascontiguousarray(np.broadcast_to(out, shape)).astype(out_type.dtype.np, copy=False)
+    return np.ascontiguousarray(np.broadcast_to(out, shape)).reshape(shape).astype(out_type.dtype.np, copy=False)
 
 
 def evaluate_op(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],
@@ -293,8 +293,19 @@ def evaluate_values(fn: Function, constants: Mapping[str, np.ndarray],
         if v.is_param:
             raise IRError(f"parameter %{v.name} is not a parameter of @{fn.name}", location=fn.name)
         out_type = TensorType(v.type.dtype, v.type.concrete(env))
-        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], v.attr_dict, out_type)
+        attrs = {k: bind_attr(a, env) for k, a in v.attrs}
+        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], attrs, out_type)
     return memo
+
+
+def bind_attr(a: Any, env: Mapping[str, int]) -> Any:
+    """An attribute with its symbolic dims evaluated, so rules and fast paths see plain ints
+    (slice bounds or split sizes derived from a symbolic shape)."""
+    if isinstance(a, Sym):
+        return evaluate_dim(a, env)
+    if isinstance(a, tuple):
+        return tuple(bind_attr(x, env) for x in a)
+    return a
 
 
 def run_function(fn: Function, constants: Mapping[str, np.ndarray],

@@ -1,85 +1,154 @@
 """``onnx.backend.base.Backend`` over Cuvil, so ONNX's conformance suite runs against it.
 
-Models that feed attribute-like operands (Reshape shapes, Slice bounds, ...) through
-graph inputs are specialized on those inputs' values at run time, since CIR needs
-them at compile time.
+Models that feed attribute-like operands (Reshape shapes, Slice bounds, an If
+condition, ...) through graph inputs are specialized on those inputs' values at
+run time, since CIR needs them at compile time; each specialization is imported
+once and cached by the bound values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx.backend.base import Backend, BackendRep
+from onnx import numpy_helper
+from onnx.backend.base import Backend, BackendRep, namedtupledict
 
-from cuvil.frontend.onnx_import import StaticInputRequired, import_onnx
-from cuvil.interp import run_reference
+from cuvil.errors import InputError, ModelLoadError
+from cuvil.frontend.onnx_import import StaticInputRequired, import_onnx, load_onnx
+from cuvil.interp import run_reference, to_numpy
 from cuvil.ir.module import Module
+
+# a model whose every import asks for one more bound input cannot need more than it has inputs;
+# this only guards against a converter that keeps asking for the same one
+_MAX_SPECIALIZATIONS = 64
+
+
+def _array(x: Any) -> np.ndarray:
+    """numpy arrays, torch tensors, python data, or ONNX TensorProtos (as the node test data holds)."""
+    if isinstance(x, onnx.TensorProto):
+        return numpy_helper.to_array(x)
+    return to_numpy(x)
+
+
+def _key(bound: Mapping[str, np.ndarray]) -> bytes:
+    parts = []
+    for name in sorted(bound):
+        a = np.ascontiguousarray(bound[name])
+        parts.append(f"{name}:{a.dtype.str}:{a.shape}:".encode() + a.tobytes())
+    return b"\0".join(parts)
 
 
 class CuvilRep(BackendRep):
-    """A prepared model: imported once, or once per set of bound input values."""
+    """A prepared model: imported once, or once per set of values of its attribute-like inputs."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
-        self.input_names = [i.name for i in model.graph.input
-                            if i.name not in {t.name for t in model.graph.initializer}]
-        self._static: set[str] = set()
+        initializers = {t.name for t in model.graph.initializer}
+        self.input_names = [i.name for i in model.graph.input if i.name not in initializers]
+        self.output_names = [o.name for o in model.graph.output]
+        self._outputs_type = namedtupledict("Outputs", self.output_names)
+        self.static_names: set[str] = set()
         self._module: Module | None = None
         self._cache: dict[bytes, Module] = {}
         try:
             self._module = import_onnx(model)
         except StaticInputRequired as e:
-            self._static.add(e.param_name)
+            self._require_static(e)
 
-    def _module_for(self, feeds: dict[str, np.ndarray]) -> Module:
+    @property
+    def module(self) -> Module | None:
+        """The imported module, or None while it depends on input values."""
+        return self._module
+
+    def _require_static(self, e: StaticInputRequired) -> None:
+        if e.param_name in self.static_names or e.param_name not in self.input_names:
+            raise e
+        self.static_names.add(e.param_name)
+
+    def _module_for(self, feeds: Mapping[str, np.ndarray]) -> Module:
         if self._module is not None:
             return self._module
-        while True:
-            bound = {n: feeds[n] for n in sorted(self._static)}
-            key = b"".join(n.encode() + a.tobytes() + str(a.shape).encode() for n, a in bound.items())
-            if key in self._cache:
-                return self._cache[key]
+        for _ in range(_MAX_SPECIALIZATIONS):
+            missing = sorted(self.static_names - set(feeds))
+            if missing:
+                raise InputError(f"inputs {missing} are needed to specialize the model but were not given",
+                                 hint="inputs: " + ", ".join(self.input_names))
+            bound = {n: feeds[n] for n in self.static_names}
+            key = _key(bound)
+            found = self._cache.get(key)
+            if found is not None:
+                return found
             try:
                 module = import_onnx(self.model, static_inputs=bound)
             except StaticInputRequired as e:
-                if e.param_name in self._static or e.param_name not in feeds:
-                    raise
-                self._static.add(e.param_name)
+                self._require_static(e)
                 continue
             self._cache[key] = module
             return module
+        raise InputError("the model needs too many inputs bound at compile time")
+
+    def feeds(self, inputs: Any) -> dict[str, np.ndarray]:
+        """Name the inputs: a dict by name, a list/tuple in graph-input order, or one array."""
+        if isinstance(inputs, Mapping):
+            unknown = sorted(set(inputs) - set(self.input_names))
+            if unknown:
+                raise InputError(f"unknown inputs {unknown}", hint="inputs: " + ", ".join(self.input_names))
+            return {str(k): _array(v) for k, v in inputs.items()}
+        single = isinstance(inputs, (np.ndarray, onnx.TensorProto)) or not isinstance(inputs, Sequence)
+        arrays = [inputs] if single else list(inputs)
+        if len(arrays) > len(self.input_names):
+            raise InputError(f"the model takes {len(self.input_names)} inputs, got {len(arrays)}",
+                             hint="inputs: " + ", ".join(self.input_names))
+        return {n: _array(a) for n, a in zip(self.input_names, arrays, strict=False)}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        if isinstance(inputs, dict):
-            feeds = {k: np.asarray(v) for k, v in inputs.items()}
-        else:
-            arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
-            feeds = {n: np.asarray(a) for n, a in zip(self.input_names, arrays, strict=False)}
+        feeds = self.feeds(inputs)
         module = self._module_for(feeds)
-        names = [p.name for p in module.main.params]
-        return tuple(run_reference(module, {n: feeds[n] for n in names}))
+        params = [p.name for p in module.main.params]
+        missing = [n for n in params if n not in feeds]
+        if missing:
+            raise InputError(f"missing inputs {missing}", hint="inputs: " + ", ".join(self.input_names))
+        outs = run_reference(module, {n: feeds[n] for n in params})
+        return self._outputs_type(*outs)
 
 
 class CuvilBackend(Backend):
     """Interpreter-backed for now; compiled execution comes with the LLVM backend."""
 
     @classmethod
-    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> CuvilRep:
-        super().prepare(model, device, **kwargs)
-        return CuvilRep(model)
+    def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> CuvilRep:
+        """Import the model once (a ModelProto, serialized bytes or a path)."""
+        if not cls.supports_device(device):
+            raise ModelLoadError(f"device {device!r} is not supported", hint="use device='CPU'")
+        proto, _ = load_onnx(model)
+        return CuvilRep(proto)
 
     @classmethod
-    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any
-                  ) -> tuple[np.ndarray, ...]:
+    def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
-    def run_node(cls, node: onnx.NodeProto, inputs: Sequence[np.ndarray], device: str = "CPU",
-                 outputs_info: Any = None, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        raise NotImplementedError("run_node is not supported; use run_model")
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
+                 **kwargs: Any) -> tuple[np.ndarray, ...]:
+        """Run one node by wrapping it in a model whose inputs have the given arrays' types."""
+        arrays = [_array(a) for a in (inputs.values() if isinstance(inputs, Mapping) else inputs)]
+        names = [n for n in node.input if n]
+        if len(arrays) != len(names):
+            raise InputError(f"node {node.op_type} has {len(names)} inputs, got {len(arrays)} arrays")
+        graph_inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype),
+                                                           list(a.shape))
+                        for n, a in zip(names, arrays, strict=True)]
+        graph_outputs = [onnx.ValueInfoProto(name=n) for n in node.output if n]
+        graph = onnx.helper.make_graph([node], f"{node.op_type}_node", graph_inputs, graph_outputs)
+        opset = int(kwargs.get("opset_version", onnx.defs.onnx_opset_version()))
+        domains = {"": opset} if not node.domain or node.domain == "ai.onnx" else {"": opset, node.domain: 1}
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v)
+                                                             for d, v in domains.items()])
+        return cls.prepare(model, device).run(dict(zip(names, arrays, strict=True)))
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
@@ -88,4 +157,5 @@ class CuvilBackend(Backend):
 
 prepare = CuvilBackend.prepare
 run_model = CuvilBackend.run_model
+run_node = CuvilBackend.run_node
 supports_device = CuvilBackend.supports_device

@@ -40,6 +40,7 @@ from cuvil.ir.types import DimConstraint, TensorType
 from cuvil.ir.values import Value
 
 MIN_OPSET = 7
+MAX_ELEMENTS = 2**40  # per declared input: beyond any real tensor, so a bogus shape fails at import
 
 ONNX_DTYPES: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.f32, onnx.TensorProto.DOUBLE: DType.f64, onnx.TensorProto.FLOAT16: DType.f16,
@@ -283,7 +284,13 @@ class OnnxImporter:
         if not tt.HasField("shape"):
             raise UnsupportedOpError(f"input {vi.name!r} has no shape (unknown rank)", location=where,
                                      hint="give graph inputs a shape; dims may be symbolic")
-        return TensorType(dtype, tuple(self._dim(d) for d in tt.shape.dim))
+        t = TensorType(dtype, tuple(self._dim(d) for d in tt.shape.dim))
+        if any(isinstance(d, int) and d < 0 for d in t.shape) or \
+                (t.is_static and int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_ELEMENTS):
+            raise ModelLoadError(f"input {vi.name!r} declares the shape {list(t.shape)}, which no tensor can "
+                                 "have (negative, or more than 2**40 elements)", location=where,
+                                 hint="use a symbolic dim (dim_param) for sizes only known at run time")
+        return t
 
     # static evaluation ---------------------------------------------------------------
     def static_value(self, v: Value, where: str) -> np.ndarray:
@@ -345,10 +352,37 @@ class OnnxImporter:
                 "opset": str(self.opset_for("")), "graph": graph.name or ""}
         return self.b.module(fn, metadata=meta)
 
+    def import_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Value] = ()) -> list[Value]:
+        """Convert a control-flow body (If branch, Loop/Scan body) inline: it sees every name of the
+        enclosing scopes, its formal inputs are bound to ``inputs``, and the names it defines stay local."""
+        if len(inputs) != len(graph.input):
+            raise IRError(f"subgraph {graph.name!r} takes {len(graph.input)} inputs, got {len(inputs)}")
+        outer = self.env
+        self.env = dict(outer)
+        try:
+            for t in graph.initializer:
+                self.env[t.name] = self.b.const(self.tensor_to_numpy(t, f"initializer {t.name!r}"))
+            for vi, v in zip(graph.input, inputs, strict=True):
+                self.env[vi.name] = v
+            self.convert_nodes(graph.node)
+            missing = [o.name for o in graph.output if o.name not in self.env]
+            if missing:
+                raise MissingInitializerError(f"subgraph outputs {missing} are never produced",
+                                              location=f"subgraph {graph.name!r}")
+            return [self.env[o.name] for o in graph.output]
+        finally:
+            self.env = outer
+
     def convert_nodes(self, nodes: Sequence[onnx.NodeProto]) -> None:
         table = converters()
-        for node in nodes:
-            self.convert_node(node, table)
+        outer = getattr(self, "_producers", {})
+        self._producers = {**outer, **{o: f"node {n.name or '<unnamed>'} ({n.op_type})"
+                                       for n in nodes for o in n.output if o}}
+        try:
+            for node in nodes:
+                self.convert_node(node, table)
+        finally:
+            self._producers = outer
 
     def convert_node(self, node: onnx.NodeProto, table: Mapping[tuple[str, str], ConverterEntry]) -> None:
         where = f"node {node.name or '<unnamed>'} ({node.op_type})"
@@ -362,6 +396,10 @@ class OnnxImporter:
             if not name:
                 inputs.append(None)
                 continue
+            if name not in self.env and name in getattr(self, "_producers", {}):
+                raise ModelLoadError(f"input {name!r} is produced by {self._producers[name]}, which does not "
+                                     "come before this node: the graph has a cycle or is not topologically "
+                                     "sorted", location=where, hint="ONNX requires nodes in topological order")
             if name not in self.env:
                 raise MissingInitializerError(f"input {name!r} is not defined by any node, graph input "
                                               "or initializer", location=where)
@@ -424,17 +462,17 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
     or other attribute-like operands through inputs)."""
     model, base = load_onnx(source)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
-    main = opsets.get("")
-    if main is None:
-        main = 1
-        opsets[""] = main
     newest = onnx.defs.onnx_opset_version()
+    main = opsets.get("")
+    if main is None:  # only other domains (ai.onnx.ml, training) are imported: no ai.onnx op to version
+        main = newest
+        opsets[""] = main
     if main < MIN_OPSET or main > newest:
         raise UnsupportedOpsetError(f"ONNX opset {main} is not supported (supported: {MIN_OPSET}..{newest})",
                                     location="opset_import")
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-    except Exception:  # noqa: S110 - shapes are re-derived by CIR's own shape rules
+    except Exception:
         pass
     imp = OnnxImporter(model, base, dict(static_inputs or {}), opsets=opsets)
     return imp.import_graph(model.graph)

@@ -16,11 +16,11 @@ from cuvil.ir.values import Value, walk
 
 def content_hash(array: np.ndarray) -> str:
     """The key a constant is stored under: dtype, shape and bytes, hashed."""
-    arr = np.ascontiguousarray(array)
+    arr = np.asarray(array)  # not ascontiguousarray: it turns a scalar into shape (1,)
     h = hashlib.sha256()
     h.update(DType.from_numpy(arr.dtype).value.encode())
     h.update(repr(tuple(arr.shape)).encode())
-    h.update(arr.tobytes())
+    h.update(arr.tobytes(order="C"))
     return "k" + h.hexdigest()[:20]
 
 

@@ -366,6 +366,88 @@ def gelu(x: Expr, approximate: str = "none") -> Expr:
     return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
 
 
+def expm1(x: Expr) -> Expr:
+    """exp(x) - 1 without cancellation near 0 (Kahan: rescale by x / log(exp(x)))."""
+    u = exp(x)
+    um1 = u - 1.0
+    accurate = um1 * x / log(u)
+    return select(call("eq", u, 1.0), x, select(call("eq", um1, -1.0), -1.0,
+                                                 select(call("isinf", u), u, accurate)))
+
+
+def log1p(x: Expr) -> Expr:
+    """log(1 + x) without losing small x (Goldberg: rescale by x / ((1 + x) - 1))."""
+    w = 1.0 + x
+    accurate = log(w) * x / (w - 1.0)
+    return select(call("eq", w, 1.0), x, select(call("isinf", w), w, accurate))
+
+
+def reciprocal(x: Expr) -> Expr:
+    return 1.0 / x
+
+
+def rsqrt(x: Expr) -> Expr:
+    return 1.0 / sqrt(x)
+
+
+def sign(x: Expr) -> Expr:
+    """1, -1 or x itself for zeros (keeping -0.0) and NaN."""
+    if not x.dtype.is_signed:
+        return select(x > 0, 1, x)
+    return select(x > 0, 1, select(x < 0, -1, x))
+
+
+def clip(x: Expr, lo: ExprLike | None, hi: ExprLike | None) -> Expr:
+    """min(max(x, lo), hi): NaN propagates and lo > hi gives hi, as ONNX Clip specifies."""
+    y = x if lo is None else smax(x, lo)
+    return y if hi is None else smin(y, hi)
+
+
+def leaky_relu(x: Expr, alpha: float = 0.01) -> Expr:
+    return select(x < 0, x * alpha, x)
+
+
+def thresholded_relu(x: Expr, alpha: float = 1.0) -> Expr:
+    return select(x > alpha, x, 0)
+
+
+def elu(x: Expr, alpha: float = 1.0) -> Expr:
+    return select(x < 0, expm1(x) * alpha, x)
+
+
+def selu(x: Expr, alpha: float, gamma: float) -> Expr:
+    return select(x > 0, x, expm1(x) * alpha) * gamma
+
+
+def celu(x: Expr, alpha: float = 1.0) -> Expr:
+    return smax(x, 0) + smin(expm1(x / alpha) * alpha, 0)
+
+
+def softplus(x: Expr) -> Expr:
+    """log(1 + exp(x)) in the form that neither overflows for large x nor loses small results."""
+    return smax(x, 0) + log1p(exp(-call("abs", x)))
+
+
+def softsign(x: Expr) -> Expr:
+    return x / (1.0 + call("abs", x))
+
+
+def silu(x: Expr) -> Expr:
+    return x * sigmoid(x)
+
+
+def mish(x: Expr) -> Expr:
+    return x * tanh(softplus(x))
+
+
+def hardsigmoid(x: Expr, alpha: float = 0.2, beta: float = 0.5) -> Expr:
+    return smax(smin(x * alpha + beta, 1), 0)
+
+
+def hardswish(x: Expr) -> Expr:
+    return x * hardsigmoid(x, 1.0 / 6.0, 0.5)
+
+
 # --------------------------------------------------------------------------------------
 # rule context
 

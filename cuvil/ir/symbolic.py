@@ -18,7 +18,7 @@ Dim = Union[int, "Sym"]
 class _Atom:
     """A non-polynomial sub-expression kept opaque: ``a // c``, ``a % c``, ``max(a, b)``."""
 
-    __slots__ = ("kind", "args", "_text")
+    __slots__ = ("_text", "args", "kind")
 
     def __init__(self, kind: str, args: tuple[Dim, ...]) -> None:
         self.kind = kind
@@ -58,7 +58,7 @@ def _paren(d: Dim) -> str:
     return s if isinstance(d, int) or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s) else f"({s})"
 
 
-_Factor = Union[str, _Atom]
+_Factor = str | _Atom
 _Mono = tuple[_Factor, ...]
 
 
@@ -69,7 +69,7 @@ def _mono_key(m: _Mono) -> tuple[str, ...]:
 class Sym:
     """An integer-valued symbolic expression in canonical polynomial form."""
 
-    __slots__ = ("terms", "_hash")
+    __slots__ = ("_hash", "terms")
 
     def __init__(self, terms: Mapping[_Mono, int]) -> None:
         clean = {m: c for m, c in terms.items() if c != 0}

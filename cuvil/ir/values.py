@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Sym
@@ -51,8 +51,8 @@ def normalize_attr(v: AttrValue) -> AttrValue:
 class Value:
     """One SSA value: ``op(operands...) {attrs} : type``. Immutable and interned."""
 
-    __slots__ = ("op", "operands", "attrs", "type", "_key", "__weakref__")
-    _table: weakref.WeakValueDictionary[object, Value] = weakref.WeakValueDictionary()
+    __slots__ = ("__weakref__", "_key", "attrs", "op", "operands", "type")
+    _table: ClassVar[weakref.WeakValueDictionary[object, Value]] = weakref.WeakValueDictionary()
 
     op: str
     operands: tuple[Value, ...]

@@ -1,12 +1,14 @@
-"""ONNX layout ops (Reshape, Transpose, Shape, Constant, Identity) -> CIR."""
+"""ONNX layout ops -> CIR: reshapes, slicing, padding, concatenation, resizing."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_import import NodeCtx, onnx_op
-from cuvil.ir.symbolic import Dim
+from cuvil.ir.symbolic import Dim, Sym
 from cuvil.ir.values import Value
 
 
@@ -62,3 +64,458 @@ def transpose(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
     perm = ctx.attr_ints("perm", list(reversed(range(x.type.rank))))
     return ctx.b.transpose(x, perm=perm)
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+# bounds at or beyond this are "to the end" (exporters write INT64_MAX, INT32_MAX, ...)
+HUGE = 2**30
+
+
+def static_dims(ctx: NodeCtx, i: int) -> list[Dim]:
+    """A 1-D compile-time input as python ints / symbolic dims."""
+    arr = np.asarray(ctx.static(i))
+    if arr.ndim > 1:
+        raise ctx.unsupported(f"input {i} must be a vector, got shape {arr.shape}")
+    return [d if isinstance(d, Sym) else int(d) for d in arr.reshape(-1).tolist()]
+
+
+def static_ints(ctx: NodeCtx, i: int, what: str) -> list[int]:
+    dims = static_dims(ctx, i)
+    if not all(isinstance(d, int) for d in dims):
+        raise ctx.unsupported(f"{what} must be known at compile time, got {[str(d) for d in dims]}")
+    return [int(d) for d in dims]
+
+
+def axes_arg(ctx: NodeCtx, attr_before: int, input_index: int) -> list[int] | None:
+    """Axes given as an attribute before opset ``attr_before`` and as an input from it on."""
+    if ctx.opset < attr_before:
+        return ctx.attr_ints("axes") if ctx.has_attr("axes") else None
+    return static_ints(ctx, input_index, "axes") if ctx.has_input(input_index) else None
+
+
+def norm_axes(ctx: NodeCtx, axes: Sequence[int], rank: int) -> list[int]:
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise ShapeError(f"axis {a} out of range for rank {rank}", location=ctx.location)
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"axes {list(axes)} repeat an axis", location=ctx.location)
+    return out
+
+
+def product(dims: Sequence[Dim]) -> Dim:
+    n: Dim = 1
+    for d in dims:
+        n = n * d
+    return n
+
+
+def reshaped(ctx: NodeCtx, x: Value, shape: Sequence[Dim]) -> Value:
+    return x if tuple(shape) == tuple(x.shape) else ctx.b.reshape(x, shape=list(shape))
+
+
+# --------------------------------------------------------------------------------------
+# Shape, Size, Flatten, Squeeze, Unsqueeze
+
+
+@onnx_op("Shape", emits=("shape", "slice"))
+def shape(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    r = x.type.rank
+
+    def clamp(v: int) -> int:
+        return min(max(v + r if v < 0 else v, 0), r)
+
+    start, end = clamp(ctx.attr_int("start", 0)), clamp(ctx.attr_int("end", r))
+    end = max(start, end)
+    dims = x.shape[start:end]
+    if all(isinstance(d, int) for d in dims):
+        return ctx.b.const(np.array(dims, dtype=np.int64).reshape(len(dims)))
+    v = ctx.b.shape(x)
+    return v if (start, end) == (0, r) else ctx.b.slice(v, starts=[start], ends=[end], steps=[1])
+
+
+@onnx_op("Size", emits=("shape", "reduce_prod"))
+def size(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    n = product(x.shape)
+    if isinstance(n, int):
+        return ctx.b.const(np.array(n, dtype=np.int64))
+    return ctx.b.reduce_prod(ctx.b.shape(x), axes=[0], keepdims=False)
+
+
+@onnx_op("Flatten", emits=("reshape",))
+def flatten(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    r = x.type.rank
+    axis = ctx.attr_int("axis", 1)
+    if not -r <= axis <= r:
+        raise ShapeError(f"axis {axis} out of range for rank {r}", location=ctx.location)
+    axis = axis + r if axis < 0 else axis
+    return reshaped(ctx, x, [product(x.shape[:axis]), product(x.shape[axis:])])
+
+
+@onnx_op("Squeeze", emits=("reshape",))
+def squeeze(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    axes = axes_arg(ctx, 13, 1)
+    if axes is None:
+        drop = {k for k, d in enumerate(x.shape) if d == 1}
+    else:
+        drop = set(norm_axes(ctx, axes, x.type.rank))
+        for k in drop:
+            if isinstance(x.shape[k], int) and x.shape[k] != 1:
+                raise ShapeError(f"cannot squeeze axis {k} of size {x.shape[k]}", location=ctx.location)
+    return reshaped(ctx, x, [d for k, d in enumerate(x.shape) if k not in drop])
+
+
+@onnx_op("Unsqueeze", emits=("reshape",))
+def unsqueeze(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    axes = axes_arg(ctx, 13, 1)
+    if axes is None:
+        raise ctx.unsupported("axes are required")
+    r = x.type.rank + len(axes)
+    new = set(norm_axes(ctx, axes, r))
+    it = iter(x.shape)
+    return reshaped(ctx, x, [1 if k in new else next(it) for k in range(r)])
+
+
+# --------------------------------------------------------------------------------------
+# Expand, Concat, Split, Tile
+
+
+@onnx_op("Expand", emits=("expand",))
+def expand(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    out = ctx.b.expand(x, shape=static_dims(ctx, 1))
+    return x if out.shape == x.shape else out
+
+
+@onnx_op("Concat", emits=("concat",))
+def concat(ctx: NodeCtx) -> Value:
+    xs = [ctx.input(i) for i in range(len(ctx.inputs)) if ctx.has_input(i)]
+    if not xs:
+        raise ctx.unsupported("no inputs")
+    return xs[0] if len(xs) == 1 else ctx.b.concat(*xs, axis=ctx.attr_int("axis"))
+
+
+@onnx_op("Split", emits=("split",))
+def split(ctx: NodeCtx) -> list[Value]:
+    x = ctx.input(0)
+    axis = norm_axes(ctx, [ctx.attr_int("axis", 0)], x.type.rank)[0]
+    d = x.shape[axis]
+    if ctx.opset < 13 and ctx.has_attr("split"):
+        sizes: list[Dim] = list(ctx.attr_ints("split"))
+    elif ctx.opset >= 13 and ctx.has_input(1):
+        sizes = static_dims(ctx, 1)
+    else:
+        n = ctx.attr_int("num_outputs") if ctx.opset >= 18 and ctx.has_attr("num_outputs") else ctx.num_outputs
+        if n < 1:
+            raise ctx.unsupported(f"cannot split into {n} pieces")
+        if isinstance(d, int) and d % n:
+            if ctx.opset < 18:
+                raise ShapeError(f"dim {d} does not split into {n} equal pieces", location=ctx.location)
+            chunk = -(-d // n)
+            sizes = [min(chunk, max(d - k * chunk, 0)) for k in range(n)]
+        else:
+            sizes = [d // n] * n
+    return [ctx.b.split(x, axis=axis, sizes=sizes, index=k) for k in range(len(sizes))]
+
+
+@onnx_op("Tile", emits=("tile",))
+def tile(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    reps = static_ints(ctx, 1, "repeats")
+    return x if all(r == 1 for r in reps) else ctx.b.tile(x, repeats=reps)
+
+
+# --------------------------------------------------------------------------------------
+# Slice
+
+
+def slice_bounds(d: Dim, start: Dim, end: Dim, step: int) -> tuple[Dim, Dim]:
+    """ONNX/numpy bounds normalized to what the slice op takes (see its doc)."""
+    if isinstance(d, int) and isinstance(start, int) and isinstance(end, int):
+        if step > 0:
+            s = min(max(start + d if start < 0 else start, 0), d)
+            e = min(max(end + d if end < 0 else end, 0), d)
+            return s, max(e, s)
+        if d == 0:
+            return -1, -1
+        s = min(max(start + d if start < 0 else start, 0), d - 1)
+        e = min(max(end + d if end < 0 else end, -1), d - 1)
+        return s, min(e, s)
+    # symbolic: assume the bounds lie within the dim, as real models' do
+    if step > 0:
+        s = d + start if isinstance(start, int) and start < 0 else (d if isinstance(start, int) and start >= HUGE
+                                                                     else start)
+        e = d if isinstance(end, int) and end >= HUGE else (d + end if isinstance(end, int) and end < 0 else end)
+        return s, e
+    s = d - 1 if isinstance(start, int) and start >= HUGE else (d + start if isinstance(start, int) and start < 0
+                                                                 else start)
+    e = -1 if isinstance(end, int) and end <= -HUGE else (d + end if isinstance(end, int) and end < 0 else end)
+    return s, e
+
+
+@onnx_op("Slice", emits=("slice",))
+def slice_(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    r = x.type.rank
+    if ctx.opset < 10:
+        starts, ends = list(ctx.attr_ints("starts")), list(ctx.attr_ints("ends"))
+        axes = ctx.attr_ints("axes", list(range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = static_dims(ctx, 1), static_dims(ctx, 2)
+        axes = static_ints(ctx, 3, "axes") if ctx.has_input(3) else list(range(len(starts)))
+        steps = static_ints(ctx, 4, "steps") if ctx.has_input(4) else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError("starts, ends, axes and steps differ in length", location=ctx.location)
+    if any(st == 0 for st in steps):
+        raise ShapeError("slice step 0", location=ctx.location)
+    full_s: list[Dim] = [0] * r
+    full_e: list[Dim] = list(x.shape)
+    full_st = [1] * r
+    for a, s, e, st in zip(norm_axes(ctx, axes, r), starts, ends, steps, strict=True):
+        full_s[a], full_e[a] = slice_bounds(x.shape[a], s, e, st)
+        full_st[a] = st
+    if full_s == [0] * r and full_e == list(x.shape) and full_st == [1] * r:
+        return x
+    return ctx.b.slice(x, starts=full_s, ends=full_e, steps=full_st)
+
+
+# --------------------------------------------------------------------------------------
+# Pad, CenterCropPad
+
+
+def static_scalar(ctx: NodeCtx, i: int) -> float | int | bool:
+    v = np.asarray(ctx.static(i))
+    if v.size != 1:
+        raise ctx.unsupported(f"input {i} must hold one value, got shape {v.shape}")
+    return v.reshape(()).item()
+
+
+@onnx_op("Pad", emits=("pad",))
+def pad(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    r = x.type.rank
+    mode = ctx.attr_str("mode", "constant")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise ctx.unsupported(f"mode {mode!r}")
+    if ctx.opset < 11:
+        pads = ctx.attr_ints("pads" if ctx.has_attr("pads") else "paddings")
+        value: float = ctx.attr_float("value", 0.0)
+        axes = list(range(r))
+    else:
+        pads = static_ints(ctx, 1, "pads")
+        value = float(static_scalar(ctx, 2)) if ctx.has_input(2) and np.asarray(ctx.static(2)).size else 0.0
+        axes = norm_axes(ctx, static_ints(ctx, 3, "axes"), r) if ctx.has_input(3) else list(range(r))
+    if len(pads) != 2 * len(axes):
+        raise ShapeError(f"pads has {len(pads)} entries for {len(axes)} axes", location=ctx.location)
+    full = [0] * (2 * r)
+    n = len(axes)
+    for j, a in enumerate(axes):
+        full[a], full[a + r] = pads[j], pads[j + n]
+    if not any(full):
+        return x
+    return ctx.b.pad(x, pads=full, mode=mode, value=value)
+
+
+@onnx_op("CenterCropPad", emits=("slice", "pad"))
+def center_crop_pad(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    r = x.type.rank
+    target = static_ints(ctx, 1, "shape")
+    axes = norm_axes(ctx, ctx.attr_ints("axes", list(range(r))), r)
+    if len(target) != len(axes):
+        raise ShapeError(f"shape has {len(target)} entries for {len(axes)} axes", location=ctx.location)
+    starts: list[Dim] = [0] * r
+    ends: list[Dim] = list(x.shape)
+    pads = [0] * (2 * r)
+    for a, t in zip(axes, target, strict=True):
+        d = x.shape[a]
+        if not isinstance(d, int):
+            raise ctx.unsupported(f"axis {a} has the symbolic size {d}")
+        if t < d:
+            starts[a] = (d - t) // 2
+            ends[a] = starts[a] + t
+        elif t > d:
+            pads[a] = (t - d) // 2
+            pads[a + r] = t - d - pads[a]
+    out = x
+    if starts != [0] * r or ends != list(x.shape):
+        out = ctx.b.slice(out, starts=starts, ends=ends, steps=[1] * r)
+    if any(pads):
+        out = ctx.b.pad(out, pads=pads, mode="constant", value=0.0)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# DepthToSpace, SpaceToDepth
+
+
+@onnx_op("DepthToSpace", emits=("reshape", "transpose"))
+def depth_to_space(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    if x.type.rank != 4:
+        raise ctx.unsupported(f"input of rank {x.type.rank} (expected 4)")
+    bs = ctx.attr_int("blocksize")
+    n, c, h, w = x.shape
+    if isinstance(c, int) and c % (bs * bs):
+        raise ShapeError(f"{c} channels do not divide by blocksize^2 = {bs * bs}", location=ctx.location)
+    cb = c // (bs * bs)
+    if ctx.attr_str("mode", "DCR") == "DCR":
+        t = ctx.b.reshape(x, shape=[n, bs, bs, cb, h, w])
+        t = ctx.b.transpose(t, perm=[0, 3, 4, 1, 5, 2])
+    else:
+        t = ctx.b.reshape(x, shape=[n, cb, bs, bs, h, w])
+        t = ctx.b.transpose(t, perm=[0, 1, 4, 2, 5, 3])
+    return ctx.b.reshape(t, shape=[n, cb, h * bs, w * bs])
+
+
+@onnx_op("SpaceToDepth", emits=("reshape", "transpose"))
+def space_to_depth(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    if x.type.rank != 4:
+        raise ctx.unsupported(f"input of rank {x.type.rank} (expected 4)")
+    bs = ctx.attr_int("blocksize")
+    n, c, h, w = x.shape
+    for d in (h, w):
+        if isinstance(d, int) and d % bs:
+            raise ShapeError(f"spatial dim {d} does not divide by blocksize {bs}", location=ctx.location)
+    t = ctx.b.reshape(x, shape=[n, c, h // bs, bs, w // bs, bs])
+    crd = ctx.attr_str("mode", "DCR") == "CRD"
+    t = ctx.b.transpose(t, perm=[0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4])
+    return ctx.b.reshape(t, shape=[n, c * bs * bs, h // bs, w // bs])
+
+
+# --------------------------------------------------------------------------------------
+# Resize, Upsample
+
+
+def _scaled_dim(ctx: NodeCtx, d: Dim, scale: float) -> Dim:
+    """floor(d * scale), as the ONNX reference computes output sizes from scales."""
+    if isinstance(d, int):
+        return int(np.float64(scale) * d)
+    if float(scale).is_integer():
+        return d * int(scale)
+    raise ctx.unsupported(f"a non-integral scale {scale} of the symbolic dim {d}")
+
+
+def _resize(ctx: NodeCtx, x: Value, scales: list[float] | None, sizes: list[Dim] | None, **attrs: object) -> Value:
+    r = x.type.rank
+    if sizes is not None:
+        out = list(sizes)
+        sc: list[float] = []
+        for d, o in zip(x.shape, out, strict=True):
+            if d == o:
+                sc.append(1.0)
+            elif isinstance(d, int) and isinstance(o, int):
+                sc.append(o / d)
+            else:
+                raise ctx.unsupported(f"resizing the symbolic dim {d} to {o}")
+    else:
+        assert scales is not None
+        sc = list(scales)
+        out = [_scaled_dim(ctx, d, s) for d, s in zip(x.shape, sc, strict=True)]
+    if len(sc) != r:
+        raise ShapeError(f"{len(sc)} scales/sizes for rank {r}", location=ctx.location)
+    return ctx.b.resize(x, sizes=out, scales=sc, **attrs)
+
+
+@onnx_op("Resize", emits=("resize",))
+def resize(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    r = x.type.rank
+    mode = ctx.attr_str("mode", "nearest")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise ctx.unsupported(f"mode {mode!r}")
+    if ctx.opset < 11:
+        scales = [float(s) for s in np.asarray(ctx.static(1)).reshape(-1)]
+        return _resize(ctx, x, scales, None, mode=mode, coordinate_transformation_mode="asymmetric",
+                       nearest_mode=_legacy_nearest(ctx, scales))
+    roi_in = [float(v) for v in np.asarray(ctx.static(1)).reshape(-1)] if ctx.has_input(1) else []
+    scales_in = [float(v) for v in np.asarray(ctx.static(2)).reshape(-1)] if ctx.has_input(2) else []
+    sizes_in = static_dims(ctx, 3) if ctx.has_input(3) else []
+    if bool(scales_in) == bool(sizes_in):
+        raise ShapeError("exactly one of scales and sizes must be given", location=ctx.location)
+    axes = norm_axes(ctx, ctx.attr_ints("axes", list(range(r))), r)
+    k = len(axes)
+    coord = ctx.attr_str("coordinate_transformation_mode", "half_pixel")
+    roi: list[float] = []
+    if coord == "tf_crop_and_resize":
+        if len(roi_in) != 2 * k:
+            raise ShapeError(f"roi needs {2 * k} entries", location=ctx.location)
+        roi = [0.0] * r + [1.0] * r
+        for j, a in enumerate(axes):
+            roi[a], roi[a + r] = roi_in[j], roi_in[j + k]
+    attrs = dict(mode=mode, coordinate_transformation_mode=coord,
+                 nearest_mode=ctx.attr_str("nearest_mode", "round_prefer_floor"), roi=roi,
+                 cubic_coeff_a=ctx.attr_float("cubic_coeff_a", -0.75),
+                 exclude_outside=bool(ctx.attr_int("exclude_outside", 0)),
+                 extrapolation_value=ctx.attr_float("extrapolation_value", 0.0),
+                 antialias=bool(ctx.attr_int("antialias", 0)) and mode != "nearest")
+    if scales_in:
+        if len(scales_in) != k:
+            raise ShapeError(f"{len(scales_in)} scales for {k} axes", location=ctx.location)
+        scales = [1.0] * r
+        for a, s in zip(axes, scales_in, strict=True):
+            scales[a] = s
+        return _resize(ctx, x, scales, None, **attrs)
+    if len(sizes_in) != k:
+        raise ShapeError(f"{len(sizes_in)} sizes for {k} axes", location=ctx.location)
+    sizes = list(x.shape)
+    for a, s in zip(axes, sizes_in, strict=True):
+        sizes[a] = s
+    policy = ctx.attr_str("keep_aspect_ratio_policy", "stretch")
+    if policy == "stretch":
+        return _resize(ctx, x, None, sizes, **attrs)
+    return _resize_kept(ctx, x, _keep_aspect(ctx, x, sizes, axes, policy), axes, **attrs)
+
+
+def _keep_aspect(ctx: NodeCtx, x: Value, sizes: list[Dim], axes: list[int], policy: str) -> list[float]:
+    if policy not in ("not_larger", "not_smaller"):
+        raise ctx.unsupported(f"keep_aspect_ratio_policy {policy!r}")
+    ratios = []
+    for a in axes:
+        d, o = x.shape[a], sizes[a]
+        if not (isinstance(d, int) and isinstance(o, int)):
+            raise ctx.unsupported("keep_aspect_ratio_policy with symbolic dims")
+        ratios.append(o / d)
+    s = min(ratios) if policy == "not_larger" else max(ratios)
+    return [s if k in axes else 1.0 for k in range(x.type.rank)]
+
+
+def _resize_kept(ctx: NodeCtx, x: Value, scales: list[float], axes: list[int], **attrs: object) -> Value:
+    """keep_aspect_ratio_policy: one scale for every resized axis, sizes rounded half up."""
+    out: list[Dim] = [int(scales[k] * x.shape[k] + 0.5) if k in axes else x.shape[k] for k in range(x.type.rank)]
+    return ctx.b.resize(x, sizes=out, scales=scales, **attrs)
+
+
+def _legacy_nearest(ctx: NodeCtx, scales: Sequence[float]) -> str:
+    """Upsample and opset-10 Resize read the source pixel at floor(i / scale) when enlarging."""
+    if all(s >= 1.0 for s in scales):
+        return "floor"
+    if all(s <= 1.0 for s in scales):
+        return "ceil"
+    raise ctx.unsupported("nearest resizing that enlarges some axes and shrinks others (opset < 11)")
+
+
+@onnx_op("Upsample", emits=("resize",))
+def upsample(ctx: NodeCtx) -> Value:
+    x = ctx.input(0)
+    mode = ctx.attr_str("mode", "nearest")
+    if mode == "bilinear":
+        mode = "linear"
+    if mode not in ("nearest", "linear"):
+        raise ctx.unsupported(f"mode {mode!r}")
+    if ctx.opset < 9:
+        scales = [float(s) for s in ctx.attr_floats("scales")]
+    else:
+        scales = [float(s) for s in np.asarray(ctx.static(1)).reshape(-1)]
+    return _resize(ctx, x, scales, None, mode=mode, coordinate_transformation_mode="asymmetric",
+                   nearest_mode=_legacy_nearest(ctx, scales))

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from cuvil.ir import rules as R
-from cuvil.ir.opdef import broadcast_shapes, define
+from cuvil.ir.dtypes import DType
+from cuvil.ir.opdef import REQUIRED, broadcast_shapes, define
 from cuvil.ir.types import TensorType
 
 
@@ -58,3 +59,126 @@ define("matmul", ("lhs", "rhs"), attrs={"transpose_a": ("bool", False), "transpo
            ([rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((2, 5, 4)).astype(np.float32)],
             {"transpose_a": True, "transpose_b": True})],
        doc="batched matrix product sum_k lhs[..., i, k] * rhs[..., k, j]; batch dims broadcast")
+
+
+# --------------------------------------------------------------------------------------
+# einsum
+
+_ELLIPSIS = "..."
+
+
+def _parse_term(term: str, rank: int, ell_rank: int, where: str) -> list[str]:
+    """Labels of one operand; '...' expands to the trailing ``rank - letters`` of ``ell_rank``
+    broadcast labels (named by a digit, which no einsum letter can be)."""
+    if term.count(_ELLIPSIS) > 1:
+        raise ValueError(f"{where}: '...' appears more than once in {term!r}")
+    head, dots, tail = term.partition(_ELLIPSIS)
+    for ch in head + tail:
+        if not ch.isalpha():
+            raise ValueError(f"{where}: invalid label {ch!r} in {term!r}")
+    if not dots:
+        if len(head) != rank:
+            raise ValueError(f"{where}: {term!r} has {len(head)} labels for an operand of rank {rank}")
+        return list(head)
+    n = rank - len(head) - len(tail)
+    if n < 0:
+        raise ValueError(f"{where}: {term!r} has more labels than the operand's rank {rank}")
+    return [*head, *(str(ell_rank - n + k) for k in range(n)), *tail]
+
+
+def parse_einsum(equation: str, ranks: list[int]) -> tuple[list[list[str]], list[str]]:
+    """Labels per operand and for the output (implicit output: broadcast dims, then the letters
+    that appear once, alphabetically)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise ValueError(f"equation {equation!r} has {len(terms)} operands, got {len(ranks)}")
+    ell_rank = max((r - len(t.replace(_ELLIPSIS, "")) for t, r in zip(terms, ranks, strict=True)
+                    if _ELLIPSIS in t), default=0)
+    ins = [_parse_term(t, r, ell_rank, "einsum") for t, r in zip(terms, ranks, strict=True)]
+    if arrow:
+        out = _parse_term(rhs, len(rhs.replace(_ELLIPSIS, "")) + (ell_rank if _ELLIPSIS in rhs else 0),
+                          ell_rank, "einsum output")
+        if len(set(out)) != len(out):
+            raise ValueError(f"output {rhs!r} repeats a label")
+        missing = [ch for ch in out if not any(ch in t for t in ins)]
+        if missing:
+            raise ValueError(f"output labels {missing} appear in no operand")
+    else:
+        counts: dict[str, int] = {}
+        for t in ins:
+            for ch in t:
+                counts[ch] = counts.get(ch, 0) + 1
+        out = [str(k) for k in range(ell_rank)] + sorted(ch for ch, n in counts.items() if n == 1 and ch.isalpha())
+    return ins, out
+
+
+def _label_dims(ins: list[list[str]], types: list[TensorType]) -> dict[str, Any]:
+    """The size of every label; letters must agree, broadcast ('...') labels may be 1."""
+    dims: dict[str, Any] = {}
+    for labels, t in zip(ins, types, strict=True):
+        for ch, d in zip(labels, t.shape, strict=True):
+            prev = dims.get(ch)
+            if prev is None or (prev == 1 and not ch.isalpha()):
+                dims[ch] = d
+            elif d == prev or (d == 1 and not ch.isalpha()):
+                continue
+            elif isinstance(d, int) and isinstance(prev, int):
+                raise ValueError(f"label {ch!r} has sizes {prev} and {d}")
+    return dims
+
+
+def _einsum_type(types: list[TensorType], equation: str) -> TensorType:
+    dt = types[0].dtype
+    if any(t.dtype is not dt for t in types):
+        raise TypeError(f"operand dtypes differ: {[str(t.dtype) for t in types]}")
+    ins, out = parse_einsum(equation, [t.rank for t in types])
+    dims = _label_dims(ins, types)
+    return TensorType(dt, tuple(dims[ch] for ch in out))
+
+
+def _einsum_rule(c: R.RuleCtx) -> R.Expr:
+    """out[labels] = sum over the labels missing from the output of the product of the operands."""
+    ins, out = parse_einsum(c.attrs["equation"], [t.rank for t in c.inputs])
+    dims = _label_dims(ins, [t.type for t in c.inputs])
+    summed = [ch for ch in dict.fromkeys(ch for t in ins for ch in t) if ch not in out]
+
+    def body(*ks: R.Ix) -> R.Expr:
+        env = dict(zip(out, c.out, strict=True)) | dict(zip(summed, ks, strict=True))
+        prod: R.Expr | None = None
+        for labels, t in zip(ins, c.inputs, strict=True):
+            idx = [R.Ix.lit(0) if (d == 1 and dims[ch] != 1) else env[ch]
+                   for ch, d in zip(labels, t.shape, strict=True)]
+            v = t.at(*idx)
+            prod = v if prod is None else prod * v
+        assert prod is not None
+        return prod
+
+    if not summed:
+        return body()
+    return R.reduce("sum", [dims[ch] for ch in summed], body)
+
+
+def _einsum_numpy(xs: list[np.ndarray], out: TensorType, equation: str) -> np.ndarray:
+    dt = xs[0].dtype
+    half = dt in (np.dtype(np.float16), DType.bf16.np)
+    work = [x.astype(np.float32) for x in xs] if half else xs
+    return np.einsum(equation.replace(" ", ""), *work, optimize=len(xs) > 1).astype(dt, copy=False)
+
+
+def _einsum_examples(rng: np.random.Generator) -> list:
+    f = lambda *sh: rng.standard_normal(sh).astype(np.float32)
+    return [([f(2, 3), f(3, 4)], {"equation": "ij,jk->ik"}),
+            ([f(2, 3, 4), f(2, 4, 5)], {"equation": "bij,bjk->bik"}),
+            ([f(3, 3)], {"equation": "ii->i"}),
+            ([f(2, 3, 4)], {"equation": "ijk->kij"}),
+            ([f(5, 2, 3, 3)], {"equation": "...ii->...i"}),
+            ([f(3, 2, 4), f(4, 5)], {"equation": "...j,jk"}),
+            ([f(2, 3), f(4)], {"equation": "ij,k->"}),
+            ([f(2, 1, 3, 4), f(4, 4, 5)], {"equation": "...ij,...jk->...ik"})]
+
+
+define("einsum", ("*xs",), attrs={"equation": ("str", REQUIRED)}, shape=_einsum_type, rule=_einsum_rule,
+       numpy=_einsum_numpy, family="linalg", examples=_einsum_examples,
+       doc="Einstein summation (numpy/ONNX equation syntax, '...' broadcasts, implicit output allowed)")

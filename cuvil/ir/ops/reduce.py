@@ -1,11 +1,16 @@
-"""Reductions over a set of axes, with or without keeping them."""
+"""Reductions over a set of axes, with or without keeping them; arg-reductions, scans and top-k."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from cuvil.ir import rules as R
-from cuvil.ir.opdef import define, norm_axis
+from cuvil.ir.dtypes import DType
+from cuvil.ir.opdef import REQUIRED, define, norm_axis
+from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import TensorType
 
 
@@ -21,36 +26,334 @@ def _reduce_type(types: list[TensorType], axes: tuple[int, ...], keepdims: bool)
     return x.with_shape(shape)
 
 
+def _reduced_index(c: R.RuleCtx, red: tuple[int, ...], ks: tuple[R.Ix, ...]) -> list[R.Ix]:
+    """The input index for output index ``c.out`` with the reduced positions taken from ``ks``."""
+    (x,) = c.inputs
+    keep = c.attrs["keepdims"]
+    idx: list[R.Ix] = []
+    it = iter(ks)
+    o = 0
+    for k in range(x.rank):
+        if k in red:
+            idx.append(next(it))
+            o += 1 if keep else 0
+        else:
+            idx.append(c.out[o])
+            o += 1
+    return idx
+
+
 def reduction_rule(kind: str):
     """out[i] = kind over the reduced axes of x[i with reduced positions as fresh variables]."""
 
     def rule(c: R.RuleCtx) -> R.Expr:
         (x,) = c.inputs
         red = _axes(c.attrs["axes"], x.rank)
-        keep = c.attrs["keepdims"]
-
-        def body(*ks: R.Ix) -> R.Expr:
-            idx: list[R.Ix] = []
-            it = iter(ks)
-            o = 0
-            for k in range(x.rank):
-                if k in red:
-                    idx.append(next(it))
-                    o += 1 if keep else 0
-                else:
-                    idx.append(c.out[o])
-                    o += 1
-            return x.at(*idx)
-
-        return R.reduce(kind, [x.shape[k] for k in red], body)
+        return R.reduce(kind, [x.shape[k] for k in red], lambda *ks: x.at(*_reduced_index(c, red, ks)))
 
     return rule
 
 
-define("reduce_sum", ("x",), attrs={"axes": ("ints", ()), "keepdims": ("bool", False)},
-       shape=_reduce_type, rule=reduction_rule("sum"),
-       numpy=lambda xs, out, axes, keepdims: np.sum(xs[0], axis=_axes(axes, xs[0].ndim), keepdims=keepdims,
-                                                     dtype=xs[0].dtype),
-       family="reduce", doc="sum over `axes` (all axes when empty)",
-       examples=lambda rng: [([rng.standard_normal((2, 3, 4)).astype(np.float32)], {"axes": (0, 2)}),
-                             ([rng.standard_normal((2, 3, 4)).astype(np.float32)], {"axes": (-1,), "keepdims": True})])
+def _extent(dims: list[Dim], dtype: DType) -> R.Expr:
+    n: Dim = 1
+    for d in dims:
+        n = n * d
+    if isinstance(n, int):
+        return R.lit(n, dtype)
+    return R.cast(R.IndexValue(DType.i64, R.Ix.lit(n)), dtype)
+
+
+def _mean_rule(c: R.RuleCtx) -> R.Expr:
+    (x,) = c.inputs
+    red = _axes(c.attrs["axes"], x.rank)
+    return reduction_rule("sum")(c) / _extent([x.shape[k] for k in red], x.dtype)
+
+
+def _identity(kind: str, dt: np.dtype) -> Any:
+    if dt.kind == "b":
+        return kind == "min"
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return info.min if kind == "max" else info.max
+    return -np.inf if kind == "max" else np.inf
+
+
+def _np_reduce(kind: str) -> Callable[..., np.ndarray]:
+    fn = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[kind]
+
+    def run(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        x = xs[0]
+        ax = _axes(axes, x.ndim)
+        if kind in ("sum", "prod"):
+            return fn(x, axis=ax, keepdims=keepdims, dtype=x.dtype)
+        if any(x.shape[a] == 0 for a in ax):
+            return fn(x, axis=ax, keepdims=keepdims, initial=_identity(kind, x.dtype))
+        return fn(x, axis=ax, keepdims=keepdims)
+
+    return run
+
+
+def _mean_numpy(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    x = xs[0]
+    ax = _axes(axes, x.ndim)
+    total = np.sum(x, axis=ax, keepdims=keepdims, dtype=x.dtype)
+    n = int(np.prod([x.shape[a] for a in ax], dtype=np.int64))
+    if x.dtype.kind in "iu":
+        if n == 0:
+            return np.zeros_like(total)
+        return (np.sign(total) * (np.abs(total) // n)).astype(x.dtype)
+    return total / np.asarray(n, dtype=x.dtype)
+
+
+def _reduce_examples(rng: np.random.Generator) -> list:
+    f = lambda *sh: rng.standard_normal(sh).astype(np.float32)
+    return [([f(2, 3, 4)], {"axes": (0, 2)}),
+            ([f(2, 3, 4)], {"axes": (-1,), "keepdims": True}),
+            ([f(3, 2)], {}),
+            ([f(2, 0, 3)], {"axes": (1,), "keepdims": True}),
+            ([rng.integers(-9, 9, (3, 4)).astype(np.int32)], {"axes": (1,)})]
+
+
+_REDUCE_ATTRS = {"axes": ("ints", ()), "keepdims": ("bool", False)}
+
+define("reduce_sum", ("x",), attrs=_REDUCE_ATTRS,
+       shape=_reduce_type, rule=reduction_rule("sum"), numpy=_np_reduce("sum"),
+       family="reduce", doc="sum over `axes` (all axes when empty)", examples=_reduce_examples)
+
+define("reduce_mean", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=_mean_rule, numpy=_mean_numpy,
+       family="reduce", examples=lambda rng: _reduce_examples(rng)[:3] + _reduce_examples(rng)[4:],
+       doc="sum over `axes` (all when empty) divided by the number of reduced elements (ints truncate)")
+
+define("reduce_max", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=reduction_rule("max"),
+       numpy=_np_reduce("max"), family="reduce",
+       examples=lambda rng: [*_reduce_examples(rng), ([rng.standard_normal((3, 4)) > 0], {"axes": (1,)})],
+       doc="max over `axes` (all when empty), NaN-propagating; an empty reduction gives -inf (the lowest value)")
+
+define("reduce_min", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=reduction_rule("min"),
+       numpy=_np_reduce("min"), family="reduce",
+       examples=lambda rng: [*_reduce_examples(rng), ([rng.standard_normal((3, 4)) > 0], {"axes": (0,)})],
+       doc="min over `axes` (all when empty), NaN-propagating; an empty reduction gives +inf (the highest value)")
+
+define("reduce_prod", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=reduction_rule("prod"),
+       numpy=_np_reduce("prod"), family="reduce", examples=_reduce_examples,
+       doc="product over `axes` (all when empty); an empty reduction gives 1")
+
+
+# --------------------------------------------------------------------------------------
+# argmax / argmin
+
+
+def _arg_type(types: list[TensorType], axis: int, keepdims: bool, select_last_index: bool) -> TensorType:
+    x = types[0]
+    ax = norm_axis(axis, x.rank)
+    shape = [1 if k == ax else d for k, d in enumerate(x.shape)] if keepdims else \
+        [d for k, d in enumerate(x.shape) if k != ax]
+    return TensorType(DType.i64, tuple(shape))
+
+
+def _arg_rule(kind: str) -> Callable[[R.RuleCtx], R.Expr]:
+    """The first (or last) position along the axis holding the max (min); NaN counts as the extreme."""
+
+    def rule(c: R.RuleCtx) -> R.Expr:
+        (x,) = c.inputs
+        ax = norm_axis(c.attrs["axis"], x.rank)
+        red = (ax,)
+        n = x.shape[ax]
+        at = lambda k: x.at(*_reduced_index(c, red, (k,)))
+        best = R.reduce(kind, [n], at)
+
+        def hit(k: R.Ix) -> R.Expr:
+            v = at(k)
+            eq = R.call("eq", v, best)
+            return R.call("or", eq, R.call("isnan", v)) if x.dtype.is_float else eq
+
+        pos = lambda k: R.IndexValue(DType.i64, k)
+        if c.attrs["select_last_index"]:
+            return R.reduce("max", [n], lambda k: R.select(hit(k), pos(k), R.lit(-1, DType.i64)))
+        last = R.cast(R.IndexValue(DType.i64, R.Ix.lit(n)), DType.i64) if not isinstance(n, int) \
+            else R.lit(n, DType.i64)
+        return R.reduce("min", [n], lambda k: R.select(hit(k), pos(k), last))
+
+    return rule
+
+
+def _arg_numpy(kind: str) -> Callable[..., np.ndarray]:
+    fn = np.argmax if kind == "max" else np.argmin
+
+    def run(xs: list[np.ndarray], out: TensorType, axis: int, keepdims: bool, select_last_index: bool
+            ) -> np.ndarray:
+        x = xs[0]
+        ax = norm_axis(axis, x.ndim)
+        if select_last_index:
+            idx = x.shape[ax] - 1 - fn(np.flip(x, axis=ax), axis=ax, keepdims=True)
+        else:
+            idx = fn(x, axis=ax, keepdims=True)
+        idx = idx.astype(np.int64)
+        return idx if keepdims else np.squeeze(idx, axis=ax)
+
+    return run
+
+
+def _arg_examples(rng: np.random.Generator) -> list:
+    ties = rng.integers(0, 3, (3, 4, 2)).astype(np.float32)
+    with_nan = rng.standard_normal((2, 5)).astype(np.float32)
+    with_nan[0, 1] = with_nan[0, 3] = np.nan
+    return [([ties], {"axis": 1}),
+            ([ties], {"axis": -1, "keepdims": False, "select_last_index": True}),
+            ([ties], {"axis": 0, "select_last_index": True}),
+            ([with_nan], {"axis": 1, "keepdims": False}),
+            ([rng.integers(-5, 5, (4, 3)).astype(np.int32)], {"axis": 0, "keepdims": False})]
+
+
+_ARG_ATTRS = {"axis": ("int", 0), "keepdims": ("bool", True), "select_last_index": ("bool", False)}
+
+define("argmax", ("x",), attrs=_ARG_ATTRS, shape=_arg_type, rule=_arg_rule("max"), numpy=_arg_numpy("max"),
+       family="reduce", examples=_arg_examples,
+       doc="i64 position of the max along `axis` (first, or last with select_last_index; NaN wins)")
+
+define("argmin", ("x",), attrs=_ARG_ATTRS, shape=_arg_type, rule=_arg_rule("min"), numpy=_arg_numpy("min"),
+       family="reduce", examples=_arg_examples,
+       doc="i64 position of the min along `axis` (first, or last with select_last_index; NaN wins)")
+
+
+# --------------------------------------------------------------------------------------
+# running sums and products
+
+
+def _scan_type(types: list[TensorType], axis: int, exclusive: bool, reverse: bool) -> TensorType:
+    norm_axis(axis, types[0].rank)
+    return types[0]
+
+
+def _scan_rule(kind: str) -> Callable[[R.RuleCtx], R.Expr]:
+    """out[i] = kind of x[k] along the axis over k <= i (k < i exclusive; k >= i / k > i reversed);
+    the other positions contribute the identity (0 for sum, 1 for prod)."""
+    identity = 0 if kind == "sum" else 1
+
+    def rule(c: R.RuleCtx) -> R.Expr:
+        (x,) = c.inputs
+        ax = norm_axis(c.attrs["axis"], x.rank)
+        i = R.IndexValue(DType.i64, c.out[ax])
+        cmp = {(False, False): "le", (True, False): "lt", (False, True): "ge", (True, True): "gt"}[
+            (c.attrs["exclusive"], c.attrs["reverse"])]
+
+        def body(k: R.Ix) -> R.Expr:
+            idx = list(c.out)
+            idx[ax] = k
+            return R.select(R.call(cmp, R.IndexValue(DType.i64, k), i), x.at(*idx), R.lit(identity, x.dtype))
+
+        return R.reduce(kind, [x.shape[ax]], body)
+
+    return rule
+
+
+def _scan_numpy(kind: str) -> Callable[..., np.ndarray]:
+    fn, fill = (np.cumsum, np.zeros_like) if kind == "sum" else (np.cumprod, np.ones_like)
+
+    def run(xs: list[np.ndarray], out: TensorType, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+        x = xs[0]
+        ax = norm_axis(axis, x.ndim)
+        if reverse:
+            x = np.flip(x, axis=ax)
+        y = fn(x, axis=ax, dtype=x.dtype)
+        if exclusive and y.shape[ax]:
+            head = fill(np.take(y, [0], axis=ax))
+            y = np.concatenate([head, np.take(y, range(y.shape[ax] - 1), axis=ax)], axis=ax)
+        return np.flip(y, axis=ax) if reverse else y
+
+    return run
+
+
+def _scan_examples(rng: np.random.Generator) -> list:
+    return [([rng.standard_normal((3, 4)).astype(np.float32)], {"axis": 1}),
+            ([rng.standard_normal((3, 4, 2)).astype(np.float32)], {"axis": 0, "exclusive": True}),
+            ([rng.integers(-4, 5, (4, 3)).astype(np.int32)], {"axis": -1, "reverse": True}),
+            ([rng.standard_normal((2, 5)).astype(np.float64)], {"axis": 1, "reverse": True, "exclusive": True})]
+
+
+_SCAN_ATTRS = {"axis": ("int", REQUIRED), "exclusive": ("bool", False), "reverse": ("bool", False)}
+
+define("cumsum", ("x",), attrs=_SCAN_ATTRS, shape=_scan_type, rule=_scan_rule("sum"), numpy=_scan_numpy("sum"),
+       family="reduce", examples=_scan_examples,
+       doc="running sum along `axis`; exclusive leaves out the element itself, reverse runs from the end")
+
+define("cumprod", ("x",), attrs=_SCAN_ATTRS, shape=_scan_type, rule=_scan_rule("prod"), numpy=_scan_numpy("prod"),
+       family="reduce", examples=_scan_examples,
+       doc="running product along `axis`; exclusive leaves out the element itself, reverse runs from the end")
+
+
+# --------------------------------------------------------------------------------------
+# topk
+
+
+def _topk_type(types: list[TensorType], k: int, axis: int, largest: bool, sorted: bool, output: str) -> TensorType:
+    x = types[0]
+    ax = norm_axis(axis, x.rank)
+    n = x.shape[ax]
+    if k < 0 or (isinstance(n, int) and k > n):
+        raise ValueError(f"k={k} is out of range for an axis of {n}")
+    if output not in ("values", "indices"):
+        raise ValueError(f"output must be 'values' or 'indices', got {output!r}")
+    shape = tuple(k if j == ax else d for j, d in enumerate(x.shape))
+    return TensorType(x.dtype if output == "values" else DType.i64, shape)
+
+
+def _topk_rule(c: R.RuleCtx) -> R.Expr:
+    """The element of rank j along the axis, where rank(e) counts the elements that beat x[e]
+    (greater for largest, smaller otherwise) plus the equal ones at lower positions."""
+    (x,) = c.inputs
+    ax = norm_axis(c.attrs["axis"], x.rank)
+    n = x.shape[ax]
+    beats = "gt" if c.attrs["largest"] else "lt"
+
+    def at(k: R.Ix) -> R.Expr:
+        idx = list(c.out)
+        idx[ax] = k
+        return x.at(*idx)
+
+    def rank(e: R.Ix) -> R.Expr:
+        def counted(k: R.Ix) -> R.Expr:
+            ahead = R.call("and", R.call("eq", at(k), at(e)),
+                           R.call("lt", R.IndexValue(DType.i64, k), R.IndexValue(DType.i64, e)))
+            return R.cast(R.call("or", R.call(beats, at(k), at(e)), ahead), DType.i64)
+
+        return R.reduce("sum", [n], counted)
+
+    j = R.IndexValue(DType.i64, c.out[ax])
+    index = R.reduce("sum", [n], lambda e: R.select(R.call("eq", rank(e), j), R.IndexValue(DType.i64, e),
+                                                     R.lit(0, DType.i64)))
+    if c.attrs["output"] == "indices":
+        return index
+    return at(R.Ix.dyn(index))
+
+
+def _topk_numpy(xs: list[np.ndarray], out: TensorType, k: int, axis: int, largest: bool, sorted: bool,
+                output: str) -> np.ndarray:
+    x = xs[0]
+    ax = norm_axis(axis, x.ndim)
+    key = x
+    if largest:
+        key = ~x if x.dtype.kind in "iu" else -x
+    order = np.argsort(key, axis=ax, kind="stable")
+    idx = np.take(order, np.arange(k), axis=ax)
+    if output == "indices":
+        return idx.astype(np.int64)
+    return np.take_along_axis(x, idx, axis=ax)
+
+
+def _topk_examples(rng: np.random.Generator) -> list:
+    ties = rng.integers(0, 4, (2, 5, 3)).astype(np.float32)
+    ints = rng.integers(-50, 50, (3, 4)).astype(np.int64)
+    out: list = []
+    for output in ("values", "indices"):
+        out += [([ties], {"k": 3, "axis": 1, "output": output}),
+                ([ties], {"k": 2, "axis": -1, "largest": False, "output": output}),
+                ([ints], {"k": 4, "axis": 1, "output": output})]
+    return out
+
+
+define("topk", ("x",), attrs={"k": ("int", REQUIRED), "axis": ("int", -1), "largest": ("bool", True),
+                              "sorted": ("bool", True), "output": ("str", "values")},
+       shape=_topk_type, rule=_topk_rule, numpy=_topk_numpy, family="reduce", examples=_topk_examples,
+       doc="the k largest (smallest) elements along `axis`, best first, ties by lower index; "
+           "`output` picks the values or their i64 indices")

@@ -1,0 +1,57 @@
+"""The C ABI of a compiled artifact: dtype codes, error codes and the tensor descriptor.
+
+These numbers are part of the artifact format: the generated header, the manifest
+and the Python loader all read them from here, so they can never drift apart.
+"""
+
+from __future__ import annotations
+
+from cuvil.ir.dtypes import DType
+
+ABI_VERSION = 1
+
+# dtype codes in `cuvil_tensor.dtype` (stable; never renumber)
+DTYPE_CODES: dict[DType, int] = {
+    DType.f32: 1, DType.f64: 2, DType.f16: 3, DType.bf16: 4,
+    DType.i8: 5, DType.i16: 6, DType.i32: 7, DType.i64: 8,
+    DType.u8: 9, DType.u16: 10, DType.u32: 11, DType.u64: 12,
+    DType.bool: 13,
+}
+
+# return codes of the entry points (stable; never renumber)
+OK = 0
+ERR_NULL = 1  # a null context, tensor array, data or shape pointer
+ERR_ARITY = 2  # wrong number of inputs or outputs
+ERR_RANK = 3  # a tensor's rank differs from the manifest
+ERR_SHAPE = 4  # a tensor's dims differ from the manifest
+ERR_DTYPE = 5  # a tensor's dtype code differs from the manifest
+ERR_INDEX = 6  # a data-dependent index (gather, ...) was out of range
+
+ERROR_NAMES: dict[int, str] = {
+    OK: "OK", ERR_NULL: "ERR_NULL", ERR_ARITY: "ERR_ARITY", ERR_RANK: "ERR_RANK",
+    ERR_SHAPE: "ERR_SHAPE", ERR_DTYPE: "ERR_DTYPE", ERR_INDEX: "ERR_INDEX",
+}
+
+ERROR_TEXT: dict[int, str] = {
+    ERR_NULL: "a null pointer was passed (context, tensor array, data or shape)",
+    ERR_ARITY: "wrong number of inputs or outputs",
+    ERR_RANK: "a tensor has the wrong rank",
+    ERR_SHAPE: "a tensor has the wrong shape",
+    ERR_DTYPE: "a tensor has the wrong dtype",
+    ERR_INDEX: "an index read from the input data is out of range",
+}
+
+ARENA_ALIGN = 64
+
+
+def symbol_prefix(name: str) -> str:
+    """``cuvil_<name>``: the prefix of every exported symbol of one function's library."""
+    return f"cuvil_{c_identifier(name)}"
+
+
+def c_identifier(name: str) -> str:
+    """A C identifier made from ``name`` (non-alphanumerics become ``_``)."""
+    out = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    if not out or out[0].isdigit():
+        out = "_" + out
+    return out

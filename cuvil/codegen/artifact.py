@@ -1,0 +1,113 @@
+"""One compiled function on disk: ``lib<prefix>.so``, ``<prefix>.h`` and ``<prefix>.json``.
+
+The manifest records the signature, the ABI, the target the code was tuned for and
+content hashes (of the function and of the library file), so a loader can refuse a
+library that does not match what it was told it is.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cuvil.codegen import abi
+from cuvil.codegen.header import render_header
+from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
+from cuvil.codegen.module import lower_function
+from cuvil.ir.module import Function
+
+MANIFEST_FORMAT = "cuvil-artifact"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    library_path: Path
+    header_path: Path
+    manifest_path: Path
+    manifest: dict[str, Any]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged.write_text(text)
+    os.replace(staged, path)
+
+
+def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: str | os.PathLike, *,
+                  name: str | None = None, opt_level: int = 3, keep_ir: bool = False,
+                  extra_manifest: Mapping[str, Any] | None = None) -> Artifact:
+    """Compile ``fn`` (static shapes) into a shared library with its header and manifest in ``out_dir``."""
+    from cuvil import __version__
+
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    lowered = lower_function(fn, constants, name=name)
+    times["lower_s"] = time.perf_counter() - t0
+
+    target = host_target()
+    tm = target_machine(target, opt_level)
+    t0 = time.perf_counter()
+    mod = optimize(lowered.module, tm, opt_level)
+    times["optimize_s"] = time.perf_counter() - t0
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if keep_ir:
+        _write_atomic(out / f"{lowered.prefix}.ll", str(mod))
+    t0 = time.perf_counter()
+    obj = emit_object(mod, tm)
+    times["emit_s"] = time.perf_counter() - t0
+
+    lib = out / f"lib{lowered.prefix}.so"
+    t0 = time.perf_counter()
+    link_shared(obj, lib)
+    times["link_s"] = time.perf_counter() - t0
+
+    p = lowered.prefix
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "abi_version": abi.ABI_VERSION,
+        "cuvil_version": __version__,
+        "function": lowered.name,
+        "symbol_prefix": p,
+        "symbols": {"create": f"{p}_create", "destroy": f"{p}_destroy", "run": f"{p}_run",
+                    "run_checked": f"{p}_run_checked"},
+        "library": lib.name,
+        "header": f"{p}.h",
+        "inputs": [s.to_json() for s in lowered.inputs],
+        "outputs": [s.to_json() for s in lowered.outputs],
+        "arena_bytes": lowered.arena_bytes,
+        "constants_bytes": lowered.constants_bytes,
+        "ops": dict(sorted(collections.Counter(lowered.ops).items())),
+        "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features},
+        "opt_level": opt_level,
+        "function_hash": lowered.function_hash,
+        "error_codes": {abi.ERROR_NAMES[c]: c for c in sorted(abi.ERROR_NAMES)},
+        "library_sha256": file_sha256(lib),
+        "compile_times": {k: round(v, 4) for k, v in times.items()},
+    }
+    if extra_manifest:
+        manifest.update(extra_manifest)
+    text = json.dumps(manifest, indent=2, sort_keys=False)
+    manifest_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
+    header = out / f"{p}.h"
+    _write_atomic(header, render_header(lowered, manifest_hash))
+    manifest_path = out / f"{p}.json"
+    _write_atomic(manifest_path, text)
+    return Artifact(lib, header, manifest_path, manifest)

@@ -1,0 +1,109 @@
+"""From an llvmlite IR module to a shared library: verify, optimize, emit, link.
+
+The optimizer is LLVM's new pass manager with a target machine for the host CPU
+(its name and feature string go into the manifest); the object is emitted
+position-independent and linked by the system C compiler (``$CC``, else ``cc``)
+with ``-shared``, so the library needs nothing beyond libc and libm.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from cuvil.errors import CodegenError
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def _init_llvm() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _initialized = True
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """What a library compiled on this machine assumes about the CPU it runs on."""
+
+    triple: str
+    cpu: str
+    features: str
+
+
+def host_target() -> HostTarget:
+    _init_llvm()
+    features = llvm.get_host_cpu_features().flatten()
+    return HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), features)
+
+
+def target_machine(target: HostTarget, opt_level: int) -> llvm.TargetMachine:
+    _init_llvm()
+    t = llvm.Target.from_triple(target.triple)
+    return t.create_target_machine(cpu=target.cpu, features=target.features, opt=min(max(opt_level, 0), 3),
+                                   reloc="pic", codemodel="default")
+
+
+def optimize(module: ir.Module, tm: llvm.TargetMachine, opt_level: int) -> llvm.ModuleRef:
+    """Parse and verify the module, then run the standard -O<opt_level> pipeline on it."""
+    _init_llvm()
+    module.triple = tm.triple
+    module.data_layout = str(tm.target_data)
+    try:
+        mod = llvm.parse_assembly(str(module))
+        mod.verify()
+    except RuntimeError as e:
+        raise CodegenError(f"the generated LLVM IR is malformed: {e}", location=module.name,
+                           hint="this is a bug in the code generator") from None
+    if opt_level > 0:
+        pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
+        pto.loop_vectorization = opt_level >= 2
+        pto.slp_vectorization = opt_level >= 2
+        pto.loop_unrolling = opt_level >= 2
+        pb = llvm.create_pass_builder(tm, pto)
+        mpm = pb.getModulePassManager()
+        mpm.run(mod, pb)
+    return mod
+
+
+def emit_object(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> bytes:
+    return tm.emit_object(mod)
+
+
+def compiler() -> str:
+    cc = os.environ.get("CC") or "cc"
+    found = shutil.which(cc)
+    if found is None:
+        raise CodegenError(f"no C compiler {cc!r} to link the shared library with",
+                           hint="install a C toolchain (gcc or clang) or set $CC")
+    return found
+
+
+def link_shared(obj: bytes, out: Path) -> None:
+    """Link one object into ``out`` (written atomically: a reader never sees a partial file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cuvil-link-") as tmp:
+        o = Path(tmp) / "model.o"
+        o.write_bytes(obj)
+        partial = Path(tmp) / out.name
+        cmd = [compiler(), "-shared", "-o", str(partial), str(o), "-Wl,--as-needed", "-lm",
+               "-Wl,-z,noexecstack", "-Wl,-z,now"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise CodegenError(f"linking {out.name} failed: {proc.stderr.strip() or proc.stdout.strip()}",
+                               location=str(out), hint="command: " + " ".join(cmd))
+        staged = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        shutil.copyfile(partial, staged)
+        os.replace(staged, out)

@@ -1,0 +1,592 @@
+"""An op's compute rule as an LLVM loop nest: the generic (unscheduled) lowering.
+
+The kernel loops over every output index, evaluates the rule there and stores the
+element. ``Reduce`` becomes an inner loop nest with an accumulator. Two cheap
+scheduling decisions keep it from being naive: a reduction is emitted at the
+outermost loop where all its free index variables are bound (so softmax's max and
+sum run once per row, not once per element), and output loops whose variables no
+reduction depends on go innermost. Repeated subexpressions (inlined producers of
+fused ops) are computed once per loop body, recognized up to renaming of reduction
+variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from cuvil.codegen import abi
+from cuvil.codegen.scalar import I1, I32, I64, PTR, ScalarEmitter, compute_type, identity, literal, storage_type
+from cuvil.errors import CodegenError
+from cuvil.ir import rules as R
+from cuvil.ir.dtypes import DType
+from cuvil.ir.types import TensorType
+
+Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a reduction at that depth
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An operand or result as a kernel sees it: its pointer, dtype and static shape."""
+
+    ptr: ir.Value
+    dtype: DType
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def static_shape(t: TensorType, where: str) -> tuple[int, ...]:
+    if not t.is_static:
+        raise CodegenError(f"{where} has the symbolic type {t}; native code needs static shapes",
+                           location=where,
+                           hint="pass example_inputs (or input_shapes) to compile() to specialize symbolic dims")
+    return tuple(int(d) for d in t.shape)
+
+
+def _static_int(d: object, where: str) -> int:
+    if isinstance(d, int):
+        return d
+    raise CodegenError(f"{where}: the rule uses the symbolic extent {d}", location=where,
+                       hint="specialize symbolic dims before compiling")
+
+
+def row_major_strides(shape: Sequence[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
+
+
+# --------------------------------------------------------------------------------------
+# structural keys (common subexpressions up to renaming of reduction variables)
+
+
+class _Keys:
+    """Interned structural keys and free-token sets of rule nodes at a position (env, depth)."""
+
+    def __init__(self) -> None:
+        self._intern: dict[object, int] = {}
+        self._memo: dict[tuple, tuple[int, frozenset]] = {}
+        self._names: dict[int, frozenset[str]] = {}
+        self._keep: list[object] = []
+
+    def raw_free(self, e: R.Expr | R.Ix) -> frozenset[str]:
+        """Free index-variable names of a node (the names reductions bind are excluded)."""
+        found = self._names.get(id(e))
+        if found is not None:
+            return found
+        if isinstance(e, R.Ix):
+            if e.kind == "var":
+                out = frozenset([e.args[0]])
+            elif e.kind == "lit":
+                out = frozenset()
+            elif e.kind == "dyn":
+                out = self.raw_free(e.args[0])
+            else:
+                out = self.raw_free(e.args[0]) | self.raw_free(e.args[1])
+        elif isinstance(e, R.Load):
+            out = frozenset().union(*(self.raw_free(i) for i in e.index))
+        elif isinstance(e, R.IndexValue):
+            out = self.raw_free(e.ix)
+        elif isinstance(e, R.Call):
+            out = frozenset().union(*(self.raw_free(a) for a in e.args))
+        elif isinstance(e, R.Reduce):
+            out = self.raw_free(e.body) - {n for n, _ in e.axes}
+        else:
+            out = frozenset()
+        self._names[id(e)] = out
+        self._keep.append(e)  # ids are keys: keep the node alive as long as this table
+        return out
+
+    def key(self, e: R.Expr, env: dict[str, Token], depth: int) -> tuple[int, frozenset]:
+        """(interned key, free tokens) of ``e`` where its free variables mean ``env``'s tokens."""
+        free = sorted(self.raw_free(e))
+        memo_key = (id(e), depth, tuple(env.get(n) for n in free))
+        hit = self._memo.get(memo_key)
+        if hit is not None:
+            return hit
+        tokens: set = set()
+        raw = self._build(e, env, depth, tokens)
+        out = (self._intern.setdefault(raw, len(self._intern)), frozenset(tokens))
+        self._memo[memo_key] = out
+        return out
+
+    def _ix(self, ix: R.Ix, env: dict[str, Token], depth: int, tokens: set) -> object:
+        if ix.kind == "var":
+            tok = env.get(ix.args[0])
+            if tok is None:
+                raise CodegenError(f"index variable {ix.args[0]} is not bound", hint="a bug in the op's rule")
+            tokens.add(tok)
+            return ("v", tok)
+        if ix.kind == "lit":
+            return ("l", ix.args[0])
+        if ix.kind == "dyn":
+            k, t = self.key(ix.args[0], env, depth)
+            tokens.update(t)
+            return ("d", k)
+        return (ix.kind, self._ix(ix.args[0], env, depth, tokens), self._ix(ix.args[1], env, depth, tokens))
+
+    def _build(self, e: R.Expr, env: dict[str, Token], depth: int, tokens: set) -> object:
+        if isinstance(e, R.Load):
+            return ("L", e.operand, e.dtype, _lit_key(e.oob), tuple(self._ix(i, env, depth, tokens) for i in e.index))
+        if isinstance(e, R.Lit):
+            return ("C", e.dtype, _lit_key(e.value))
+        if isinstance(e, R.IndexValue):
+            return ("I", e.dtype, self._ix(e.ix, env, depth, tokens))
+        if isinstance(e, R.Call):
+            keys = []
+            for a in e.args:
+                k, t = self.key(a, env, depth)
+                tokens.update(t)
+                keys.append(k)
+            return ("F", e.fn, e.dtype, e.attrs, tuple(keys))
+        if isinstance(e, R.Reduce):
+            inner = dict(env)
+            own = set()
+            for k, (name, _) in enumerate(e.axes):
+                inner[name] = ("b", depth + 1, k)
+                own.add(inner[name])
+            k, t = self.key(e.body, inner, depth + 1)
+            tokens.update(t - own)
+            return ("R", e.kind, e.dtype, tuple(str(n) for _, n in e.axes), k)
+        raise CodegenError(f"unknown rule node {type(e).__name__}")
+
+
+def _lit_key(v: object) -> object:
+    return (type(v).__name__, repr(v))
+
+
+# --------------------------------------------------------------------------------------
+# loops
+
+
+def start_block(fn: ir.Function) -> ir.Block:
+    """The block after the alloca-only entry block."""
+    return fn.blocks[1]
+
+
+def emit_loop(b: ir.IRBuilder, count: int, name: str, body: Callable[[ir.Value], None]) -> None:
+    """``for i in range(count): body(i)`` with a canonical i64 induction variable."""
+    if count <= 0:
+        return
+    if count == 1:
+        body(ir.Constant(I64, 0))
+        return
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    loop = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.end")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(ir.Constant(I64, 0), pre)
+    b.cbranch(b.icmp_signed("<", i, ir.Constant(I64, count)), loop, done)
+    b.position_at_end(loop)
+    body(i)
+    nxt = b.add(i, ir.Constant(I64, 1), flags=("nuw", "nsw"))
+    i.add_incoming(nxt, b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+# --------------------------------------------------------------------------------------
+# the kernel
+
+
+class RuleKernel:
+    """Emits one op as ``i32 name(ptr out, ptr in0, ...)``; returns 0 or ``ERR_INDEX``."""
+
+    def __init__(self, module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
+                 out_type: TensorType, op: str) -> None:
+        self.op = op
+        self.rule = rule
+        self.out_type = out_type
+        self.out_shape = static_shape(out_type, op)
+        in_shapes = [static_shape(t, op) for t in in_types]
+        fnty = ir.FunctionType(I32, [PTR] * (1 + len(in_types)))
+        self.fn = ir.Function(module, fnty, name=name)
+        # Hidden but not internal, and never inlined: the optimizer cannot see which buffers a
+        # kernel is called with, so it does not fold weight arrays into immediates (code size
+        # and compile time stay proportional to the rule, not to the weights).
+        self.fn.linkage = "hidden"  # external linkage, hidden visibility: not exported from the library
+        self.fn.attributes.add("noinline")
+        self.fn.args[0].name = "out"
+        self.fn.args[0].add_attribute("noalias")
+        for k, a in enumerate(self.fn.args[1:]):
+            a.name = f"in{k}"
+            a.add_attribute("noalias")
+            a.add_attribute("captures(none)")
+        self.inputs = [Buffer(a, t.dtype, s) for a, t, s in zip(self.fn.args[1:], in_types, in_shapes, strict=True)]
+        self.out = Buffer(self.fn.args[0], out_type.dtype, self.out_shape)
+
+        entry = self.fn.append_basic_block("entry")
+        start = self.fn.append_basic_block("start")
+        self.alloca_builder = ir.IRBuilder(entry)
+        self.b = ir.IRBuilder(start)
+        self.s = ScalarEmitter(self.b)
+        self.err = self.alloca_builder.alloca(I1, name="err")
+        self.alloca_builder.store(ir.Constant(I1, 0), self.err)
+
+        self.keys = _Keys()
+        self.extents: dict[str, int] = {f"i{k}": n for k, n in enumerate(self.out_shape)}
+        self._collect_extents(rule)
+        self.bound: dict[Token, ir.Value] = {}
+        self.layers: list[dict[int, ir.Value]] = [{}]
+
+    # -- driver -------------------------------------------------------------------------
+    def emit(self) -> ir.Function:
+        env = {f"i{k}": ("o", k) for k in range(len(self.out_shape))}
+        order = self._loop_order(env)
+        strides = row_major_strides(self.out_shape)
+        self._hoist(self.rule, env, 0)
+
+        def level(pos: int) -> None:
+            if pos == len(order):
+                v = self.lower(self.rule, env, 0)
+                flat = self._flat([self.bound[("o", k)] for k in range(len(order))], strides)
+                self._store(self.out, flat, v)
+                return
+            k = order[pos]
+
+            def body(i: ir.Value) -> None:
+                with self._layer():
+                    self.bound[("o", k)] = i
+                    self._hoist(self.rule, env, 0)
+                    level(pos + 1)
+                    del self.bound[("o", k)]
+
+            emit_loop(self.b, self.out_shape[k], f"i{k}", body)
+
+        level(0)
+        failed = self.b.load(self.err, typ=I1)
+        self.b.ret(self.b.select(failed, ir.Constant(I32, abi.ERR_INDEX), ir.Constant(I32, abi.OK)))
+        self.alloca_builder.branch(start_block(self.fn))
+        return self.fn
+
+    def _loop_order(self, env: dict[str, Token]) -> list[int]:
+        """Output loops the hoistable reductions depend on go outermost."""
+        rank = len(self.out_shape)
+        used: set[int] = set()
+        for red in self._reduces(self.rule, env, 0):
+            _, free = self.keys.key(*red)
+            if all(t[0] == "o" for t in free):
+                used |= {t[1] for t in free}
+        if not used or len(used) == rank:
+            return list(range(rank))
+        return [k for k in range(rank) if k in used] + [k for k in range(rank) if k not in used]
+
+    def _reduces(self, e: R.Expr, env: dict[str, Token], depth: int) -> Iterator[tuple[R.Expr, dict, int]]:
+        """Every reduction inside ``e`` (post-order) with the env and depth it sits at."""
+        seen: set[tuple[int, int]] = set()
+
+        def walk(x: R.Expr, env: dict[str, Token], depth: int) -> Iterator[tuple[R.Expr, dict, int]]:
+            if (id(x), depth) in seen:
+                return
+            seen.add((id(x), depth))
+            if isinstance(x, R.Call):
+                for a in x.args:
+                    yield from walk(a, env, depth)
+            elif isinstance(x, R.Load):
+                for i in x.index:
+                    yield from walk_ix(i, env, depth)
+            elif isinstance(x, R.IndexValue):
+                yield from walk_ix(x.ix, env, depth)
+            elif isinstance(x, R.Reduce):
+                inner = dict(env)
+                for k, (name, _) in enumerate(x.axes):
+                    inner[name] = ("b", depth + 1, k)
+                yield from walk(x.body, inner, depth + 1)
+                yield (x, env, depth)
+
+        def walk_ix(ix: R.Ix, env: dict[str, Token], depth: int) -> Iterator[tuple[R.Expr, dict, int]]:
+            if ix.kind == "dyn":
+                yield from walk(ix.args[0], env, depth)
+            elif ix.kind not in ("var", "lit"):
+                for a in ix.args:
+                    yield from walk_ix(a, env, depth)
+
+        yield from walk(e, env, depth)
+
+    def _hoist(self, scope: R.Expr, env: dict[str, Token], depth: int) -> None:
+        """Emit every not-yet-computed reduction in ``scope`` whose free variables are all bound."""
+        for red, renv, rdepth in self._reduces(scope, env, depth):
+            k, free = self.keys.key(red, renv, rdepth)
+            if self._cached(k) is None and all(t in self.bound for t in free):
+                self.lower(red, renv, rdepth)
+
+    # -- caches -------------------------------------------------------------------------
+    def _cached(self, key: int) -> ir.Value | None:
+        for layer in reversed(self.layers):
+            if key in layer:
+                return layer[key]
+        return None
+
+    @contextlib.contextmanager
+    def _layer(self) -> Iterator[None]:
+        """A loop body: values computed inside it are forgotten when it closes."""
+        self.layers.append({})
+        try:
+            yield
+        finally:
+            self.layers.pop()
+
+    def _collect_extents(self, e: R.Expr) -> None:
+        for red in self._all_reduces(e):
+            for name, n in red.axes:
+                ext = _static_int(n, self.op)
+                self.extents[name] = max(ext, self.extents.get(name, ext))
+
+    def _all_reduces(self, e: R.Expr) -> Iterator[R.Reduce]:
+        stack: list[object] = [e]
+        seen: set[int] = set()
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            if isinstance(x, R.Reduce):
+                yield x
+                stack.append(x.body)
+            elif isinstance(x, R.Call):
+                stack.extend(x.args)
+            elif isinstance(x, R.Load):
+                stack.extend(x.index)
+            elif isinstance(x, R.IndexValue):
+                stack.append(x.ix)
+            elif isinstance(x, R.Ix):
+                if x.kind == "dyn":
+                    stack.append(x.args[0])
+                elif x.kind not in ("var", "lit"):
+                    stack.extend(x.args)
+
+    # -- expressions --------------------------------------------------------------------
+    def lower(self, e: R.Expr, env: dict[str, Token], depth: int) -> ir.Value:
+        key, _ = self.keys.key(e, env, depth)
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
+        v = self._lower(e, env, depth)
+        self.layers[-1][key] = v
+        return v
+
+    def _lower(self, e: R.Expr, env: dict[str, Token], depth: int) -> ir.Value:
+        if isinstance(e, R.Lit):
+            return literal(e.value, e.dtype)
+        if isinstance(e, R.Load):
+            return self._load(e, env, depth)
+        if isinstance(e, R.IndexValue):
+            return self.s.from_index(self.ix(e.ix, env, depth), e.dtype)
+        if isinstance(e, R.Call):
+            args = [self.lower(a, env, depth) for a in e.args]
+            return self.s.call(e.fn, args, [a.dtype for a in e.args], e.dtype, dict(e.attrs))
+        if isinstance(e, R.Reduce):
+            return self._reduce(e, env, depth)
+        raise CodegenError(f"unknown rule node {type(e).__name__}", location=self.op)
+
+    def _reduce(self, e: R.Reduce, env: dict[str, Token], depth: int) -> ir.Value:
+        if e.kind not in ("sum", "prod", "max", "min"):
+            raise CodegenError(f"unknown reduction {e.kind!r}", location=self.op)
+        dt = e.dtype
+        ct = compute_type(dt)
+        acc = self.alloca_builder.alloca(ct, name=f"acc.{e.kind}")
+        self.b.store(identity(e.kind, dt), acc)
+        inner = dict(env)
+        tokens = []
+        for k, (name, _) in enumerate(e.axes):
+            inner[name] = ("b", depth + 1, k)
+            tokens.append(inner[name])
+        extents = [_static_int(n, self.op) for _, n in e.axes]
+
+        def level(pos: int) -> None:
+            if pos == len(extents):
+                v = self.lower(e.body, inner, depth + 1)
+                cur = self.b.load(acc, typ=ct)
+                self.b.store(self._combine(e.kind, cur, v, dt), acc)
+                return
+
+            def body(i: ir.Value) -> None:
+                with self._layer():
+                    self.bound[tokens[pos]] = i
+                    self._hoist(e.body, inner, depth + 1)
+                    level(pos + 1)
+                    del self.bound[tokens[pos]]
+
+            emit_loop(self.b, extents[pos], f"r{depth}_{pos}", body)
+
+        level(0)
+        out = self.b.load(acc, typ=ct)
+        if dt in (DType.f16, DType.bf16):  # f16/bf16 accumulate in f32, rounded once at the end
+            out = self.s.round_to(out, dt)
+        return out
+
+    def _combine(self, kind: str, acc: ir.Value, v: ir.Value, dt: DType) -> ir.Value:
+        b = self.b
+        if dt.is_float and kind == "sum":  # numpy sums pairwise: the order is not part of the meaning
+            return b.fadd(acc, v, flags=("reassoc",))
+        if dt.is_float and kind == "prod":
+            return b.fmul(acc, v, flags=("reassoc",))
+        fn = {"sum": "add", "prod": "mul", "max": "max", "min": "min"}[kind]
+        if dt is DType.bool:
+            return self.s.call({"sum": "or", "prod": "and", "max": "or", "min": "and"}[kind], [acc, v],
+                               [dt, dt], dt, {})
+        if dt.is_float:
+            return self.s.call(fn, [acc, v], [DType.f32 if dt is not DType.f64 else dt] * 2,
+                               DType.f32 if dt is not DType.f64 else dt, {})
+        return self.s.call(fn, [acc, v], [dt, dt], dt, {})
+
+    # -- memory -------------------------------------------------------------------------
+    def _flat(self, idx: Sequence[ir.Value], strides: Sequence[int]) -> ir.Value:
+        flat: ir.Value = ir.Constant(I64, 0)
+        for i, s in zip(idx, strides, strict=True):
+            term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nuw", "nsw"))
+            flat = term if isinstance(flat, ir.Constant) and flat.constant == 0 else \
+                self.b.add(flat, term, flags=("nuw", "nsw"))
+        return flat
+
+    def _store(self, buf: Buffer, flat: ir.Value, v: ir.Value) -> None:
+        ty = storage_type(buf.dtype)
+        ptr = self.b.gep(buf.ptr, [flat], inbounds=True, source_etype=ty)
+        self.b.store(self.s.to_storage(v, buf.dtype), ptr)
+
+    def _load(self, e: R.Load, env: dict[str, Token], depth: int) -> ir.Value:
+        buf = self.inputs[e.operand]
+        if len(e.index) != len(buf.shape):
+            raise CodegenError(f"operand {e.operand} has rank {len(buf.shape)}, indexed with {len(e.index)}",
+                               location=self.op, hint="a bug in the op's rule")
+        b = self.b
+        fallback = literal(e.oob, buf.dtype) if e.oob is not None else None
+        if buf.numel == 0:
+            if fallback is None:
+                b.store(ir.Constant(I1, 1), self.err)
+                return literal(0, buf.dtype)
+            return fallback
+        idx: list[ir.Value] = []
+        inb: ir.Value | None = None
+        for ix, dim in zip(e.index, buf.shape, strict=True):
+            i = self.ix(ix, env, depth)
+            lo, hi = self.ix_range(ix)
+            if lo is not None and hi is not None and lo >= 0 and hi < dim:
+                idx.append(i)
+                continue
+            ok = b.icmp_unsigned("<", i, ir.Constant(I64, dim))
+            inb = ok if inb is None else b.and_(inb, ok)
+            idx.append(b.select(ok, i, ir.Constant(I64, 0)))
+        flat = self._flat(idx, row_major_strides(buf.shape))
+        ty = storage_type(buf.dtype)
+        ptr = b.gep(buf.ptr, [flat], inbounds=True, source_etype=ty)
+        v = self.s.from_storage(b.load(ptr, typ=ty), buf.dtype)
+        if inb is None:
+            return v
+        if fallback is not None:
+            return b.select(inb, v, fallback)
+        failed = b.or_(b.load(self.err, typ=I1), b.not_(inb))
+        b.store(failed, self.err)
+        return v
+
+    # -- index expressions --------------------------------------------------------------
+    def ix_range(self, ix: R.Ix) -> tuple[int | None, int | None]:
+        """A sound interval for an index expression (None: unbounded)."""
+        k = ix.kind
+        if k == "var":
+            n = self.extents.get(ix.args[0])
+            return (0, max(n - 1, 0)) if n is not None else (None, None)
+        if k == "lit":
+            v = _static_int(ix.args[0], self.op)
+            return (v, v)
+        if k == "dyn":
+            return (None, None)
+        (alo, ahi), (blo, bhi) = self.ix_range(ix.args[0]), self.ix_range(ix.args[1])
+        if k == "add":
+            return (_opt(alo, blo, int.__add__), _opt(ahi, bhi, int.__add__))
+        if k == "sub":
+            return (_opt(alo, bhi, int.__sub__), _opt(ahi, blo, int.__sub__))
+        if k == "min":  # min(a, b) <= each bounded operand
+            his = [h for h in (ahi, bhi) if h is not None]
+            return (_opt(alo, blo, min), min(his) if his else None)
+        if k == "max":
+            los = [lo for lo in (alo, blo) if lo is not None]
+            return (max(los) if los else None, _opt(ahi, bhi, max))
+        if None in (alo, ahi, blo, bhi):
+            return (None, None)
+        if k == "mul":
+            prods = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]
+            return (min(prods), max(prods))
+        if blo == bhi and blo > 0:
+            if k == "floordiv":
+                return (alo // blo, ahi // blo)
+            if k == "mod":
+                return (alo, ahi) if alo >= 0 and ahi < blo else (0, blo - 1)
+        return (None, None)
+
+    def ix(self, ix: R.Ix, env: dict[str, Token], depth: int) -> ir.Value:
+        b = self.b
+        k = ix.kind
+        if k == "var":
+            return self.bound[env[ix.args[0]]]
+        if k == "lit":
+            return ir.Constant(I64, _static_int(ix.args[0], self.op))
+        if k == "dyn":
+            inner = ix.args[0]
+            return self.s.to_index(self.lower(inner, env, depth), inner.dtype)
+        a, c = (self.ix(x, env, depth) for x in ix.args)
+        flags = () if _has_dyn(ix) else ("nsw",)
+        if k == "add":
+            return b.add(a, c, flags=flags)
+        if k == "sub":
+            return b.sub(a, c, flags=flags)
+        if k == "mul":
+            return b.mul(a, c, flags=flags)
+        if k == "min":
+            return b.select(b.icmp_signed("<", a, c), a, c)
+        if k == "max":
+            return b.select(b.icmp_signed(">", a, c), a, c)
+        if k in ("floordiv", "mod"):
+            return self._floor_divmod(k, a, c, self.ix_range(ix.args[0]), self.ix_range(ix.args[1]))
+        raise CodegenError(f"unknown index expression kind {k!r}", location=self.op)
+
+    def _floor_divmod(self, kind: str, a: ir.Value, c: ir.Value, arange: tuple, crange: tuple) -> ir.Value:
+        """numpy's floored ``//`` and ``%`` on i64 (a zero divisor gives 0, as numpy does)."""
+        b = self.b
+        zero = ir.Constant(I64, 0)
+        if crange[0] is not None and crange[0] > 0 and arange[0] is not None and arange[0] >= 0:
+            return b.udiv(a, c) if kind == "floordiv" else b.urem(a, c)
+        one = ir.Constant(I64, 1)
+        by_zero = b.icmp_signed("==", c, zero)
+        overflow = b.and_(b.icmp_signed("==", a, ir.Constant(I64, -(1 << 63))),
+                          b.icmp_signed("==", c, ir.Constant(I64, -1)))
+        safe = b.select(b.or_(by_zero, overflow), one, c)
+        q = b.sdiv(a, safe)
+        r = b.srem(a, safe)
+        fix = b.and_(b.icmp_signed("!=", r, zero), b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", c, zero)))
+        if kind == "floordiv":
+            out = b.select(fix, b.sub(q, one), q)
+        else:
+            out = b.select(fix, b.add(r, c), r)
+        return b.select(by_zero, zero, out)
+
+
+def _opt(a: int | None, b: int | None, f: Callable[[int, int], int]) -> int | None:
+    return None if a is None or b is None else f(a, b)
+
+
+def _has_dyn(ix: R.Ix) -> bool:
+    if ix.kind == "dyn":
+        return True
+    if ix.kind in ("var", "lit"):
+        return False
+    return any(_has_dyn(a) for a in ix.args)
+
+
+def emit_rule_kernel(module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
+                     out_type: TensorType, op: str) -> ir.Function:
+    """Lower ``rule`` (an op's rule at concrete shapes) to an internal kernel function in ``module``."""
+    return RuleKernel(module, name, rule, in_types, out_type, op).emit()

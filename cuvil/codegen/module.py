@@ -1,0 +1,246 @@
+"""A CIR function as one LLVM module: a kernel per op, the constants, and the C entry points.
+
+Exported symbols (``P`` is ``cuvil_<function name>``; see :mod:`cuvil.codegen.header`):
+
+- ``void* P_create(void)``: a context owning the arena for intermediates (NULL when out of memory);
+- ``void P_destroy(void* ctx)``;
+- ``int32_t P_run(void* ctx, void* const* inputs, void* const* outputs)``: trusts its caller
+  about shapes and dtypes (the data pointers are in manifest order);
+- ``int32_t P_run_checked(void* ctx, const cuvil_tensor* inputs, int64_t n_inputs,
+  const cuvil_tensor* outputs, int64_t n_outputs)``: checks counts, ranks, dims, dtypes and
+  null pointers against the compiled signature first, and returns an error code instead of
+  touching memory when anything differs.
+
+Every entry point returns 0 or one of the codes in :mod:`cuvil.codegen.abi`. One context
+must not run on two threads at once; separate contexts are independent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.codegen import abi
+from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
+from cuvil.codegen.plan import MemoryPlan, nbytes, plan_memory
+from cuvil.codegen.scalar import I1, I8, I32, I64, PTR
+from cuvil.errors import CodegenError
+from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Function
+from cuvil.ir.opdef import get_op
+from cuvil.ir.values import Value, attr_key
+
+# struct cuvil_tensor { void* data; const int64_t* shape; int32_t rank; int32_t dtype; }: 24 bytes
+TENSOR_STRUCT = ir.LiteralStructType([PTR, PTR, I32, I32])
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.np.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "dtype": self.dtype.value, "dtype_code": abi.DTYPE_CODES[self.dtype],
+                "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class LoweredFunction:
+    """The LLVM module of one function, plus what the manifest and header say about it."""
+
+    module: ir.Module
+    name: str
+    prefix: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    plan: MemoryPlan
+    constants_bytes: int
+    ops: tuple[str, ...]
+    function_hash: str
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.plan.arena_bytes
+
+
+def function_hash(fn: Function, constants: Mapping[str, np.ndarray]) -> str:
+    """A content hash of the function: ops, attributes, types, wiring and constant data."""
+    h = hashlib.sha256()
+    position: dict[Value, int] = {}
+    for k, v in enumerate(fn.values()):
+        position[v] = k
+        h.update(repr((v.op, str(v.type), tuple((n, attr_key(a)) for n, a in v.attrs),
+                       tuple(position[o] for o in v.operands))).encode())
+    h.update(repr((fn.name, [position[r] for r in fn.results], fn.result_names)).encode())
+    return "f" + h.hexdigest()[:32]
+
+
+def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None = None,
+                   function_digest: str | None = None) -> LoweredFunction:
+    """Build the LLVM module of ``fn`` (static shapes only)."""
+    name = name or fn.name
+    prefix = abi.symbol_prefix(name)
+    inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
+    outputs = tuple(TensorSpec(n, r.dtype, static_shape(r.type, f"output {n!r}"))
+                    for n, r in zip(fn.result_names, fn.results, strict=True))
+    plan = plan_memory(fn)
+    mod = ir.Module(name=prefix)
+
+    const_globals: dict[str, ir.GlobalVariable] = {}
+    const_bytes = 0
+    for v in fn.values():
+        if not v.is_const or v.const_hash in const_globals:
+            continue
+        if v.const_hash not in constants:
+            raise CodegenError(f"constant {v.const_hash} is missing from the module", location=fn.name)
+        data = np.ascontiguousarray(constants[v.const_hash]).tobytes()
+        const_bytes += len(data)
+        raw = bytearray(data) if data else bytearray(1)
+        g = ir.GlobalVariable(mod, ir.ArrayType(I8, len(raw)), name=f"const.{v.const_hash}")
+        g.initializer = ir.Constant(ir.ArrayType(I8, len(raw)), raw)
+        g.global_constant = True
+        g.linkage = "private"
+        g.unnamed_addr = True
+        g.align = 64
+        const_globals[v.const_hash] = g
+
+    kernels: list[ir.Function] = []
+    for k, v in enumerate(plan.steps):
+        opdef = get_op(v.op)
+        in_types = [o.type for o in v.operands]
+        try:
+            rule = opdef.make_rule(in_types, v.attr_dict, v.type)
+        except CodegenError:
+            raise
+        except Exception as e:  # a rule that cannot be built at these shapes
+            raise CodegenError(f"the rule of {v.op} could not be built for {v.type}: {e}", location=v.op) from e
+        kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", rule, in_types, v.type, v.op))
+
+    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs)
+    return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
+                           tuple(v.op for v in plan.steps), function_digest or function_hash(fn, constants))
+
+
+# --------------------------------------------------------------------------------------
+# entry points
+
+
+def _extern(mod: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    found = mod.globals.get(name)
+    if isinstance(found, ir.Function):
+        return found
+    return ir.Function(mod, ir.FunctionType(ret, args), name=name)
+
+
+def _fail_unless(b: ir.IRBuilder, ok: ir.Value, code: int | ir.Value) -> None:
+    """Continue when ``ok``; otherwise return ``code``."""
+    fn = b.function
+    fail = fn.append_basic_block("fail")
+    cont = fn.append_basic_block("ok")
+    b.cbranch(ok, cont, fail)
+    b.position_at_end(fail)
+    b.ret(code if isinstance(code, ir.Value) else ir.Constant(I32, code))
+    b.position_at_end(cont)
+
+
+def _not_null(b: ir.IRBuilder, p: ir.Value) -> ir.Value:
+    return b.icmp_unsigned("!=", p, ir.Constant(PTR, None))
+
+
+def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPlan,
+                       const_globals: dict[str, ir.GlobalVariable], kernels: list[ir.Function],
+                       inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
+    arena_alloc = max(plan.arena_bytes, abi.ARENA_ALIGN)
+
+    # create / destroy
+    create = ir.Function(mod, ir.FunctionType(PTR, []), name=f"{prefix}_create")
+    b = ir.IRBuilder(create.append_basic_block("entry"))
+    aligned_alloc = _extern(mod, "aligned_alloc", PTR, [I64, I64])
+    b.ret(b.call(aligned_alloc, [ir.Constant(I64, abi.ARENA_ALIGN), ir.Constant(I64, arena_alloc)]))
+
+    destroy = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{prefix}_destroy")
+    b = ir.IRBuilder(destroy.append_basic_block("entry"))
+    b.call(_extern(mod, "free", ir.VoidType(), [PTR]), [destroy.args[0]])
+    b.ret_void()
+
+    # run: the ops in plan order
+    run = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, PTR]), name=f"{prefix}_run")
+    ctx, in_arr, out_arr = run.args
+    ctx.name, in_arr.name, out_arr.name = "ctx", "inputs", "outputs"
+    b = ir.IRBuilder(run.append_basic_block("entry"))
+    if plan.arena_bytes > 0:
+        _fail_unless(b, _not_null(b, ctx), abi.ERR_NULL)
+    if inputs:
+        _fail_unless(b, _not_null(b, in_arr), abi.ERR_NULL)
+    if outputs:
+        _fail_unless(b, _not_null(b, out_arr), abi.ERR_NULL)
+
+    def slot_ptr(v: Value) -> ir.Value:
+        s = plan.slots[v]
+        if s.kind == "const":
+            return const_globals[v.const_hash]
+        if s.kind == "arena":
+            return b.gep(ctx, [ir.Constant(I64, s.index)], inbounds=True, source_etype=I8)
+        arr = in_arr if s.kind == "input" else out_arr
+        return b.load(b.gep(arr, [ir.Constant(I64, s.index)], inbounds=True, source_etype=PTR), typ=PTR)
+
+    for v, kernel in zip(plan.steps, kernels, strict=True):
+        args = [slot_ptr(v)] + [slot_ptr(o) for o in v.operands]
+        rc = b.call(kernel, args)
+        _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
+    if plan.copies:
+        memcpy = _extern(mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
+        for v, r in plan.copies:
+            dst = b.load(b.gep(out_arr, [ir.Constant(I64, r)], inbounds=True, source_etype=PTR), typ=PTR)
+            size = nbytes(v.type)
+            if size:
+                b.call(memcpy, [dst, slot_ptr(v), ir.Constant(I64, size), ir.Constant(I1, 0)])
+    b.ret(ir.Constant(I32, abi.OK))
+
+    # run_checked: validate the descriptors, then run
+    checked = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, I64, PTR, I64]), name=f"{prefix}_run_checked")
+    cctx, tin, n_in, tout, n_out = checked.args
+    cctx.name, tin.name, n_in.name, tout.name, n_out.name = "ctx", "inputs", "n_inputs", "outputs", "n_outputs"
+    b = ir.IRBuilder(checked.append_basic_block("entry"))
+    in_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(inputs), 1)), name="input_data")
+    out_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(outputs), 1)), name="output_data")
+    _fail_unless(b, b.and_(b.icmp_signed("==", n_in, ir.Constant(I64, len(inputs))),
+                           b.icmp_signed("==", n_out, ir.Constant(I64, len(outputs)))), abi.ERR_ARITY)
+    for tensors, specs, ptrs in ((tin, inputs, in_ptrs), (tout, outputs, out_ptrs)):
+        if not specs:
+            continue
+        _fail_unless(b, _not_null(b, tensors), abi.ERR_NULL)
+        for k, spec in enumerate(specs):
+            def field(i: int, ty: ir.Type, k: int = k, tensors: ir.Value = tensors) -> ir.Value:
+                p = b.gep(tensors, [ir.Constant(I64, k), ir.Constant(I32, i)], inbounds=True,
+                          source_etype=TENSOR_STRUCT)
+                return b.load(p, typ=ty)
+
+            data = field(0, PTR)
+            if spec.nbytes:
+                _fail_unless(b, _not_null(b, data), abi.ERR_NULL)
+            _fail_unless(b, b.icmp_signed("==", field(3, I32), ir.Constant(I32, abi.DTYPE_CODES[spec.dtype])),
+                         abi.ERR_DTYPE)
+            _fail_unless(b, b.icmp_signed("==", field(2, I32), ir.Constant(I32, len(spec.shape))), abi.ERR_RANK)
+            if spec.shape:
+                shape = field(1, PTR)
+                _fail_unless(b, _not_null(b, shape), abi.ERR_NULL)
+                ok: ir.Value = ir.Constant(I1, 1)
+                for d, n in enumerate(spec.shape):
+                    dim = b.load(b.gep(shape, [ir.Constant(I64, d)], inbounds=True, source_etype=I64), typ=I64)
+                    ok = b.and_(ok, b.icmp_signed("==", dim, ir.Constant(I64, n)))
+                _fail_unless(b, ok, abi.ERR_SHAPE)
+            b.store(data, b.gep(ptrs, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR))
+    b.ret(b.call(run, [cctx, in_ptrs, out_ptrs]))

@@ -1,0 +1,33 @@
+"""Importing this module registers every built-in pass and the O0..O3 pipelines."""
+
+from cuvil.passes import (  # noqa: F401
+    canonicalize,
+    cse,
+    dce,
+    decompose,
+    eliminate_layout,
+    fold_batchnorm,
+    fold_constants,
+    fp16,
+    fuse_elementwise,
+    layout_nchwc,
+    plan_memory,
+    quantize_int8,
+)
+from cuvil.passes.manager import PIPELINES
+
+_O1 = ("canonicalize", "cse", "dce")
+# fold-constants follows every pass that emits constant expressions (fold-batchnorm, and the
+# reshapes of constants eliminate-layout-ops may add), and runs before fusion so that fused
+# bodies never carry computations on constants alone
+_O2 = ("canonicalize", "cse", "fold-batchnorm", "eliminate-layout-ops", "fold-constants", "canonicalize", "cse",
+       "fuse-elementwise", "dce")
+# layout-nchwc records a plan only when the module has a conv; plan-memory runs last, on the final values
+_O3 = (*_O2, "layout-nchwc", "plan-memory")
+
+PIPELINES.update({
+    "O0": (),
+    "O1": _O1,
+    "O2": _O2,
+    "O3": _O3,
+})

@@ -1,0 +1,135 @@
+"""The pass manager: runs a pipeline, checks well-formedness after every pass, keeps
+before/after snapshots and timings, and calls the gate hook the verifier plugs into."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cuvil.errors import CuvilError
+from cuvil.ir.module import Module
+from cuvil.log import logger
+from cuvil.passes.base import PASS_REGISTRY, Contract, Pass
+
+
+class PipelineError(CuvilError):
+    code = "CUVIL-PIPELINE"
+    default_hint = "run `cuvil opt --list-passes` for the available passes"
+
+
+class GateOutcome(Protocol):
+    """What a gate returns: ``accept`` False rolls the pass application back."""
+
+    accept: bool
+
+
+GateHook = Callable[[Pass, Module, Module], GateOutcome]
+
+
+@dataclass
+class PassRecord:
+    name: str
+    contract: Contract
+    changed: bool
+    seconds: float
+    ops_before: int
+    ops_after: int
+    before: Module
+    after: Module
+    gate: Any = None
+    rolled_back: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class PipelineResult:
+    module: Module
+    records: list[PassRecord] = field(default_factory=list)
+
+    def summary(self) -> list[tuple[str, bool, float, int, int]]:
+        return [(r.name, r.changed, r.seconds, r.ops_before, r.ops_after) for r in self.records]
+
+
+def op_count(module: Module) -> int:
+    return sum(len(f.ops()) for f in module.functions)
+
+
+@dataclass
+class PassManager:
+    """Runs ``passes`` in order. ``gate(pass, before, after)`` sees every application that
+    changed the module; ``print_after`` names passes whose output is printed (``"all"`` for every one)."""
+
+    passes: Sequence[Pass]
+    gate: GateHook | None = None
+    print_after: Sequence[str] = ()
+    check: bool = True
+    printer: Callable[[str], None] = print
+
+    def run(self, module: Module) -> PipelineResult:
+        from cuvil.ir.wellformed import check_module
+
+        result = PipelineResult(module)
+        current = module
+        for p in self.passes:
+            start = time.perf_counter()
+            out = p.run(current)
+            seconds = time.perf_counter() - start
+            if self.check and out.changed:
+                try:
+                    check_module(out.module)
+                except CuvilError as e:
+                    raise PipelineError(f"pass {p.name} produced malformed IR: {e.message}",
+                                        location=f"pass {p.name}: {e.location or ''}",
+                                        hint="this is a bug in the pass") from e
+            rec = PassRecord(p.name, p.contract, out.changed, seconds, op_count(current), op_count(out.module),
+                             current, out.module, notes=out.notes)
+            if out.changed and self.gate is not None:
+                rec.gate = self.gate(p, current, out.module)
+                if not rec.gate.accept:
+                    rec.rolled_back = True
+                    rec.after = current
+            logger.debug("pass %-22s %s %.3f s ops %d -> %d%s", p.name, "changed" if out.changed else "no-op",
+                         seconds, rec.ops_before, rec.ops_after, " (rolled back)" if rec.rolled_back else "")
+            current = rec.after
+            result.records.append(rec)
+            if p.name in self.print_after or "all" in self.print_after:
+                self.printer(f"// ----- IR after {p.name} -----\n{current}")
+        result.module = current
+        return result
+
+
+PIPELINES: dict[str, tuple[str, ...]] = {}
+
+
+def parse_pipeline(spec: str | Sequence[str | Pass]) -> list[Pass]:
+    """``"O2"``, ``"fold-batchnorm,fuse-elementwise"`` or a list of names / Pass objects."""
+    import cuvil.passes.catalogue  # noqa: F401  (registers the built-in passes)
+
+    items: list[str | Pass]
+    if isinstance(spec, str):
+        if spec.upper() in PIPELINES:
+            items = list(PIPELINES[spec.upper()])
+        else:
+            items = [s.strip() for s in spec.split(",") if s.strip()]
+    else:
+        items = list(spec)
+    out: list[Pass] = []
+    for it in items:
+        if isinstance(it, Pass):
+            out.append(it)
+            continue
+        if it.upper() in PIPELINES:
+            out.extend(parse_pipeline(it))
+            continue
+        cls = PASS_REGISTRY.get(it)
+        if cls is None:
+            raise PipelineError(f"unknown pass {it!r}", location="pipeline",
+                                hint="known passes: " + ", ".join(sorted(PASS_REGISTRY)))
+        out.append(cls())
+    return out
+
+
+def run_pipeline(module: Module, spec: str | Sequence[str | Pass], **kwargs: Any) -> PipelineResult:
+    return PassManager(parse_pipeline(spec), **kwargs).run(module)

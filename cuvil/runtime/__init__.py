@@ -1,0 +1,5 @@
+"""Running compiled models: loading a library with its manifest into a Python callable."""
+
+from cuvil.runtime.loader import CompiledModel, load
+
+__all__ = ["CompiledModel", "load"]

@@ -1,0 +1,195 @@
+"""fuse-elementwise: maximal single-user elementwise chains become one fused op, elementwise
+epilogues join their matmul / conv; nothing fuses across a value with other users; results
+are bit-identical."""
+
+import numpy as np
+import pytest
+from pass_testing import assert_same_results, ops
+
+from cuvil.ir import Builder, DType
+from cuvil.ir.parser import parse_module
+from cuvil.passes.fuse_elementwise import FuseElementwise
+
+RNG = np.random.default_rng(3)
+
+
+def _f(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _fused(m):
+    return [v for v in m.main.ops() if v.op == "fused"]
+
+
+def _body_ops(v):
+    return [u.op for u in v.attr("body").ops()]
+
+
+def test_chain_becomes_one_fused_op_with_external_inputs():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 4])
+    y = b.param("y", DType.f32, [4])
+    c = b.const(_f(4))
+    out = b.relu(b.mul(b.add(x, y), c))
+    before = b.module(b.function("main", [x, y], [out]))
+    res = FuseElementwise().run(before)
+    assert res.changed and ops(res.module) == ["fused"]
+    (f,) = _fused(res.module)
+    assert f.attr("kind") == "elementwise"
+    assert _body_ops(f) == ["add", "mul", "relu"]
+    assert list(f.operands) == [x, y, c]  # the constant is an operand, not inside the body
+    assert res.notes == ("elementwise: add+mul+relu",)
+    assert_same_results(before, res.module)
+
+
+def test_tree_of_single_use_values_fuses_whole():
+    b = Builder()
+    x = b.param("x", DType.f32, [2, 5])
+    y = b.param("y", DType.f32, [2, 5])
+    out = b.sub(b.exp(x), b.tanh(b.mul(y, y)))
+    before = b.module(b.function("main", [x, y], [out]))
+    res = FuseElementwise().run(before)
+    assert ops(res.module) == ["fused"]
+    assert sorted(_body_ops(_fused(res.module)[0])) == ["exp", "mul", "sub", "tanh"]
+    assert_same_results(before, res.module)
+
+
+def test_broadcasting_and_dtype_changes_inside_a_chain():
+    b = Builder()
+    x = b.param("x", DType.f32, [2, 3, 4])
+    i = b.param("i", DType.i32, [4])
+    out = b.where(b.greater(x, b.cast(i, to=DType.f32)), b.neg(x), b.scalar(0.5, DType.f32))
+    before = b.module(b.function("main", [x, i], [out]))
+    res = FuseElementwise().run(before)
+    assert ops(res.module) == ["fused"]
+    assert_same_results(before, res.module)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "clip"])
+def test_matmul_epilogue(activation):
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 5])
+    y = b.add(b.matmul(x, b.const(_f(5, 4))), b.const(_f(4)))
+    y = b.clip(y, min=0.0, max=6.0) if activation == "clip" else b.op(activation, y)
+    before = b.module(b.function("main", [x], [y]))
+    res = FuseElementwise().run(before)
+    (f,) = _fused(res.module)
+    assert ops(res.module) == ["fused"]
+    assert f.attr("kind") == "epilogue"
+    assert _body_ops(f) == ["matmul", "add", activation]
+    assert_same_results(before, res.module)
+
+
+def test_conv_epilogue_with_residual_add():
+    b = Builder()
+    x = b.param("x", DType.f32, [2, 4, 5, 6])
+    y = b.add(b.conv(x, b.const(_f(4, 4, 3, 3)), pads=[1, 1, 1, 1]), b.const(_f(4, 1, 1)))
+    out = b.relu(b.add(y, x))
+    before = b.module(b.function("main", [x], [out]))
+    res = FuseElementwise().run(before)
+    assert ops(res.module) == ["fused"]
+    (f,) = _fused(res.module)
+    assert f.attr("kind") == "epilogue" and _body_ops(f) == ["conv", "add", "add", "relu"]
+    assert res.notes == ("epilogue: conv+add+add+relu",)
+    assert_same_results(before, res.module)
+
+
+def test_epilogue_stops_at_a_non_epilogue_op_which_starts_a_chain():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 5])
+    y = b.relu(b.matmul(x, b.const(_f(5, 4))))
+    out = b.log(b.abs(b.exp(y)))
+    before = b.module(b.function("main", [x], [out]))
+    res = FuseElementwise().run(before)
+    kinds = [f.attr("kind") for f in _fused(res.module)]
+    assert kinds == ["epilogue", "elementwise"]
+    assert _body_ops(_fused(res.module)[1]) == ["exp", "abs", "log"]
+    assert_same_results(before, res.module)
+
+
+def test_multi_use_value_is_not_fused_across():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 4])
+    t = b.add(b.mul(x, x), x)  # used twice below
+    out1 = b.relu(b.neg(t))
+    out2 = b.exp(b.abs(t))
+    before = b.module(b.function("main", [x], [b.add(out1, out2)]))
+    res = FuseElementwise().run(before)
+    groups = _fused(res.module)
+    # t's chain, and the consumer tree (neg, relu, abs, exp, add) that reads t twice
+    assert len(groups) == 2
+    first, second = groups
+    assert _body_ops(first) == ["mul", "add"]
+    assert list(second.operands) == [first]
+    assert sorted(_body_ops(second)) == ["abs", "add", "exp", "neg", "relu"]
+    assert_same_results(before, res.module)
+
+
+def test_function_result_is_not_fused_into_its_consumer():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 4])
+    mid = b.relu(b.neg(x))
+    before = b.module(b.function("main", [x], [mid, b.exp(mid)]))
+    res = FuseElementwise().run(before)
+    assert ops(res.module) == ["fused", "exp"]
+    assert res.module.main.results[0].op == "fused"
+    assert_same_results(before, res.module)
+
+
+def test_epilogue_not_formed_when_the_product_has_another_user():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 5])
+    p = b.matmul(x, b.const(_f(5, 4)))
+    before = b.module(b.function("main", [x], [b.relu(p), p]))
+    res = FuseElementwise().run(before)
+    assert not res.changed and res.module is before
+
+
+def test_epilogue_that_broadcasts_beyond_the_product_is_not_formed():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 5])
+    r = b.param("r", DType.f32, [2, 3, 4])
+    before = b.module(b.function("main", [x, r], [b.add(b.matmul(x, b.const(_f(5, 4))), r)]))
+    assert FuseElementwise().run(before).changed is False
+
+
+def test_single_op_and_constant_only_chains_are_left_alone():
+    b = Builder()
+    x = b.param("x", DType.f32, [4])
+    folded_later = b.mul(b.add(b.const(_f(4)), b.const(_f(4))), b.const(_f(4)))
+    before = b.module(b.function("main", [x], [b.relu(b.matmul(b.reshape(x, shape=[1, 4]),
+                                                               b.reshape(folded_later, shape=[4, 1])))]))
+    res = FuseElementwise(epilogues=False).run(before)
+    assert not res.changed
+
+
+def test_idempotent():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 4])
+    before = b.module(b.function("main", [x], [b.relu(b.add(b.mul(x, x), x))]))
+    once = FuseElementwise().run(before).module
+    again = FuseElementwise().run(once)
+    assert not again.changed
+
+
+def test_fused_module_round_trips_through_text():
+    b = Builder()
+    x = b.param("x", DType.f32, [2, 4, 5, 6])
+    y = b.relu(b.add(b.conv(x, b.const(_f(3, 4, 3, 3))), b.const(_f(3, 1, 1))))
+    before = b.module(b.function("main", [x], [b.exp(b.neg(y))]))
+    after = FuseElementwise().run(before).module
+    assert parse_module(str(after)) == after
+
+
+def test_integer_product_takes_its_requantization_as_epilogue():
+    b = Builder()
+    x = b.param("x", DType.i32, [3, 6])
+    acc = b.matmul(x, b.const(RNG.integers(-128, 128, (6, 5)).astype(np.int32)))
+    y = b.round(b.mul(b.cast(b.add(acc, b.const(np.arange(5, dtype=np.int32))), to=DType.f32),
+                      b.scalar(0.01, DType.f32)))
+    out = b.cast(b.clip(y, min=-128.0, max=127.0), to=DType.i8)
+    before = b.module(b.function("main", [x], [out]))
+    res = FuseElementwise().run(before)
+    assert ops(res.module) == ["fused"]
+    assert res.notes == ("epilogue: matmul+add+cast+mul+round+clip+cast",)
+    assert_same_results(before, res.module)

@@ -1,0 +1,94 @@
+"""Every zoo model, imported through each frontend, keeps the interpreter's results through O3
+(within the ``real`` tolerance: batch-norm folding reassociates), and the passes the zoo is
+meant to exercise fire on it."""
+
+import collections
+
+import numpy as np
+import pytest
+
+from bench.models import ZOO, ZOO_SMALL
+from cuvil.errors import UnsupportedOpError
+from cuvil.interp import run_reference
+from cuvil.passes import run_pipeline
+from cuvil.passes.quantize_int8 import QuantizeInt8
+
+
+def _import(zm, frontend):
+    if frontend == "torch":
+        from cuvil.frontend.torch_import import import_torch
+
+        return import_torch(zm.build(), zm.example_inputs())
+    from cuvil.frontend.onnx_import import import_onnx
+
+    try:
+        return import_onnx(zm.to_onnx())
+    except UnsupportedOpError as e:  # the frontend's coverage is tested elsewhere
+        pytest.skip(f"ONNX frontend: {e.message}")
+
+
+def _cases(table):
+    return [pytest.param(name, fe, id=f"{name}-{fe}") for name, zm in table.items()
+            for fe in (("onnx", "torch") if zm.has_torch_reference else ("onnx",))]
+
+
+def _check(zm, frontend):
+    before = _import(zm, frontend)
+    xs = zm.example_inputs_numpy()
+    res = run_pipeline(before, "O3")
+    ref, got = run_reference(before, xs), run_reference(res.module, xs)
+    for r, g in zip(ref, got, strict=True):
+        assert r.dtype == g.dtype and r.shape == g.shape
+        if r.dtype.kind != "f":
+            np.testing.assert_array_equal(g, r)
+            continue
+        r64 = r.astype(np.float64)
+        np.testing.assert_allclose(g.astype(np.float64), r64, rtol=1e-5, atol=1e-5 * max(np.abs(r64).max(), 1.0))
+    assert len(res.module.main.ops()) < len(before.main.ops())
+    assert "memory-plan" in res.module.metadata
+    return before, res
+
+
+def _fired(res, name):
+    return collections.Counter(n for r in res.records if r.name == name for n in r.notes)
+
+
+@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO_SMALL))
+def test_zoo_model_through_o3_matches_the_interpreter(name, frontend):
+    zm = ZOO_SMALL[name]
+    before, res = _check(zm, frontend)
+    ops = collections.Counter(v.op for v in before.main.ops())
+    if ops["matmul"] or ops["conv"]:
+        assert any(k.startswith("epilogue:") for k in _fired(res, "fuse-elementwise"))
+    if ops["batch_norm"]:
+        after = collections.Counter(v.op for v in res.module.main.ops())
+        assert after["batch_norm"] == 0 and _fired(res, "fold-batchnorm")
+
+
+@pytest.mark.slow  # full-size models: the interpreter runs ResNet-18 / BERT at benchmark shapes (minutes)
+@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO))
+def test_full_size_zoo_model_through_o3(name, frontend):
+    _check(ZOO[name], frontend)
+
+
+def test_int8_zoo_model_lowers_to_integer_arithmetic():
+    zm = ZOO_SMALL["mlp_int8"]
+    before = _import(zm, "onnx")
+    res = run_pipeline(before, ["quantize-int8", "fold-constants", "dce"])
+    assert res.records[0].changed
+    assert any(v.op == "matmul" and v.dtype.is_int for v in res.module.main.ops())
+    xs = zm.example_inputs_numpy()
+    for r, g in zip(run_reference(before, xs), run_reference(res.module, xs), strict=True):
+        assert r.shape == g.shape and r.dtype == g.dtype
+        if r.dtype.kind == "f":  # dequantized output: at most one output quantization step apart
+            assert np.max(np.abs(r - g)) <= QuantizeInt8.tolerance * _output_step(before) * (1 + 1e-6)
+        else:
+            assert np.max(np.abs(r.astype(np.int64) - g.astype(np.int64))) <= QuantizeInt8.tolerance
+
+
+def _output_step(module) -> float:
+    """The scale of the last quantize_linear before the output (one quantization step)."""
+    from cuvil.ir.values import walk
+
+    q = [v for v in walk(list(module.main.results)) if v.op == "quantize_linear"][-1]
+    return float(np.max(module.constants[q.operand("scale").const_hash]))
