@@ -199,12 +199,12 @@ class _RuleEvaluator:
 
 
 def _identity(kind: str, dt: np.dtype) -> Any:
-    if dt.kind == "f" or dt == DType.bf16.np:
-        return -np.inf if kind == "max" else np.inf
     if dt.kind == "b":
         return kind != "max"
-    info = np.iinfo(dt)
-    return info.min if kind == "max" else info.max
+    d = DType.from_numpy(dt)
+    if d.is_float:
+        return -np.inf if kind == "max" else np.inf
+    return d.min_value if kind == "max" else d.max_value
 
 
 def evaluate_rule(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],

@@ -5,7 +5,6 @@ Default tests use the reduced profile; the full-size models are @slow."""
 
 from __future__ import annotations
 
-import warnings
 from functools import cache
 from typing import Any
 
@@ -18,8 +17,6 @@ ort = pytest.importorskip("onnxruntime")
 import cuvil  # noqa: E402
 from bench.models import ZOO, ZOO_SMALL, ZooModel, agreement  # noqa: E402
 from cuvil.ir.parser import parse_module  # noqa: E402
-
-warnings.filterwarnings("ignore", category=FutureWarning)
 
 TORCH_MODELS = [n for n, m in ZOO.items() if m.has_torch_reference]
 QUANTIZED_MODELS = [n for n, m in ZOO.items() if not m.has_torch_reference]

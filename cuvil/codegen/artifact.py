@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ def file_sha256(path: Path) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     staged.write_text(text)
     os.replace(staged, path)
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,6 @@ def link_shared(obj: bytes, out: Path) -> None:
         if proc.returncode != 0:
             raise CodegenError(f"linking {out.name} failed: {proc.stderr.strip() or proc.stdout.strip()}",
                                location=str(out), hint="command: " + " ".join(cmd))
-        staged = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        staged = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
         shutil.copyfile(partial, staged)
         os.replace(staged, out)

@@ -48,6 +48,11 @@ ONNX_DTYPES: dict[int, DType] = {
     onnx.TensorProto.INT16: DType.i16, onnx.TensorProto.INT8: DType.i8, onnx.TensorProto.UINT64: DType.u64,
     onnx.TensorProto.UINT32: DType.u32, onnx.TensorProto.UINT16: DType.u16, onnx.TensorProto.UINT8: DType.u8,
     onnx.TensorProto.BOOL: DType.bool,
+    onnx.TensorProto.FLOAT8E4M3FN: DType.f8e4m3fn, onnx.TensorProto.FLOAT8E4M3FNUZ: DType.f8e4m3fnuz,
+    onnx.TensorProto.FLOAT8E5M2: DType.f8e5m2, onnx.TensorProto.FLOAT8E5M2FNUZ: DType.f8e5m2fnuz,
+    onnx.TensorProto.FLOAT8E8M0: DType.f8e8m0, onnx.TensorProto.FLOAT4E2M1: DType.f4e2m1,
+    onnx.TensorProto.INT4: DType.i4, onnx.TensorProto.UINT4: DType.u4,
+    onnx.TensorProto.INT2: DType.i2, onnx.TensorProto.UINT2: DType.u2,
 }
 DTYPE_TO_ONNX = {v: k for k, v in ONNX_DTYPES.items()}
 

@@ -15,7 +15,9 @@ import math
 import operator
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -372,7 +374,7 @@ class TorchImporter:
         gm = ep.graph_module
         sig = ep.graph_signature
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._name_symbols(placeholders, sig)
+        self._name_symbols(placeholders)
         params: list[Value] = []
         state = ep.state_dict
         consts = ep.constants
@@ -425,7 +427,7 @@ class TorchImporter:
         meta = {"source": "torch.export", "torch": str(torch.__version__)}
         return self.b.module(fn, metadata=meta)
 
-    def _name_symbols(self, placeholders: list[Any], sig: Any) -> None:
+    def _name_symbols(self, placeholders: list[Any]) -> None:
         """Give each dynamic dim a CIR name: the torch.export.Dim's name when the shape
         environment kept it, else the sympy symbol's own (sanitized) name."""
         used: set[str] = set()
@@ -645,6 +647,14 @@ def _output_names(ep: Any, count: int) -> list[str]:
 # entry points
 
 
+@contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """Silence torch's own deprecation chatter about its pytree internals (not the user's code)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        yield
+
+
 _OPTIONS = ("dynamic_shapes", "strict", "example_kwargs", "decompose", "dim_names")
 
 
@@ -666,7 +676,7 @@ def export_program(model: Any, example_inputs: Any = None, *, dynamic_shapes: An
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
-        with stage("torch.export"):
+        with stage("torch.export"), _quiet_torch():
             return torch.export.export(model, args, kwargs=dict(example_kwargs or {}), dynamic_shapes=dynamic_shapes,
                                        strict=strict)
     except CuvilError:
@@ -686,7 +696,7 @@ def export_program(model: Any, example_inputs: Any = None, *, dynamic_shapes: An
 def import_exported(ep: Any, *, decompose: bool = True, dim_names: Mapping[str, str] | None = None) -> Module:
     """Convert an ExportedProgram (lowered to core ATen first unless ``decompose=False``)."""
     if decompose:
-        with stage("torch.export decompositions"):
+        with stage("torch.export decompositions"), _quiet_torch():
             try:
                 ep = ep.run_decompositions()
             except Exception as e:
@@ -913,7 +923,7 @@ def _clip(ctx: AtenCtx, x: Value, lo: Any, hi: Any) -> Value:
     return y if hi is None else b.min(y, b.scalar(hi, x.dtype))
 
 
-@aten_op("hardtanh.default", emits=("clip",))
+@aten_op("hardtanh.default", emits=("clip", "max", "min"))
 def _hardtanh(ctx: AtenCtx) -> Value:
     return _clip(ctx, ctx.tensor("self"), ctx.get("min_val", -1.0), ctx.get("max_val", 1.0))
 
@@ -1109,7 +1119,7 @@ def _ones(ctx: AtenCtx) -> Value:
     return _fill(ctx, 1)
 
 
-@aten_op("scalar_tensor.default", emits=("const", "cast"))
+@aten_op("scalar_tensor.default", emits=("const", "cast", "shape", "slice", "reshape", "mul", "add"))
 def _scalar_tensor(ctx: AtenCtx) -> Value:
     return ctx.tensor("s", ctx.out_dtype())
 
@@ -1278,7 +1288,7 @@ _SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
 
 
 @aten_op("scatter.src", "scatter.value", "scatter_add.default", "scatter_reduce.two",
-         emits=("scatter_elements", "fill", "const", "cast"))
+         emits=("scatter_elements", "fill", "expand", "cast"))
 def _scatter(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self")
     idx = ctx.tensor("index", DType.i64)
@@ -1345,8 +1355,8 @@ def _index(ctx: AtenCtx) -> Value:
     consecutive = axes == list(range(axes[0], axes[0] + len(axes)))
     if consecutive and axes[0] > 0:
         nb = len(bshape)
-        lead = list(range(nb, nb + axes[0]))
-        perm = lead + list(range(nb)) + list(range(nb + axes[0], g.type.rank))
+        leading = list(range(nb, nb + axes[0]))
+        perm = leading + list(range(nb)) + list(range(nb + axes[0], g.type.rank))
         g = b.transpose(g, perm=tuple(perm))
     return g
 

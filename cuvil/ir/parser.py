@@ -372,10 +372,9 @@ class _Parser:
         if tok.kind != "int":
             self.fail(tok, f"expected an integer in a {dtype} constant", "integer elements: 3, -7")
         v = -int(tok.text) if neg else int(tok.text)
-        info = np.iinfo(dtype.np)
-        if not info.min <= v <= info.max:
-            self.fail(tok, f"{v} is out of range for {dtype} ({info.min}..{info.max})", "use a wider dtype",
-                      found=False)
+        lo, hi = dtype.min_value, dtype.max_value
+        if not lo <= v <= hi:
+            self.fail(tok, f"{v} is out of range for {dtype} ({lo}..{hi})", "use a wider dtype", found=False)
         return v
 
     # functions -----------------------------------------------------------------------------

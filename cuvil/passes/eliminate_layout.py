@@ -113,7 +113,7 @@ def _sink_unsqueeze(m: Match, b: Builder) -> Value | None:
     """f(reshape(a), c) -> reshape(f(a, c')) when the reshape only adds unit dims: the elementwise op
     runs at a's shape, and the reshape moves toward the op that needs the extra dims (or cancels)."""
     e = m.root
-    if get_op(e.op).family != "elementwise":
+    if get_op(e.op).family != "elementwise" or _is_constant_expr(e):  # constants fold in any layout
         return None
     outer = tuple(e.type.shape)
     for r in e.operands:

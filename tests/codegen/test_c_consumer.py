@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cuvil.compile import compile
+from cuvil.compiler import compile
 from cuvil.interp import run_reference
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType

@@ -394,3 +394,24 @@ def test_linear_attention_gated_delta_gqa_matches_the_recurrence() -> None:
         outs[:, i] = np.einsum("bhd,bhdm->bhm", q[:, i].reshape(b, hq, dk), np.repeat(state, hq // hkv, axis=1))
     np.testing.assert_allclose(y, (outs / np.sqrt(dk)).reshape(b, t, hq * dv), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(s, state, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_against_onnxruntime(mode: str, padding: str, align: int) -> None:
+    x = _randn(2, 3, 4, 5)
+    grid = (RNG.random((2, 6, 7, 2)) * 3.2 - 1.6).astype(np.float32)  # reaches past the borders
+    model = _model([helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode=padding,
+                                     align_corners=align)],
+                   [("x", F32, [2, 3, 4, 5]), ("grid", F32, [2, 6, 7, 2])], ["y"], opset=22)
+    _check(model, {"x": x, "grid": grid}, rtol=1e-4, atol=1e-5)
+
+
+def test_col2im_with_strides_pads_and_dilations_against_onnxruntime() -> None:
+    image, block = helper.make_tensor("image", I64, [2], [7, 6]), helper.make_tensor("block", I64, [2], [2, 3])
+    # padded 9 x 8; blocks span 3 x 5 (dilations 2, 2); strides 2, 1 -> 4 x 4 locations
+    model = _model([helper.make_node("Col2Im", ["x", "image", "block"], ["y"], strides=[2, 1], dilations=[2, 2],
+                                     pads=[1, 0, 1, 2])],
+                   [("x", F32, [2, 3 * 6, 16])], ["y"], opset=18, initializers=[image, block])
+    _check(model, {"x": _randn(2, 18, 16)})

@@ -3,7 +3,6 @@ compared with eager PyTorch. Eager attention and fixed seeds; hidden 32, 2 layer
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,6 @@ import cuvil  # noqa: E402
 from bench.models import agreement  # noqa: E402
 from cuvil.ir.parser import parse_module  # noqa: E402
 
-warnings.filterwarnings("ignore", category=FutureWarning)
 transformers.logging.set_verbosity_error()
 
 VOCAB = 100

@@ -101,7 +101,8 @@ def _cases() -> dict[str, Case]:
     c["Dequantize-i32"] = Case("DequantizeLinear", {"x": q(np.int32, 6)}, {"s": scalar(1e-3, np.float32)},
                                opset=13)
     c["Dequantize-blocked"] = Case("DequantizeLinear", {"x": q(np.int8, 4, 5)},
-                                   {"s": np.array([[0.5] * 5, [0.25] * 5], np.float32), "z": np.array([[3] * 5, [-3] * 5], np.int8)},
+                                   {"s": np.array([[0.5] * 5, [0.25] * 5], np.float32),
+                                    "z": np.array([[3] * 5, [-3] * 5], np.int8)},
                                    attrs={"axis": 0, "block_size": 2})
     c["Dequantize-i16"] = Case("DequantizeLinear", {"x": q(np.int16, 2, 5)}, {"s": scalar(0.01, np.float32),
                                                                               "z": scalar(77, np.int16)})

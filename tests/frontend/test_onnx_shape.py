@@ -211,7 +211,8 @@ def test_converter_matches_onnxruntime(name):
 
 
 def _symbolic_model() -> onnx.ModelProto:
-    """Shape arithmetic on a dynamic batch: x[N, 3, 4] -> reshape to [N, 12], sliced, padded, expanded."""
+    """Shape arithmetic on a dynamic batch: x[N, 3, 4] -> reshape to [N, 12], sliced, padded, expanded, split;
+    Size, Range and ConstantOfShape driven by the symbolic batch."""
     nodes = [
         helper.make_node("Shape", ["x"], ["s"]),
         helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
@@ -224,14 +225,18 @@ def _symbolic_model() -> onnx.ModelProto:
         helper.make_node("Expand", ["col", "big"], ["expanded"]),
         helper.make_node("Split", ["flat"], ["left", "right"], axis=1, num_outputs=2),
         helper.make_node("Size", ["x"], ["count"]),
+        helper.make_node("Range", ["zero", "n", "step"], ["positions"]),
+        helper.make_node("ConstantOfShape", ["s"], ["filled"], value=numpy_helper.from_array(np.array([2.5],
+                                                                                                      np.float32))),
     ]
-    inits = {"zero": np.array(0, np.int64), "ax0": i64(0), "twelve": i64(12), "one": i64(1), "three": i64(3),
+    inits = {"zero": np.array(0, np.int64), "step": np.array(2, np.int64), "ax0": i64(0), "twelve": i64(12),
+             "one": i64(1), "three": i64(3),
              "sl_s": i64(-1, 1), "sl_e": i64(-2**63, 11), "sl_a": i64(0, 1), "sl_st": i64(-1, 3),
              "pads": i64(1, 0, 0, 2), "col": randn(1, 1, 3, seed=7)}
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4])],
         [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None)
-         for n in ("padded", "expanded", "left", "right", "count")],
+         for n in ("padded", "expanded", "left", "right", "count", "positions", "filled")],
         [numpy_helper.from_array(v, k) for k, v in inits.items()])
     return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
 

@@ -68,9 +68,11 @@ def test_every_dtype_round_trips_as_literal_and_base64(dtype):
         small = rng.standard_normal(5).astype(dtype.np)
         big = rng.standard_normal((5, 7)).astype(dtype.np)
     else:
-        info = np.iinfo(dtype.np)
-        small = np.array([info.min, info.max, 0, 1, info.max - 1], dtype=dtype.np)
-        big = rng.integers(info.min, info.max, size=(5, 7), dtype=dtype.np, endpoint=True)
+        lo, hi = dtype.min_value, dtype.max_value
+        small = np.array([lo, hi, 0, 1, hi - 1], dtype=object).astype(np.int64 if hi < 2**63 else np.uint64)
+        small = small.astype(dtype.np)
+        big = rng.integers(lo, hi, size=(5, 7), dtype=np.int64 if hi < 2**63 else np.uint64,
+                           endpoint=True).astype(dtype.np)
     b = Builder()
     p = b.param("p", dtype, [5])
     ks, kb = b.const(small), b.const(big)

@@ -3,6 +3,7 @@
 meant to exercise fire on it."""
 
 import collections
+import functools
 
 import numpy as np
 import pytest
@@ -11,7 +12,14 @@ from bench.models import ZOO, ZOO_SMALL
 from cuvil.errors import UnsupportedOpError
 from cuvil.interp import run_reference
 from cuvil.passes import run_pipeline
+from cuvil.passes.fp16 import Fp16
 from cuvil.passes.quantize_int8 import QuantizeInt8
+
+
+@functools.cache
+def _import_small(name, frontend):
+    """Reduced-size models are imported once per session (several tests read them; modules are immutable)."""
+    return _import(ZOO_SMALL[name], frontend)
 
 
 def _import(zm, frontend):
@@ -33,7 +41,7 @@ def _cases(table):
 
 
 def _check(zm, frontend):
-    before = _import(zm, frontend)
+    before = _import_small(zm.name, frontend) if zm.small else _import(zm, frontend)
     xs = zm.example_inputs_numpy()
     res = run_pipeline(before, "O3")
     ref, got = run_reference(before, xs), run_reference(res.module, xs)
@@ -73,7 +81,7 @@ def test_full_size_zoo_model_through_o3(name, frontend):
 
 def test_int8_zoo_model_lowers_to_integer_arithmetic():
     zm = ZOO_SMALL["mlp_int8"]
-    before = _import(zm, "onnx")
+    before = _import_small("mlp_int8", "onnx")
     res = run_pipeline(before, ["quantize-int8", "fold-constants", "dce"])
     assert res.records[0].changed
     assert any(v.op == "matmul" and v.dtype.is_int for v in res.module.main.ops())
@@ -84,6 +92,19 @@ def test_int8_zoo_model_lowers_to_integer_arithmetic():
             assert np.max(np.abs(r - g)) <= QuantizeInt8.tolerance * _output_step(before) * (1 + 1e-6)
         else:
             assert np.max(np.abs(r.astype(np.int64) - g.astype(np.int64))) <= QuantizeInt8.tolerance
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet18", "bert"])
+def test_zoo_model_in_fp16_stays_within_the_declared_tolerance(name):
+    zm = ZOO_SMALL[name]
+    before = _import_small(name, "onnx")
+    after = run_pipeline(before, ["fp16", "O3"]).module
+    assert any(v.dtype.name == "f16" for v in after.main.ops())
+    xs = zm.example_inputs_numpy()
+    rtol, atol = Fp16.tolerance
+    for r, g in zip(run_reference(before, xs), run_reference(after, xs), strict=True):
+        assert g.dtype == r.dtype
+        np.testing.assert_allclose(g, r, rtol=rtol, atol=atol * max(float(np.abs(r).max()), 1.0))
 
 
 def _output_step(module) -> float:

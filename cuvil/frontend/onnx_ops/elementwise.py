@@ -128,7 +128,15 @@ def pow_(ctx: NodeCtx) -> Value:
 
 
 def _cast(ctx: NodeCtx, x: Value, to: DType) -> Value:
-    return x if x.dtype is to else ctx.b.cast(x, to=to)
+    if x.dtype is to:
+        return x
+    if to.is_float and to.is_narrow and x.dtype.is_float and ctx.attr_int("saturate", 1):
+        # ONNX saturates float8/float4 conversions by default: out-of-range values (and
+        # infinities) become the largest finite value of the target type
+        limit = float(ml_dtypes.finfo(to.np).max)
+        if limit < float(ml_dtypes.finfo(x.dtype.np).max):
+            x = ctx.b.clip(x, min=-limit if to.is_signed else None, max=limit)
+    return ctx.b.cast(x, to=to)
 
 
 @onnx_op("Cast", emits=("cast",))

@@ -336,7 +336,8 @@ def _scatter_examples(rng: np.random.Generator) -> list[tuple[list[np.ndarray], 
 define("scatter_elements", ("x", "indices", "updates"), attrs={"axis": ("int", 0), "reduction": ("str", "none")},
        shape=_scatter_elements_type, rule=_scatter_elements_rule, numpy=_scatter_elements_numpy, family="index",
        doc="copy of x where x[p with `axis` replaced by indices[p]] receives updates[p]; repeated targets: "
-           "the last update wins (none) or they combine by add/mul/max/min with x",
+           "the last update wins (none) or they combine by add/mul/max/min with x; indices must lie in "
+           "[-dim, dim) (evaluation rejects others; the rule, read from the output side, never matches them)",
        examples=_scatter_examples)
 
 
@@ -410,7 +411,8 @@ def _scatter_nd_examples(rng: np.random.Generator) -> list[tuple[list[np.ndarray
 define("scatter_nd", ("x", "indices", "updates"), attrs={"reduction": ("str", "none")},
        shape=_scatter_nd_type, rule=_scatter_nd_rule, numpy=_scatter_nd_numpy, family="index",
        doc="copy of x where the slice x[indices[q]] receives updates[q]; repeated targets: the last update "
-           "wins (none) or they combine by add/mul/max/min with x",
+           "wins (none) or they combine by add/mul/max/min with x; indices must lie in [-dim, dim) "
+           "(evaluation rejects others; the rule, read from the output side, never matches them)",
        examples=_scatter_nd_examples)
 
 

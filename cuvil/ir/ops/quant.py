@@ -12,13 +12,24 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from cuvil.errors import InputError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import define
 from cuvil.ir.types import TensorType
 
-QUANT_DTYPES = (DType.i8, DType.u8, DType.i16, DType.u16)
+NARROW_FLOATS = (DType.f8e4m3fn, DType.f8e4m3fnuz, DType.f8e5m2, DType.f8e5m2fnuz, DType.f4e2m1)
+QUANT_DTYPES = (DType.i8, DType.u8, DType.i16, DType.u16, DType.i4, DType.u4, DType.i2, DType.u2, *NARROW_FLOATS)
 DEQUANT_DTYPES = (*QUANT_DTYPES, DType.i32)
+
+
+def quant_range(dt: DType) -> tuple[float, float]:
+    """The saturation range of a quantized type (largest finite values for float8/float4)."""
+    if dt.is_float:
+        hi = float(ml_dtypes.finfo(dt.np).max)
+        return -hi, hi
+    info = ml_dtypes.iinfo(dt.np)
+    return float(info.min), float(info.max)
 
 
 def _axis(axis: int, rank: int) -> int:
@@ -74,7 +85,7 @@ def _param_numpy(p: np.ndarray, shape: tuple[int, ...], axis: int, block_size: i
 def _np_dtype(dt: np.dtype) -> DType:
     try:
         return DType.from_numpy(dt)
-    except Exception:
+    except InputError:
         return DType.f32
 
 
@@ -107,10 +118,13 @@ def _quantize_rule(c: R.RuleCtx) -> R.Expr:
     q = _quotient_dtype(x.dtype, scale.dtype)
     w = _wide(q)
     pidx = _param_index(c, scale)
-    rounded = R.call("round_even", R.cast(x.at(*c.out), q) / R.cast(scale.at(*pidx), q))
-    shifted = R.cast(rounded, w) + R.cast(zp.at(*pidx), w)
-    info = np.iinfo(zp.dtype.np)
-    return R.cast(R.smin(R.smax(shifted, float(info.min)), float(info.max)), zp.dtype)
+    lo, hi = quant_range(zp.dtype)
+    quotient = R.cast(x.at(*c.out), q) / R.cast(scale.at(*pidx), q)
+    if zp.dtype.is_float:  # float8/float4: the cast itself rounds to nearest even
+        shifted = R.cast(quotient, w) + R.cast(zp.at(*pidx), w)
+        return R.cast(R.smin(R.smax(shifted, lo), hi), zp.dtype)
+    shifted = R.cast(R.call("round_even", quotient), w) + R.cast(zp.at(*pidx), w)
+    return R.cast(R.smin(R.smax(shifted, lo), hi), zp.dtype)
 
 
 def _quantize_numpy(xs: list[np.ndarray], out: TensorType, axis: int, block_size: int) -> np.ndarray:
@@ -119,9 +133,12 @@ def _quantize_numpy(xs: list[np.ndarray], out: TensorType, axis: int, block_size
     w = _wide(DType.from_numpy(q)).np
     s = _param_numpy(scale, x.shape, axis, block_size).astype(q)
     z = _param_numpy(zp, x.shape, axis, block_size).astype(w)
-    rounded = np.round(x.astype(q) / s)
-    info = np.iinfo(zp.dtype)
-    v = np.clip(rounded.astype(w) + z, info.min, info.max)
+    zdt = DType.from_numpy(zp.dtype)
+    lo, hi = quant_range(zdt)
+    quotient = x.astype(q) / s
+    if zdt.is_float:
+        return np.clip(quotient.astype(w) + z, lo, hi).astype(zp.dtype)
+    v = np.clip(np.round(quotient).astype(w) + z, lo, hi)
     return np.where(np.isfinite(v), v, 0).astype(zp.dtype)
 
 

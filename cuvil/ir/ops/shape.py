@@ -209,9 +209,7 @@ def _slice_len(d: Dim, start: Dim, end: Dim, step: int) -> Dim:
         n = (end - start + (step - 1)) // step
     else:
         n = (start - end + (-step - 1)) // -step
-    if isinstance(n, int):
-        return max(n, 0)
-    return n.simplify() if hasattr(n, "simplify") else n
+    return max(n, 0) if isinstance(n, int) else n
 
 
 def _slice_type(types: list[TensorType], starts: tuple[Dim, ...], ends: tuple[Dim, ...],

@@ -23,6 +23,8 @@ from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Sym, evaluate_dim
 from cuvil.ir.types import TensorType, bind_symbols
 from cuvil.ir.values import Value, param, walk
+from cuvil.log import stage
+from cuvil.passes import run_pipeline
 from cuvil.runtime.loader import CompiledModel
 
 BACKENDS = ("llvm",)
@@ -30,12 +32,16 @@ BACKENDS = ("llvm",)
 
 def compile(model: Any, *, backend: str = "llvm", opt_level: int = 3, example_inputs: Any = None,
             input_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[int]] | None = None,
+            passes: str | Sequence[Any] | None = None, gate: Any = None,
             function: str | None = None, output_dir: str | Path | None = None, name: str | None = None,
             keep_ir: bool = False, **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
-    ``example_inputs`` doubles as the torch export inputs and as the source of concrete dims;
-    ``output_dir`` keeps the library, header and manifest (default: a fresh temporary folder).
+    The optimization pipeline is ``O<opt_level>`` unless ``passes`` names one (``"O2"``,
+    ``"fold-batchnorm,fuse-elementwise"`` or a list of Pass objects); ``gate`` is the pass
+    manager's gate hook (the verifier's). ``example_inputs`` doubles as the torch export inputs
+    and as the source of concrete dims; ``output_dir`` keeps the library, header and manifest
+    (default: a fresh temporary folder).
     """
     if backend not in BACKENDS:
         raise CodegenError(f"unknown backend {backend!r}", hint="backends: " + ", ".join(BACKENDS))
@@ -44,10 +50,15 @@ def compile(model: Any, *, backend: str = "llvm", opt_level: int = 3, example_in
     module = model if isinstance(model, Module) else import_model(model, example_inputs, **import_options)
     fn = module.function(function) if function else module.main
     fn, env = specialize_function(fn, example_inputs=example_inputs, input_shapes=input_shapes)
+    pipeline = passes if passes is not None else f"O{opt_level}"
+    with stage(f"optimize ({pipeline if isinstance(pipeline, str) else 'custom pipeline'})"):
+        optimized = run_pipeline(Module((fn,), module.constants, module.metadata), pipeline, gate=gate).module
     out = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix="cuvil-"))
-    extra = {"specialized_dims": env} if env else {}
-    artifact = build_library(fn, module.constants, out, name=name, opt_level=opt_level, keep_ir=keep_ir,
-                             extra_manifest=extra)
+    extra: dict[str, Any] = {"specialized_dims": env} if env else {}
+    extra["pipeline"] = pipeline if isinstance(pipeline, str) else [str(p) for p in pipeline]
+    with stage("codegen"):
+        artifact = build_library(optimized.main, optimized.constants, out, name=name, opt_level=opt_level,
+                                 keep_ir=keep_ir, extra_manifest=extra)
     return CompiledModel(artifact.library_path, artifact.manifest)
 
 

@@ -1,0 +1,280 @@
+"""Diffing a rewrite: which values both sides share, which constants a rewrite derived, and
+the cones between an output and that cut, as runnable functions.
+
+Values with the same structural hash in the graph before and after a pass are the same
+computation; the verifier cuts both graphs there and treats them as shared free tensors.
+A constant that only the new graph has (``fold-constants`` output) is matched with a
+constant expression of the old graph when the reference interpreter evaluates that
+expression to the very same bytes: the two become one leaf, validated by re-evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cuvil.errors import CuvilError
+from cuvil.interp import evaluate_op
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from cuvil.ir.hashing import structural_hash
+from cuvil.ir.module import Function, content_hash
+from cuvil.ir.opdef import get_op
+from cuvil.ir.region import Region
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value, param, walk
+from verify.encode import Leaf
+
+CONCRETE_LIMIT = 16
+"""Constants only one side has are read element by element up to this size (splats at any size)."""
+
+FOLD_MATCH_LIMIT = 1 << 22
+"""Constant expressions larger than this are not re-evaluated to match folded constants."""
+
+# leaf kinds that become inputs of cone functions (one-sided constants stay constants)
+INPUT_KINDS = ("param", "shared", "constant", "folded", "cut")
+
+
+def _ident(text: str) -> str:
+    clean = re.sub(r"\W", "_", text)[:24]
+    return f"{clean}_{hashlib.sha1(text.encode()).hexdigest()[:6]}"
+
+
+def _finite_range(data: np.ndarray) -> tuple[float, float] | None:
+    arr = np.asarray(data)
+    if arr.size == 0 or arr.dtype.kind not in "fiu":
+        return None
+    a64 = arr.astype(np.float64)
+    if not np.all(np.isfinite(a64)):
+        return None
+    return float(a64.min()), float(a64.max())
+
+
+def _is_splat(data: np.ndarray) -> bool:
+    flat = np.asarray(data).reshape(-1)
+    if flat.size == 0:
+        return False
+    first = flat[0]
+    if flat.dtype.kind == "f":
+        return bool(np.all((flat == first) & (np.signbit(flat) == np.signbit(first)))) or bool(np.all(np.isnan(flat)))
+    return bool(np.all(flat == first))
+
+
+def param_dependent(values: Iterable[Value]) -> set[Value]:
+    """Values that depend on a function parameter (the rest are constant expressions)."""
+    out: set[Value] = set()
+    for v in values:
+        if v.is_param or any(o in out for o in v.operands):
+            out.add(v)
+    return out
+
+
+@dataclass
+class LeafTable:
+    """The cut between one function before and after a pass."""
+
+    before: Function
+    after: Function
+    constants: Mapping[str, np.ndarray]
+    leaves: dict[Value, Leaf] = field(default_factory=dict)
+    common: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    _cuts: int = 0
+
+    @staticmethod
+    def build(before: Function, after: Function, constants_before: Mapping[str, np.ndarray],
+              constants_after: Mapping[str, np.ndarray]) -> LeafTable:
+        consts = {**constants_before, **constants_after}
+        table = LeafTable(before, after, consts)
+        vb, va = before.values(), after.values()
+        hb = {structural_hash(v) for v in vb}
+        ha = {structural_hash(v) for v in va}
+        table.common = hb & ha
+        for v in (*vb, *va):
+            if v in table.leaves:
+                continue
+            h = structural_hash(v)
+            if v.is_param:
+                table.leaves[v] = Leaf(f"p_{_ident(v.name)}", f"%{v.name}", v.type, "param", before=v, after=v)
+            elif v.is_const:
+                data = consts[v.const_hash]
+                shared = h in table.common
+                concrete = not shared and (_is_splat(data) or np.asarray(data).size <= CONCRETE_LIMIT)
+                table.leaves[v] = Leaf(f"c_{v.const_hash}", f"@{v.const_hash[:9]}", v.type,
+                                       "constant" if shared else "local-constant", data=data, concrete=concrete,
+                                       value_range=_finite_range(data), before=v, after=v)
+            elif h in table.common:
+                table.leaves[v] = Leaf(f"s_{h}", f"%{v.op}#{h[:6]}", v.type, "shared", before=v, after=v)
+        table._match_folded(vb, va)
+        table._match_folded(va, vb)
+        return table
+
+    def _match_folded(self, exprs_side: list[Value], consts_side: list[Value]) -> None:
+        """Pair constant expressions of one side with constants of the other holding the same bytes."""
+        targets = {v.const_hash: v for v in consts_side
+                   if v.is_const and structural_hash(v) not in self.common}
+        if not targets:
+            return
+        dependent = param_dependent(exprs_side)
+        memo: dict[Value, np.ndarray] = {}
+        for v in exprs_side:
+            if v in dependent or v.is_param:
+                continue
+            if v.is_const:
+                memo[v] = self.constants[v.const_hash]
+                continue
+            if not v.type.is_static or int(np.prod(v.type.shape, dtype=np.int64)) > FOLD_MATCH_LIMIT:
+                continue
+            if any(o not in memo for o in v.operands):
+                continue
+            try:
+                memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], v.attr_dict, v.type)
+            except CuvilError:
+                continue
+            if structural_hash(v) in self.common or v in self.leaves:
+                continue
+            key = content_hash(memo[v])
+            const = targets.get(key)
+            if const is None or const.type != v.type:
+                continue
+            data = self.constants[key]
+            leaf = Leaf(f"f_{key}", f"@{key[:9]}", v.type, "folded", data=data, value_range=_finite_range(data))
+            existing = self.leaves.get(const)
+            if existing is not None and existing.kind == "folded":
+                leaf = existing
+            leaf.before, leaf.after = (v, const) if const in set(self.after.values()) else (const, v)
+            self.leaves[v] = leaf
+            self.leaves[const] = leaf
+            self.notes.append(f"@{key[:9]} equals its constant expression {v.op}(...) bit for bit (re-evaluated)")
+
+    def add_cut(self, vb: Value, va: Value) -> Leaf:
+        """Make a pair proved equal one shared leaf for later obligations."""
+        self._cuts += 1
+        leaf = Leaf(f"cut{self._cuts}_{structural_hash(va)[:8]}", f"%{va.op}~{structural_hash(va)[:6]}", va.type,
+                    "cut", before=vb, after=va)
+        self.leaves[vb] = leaf
+        self.leaves[va] = leaf
+        return leaf
+
+    def leaf_of(self, v: Value) -> Leaf | None:
+        return self.leaves.get(v)
+
+    def cone(self, root: Value, leaf_of: Callable[[Value], Leaf | None] | None = None) -> tuple[list[Value], list[Leaf]]:
+        """Non-leaf values from ``root`` down to the cut (operands first) and the leaves reached."""
+        lookup = leaf_of or self.leaf_of
+        seen: set[Value] = set()
+        order: list[Value] = []
+        leaves: dict[str, Leaf] = {}
+        stack: list[tuple[Value, bool]] = [(root, False)]
+        while stack:
+            v, done = stack.pop()
+            if done:
+                order.append(v)
+                continue
+            if v in seen:
+                continue
+            seen.add(v)
+            leaf = lookup(v)
+            if leaf is not None:
+                leaves.setdefault(leaf.key, leaf)
+                continue
+            stack.append((v, True))
+            for o in reversed(v.operands):
+                if o not in seen:
+                    stack.append((o, False))
+        return order, list(leaves.values())
+
+
+# --------------------------------------------------------------------------------------
+# cones as runnable functions
+
+
+@dataclass
+class ConeFunctions:
+    """Both cones of an obligation as functions of the same inputs (the cut leaves)."""
+
+    inputs: list[Leaf]
+    before: Function
+    after: Function
+
+
+def cone_function(name: str, root: Value, inputs: list[Leaf], leaf_of: Callable[[Value], Leaf | None],
+                  constraints: tuple = ()) -> Function:
+    """``root`` as a function of ``inputs``: each leaf value becomes a parameter."""
+    params = [param(f"in{k}", leaf.type) for k, leaf in enumerate(inputs)]
+    by_key = {leaf.key: p for leaf, p in zip(inputs, params, strict=True)}
+    mapping: dict[Value, Value] = {}
+
+    def rebuild(v: Value) -> Value:
+        stack: list[tuple[Value, bool]] = [(v, False)]
+        while stack:
+            cur, done = stack.pop()
+            if cur in mapping:
+                continue
+            leaf = leaf_of(cur)
+            if leaf is not None and leaf.key in by_key:
+                mapping[cur] = by_key[leaf.key]
+                continue
+            if cur.is_const or cur.is_param:
+                mapping[cur] = cur
+                continue
+            if done:
+                mapping[cur] = Value(cur.op, tuple(mapping[o] for o in cur.operands), cur.attr_dict, cur.type)
+                continue
+            stack.append((cur, True))
+            stack.extend((o, False) for o in cur.operands if o not in mapping)
+        return mapping[v]
+
+    return Function(name, tuple(params), (rebuild(root),), ("out",), constraints)
+
+
+# --------------------------------------------------------------------------------------
+# float64 versions of a function (rounding-free search for counterexamples)
+
+
+def _f64(dt: DType) -> DType:
+    return DType.f64 if dt.is_float else dt
+
+
+def to_float64(fn: Function, constants: Mapping[str, np.ndarray]) -> tuple[Function, dict[str, np.ndarray]] | None:
+    """``fn`` with every float computed in f64 (constants and casts included), or None when an
+    op does not admit the change."""
+    b = Builder(constants)
+    try:
+        mapping = _convert_values([*fn.params, *fn.values()], b, {})
+    except (CuvilError, ValueError, TypeError, KeyError):
+        return None
+    params = tuple(mapping[p] for p in fn.params)
+    results = tuple(mapping[r] for r in fn.results)
+    return Function(fn.name, params, results, fn.result_names, fn.constraints), b.constants
+
+
+def _convert_values(values: list[Value], b: Builder, mapping: dict[Value, Value]) -> dict[Value, Value]:
+    for v in values:
+        if v in mapping:
+            continue
+        if v.is_param:
+            mapping[v] = param(v.name, TensorType(_f64(v.dtype), v.shape))
+        elif v.is_const:
+            data = b.data(v)
+            mapping[v] = b.const(np.asarray(data).astype(np.float64)) if v.dtype.is_float else v
+        else:
+            attrs = {k: _convert_attr(a, b) for k, a in v.attrs}
+            mapping[v] = b.op(v.op, *(mapping[o] for o in v.operands), **attrs)
+    return mapping
+
+
+def _convert_attr(a: object, b: Builder) -> object:
+    if isinstance(a, DType):
+        return _f64(a)
+    if isinstance(a, Region):
+        inner: dict[Value, Value] = {}
+        params = tuple(Region.arg(k, TensorType(_f64(p.dtype), p.shape)) for k, p in enumerate(a.params))
+        inner.update(zip(a.params, params, strict=True))
+        _convert_values([v for v in walk([a.result]) if v not in inner], b, inner)
+        return Region(params, inner[a.result])
+    return a

@@ -1,0 +1,571 @@
+"""The z3 encoder: a value's meaning at a symbolic output index, read from compute rules.
+
+A value is encoded as a term at an index expression. Leaves (function parameters, values
+common to both sides of a rewrite, constants) are n-ary uninterpreted functions of their
+indices, or, for small constants a rewrite depends on, their concrete elements. Elementwise
+ops map terms; index remaps rewrite index expressions, which are kept as linear forms with
+interval bounds so that div/mod of a reshape round trip and the bounds checks of padding
+simplify away; an out-of-bounds mask is put on the input atom (``ite(inb, x(..), 0)``).
+A reduction over a small static range is unrolled; otherwise it becomes one named
+reduction term (see ``Semantics.named_reduction``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import z3
+
+from cuvil.ir import rules as R
+from cuvil.ir.dtypes import DType
+from cuvil.ir.opdef import get_op
+from cuvil.ir.symbolic import Dim
+from cuvil.ir.types import DimConstraint, TensorType
+from cuvil.ir.values import Value
+from verify.encoders import ENCODERS, AbstractFPSemantics, EncodingError, Semantics
+
+UNROLL_LIMIT = 16
+"""Reductions over at most this many (static) elements are unrolled."""
+
+ENCODING_BUDGET = 200_000
+"""Value-at-index encodings one obligation may create before it is given up as too large."""
+
+
+@dataclass
+class Leaf:
+    """A tensor the encoder does not look into: a parameter, a value common to both sides,
+    a constant, or a pair of values proved equal earlier."""
+
+    key: str
+    label: str
+    type: TensorType
+    kind: str  # param | shared | constant | folded | cut
+    data: np.ndarray | None = None
+    concrete: bool = False
+    value_range: tuple[float, float] | None = None
+    before: Value | None = None
+    after: Value | None = None
+
+
+# --------------------------------------------------------------------------------------
+# index expressions: linear forms over atoms with interval bounds
+
+
+Bound = tuple[int | None, int | None]
+
+
+@dataclass(frozen=True)
+class Lin:
+    """``const + sum(coef * atom)``; atoms are z3 integer terms known by AST id."""
+
+    terms: tuple[tuple[int, int], ...]
+    const: int
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+
+class IndexSpace:
+    """Builds and simplifies index expressions; knows each atom's bounds."""
+
+    def __init__(self, ctx: z3.Context) -> None:
+        self.ctx = ctx
+        self.atoms: dict[int, z3.ArithRef] = {}
+        self.bounds: dict[int, Bound] = {}
+        self._terms: dict[Lin, z3.ArithRef] = {}
+
+    @staticmethod
+    def const(c: int) -> Lin:
+        return Lin((), int(c))
+
+    def atom(self, t: z3.ArithRef, lo: int | None = None, hi: int | None = None) -> Lin:
+        if z3.is_int_value(t):
+            return self.const(t.as_long())
+        tid = t.get_id()
+        self.atoms.setdefault(tid, t)
+        old = self.bounds.get(tid, (None, None))
+        self.bounds[tid] = (lo if old[0] is None else (old[0] if lo is None else max(lo, old[0])),
+                            hi if old[1] is None else (old[1] if hi is None else min(hi, old[1])))
+        return Lin(((tid, 1),), 0)
+
+    def add(self, a: Lin, b: Lin, sign: int = 1) -> Lin:
+        acc = dict(a.terms)
+        for t, c in b.terms:
+            acc[t] = acc.get(t, 0) + sign * c
+        return Lin(tuple(sorted((t, c) for t, c in acc.items() if c)), a.const + sign * b.const)
+
+    def scale(self, a: Lin, k: int) -> Lin:
+        if k == 0:
+            return self.const(0)
+        return Lin(tuple((t, c * k) for t, c in a.terms), a.const * k)
+
+    def interval(self, a: Lin) -> Bound:
+        lo: int | None = a.const
+        hi: int | None = a.const
+        for t, c in a.terms:
+            blo, bhi = self.bounds.get(t, (None, None))
+            if c < 0:
+                blo, bhi = (None if bhi is None else -bhi), (None if blo is None else -blo)
+                c = -c
+            lo = None if lo is None or blo is None else lo + c * blo
+            hi = None if hi is None or bhi is None else hi + c * bhi
+        return lo, hi
+
+    def term(self, a: Lin) -> z3.ArithRef:
+        found = self._terms.get(a)
+        if found is not None:
+            return found
+        out: z3.ArithRef | None = None
+        for t, c in a.terms:
+            part = self.atoms[t] if c == 1 else c * self.atoms[t]
+            out = part if out is None else out + part
+        if out is None:
+            out = z3.IntVal(a.const, self.ctx)
+        elif a.const:
+            out = out + a.const
+        self._terms[a] = out
+        return out
+
+    def mul(self, a: Lin, b: Lin) -> Lin:
+        if a.is_const:
+            return self.scale(b, a.const)
+        if b.is_const:
+            return self.scale(a, b.const)
+        (alo, ahi), (blo, bhi) = self.interval(a), self.interval(b)
+        lo = hi = None
+        if None not in (alo, ahi, blo, bhi):
+            prods = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]  # type: ignore[operator]
+            lo, hi = min(prods), max(prods)
+        return self.atom(self.term(a) * self.term(b), lo, hi)
+
+    def _split(self, a: Lin, d: int) -> tuple[Lin, Lin]:
+        """``a = d * q + r`` with every coefficient of ``r`` not a multiple of ``d``."""
+        q0, r0 = divmod(a.const, d)
+        q = tuple((t, c // d) for t, c in a.terms if c % d == 0)
+        r = tuple((t, c) for t, c in a.terms if c % d != 0)
+        return Lin(q, q0), Lin(r, r0)
+
+    def floordiv(self, a: Lin, b: Lin) -> Lin:
+        if b.is_const and b.const < 0:
+            return self.floordiv(self.scale(a, -1), self.scale(b, -1))
+        if b.is_const and b.const > 0:
+            d = b.const
+            if d == 1:
+                return a
+            q, r = self._split(a, d)
+            lo, hi = self.interval(r)
+            if lo is not None and hi is not None and lo // d == hi // d:
+                return self.add(q, self.const(lo // d))
+            return self.add(q, self.atom(self.term(r) / d, None if lo is None else lo // d,
+                                         None if hi is None else hi // d))
+        lo, _ = self.interval(a)
+        blo, _ = self.interval(b)
+        nonneg = lo is not None and lo >= 0 and blo is not None and blo >= 1
+        return self.atom(self.term(a) / self.term(b), 0 if nonneg else None, self.interval(a)[1] if nonneg else None)
+
+    def mod(self, a: Lin, b: Lin) -> Lin:
+        if b.is_const and b.const < 0:
+            return self.scale(self.mod(self.scale(a, -1), self.scale(b, -1)), -1)
+        if b.is_const and b.const > 0:
+            d = b.const
+            if d == 1:
+                return self.const(0)
+            _, r = self._split(a, d)
+            lo, hi = self.interval(r)
+            if lo is not None and hi is not None and lo // d == hi // d:
+                return self.add(r, self.const(-(lo // d) * d))
+            return self.atom(self.term(r) % d, 0, d - 1)
+        blo, bhi = self.interval(b)
+        return self.atom(self.term(a) % self.term(b), 0 if blo is not None and blo >= 1 else None,
+                         None if bhi is None else bhi - 1)
+
+    def minmax(self, a: Lin, b: Lin, kind: str) -> Lin:
+        (alo, ahi), (blo, bhi) = self.interval(a), self.interval(b)
+        if ahi is not None and blo is not None and ahi <= blo:
+            return a if kind == "min" else b
+        if bhi is not None and alo is not None and bhi <= alo:
+            return b if kind == "min" else a
+        ta, tb = self.term(a), self.term(b)
+        t = z3.If(ta <= tb, ta, tb) if kind == "min" else z3.If(ta <= tb, tb, ta)
+        pick = min if kind == "min" else max
+        lo = None if alo is None or blo is None else pick(alo, blo)
+        hi = None if ahi is None or bhi is None else pick(ahi, bhi)
+        return self.atom(t, lo, hi)
+
+    def compare(self, fn: str, a: Lin, b: Lin) -> z3.BoolRef:
+        """``a fn b`` decided by bounds when possible."""
+        lo, hi = self.interval(self.add(a, b, -1))
+        decided = {"lt": (hi is not None and hi < 0, lo is not None and lo >= 0),
+                   "le": (hi is not None and hi <= 0, lo is not None and lo > 0),
+                   "gt": (lo is not None and lo > 0, hi is not None and hi <= 0),
+                   "ge": (lo is not None and lo >= 0, hi is not None and hi < 0),
+                   "eq": (lo == 0 and hi == 0, (lo is not None and lo > 0) or (hi is not None and hi < 0)),
+                   "ne": ((lo is not None and lo > 0) or (hi is not None and hi < 0), lo == 0 and hi == 0)}[fn]
+        if decided[0]:
+            return z3.BoolVal(True, self.ctx)
+        if decided[1]:
+            return z3.BoolVal(False, self.ctx)
+        ta, tb = self.term(a), self.term(b)
+        return {"lt": ta < tb, "le": ta <= tb, "gt": ta > tb, "ge": ta >= tb, "eq": ta == tb, "ne": ta != tb}[fn]
+
+
+@dataclass(frozen=True)
+class IndexInt:
+    """An integer scalar computed from indices (iota, masks, offsets): kept as a linear form
+    in unbounded integers, which is exact while it stays in its dtype's range (indices do)."""
+
+    lin: Lin
+
+
+class _Env:
+    __slots__ = ("key", "vars")
+
+    def __init__(self, vars: dict[str, Lin]) -> None:
+        self.vars = vars
+        self.key = tuple(sorted(vars.items()))
+
+    def bind(self, extra: Mapping[str, Lin]) -> _Env:
+        return _Env({**self.vars, **extra})
+
+
+_KIND_OP = {"sum": "add", "prod": "mul", "max": "max", "min": "min"}
+_INDEX_CMP = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+class ConeEncoder:
+    """Encodes values of one obligation (both sides share the leaves and the memo)."""
+
+    def __init__(self, encoder: str, leaf_of: Callable[[Value], Leaf | None],
+                 constraints: Sequence[DimConstraint] = (), *, unroll_limit: int = UNROLL_LIMIT,
+                 budget: int = ENCODING_BUDGET, ctx: z3.Context | None = None) -> None:
+        self.ctx = ctx if ctx is not None else z3.Context()
+        self.sem: Semantics = ENCODERS[encoder](self.ctx)
+        self.space = IndexSpace(self.ctx)
+        self.leaf_of = leaf_of
+        self.constraints = {c.symbol: c for c in constraints}
+        self.unroll_limit = unroll_limit
+        self.budget = budget
+        self.count = 0
+        self.float_seen = False
+        self.bound_facts: list[z3.BoolRef] = []
+        self._dims: dict[str, Lin] = {}
+        self._memo: dict[tuple[int, tuple[Lin, ...]], Any] = {}
+        self._expr_memo: dict[tuple[int, tuple], Any] = {}
+        self._rules: dict[int, tuple[Value, R.Expr]] = {}
+        self._leaf_terms: set[int] = set()
+
+    # dims and the output index ----------------------------------------------------------
+    def dim(self, d: Dim) -> Lin:
+        if isinstance(d, int):
+            return IndexSpace.const(d)
+        out = IndexSpace.const(0)
+        for mono, coef in d.terms:
+            term = IndexSpace.const(coef)
+            for f in mono:
+                term = self.space.mul(term, self._dim_factor(f))
+            out = self.space.add(out, term)
+        return out
+
+    def _dim_factor(self, f: Any) -> Lin:
+        """A factor of a symbolic dim: a symbol, or an opaque floordiv / mod / max / min of dims."""
+        if isinstance(f, str):
+            found = self._dims.get(f)
+            if found is None:
+                c = self.constraints.get(f, DimConstraint(f))
+                v = z3.Int(f"__d_{f}", self.ctx)
+                self.bound_facts.append(v >= c.lo)
+                if c.hi is not None:
+                    self.bound_facts.append(v <= c.hi)
+                if c.multiple_of != 1:
+                    self.bound_facts.append(v % c.multiple_of == 0)
+                found = self.space.atom(v, c.lo, c.hi)
+                self._dims[f] = found
+            return found
+        args = [self.dim(a) for a in f.args]
+        if f.kind == "floordiv":
+            return self.space.floordiv(args[0], args[1])
+        if f.kind == "mod":
+            return self.space.mod(args[0], args[1])
+        return self.space.minmax(args[0], args[1], f.kind)
+
+    def output_index(self, t: TensorType) -> tuple[Lin, ...]:
+        """Fresh index variables ``0 <= i_k < S_k`` for an output of type ``t``."""
+        idx: list[Lin] = []
+        for k, d in enumerate(t.shape):
+            ext = self.dim(d)
+            _, hi = self.space.interval(ext)
+            v = z3.Int(f"__i{k}", self.ctx)
+            self.bound_facts.append(v >= 0)
+            self.bound_facts.append(v < self.space.term(ext))
+            idx.append(self.space.atom(v, 0, None if hi is None else hi - 1))
+        return tuple(idx)
+
+    def facts(self) -> list[z3.BoolRef]:
+        out = [*self.bound_facts, *self.sem.facts]
+        if isinstance(self.sem, AbstractFPSemantics):
+            out.extend(self.sem.literal_facts())
+        return out
+
+    # values -------------------------------------------------------------------------------
+    def value_at(self, v: Value, idx: tuple[Lin, ...], depth: int = 0) -> Any:
+        """The scalar value of ``v`` at index ``idx``: a semantic value (see ``term``)."""
+        key = (id(v), idx)
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        self.count += 1
+        if self.count > self.budget:
+            raise EncodingError(f"the cone needs more than {self.budget} value encodings")
+        if v.dtype.is_float:
+            self.float_seen = True
+        leaf = self.leaf_of(v)
+        if leaf is not None:
+            out = self._leaf_at(leaf, idx)
+        else:
+            owner, rule = self._rule(v)
+            env = _Env({f"i{k}": ix for k, ix in enumerate(idx)})
+            out = self._scalar(self.expr(rule, env, owner, depth), rule.dtype)
+        self._memo[key] = out
+        return out
+
+    def term(self, v: Any, dtype: DType) -> z3.ExprRef:
+        return self.sem.term(self._scalar(v, dtype), dtype)
+
+    def _rule(self, v: Value) -> tuple[Value, R.Expr]:
+        found = self._rules.get(id(v))
+        if found is None:
+            rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
+            found = (v, rule)
+            self._rules[id(v)] = found
+        return found
+
+    def _leaf_at(self, leaf: Leaf, idx: tuple[Lin, ...]) -> Any:
+        dt = leaf.type.dtype
+        if leaf.concrete and leaf.data is not None:
+            return self._concrete_at(leaf.data, dt, idx)
+        f = self.sem.uf(f"t_{leaf.key}", [self.sem.int_sort] * len(idx), self.sem.sort(dt))
+        t = f(*[self.space.term(i) for i in idx])
+        if leaf.value_range is not None and t.get_id() not in self._leaf_terms:
+            self._leaf_terms.add(t.get_id())
+            self.sem.range_facts(t, dt, *leaf.value_range)
+        return self.sem.from_term(t, dt)
+
+    def _concrete_at(self, data: np.ndarray, dt: DType, idx: tuple[Lin, ...]) -> Any:
+        flat_data = np.asarray(data).reshape(-1)
+        if flat_data.size and bool(np.all(_same_elements(flat_data, flat_data[0]))):
+            return self._lit(flat_data[0].item(), dt)
+        flat = IndexSpace.const(0)
+        for ix, d in zip(idx, data.shape, strict=True):
+            flat = self.space.add(self.space.scale(flat, int(d)), ix)
+        if flat.is_const:
+            return self._lit(flat_data[flat.const].item(), dt)
+        lo, hi = self.space.interval(flat)
+        lo = 0 if lo is None else max(lo, 0)
+        hi = flat_data.size - 1 if hi is None else min(hi, flat_data.size - 1)
+        t = self.space.term(flat)
+        out = self._lit(flat_data[hi].item(), dt)
+        for p in range(hi - 1, lo - 1, -1):
+            out = self.sem.select(t == p, self._lit(flat_data[p].item(), dt), out, dt)
+        return out
+
+    def _lit(self, value: Any, dt: DType) -> Any:
+        if dt.is_int:
+            return IndexInt(IndexSpace.const(int(value)))
+        return self.sem.lit(value, dt)
+
+    # index expressions ------------------------------------------------------------------
+    def ix(self, e: R.Ix, env: _Env, owner: Value, depth: int) -> Lin:
+        k = e.kind
+        if k == "var":
+            return env.vars[e.args[0]]
+        if k == "lit":
+            return self.dim(e.args[0])
+        if k == "dyn":
+            val = self.expr(e.args[0], env, owner, depth)
+            if isinstance(val, IndexInt):
+                return val.lin
+            dt = e.args[0].dtype
+            return self.space.atom(z3.BV2Int(val, is_signed=dt.is_signed))
+        a, b = (self.ix(x, env, owner, depth) for x in e.args)
+        if k == "add":
+            return self.space.add(a, b)
+        if k == "sub":
+            return self.space.add(a, b, -1)
+        if k == "mul":
+            return self.space.mul(a, b)
+        if k == "floordiv":
+            return self.space.floordiv(a, b)
+        if k == "mod":
+            return self.space.mod(a, b)
+        if k in ("min", "max"):
+            return self.space.minmax(a, b, k)
+        raise EncodingError(f"unknown index expression {k!r}")
+
+    # scalar expressions -------------------------------------------------------------------
+    def _scalar(self, v: Any, dtype: DType) -> Any:
+        """Integers computed as index arithmetic become bit-vectors once they meet other ops."""
+        if isinstance(v, IndexInt):
+            if dtype is DType.bool:
+                return self.space.compare("ne", v.lin, IndexSpace.const(0))
+            if v.lin.is_const:
+                return z3.BitVecVal(v.lin.const % (1 << dtype.bits), dtype.bits, self.ctx)
+            return z3.Int2BV(self.space.term(v.lin), dtype.bits)
+        return v
+
+    def _as_index(self, v: Any) -> Lin | None:
+        if isinstance(v, IndexInt):
+            return v.lin
+        if isinstance(v, z3.BitVecNumRef):
+            return IndexSpace.const(v.as_signed_long())
+        return None
+
+    def expr(self, e: R.Expr, env: _Env, owner: Value, depth: int) -> Any:
+        if isinstance(e, R.Load):
+            return self._load(e, env, owner, depth)
+        if isinstance(e, R.Lit):
+            return self._lit(e.value, e.dtype)
+        if isinstance(e, R.IndexValue):
+            return IndexInt(self.ix(e.ix, env, owner, depth))
+        key = (id(e), env.key)
+        found = self._expr_memo.get(key)
+        if found is not None:
+            return found
+        if isinstance(e, R.Call):
+            out = self._call(e, env, owner, depth)
+        elif isinstance(e, R.Reduce):
+            out = self._reduce(e, env, owner, depth)
+        else:
+            raise EncodingError(f"unknown rule node {type(e).__name__}")
+        self._expr_memo[key] = out
+        return out
+
+    def _load(self, e: R.Load, env: _Env, owner: Value, depth: int) -> Any:
+        operand = owner.operands[e.operand]
+        idx = tuple(self.ix(i, env, owner, depth) for i in e.index)
+        if e.oob is None:
+            return self.value_at(operand, idx, depth)
+        conds: list[z3.BoolRef] = []
+        for i, d in zip(idx, operand.type.shape, strict=True):
+            for c in (self.space.compare("ge", i, IndexSpace.const(0)), self.space.compare("lt", i, self.dim(d))):
+                if z3.is_false(c):
+                    return self._lit(e.oob, e.dtype)
+                if not z3.is_true(c):
+                    conds.append(c)
+        inner = self.value_at(operand, idx, depth)
+        if not conds:
+            return inner
+        inb = conds[0] if len(conds) == 1 else z3.And(*conds)
+        dt = e.dtype
+        return self.sem.select(inb, self._scalar(inner, dt), self._scalar(self._lit(e.oob, dt), dt), dt)
+
+    def _call(self, e: R.Call, env: _Env, owner: Value, depth: int) -> Any:
+        args = [self.expr(a, env, owner, depth) for a in e.args]
+        dtypes = [a.dtype for a in e.args]
+        attrs = dict(e.attrs)
+        fn = e.fn
+        indexed = self._index_call(fn, args, dtypes, e.dtype)
+        if indexed is not None:
+            return indexed
+        if fn == "select":
+            cond = self._scalar(args[0], DType.bool)
+            return self.sem.select(cond, self._scalar(args[1], e.dtype), self._scalar(args[2], e.dtype), e.dtype)
+        scal = [self._scalar(a, d) for a, d in zip(args, dtypes, strict=True)]
+        return self.sem.call(fn, scal, dtypes, e.dtype, attrs)
+
+    def _index_call(self, fn: str, args: list[Any], dtypes: list[DType], out: DType) -> Any:
+        """Integer arithmetic on index-derived values stays in linear forms."""
+        if not dtypes or not dtypes[-1].is_int:
+            if fn == "select" and out.is_int:
+                a, b = self._as_index(args[1]), self._as_index(args[2])
+                if a is not None and b is not None and (isinstance(args[1], IndexInt) or isinstance(args[2], IndexInt)):
+                    c = self._scalar(args[0], DType.bool)
+                    if z3.is_true(c):
+                        return IndexInt(a)
+                    if z3.is_false(c):
+                        return IndexInt(b)
+                    (alo, ahi), (blo, bhi) = self.space.interval(a), self.space.interval(b)
+                    lo = None if alo is None or blo is None else min(alo, blo)
+                    hi = None if ahi is None or bhi is None else max(ahi, bhi)
+                    return IndexInt(self.space.atom(z3.If(c, self.space.term(a), self.space.term(b)), lo, hi))
+            return None
+        lins = [self._as_index(a) for a in args]
+        if any(x is None for x in lins) or not any(isinstance(a, IndexInt) for a in args):
+            return None
+        ls: list[Lin] = lins  # type: ignore[assignment]
+        if fn == "cast":
+            if out.is_float:
+                return self.sem.index_to_float(self.space.term(ls[0]), out)
+            if out is DType.bool:
+                return self.space.compare("ne", ls[0], IndexSpace.const(0))
+            return IndexInt(ls[0]) if out.bits >= 32 else None
+        if fn == "add":
+            return IndexInt(self.space.add(ls[0], ls[1]))
+        if fn == "sub":
+            return IndexInt(self.space.add(ls[0], ls[1], -1))
+        if fn == "mul":
+            return IndexInt(self.space.mul(ls[0], ls[1]))
+        if fn == "neg":
+            return IndexInt(self.space.scale(ls[0], -1))
+        if fn in ("min", "max"):
+            return IndexInt(self.space.minmax(ls[0], ls[1], fn))
+        if fn in _INDEX_CMP:
+            return self.space.compare(fn, ls[0], ls[1])
+        if fn in ("div", "mod") and ls[1].is_const and ls[1].const > 0:
+            lo, _ = self.space.interval(ls[0])
+            if fn == "mod" or (lo is not None and lo >= 0):  # floored modulo / truncation of non-negatives
+                return IndexInt(self.space.mod(ls[0], ls[1]) if fn == "mod" else self.space.floordiv(ls[0], ls[1]))
+        return None
+
+    def _reduce(self, e: R.Reduce, env: _Env, owner: Value, depth: int) -> Any:
+        extents = [self.dim(d) for _, d in e.axes]
+        dt = e.dtype
+        if all(x.is_const for x in extents):
+            n = int(np.prod([x.const for x in extents], dtype=np.int64))
+            if n == 0:
+                return self.sem.reduce_identity(e.kind, dt)
+            if n <= self.unroll_limit:
+                acc: Any = None
+                names = [name for name, _ in e.axes]
+                for combo in itertools.product(*[range(x.const) for x in extents]):
+                    inner = env.bind({nm: IndexSpace.const(k) for nm, k in zip(names, combo, strict=True)})
+                    val = self._scalar(self.expr(e.body, inner, owner, depth), dt)
+                    acc = val if acc is None else self.sem.call(_KIND_OP[e.kind], [acc, val], [dt, dt], dt, {})
+                return acc
+        binders: list[z3.ArithRef] = []
+        bind: dict[str, Lin] = {}
+        ext_values: list[int | z3.ArithRef] = []
+        for j, ((name, _), ext) in enumerate(zip(e.axes, extents, strict=True)):
+            tag = str(ext.const) if ext.is_const else hashlib.sha1(str(self.space.term(ext)).encode()).hexdigest()[:8]
+            b = z3.Int(f"__k{depth}_{j}_{tag}", self.ctx)
+            _, hi = self.space.interval(ext)
+            binders.append(b)
+            bind[name] = self.space.atom(b, 0, None if hi is None else hi - 1)
+            ext_values.append(ext.const if ext.is_const else self.space.term(ext))
+        body = self._scalar(self.expr(e.body, env.bind(bind), owner, depth + 1), dt)
+        return self.sem.reduce_symbolic(e.kind, body, dt, binders, ext_values)
+
+
+def _same_elements(flat: np.ndarray, first: Any) -> np.ndarray:
+    if flat.dtype.kind == "f":
+        return (flat == first) & (np.signbit(flat) == np.signbit(first)) | (np.isnan(flat) & np.isnan(first))
+    return flat == first
+
+
+def inequality(enc: ConeEncoder, a: Any, b: Any, dtype: DType) -> z3.BoolRef | None:
+    """``a != b`` as a z3 formula, or None when the two are the same term (trivially equal)."""
+    ta, tb = enc.term(a, dtype), enc.term(b, dtype)
+    if z3.eq(ta, tb):
+        return None
+    if dtype is DType.bool:
+        return z3.Xor(ta, tb)
+    return ta != tb
+
+
+__all__ = ["ENCODING_BUDGET", "UNROLL_LIMIT", "ConeEncoder", "EncodingError", "IndexSpace", "Leaf", "Lin",
+           "inequality"]

@@ -1,0 +1,634 @@
+"""Sound bounds for every value of a CIR function over an input box.
+
+The analysis reads each op's compute rule with interval semantics (:mod:`.interval`), so
+every catalogue op is covered by one evaluator: loads read the operand's per-element bounds
+(a data-dependent index reads the hull of the range it can take), primitive calls use the
+interval rule of the primitive, reductions combine the body's bounds over the reduced axes.
+Three relational facts of normalized patterns tighten what intervals alone lose, each sound
+in floating point:
+
+* ``x[i] - max_k x[k] <= 0`` when ``i`` ranges over the same axis (softmax's shift);
+* ``sum_k exp(x[k] - max_j x[j]) >= 1`` (one term is ``exp(0) = 1``);
+* ``|x[i] - m| / sqrt(sum_k (x[k] - m)^2 / n + eps) <= sqrt(n)`` for any ``m`` and ``eps > 0``
+  (layer norm's normalized value; rounding adds a relative ``O(n u)``).
+
+Reductions that are sums of products of two loads (matmul, conv, einsum pairs) are bilinear:
+their bounds come from the op's own fast path in midpoint-radius form,
+``F(c_a, c_b) +- (F(|c_a|, r_b) + F(r_a, |c_b|) + F(r_a, r_b))``, exact for a constant
+operand. Each bound holds for the value the float program computes: every rounding result
+is widened by its rounding error and magnitudes that round to infinity become infinite.
+
+A value's bound as its consumers see it is clamped to its type's finite range: each site
+is judged on its own, so a verdict holds on inputs for which no earlier site overflows,
+and "every site proved safe" means the whole program stays finite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cuvil.interp import bind_attr, evaluate_op
+from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Function
+from cuvil.ir.opdef import get_op
+from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value
+from verify.probe import interval as I
+from verify.probe.interval import Interval
+from verify.probe.program import SiteSpec
+from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, chunks
+
+GRID_BUDGET = 1 << 22
+"""Largest evaluation grid (output elements x reduced terms) one block of a rule may use."""
+
+FAST_PATH_MIN = 1 << 15
+"""Grids at least this large use a bilinear op's fast path instead of the rule."""
+
+
+# --------------------------------------------------------------------------------------
+# records
+
+
+@dataclass
+class NodeRecord:
+    """The extreme bounds one watched rule node took over all output elements."""
+
+    node: int
+    label: str
+    spec: SiteSpec
+    lo: float = math.inf
+    hi: float = -math.inf
+    nan: bool = False
+    worst: tuple[int, ...] | None = None
+    worst_score: float = -math.inf
+
+    @property
+    def safe(self) -> bool:
+        return not self.nan and self.lo >= self.spec.lo and self.hi <= self.spec.hi
+
+    @property
+    def excess(self) -> float:
+        """How far the bound leaves the allowed range (<= 0 when inside)."""
+        return max(self.spec.lo - self.lo, self.hi - self.spec.hi)
+
+    def merge(self, other: NodeRecord) -> None:
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
+        self.nan = self.nan or other.nan
+        if other.worst_score > self.worst_score:
+            self.worst, self.worst_score = other.worst, other.worst_score
+
+
+@dataclass
+class OpBounds:
+    """One op's output bound (before clamping: may hold infinities) and its watched nodes."""
+
+    value: Interval
+    records: dict[int, NodeRecord] = field(default_factory=dict)
+    method: str = "rule"
+
+    @property
+    def safe(self) -> bool:
+        return all(r.safe for r in self.records.values())
+
+
+# --------------------------------------------------------------------------------------
+# the interval reader of a rule
+
+
+class IntervalWalker(RuleWalker[Interval]):
+    """Reads a rule with interval semantics; records the watched nodes."""
+
+    def __init__(self, info: RuleInfo, operands: list[Interval], in_dtypes: list[DType],
+                 watch: Mapping[int, SiteSpec], chunk: tuple[int, int, int] | None = None,
+                 tighten: bool = True) -> None:
+        super().__init__(info, chunk)
+        self.operands = operands
+        self.in_dtypes = in_dtypes
+        self.watch = watch
+        self.tighten = tighten
+        self.records: dict[int, NodeRecord] = {}
+
+    def lift(self, v: Interval) -> Interval:
+        return v.lift(self.depth)
+
+    # leaves -------------------------------------------------------------------------
+    def literal(self, e: Lit) -> Interval:
+        return Interval.of(np.asarray(np.array(e.value, dtype=e.dtype.np), dtype=np.float64))
+
+    def index_value(self, e: IndexValue, ix: IxVal) -> Interval:
+        if ix.concrete:
+            return Interval(ix.lo.astype(np.float64))
+        return Interval(ix.lo.astype(np.float64), ix.hi.astype(np.float64))
+
+    def dyn_index(self, e: Expr) -> IxVal:
+        v = self.expr(e)
+        lo = np.trunc(np.where(np.isfinite(v.lo), v.lo, -2.0 ** 62)).astype(np.int64)
+        if v.lo is v.hi:
+            return IxVal.exact(lo)
+        hi = np.trunc(np.where(np.isfinite(v.hi), v.hi, 2.0 ** 62)).astype(np.int64)
+        if np.array_equal(lo, hi):
+            return IxVal.exact(lo)
+        return IxVal(lo, hi)
+
+    def load(self, e: Load, idx: list[IxVal]) -> Interval:
+        src = self.operands[e.operand]
+        lo, hi = src.lo, src.hi
+        if not idx:
+            return Interval(lo, hi) if lo is not hi else Interval(lo)
+        oob_maybe = np.zeros((1,) * self.depth, dtype=bool)
+        exact: list[np.ndarray] = []
+        for k, i in enumerate(idx):
+            n = lo.shape[k]
+            if i.concrete:
+                exact.append(i.lo)
+                continue
+            a, b = int(np.min(i.lo)), int(np.max(i.hi))
+            oob_maybe = oob_maybe | (i.lo < 0) | (i.hi > n - 1)
+            a, b = max(a, 0), min(b, n - 1)
+            if a > b:
+                a, b = 0, n - 1
+            sl = [slice(None)] * lo.ndim
+            sl[k] = slice(a, b + 1)
+            lo = np.min(lo[tuple(sl)], axis=k, keepdims=True)
+            hi = np.max(hi[tuple(sl)], axis=k, keepdims=True)
+            exact.append(np.zeros((1,) * self.depth, dtype=np.int64))
+        inb = np.ones((1,) * self.depth, dtype=bool)
+        for k, i in enumerate(exact):
+            inb = inb & (i >= 0) & (i < lo.shape[k])
+        clipped = tuple(np.clip(i, 0, max(lo.shape[k] - 1, 0)) for k, i in enumerate(exact))
+        vlo = lo[clipped]
+        vhi = vlo if src.lo is src.hi and lo is hi else hi[clipped]
+        if e.oob is not None:
+            fill = float(np.array(e.oob, dtype=e.dtype.np))
+            out = ~inb
+            if np.any(out):
+                vlo, vhi = np.where(out, fill, vlo), np.where(out, fill, vhi)
+            if np.any(oob_maybe):
+                vlo, vhi = np.where(oob_maybe, np.minimum(vlo, fill), vlo), np.where(oob_maybe,
+                                                                                      np.maximum(vhi, fill), vhi)
+        if vlo is vhi:
+            return Interval(vlo)
+        return Interval(vlo, vhi)
+
+    # calls and reductions -----------------------------------------------------------
+    def call(self, e: Call, args: list[Interval]) -> Interval:
+        attrs = dict(e.attrs)
+        arg_dtypes = [a.dtype for a in e.args]
+        if all(a.point for a in args):
+            return Interval(I.concrete(e.fn, [a.lo for a in args], e.dtype, attrs, arg_dtypes))
+        out = I.apply(e.fn, args, e.dtype, attrs, arg_dtypes)
+        if e.fn in I.ROUNDING:
+            out = I.round_to(out, e.dtype, 8.0 if e.fn in I.TRANSCENDENTAL else 2.0)
+        elif not e.dtype.is_float and e.dtype is not DType.bool and e.fn in ("neg", "abs"):
+            out = I.wrap(out, e.dtype)
+        if self.tighten:
+            out = self._relational(e, out)
+        return out
+
+    def reduce(self, e: Reduce, body: Interval, axes: tuple[int, ...], extents: list[int]) -> Interval:
+        n = math.prod(extents)
+        full = tuple(max(a, b) for a, b in zip(np.broadcast_shapes(body.lo.shape, body.hi.shape),
+                                                (1,) * self.depth, strict=False))
+        shape = np.broadcast_shapes(body.lo.shape, body.hi.shape, body.nan.shape, (1,) * self.depth)
+        shape = tuple(shape[:axes[0]]) + tuple(extents)
+        del full
+        lo = np.broadcast_to(body.lo, np.broadcast_shapes(body.lo.shape, shape))
+        hi = np.broadcast_to(body.hi, np.broadcast_shapes(body.hi.shape, shape))
+        nan = np.any(np.broadcast_to(body.nan, np.broadcast_shapes(body.nan.shape, shape)), axis=axes) \
+            if body.nan.ndim else body.nan
+        dt = e.dtype
+        if n == 0:
+            ident = {"sum": 0.0, "prod": 1.0, "max": I.type_range(dt)[0] if not dt.is_float else -np.inf,
+                     "min": I.type_range(dt)[1] if not dt.is_float else np.inf}[e.kind]
+            return Interval(np.full(lo.shape[:axes[0]], ident))
+        if e.kind in ("max", "min"):
+            f = np.max if e.kind == "max" else np.min
+            return Interval(f(lo, axis=axes), f(hi, axis=axes), nan)
+        if e.kind == "sum":
+            with np.errstate(invalid="ignore"):
+                slo, shi = I._fix(np.sum(lo, axis=axes), np.sum(hi, axis=axes))
+            pos_inf = np.any(hi == np.inf, axis=axes) & np.any(lo == -np.inf, axis=axes)
+            out = Interval(slo, shi, nan | pos_inf)
+            if dt.is_float:
+                acc = I.ACCUMULATOR.get(dt, dt)
+                mag = np.sum(np.maximum(np.abs(lo), np.abs(hi)), axis=axes)
+                out = I.round_to(out, dt, 2.0, extra=(n + 1) * I.unit_roundoff(acc) * mag)
+            else:
+                out = I.wrap(out, dt)
+            if self.tighten and self._softmax_denominator(e):
+                out = out.intersect(1.0, np.inf)
+            return out
+        return self._product(e, Interval(lo, hi, nan), axes, n)
+
+    def _product(self, e: Reduce, body: Interval, axes: tuple[int, ...], n: int) -> Interval:
+        lead = body.lo.shape[:axes[0]]
+        lo = body.lo.reshape(lead + (n,))
+        hi = body.hi.reshape(lead + (n,))
+        acc = Interval(lo[..., 0], hi[..., 0])
+        for k in range(1, n):
+            acc = I.mul(acc, Interval(lo[..., k], hi[..., k]))
+        acc = Interval(acc.lo, acc.hi, np.asarray(body.nan) if body.nan.ndim == 0 else body.nan)
+        return I.round_to(acc, e.dtype, float(n + 1)) if e.dtype.is_float else I.wrap(acc, e.dtype)
+
+    # relational facts ---------------------------------------------------------------
+    def _relational(self, e: Call, out: Interval) -> Interval:
+        if e.fn == "sub" and max_shift(e, self.info) is not None:
+            return out.intersect(-np.inf, 0.0)
+        if e.fn == "div":
+            bound = normalized_bound(e, self.info)
+            if bound is not None:
+                return out.intersect(-bound, bound)
+        return out
+
+    def _softmax_denominator(self, e: Reduce) -> bool:
+        if len(e.axes) != 1 or not isinstance(e.body, Call) or e.body.fn != "exp":
+            return False
+        inner = e.body.args[0]
+        if not isinstance(inner, Call) or inner.fn != "sub":
+            return False
+        j = max_shift(inner, self.info)
+        if j is None:
+            return False
+        a = inner.args[0]
+        assert isinstance(a, Load)
+        return a.index[j] == Ix.var(e.axes[0][0])
+
+    # records ------------------------------------------------------------------------
+    def observe(self, e: Expr, value: Interval) -> None:
+        spec = self.watch.get(self.info.index.get(id(e), -1))
+        if spec is None:
+            return
+        k = self.info.index[id(e)]
+        rec = NodeRecord(k, self.info.label(e), spec)
+        lo, hi = value.lo, value.hi
+        rec.lo = float(np.min(lo)) if lo.size else math.inf
+        rec.hi = float(np.max(hi)) if hi.size else -math.inf
+        rec.nan = bool(np.any(value.nan))
+        shape = np.broadcast_shapes(lo.shape, hi.shape)
+        if shape and math.prod(shape):
+            score = np.maximum(spec.lo - np.broadcast_to(lo, shape), np.broadcast_to(hi, shape) - spec.hi)
+            flat = int(np.argmax(score))
+            rec.worst_score = float(score.reshape(-1)[flat])
+            where = np.unravel_index(flat, shape)[:self.out_rank]
+            worst = [int(x) for x in where] + [0] * (self.out_rank - len(where))
+            if self.chunk is not None:
+                worst[self.chunk[0]] += self.chunk[1]
+            rec.worst = tuple(worst)
+        old = self.records.get(k)
+        if old is None:
+            self.records[k] = rec
+        else:
+            old.merge(rec)
+
+
+# --------------------------------------------------------------------------------------
+# rule patterns
+
+
+def _same_operand(a: Load, b: Load) -> bool:
+    return a.operand == b.operand and a.oob == b.oob and len(a.index) == len(b.index)
+
+
+def max_shift(e: Call, info: RuleInfo) -> int | None:
+    """``x[.., i, ..] - max_k x[.., k, ..]`` over a whole axis: the axis position, else None."""
+    if e.fn != "sub" or len(e.args) != 2:
+        return None
+    a, m = e.args
+    if not isinstance(a, Load) or not isinstance(m, Reduce) or m.kind != "max" or len(m.axes) != 1:
+        return None
+    b = m.body
+    if not isinstance(b, Load) or not _same_operand(a, b) or a.oob is not None:
+        return None
+    r = Ix.var(m.axes[0][0])
+    diff = [k for k, (x, y) in enumerate(zip(a.index, b.index, strict=True)) if x != y]
+    if len(diff) != 1 or b.index[diff[0]] != r:
+        return None
+    j = diff[0]
+    if any(m.axes[0][0] in info.ix_free(x) for k, x in enumerate(b.index) if k != j):
+        return None
+    shape = _operand_shape(info, a.operand)
+    if shape is None or int(m.axes[0][1]) != shape[j]:
+        return None
+    return j
+
+
+def normalized_bound(e: Call, info: RuleInfo) -> float | None:
+    """``(x[i] - m) / sqrt(sum_k (x[k] - m)^2 / n + eps)``: the bound ``sqrt(n) (1 + delta)``, else None."""
+    if e.fn != "div":
+        return None
+    num, den = e.args
+    if not (isinstance(num, Call) and num.fn == "sub" and isinstance(den, Call) and den.fn == "sqrt"):
+        return None
+    a, mean = num.args
+    inner = den.args[0]
+    if not (isinstance(a, Load) and a.oob is None and isinstance(inner, Call) and inner.fn == "add"):
+        return None
+    var, eps = inner.args
+    if not (isinstance(eps, Lit) and float(np.array(eps.value, dtype=eps.dtype.np)) > 0):
+        return None
+    if not (isinstance(var, Call) and var.fn == "div" and isinstance(var.args[1], Lit)):
+        return None
+    total, count = var.args
+    if not (isinstance(total, Reduce) and total.kind == "sum" and isinstance(total.body, Call)
+            and total.body.fn == "mul" and total.body.args[0] is total.body.args[1]):
+        return None
+    dev = total.body.args[0]
+    if not (isinstance(dev, Call) and dev.fn == "sub" and dev.args[1] is mean and isinstance(dev.args[0], Load)):
+        return None
+    b = dev.args[0]
+    if not _same_operand(a, b):
+        return None
+    shape = _operand_shape(info, a.operand)
+    if shape is None:
+        return None
+    names = {name: int(n) for name, n in total.axes}
+    used: set[str] = set()
+    for k, (x, y) in enumerate(zip(a.index, b.index, strict=True)):
+        if x == y and not (info.ix_free(y) & set(names)):
+            continue
+        if y.kind != "var" or y.args[0] not in names or names[y.args[0]] != shape[k] or y.args[0] in used:
+            return None
+        used.add(y.args[0])
+    if used != set(names):
+        return None
+    n = math.prod(names.values())
+    if float(count.value) != float(n):
+        return None
+    u = I.unit_roundoff(e.dtype)
+    acc = I.unit_roundoff(I.ACCUMULATOR.get(e.dtype, e.dtype))
+    return math.sqrt(n) * (1.0 + 8.0 * u + (n + 2) * acc + 1e-12)
+
+
+def _operand_shape(info: RuleInfo, k: int) -> tuple[int, ...] | None:
+    shapes = getattr(info, "operand_shapes", None)
+    return None if shapes is None or k >= len(shapes) else shapes[k]
+
+
+def bilinear(info: RuleInfo) -> tuple[Load, Load] | None:
+    """``sum_k a[g(i, k)] * b[h(i, k)]`` (zero padding allowed): the two loads, else None."""
+    r = info.rule
+    if not (isinstance(r, Reduce) and r.kind == "sum" and isinstance(r.body, Call) and r.body.fn == "mul"):
+        return None
+    a, b = r.body.args
+    if not (isinstance(a, Load) and isinstance(b, Load)):
+        return None
+    if any(x.oob not in (None, 0, 0.0) for x in (a, b)):
+        return None
+    if any(i.kind == "dyn" or _has_dyn(i) for x in (a, b) for i in x.index):
+        return None
+    return a, b
+
+
+def _has_dyn(i: Ix) -> bool:
+    if i.kind == "dyn":
+        return True
+    if i.kind in ("var", "lit"):
+        return False
+    return _has_dyn(i.args[0]) or _has_dyn(i.args[1])
+
+
+# --------------------------------------------------------------------------------------
+# one op
+
+
+Watch = Mapping[int, SiteSpec]
+
+
+@dataclass
+class OpContext:
+    """What the analysis keeps per op across runs: its rule and the fast-path constants."""
+
+    value: Value
+    info: RuleInfo
+    watch: Watch
+    pair: tuple[Load, Load] | None = None
+    abs_sums: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @staticmethod
+    def of(v: Value, watch: Watch) -> OpContext:
+        info = RuleInfo.of(v)
+        info.operand_shapes = [tuple(int(d) for d in o.shape) for o in v.operands]  # type: ignore[attr-defined]
+        pair = bilinear(info) if get_op(v.op).numpy is not None else None
+        return OpContext(v, info, watch, pair)
+
+
+def op_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool], *, budget: int = GRID_BUDGET,
+              tighten: bool = True) -> OpBounds:
+    """The bound of one op's result (and of its watched nodes) given its operands' bounds."""
+    v = ctx.value
+    grid = math.prod(ctx.info.out_shape) * ctx.info.grid_factor
+    if ctx.pair is not None and grid >= FAST_PATH_MIN:
+        fast = _bilinear_bounds(ctx, operands, constant)
+        if fast is not None and fast.safe:
+            return fast
+    in_dtypes = [o.dtype for o in v.operands]
+    out_shape = ctx.info.out_shape
+    parts: list[tuple[tuple[int, int, int] | None, Interval]] = []
+    records: dict[int, NodeRecord] = {}
+    with np.errstate(all="ignore"):
+        for ch in chunks(ctx.info, budget):
+            w = IntervalWalker(ctx.info, operands, in_dtypes, ctx.watch, ch, tighten)
+            res = w.expr(ctx.info.rule)
+            shape = w.block_shape
+            res = Interval(np.broadcast_to(res.lo, shape), np.broadcast_to(res.hi, shape),
+                           np.broadcast_to(res.nan, shape))
+            parts.append((ch, res))
+            for k, rec in w.records.items():
+                if k in records:
+                    records[k].merge(rec)
+                else:
+                    records[k] = rec
+    if len(parts) == 1:
+        out = parts[0][1]
+    else:
+        axis = parts[0][0][0] if parts[0][0] is not None else 0
+        out = Interval(np.concatenate([p.lo for _, p in parts], axis=axis),
+                       np.concatenate([p.hi for _, p in parts], axis=axis),
+                       np.concatenate([p.nan for _, p in parts], axis=axis))
+    out = Interval(np.ascontiguousarray(np.broadcast_to(out.lo, out_shape)),
+                   np.ascontiguousarray(np.broadcast_to(out.hi, out_shape)),
+                   np.ascontiguousarray(np.broadcast_to(out.nan, out_shape)))
+    return OpBounds(out, records, "rule")
+
+
+def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool]) -> OpBounds | None:
+    """Midpoint-radius bounds through the op's fast path (a schedule of its rule)."""
+    v = ctx.value
+    opdef = get_op(v.op)
+    attrs = {k: bind_attr(a, {}) for k, a in v.attrs}
+    out_t = TensorType(DType.f64, ctx.info.out_shape)
+    a_load, b_load = ctx.pair  # type: ignore[misc]
+    if a_load.operand == b_load.operand or len(operands) != 2:
+        return None
+    ia, ib = a_load.operand, b_load.operand
+
+    def F(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        args: list[Any] = [None, None]
+        args[ia], args[ib] = x, y
+        with np.errstate(all="ignore"):
+            return np.asarray(evaluate_op(opdef, args, attrs, out_t), dtype=np.float64)
+
+    A, B = operands[ia], operands[ib]
+    ca, ra = (A.lo + A.hi) / 2, (A.hi - A.lo) / 2
+    cb, rb = (B.lo + B.hi) / 2, (B.hi - B.lo) / 2
+    center = F(ca, cb)
+    rad = np.zeros_like(center)
+    if np.any(rb):
+        rad += F(np.abs(ca), rb)
+    if np.any(ra):
+        rad += F(ra, np.abs(cb))
+    if np.any(ra) and np.any(rb):
+        rad += F(ra, rb)
+    mag_a, mag_b = A.magnitude(), B.magnitude()
+    if constant[ib]:
+        if ib not in ctx.abs_sums:
+            ctx.abs_sums[ib] = F(np.ones_like(ca), np.abs(cb))
+        mag = float(np.max(mag_a)) * ctx.abs_sums[ib]
+    elif constant[ia]:
+        if ia not in ctx.abs_sums:
+            ctx.abs_sums[ia] = F(np.abs(ca), np.ones_like(cb))
+        mag = float(np.max(mag_b)) * ctx.abs_sums[ia]
+    else:
+        mag = F(mag_a, mag_b)
+    dt = v.dtype
+    rule = ctx.info.rule
+    assert isinstance(rule, Reduce)
+    n = math.prod(int(x) for _, x in rule.axes)
+    out = Interval(center - rad, center + rad)
+    prod_bound = float(np.max(mag_a)) * float(np.max(mag_b)) if mag_a.size and mag_b.size else 0.0
+    if dt.is_float:
+        if prod_bound >= I.overflow_at(dt):
+            return None
+        acc = I.ACCUMULATOR.get(dt, dt)
+        err = (I.unit_roundoff(dt) + (n + 1) * I.unit_roundoff(acc)) * mag + n * I.smallest_subnormal(dt)
+        out = I.round_to(out, dt, 2.0, extra=err)
+    else:
+        if prod_bound > I.type_range(dt)[1]:
+            return None
+        out = I.wrap(out, dt)
+    records: dict[int, NodeRecord] = {}
+    body = rule.body
+    for node, spec in ctx.watch.items():
+        e = ctx.info.nodes[node]
+        rec = NodeRecord(node, ctx.info.label(e), spec)
+        if e is rule:
+            rec.lo, rec.hi = float(np.min(out.lo)), float(np.max(out.hi))
+            score = np.maximum(spec.lo - out.lo, out.hi - spec.hi)
+            flat = int(np.argmax(score))
+            rec.worst, rec.worst_score = tuple(int(x) for x in np.unravel_index(flat, score.shape)), \
+                float(score.reshape(-1)[flat])
+        elif e is body:
+            p = prod_bound * (1 + 2 * I.unit_roundoff(dt)) if dt.is_float else prod_bound
+            rec.lo, rec.hi = -p, p
+            rec.worst_score = max(spec.lo + p, p - spec.hi)
+        else:
+            return None
+        records[node] = rec
+    return OpBounds(out, records, "bilinear")
+
+
+# --------------------------------------------------------------------------------------
+# a whole function
+
+
+@dataclass
+class Bounds:
+    """Per value: the bound its consumers see; per op: its raw bound and watched nodes."""
+
+    values: dict[Value, Interval]
+    ops: dict[Value, OpBounds]
+
+    def hi(self, v: Value) -> float:
+        return float(np.max(self.values[v].hi))
+
+    def lo(self, v: Value) -> float:
+        return float(np.min(self.values[v].lo))
+
+
+class BoundsEngine:
+    """Bounds of every value of ``fn`` for input boxes; rules, constant values and fast-path
+    sums are computed once and reused across runs (bisection on the box scale)."""
+
+    def __init__(self, fn: Function, constants: Mapping[str, np.ndarray],
+                 watch: Callable[[Value, RuleInfo], Watch] | None = None, *, tighten: bool = True) -> None:
+        self.fn = fn
+        self.constants = constants
+        self.watch = watch
+        self.tighten = tighten
+        self.values = fn.values()
+        self.live: set[Value] = set()
+        for v in self.values:
+            if v.is_param or any(o in self.live for o in v.operands):
+                self.live.add(v)
+        self.fixed: dict[Value, np.ndarray] = {}
+        self.contexts: dict[Value, OpContext] = {}
+
+    def context(self, v: Value) -> OpContext:
+        ctx = self.contexts.get(v)
+        if ctx is None:
+            info = RuleInfo.of(v)
+            info.operand_shapes = [tuple(int(d) for d in o.shape) for o in v.operands]  # type: ignore[attr-defined]
+            watch = self.watch(v, info) if self.watch is not None else {}
+            pair = bilinear(info) if get_op(v.op).numpy is not None else None
+            ctx = self.contexts[v] = OpContext(v, info, watch, pair)
+        return ctx
+
+    def constant_value(self, v: Value) -> np.ndarray:
+        """The exact value of a value that depends on no input."""
+        hit = self.fixed.get(v)
+        if hit is not None:
+            return hit
+        if v.is_const:
+            out = np.asarray(self.constants[v.const_hash])
+        else:
+            attrs = {k: bind_attr(a, {}) for k, a in v.attrs}
+            out_t = TensorType(v.dtype, tuple(int(d) for d in v.shape))
+            out = evaluate_op(get_op(v.op), [self.constant_value(o) for o in v.operands], attrs, out_t)
+        self.fixed[v] = out
+        return out
+
+    def run(self, boxes: Mapping[str, tuple[Any, Any]], pinned: Mapping[Value, Interval] | None = None,
+            stop: Callable[[Value, OpBounds], bool] | None = None) -> Bounds:
+        """Bounds for inputs with ``lo <= x <= hi`` (``boxes[name] = (lo, hi)``, broadcast to the input).
+        ``pinned`` intersects values with other sound bounds (linear relaxations)."""
+        values: dict[Value, Interval] = {}
+        ops: dict[Value, OpBounds] = {}
+        for v in self.values:
+            if v.is_param:
+                lo, hi = boxes[v.name]
+                shape = tuple(int(d) for d in v.shape)
+                iv = Interval(np.broadcast_to(np.asarray(lo, dtype=np.float64), shape).copy(),
+                              np.broadcast_to(np.asarray(hi, dtype=np.float64), shape).copy())
+                values[v] = _snap(iv, v.dtype)
+                continue
+            if v not in self.live:
+                data = np.asarray(self.constant_value(v), dtype=np.float64)
+                values[v] = Interval(data)
+                continue
+            ctx = self.context(v)
+            operands = [values[o] for o in v.operands]
+            constant = [o not in self.live for o in v.operands]
+            ob = op_bounds(ctx, operands, constant, tighten=self.tighten)
+            ops[v] = ob
+            seen = ob.value.clamp_finite(v.dtype)
+            if pinned is not None and v in pinned:
+                seen = seen.intersect(pinned[v].lo, pinned[v].hi)
+            values[v] = seen
+            if stop is not None and stop(v, ob):
+                break
+        return Bounds(values, ops)
+
+
+def _snap(iv: Interval, dtype: DType) -> Interval:
+    """An input box in the input's own type (integer boxes shrink to the integers inside)."""
+    if dtype.is_float:
+        return iv.clamp_finite(dtype)
+    lo, hi = I.type_range(dtype)
+    return Interval(np.clip(np.ceil(iv.lo), lo, hi), np.clip(np.floor(iv.hi), lo, hi))

@@ -1,0 +1,267 @@
+"""The reduced-precision program a probe analyses, and the sites in it.
+
+For FP16/BF16 the program is the model with float32 compute moved to the narrow type, exactly
+as :class:`cuvil.passes.fp16.Fp16` builds it (casts at the boundaries, constants cast as
+constant expressions, ops whose constants do not fit kept wide), generalized to BF16 and to a
+per-value keep set so a compile can keep exactly the unsafe ops in float32. For INT8 it is
+the model after :class:`cuvil.passes.quantize_int8.QuantizeInt8`.
+
+A *site* is one value of that program whose type can overflow or saturate: a float value of
+the narrow type, an integer value (wrap-around), or a float clamp feeding an integer cast
+(saturation). Each value maps back to the value of the original model it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+from cuvil.errors import CuvilError, InputError
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Function, Module
+from cuvil.ir.values import Value, walk
+
+PRECISIONS = ("fp16", "bf16", "int8")
+NARROW = {"fp16": DType.f16, "bf16": DType.bf16}
+
+DEFAULT_KEEP = ("cast",)
+"""Ops the probe keeps in float32 by default: only casts (their target type is declared).
+The compiler's default keep list (:data:`cuvil.passes.fp16.KEEP_FP32`) is available as
+``keep_ops="default"``; probing everything in the narrow type is what shows which ops need it."""
+
+
+def max_finite(dtype: DType) -> float:
+    """The largest finite value of a float type (the safety threshold of its sites)."""
+    return float(ml_dtypes.finfo(dtype.np).max)
+
+
+def overflow_threshold(dtype: DType) -> float:
+    """The smallest magnitude that rounds to infinity (max finite plus half an ulp)."""
+    info = ml_dtypes.finfo(dtype.np)
+    return float(info.max) + float(2.0 ** (int(info.maxexp) - 2 - int(info.nmant)))
+
+
+def int_range(dtype: DType) -> tuple[int, int]:
+    info = np.iinfo(dtype.np)
+    return int(info.min), int(info.max)
+
+
+@dataclass(frozen=True)
+class Program:
+    """The function a probe analyses, where its values came from, and what was kept wide."""
+
+    module: Module
+    precision: str
+    origin: Mapping[Value, Value] = field(default_factory=dict)
+    kept: frozenset[Value] = frozenset()
+
+    @property
+    def function(self) -> Function:
+        return self.module.main
+
+    @property
+    def narrow(self) -> DType | None:
+        return NARROW.get(self.precision)
+
+
+def _fits(b: Builder, v: Value, limit: float) -> bool:
+    """False for a constant expression over constants whose data exceeds ``limit`` in magnitude."""
+    cone = list(walk([v]))
+    if any(u.is_param for u in cone):
+        return True
+    for c in (u for u in cone if u.is_const):
+        data = np.asarray(b.data(c))
+        if data.dtype.kind == "f" and data.size and float(np.nanmax(np.abs(data.astype(np.float64)))) > limit:
+            return False
+    return True
+
+
+def narrow_function(fn: Function, b: Builder, dtype: DType, keep_ops: Iterable[str] = DEFAULT_KEEP,
+                    keep_values: Iterable[Value] = ()) -> tuple[Function, dict[Value, Value], frozenset[Value]]:
+    """``fn`` with float32 compute in ``dtype``: the Fp16 pass's construction, with a per-value keep set.
+
+    Returns the new function, the origin of each new value (an op's narrow or wide version maps to
+    the op, a boundary cast to the value it converts) and the original ops that stayed float32."""
+    keep_ops = tuple(keep_ops)
+    keep_set = frozenset(keep_values)
+    limit = max_finite(dtype)
+    low: dict[Value, Value] = {}
+    full: dict[Value, Value] = {}
+    origin: dict[Value, Value] = {}
+    kept: set[Value] = set()
+
+    def as_wide(v: Value) -> Value:
+        if v not in full:
+            full[v] = b.cast(low[v], to=DType.f32)
+            origin.setdefault(full[v], v)
+        return full[v]
+
+    def as_narrow(v: Value) -> Value:
+        if v not in low:
+            low[v] = b.cast(full[v], to=dtype)
+            origin.setdefault(low[v], v)
+        return low[v]
+
+    def convertible(v: Value) -> bool:
+        if v in keep_set or v.op in keep_ops or v.dtype is not DType.f32:
+            return False
+        floats = [o for o in v.operands if o.dtype.is_float]
+        if not floats or any(o.dtype is not DType.f32 for o in floats):
+            return False
+        return all(_fits(b, o, limit) for o in floats)
+
+    def convert(v: Value) -> Value | None:
+        operands = tuple(as_narrow(o) if o.dtype is DType.f32 else o for o in v.operands)
+        try:
+            out = b.op(v.op, *operands, **v.attr_dict)
+        except CuvilError:
+            return None
+        return out if out.dtype is dtype and out.type.shape == v.type.shape else None
+
+    for v in fn.values():
+        if v.is_param or v.is_const:
+            full[v] = v
+            continue
+        converted = convert(v) if convertible(v) else None
+        if converted is not None:
+            low[v] = converted
+            origin[converted] = v
+            continue
+        full[v] = b.op(v.op, *(as_wide(o) for o in v.operands), **v.attr_dict)
+        origin.setdefault(full[v], v)
+        if v.dtype is DType.f32:
+            kept.add(v)
+    results = tuple(full[r] if r in full else as_wide(r) for r in fn.results)
+    return Function(fn.name, fn.params, results, fn.result_names, fn.constraints), origin, frozenset(kept)
+
+
+def reduced_program(module: Module, precision: str, *, keep_ops: Iterable[str] | str = DEFAULT_KEEP,
+                    keep_values: Iterable[Value] = ()) -> Program:
+    """The program whose sites a probe checks. ``keep_ops="default"`` uses the compiler's list."""
+    if precision not in PRECISIONS:
+        raise InputError(f"unknown precision {precision!r}", hint="choose one of " + ", ".join(PRECISIONS))
+    fn = module.main
+    if precision == "int8":
+        return _int8_program(module)
+    if isinstance(keep_ops, str):
+        keep_ops = _keep_list(keep_ops)
+    b = Builder(module.constants)
+    new_fn, origin, kept = narrow_function(fn, b, NARROW[precision], keep_ops, keep_values)
+    identity = {v: v for v in fn.values() if v.is_param or v.is_const}
+    return Program(Module((new_fn,), b.constants, module.metadata), precision, {**identity, **origin}, kept)
+
+
+def _keep_list(spec: str) -> tuple[str, ...]:
+    from cuvil.passes.fp16 import KEEP_FP32
+
+    if spec == "default":
+        return KEEP_FP32
+    if spec in ("", "none"):
+        return DEFAULT_KEEP
+    return tuple(dict.fromkeys((*DEFAULT_KEEP, *(s.strip() for s in spec.split(",") if s.strip()))))
+
+
+def _int8_program(module: Module) -> Program:
+    from cuvil.passes.quantize_int8 import QuantizeInt8
+
+    fn = module.main
+    if not any(v.op in ("quantize_linear", "dequantize_linear") for v in fn.values()):
+        raise InputError("the model has no quantize/dequantize ops, so it has no INT8 program to probe",
+                         location=fn.name, hint="quantize it first (QDQ format), or probe --precision fp16")
+    result = QuantizeInt8().run(module)
+    new = result.module
+    origin = {v: v for v in new.main.values() if v in set(fn.values())}
+    return Program(new, "int8", origin, frozenset())
+
+
+# --------------------------------------------------------------------------------------
+# sites
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """What makes a value a site: the range its components must stay in, and the check's name.
+
+    ``rule`` is ``fp16-overflow``/``bf16-overflow`` (a narrow float leaves the finite range),
+    ``int-overflow`` (an integer wraps) or ``int8-saturation`` (a clamp to an integer type's
+    range changes the value)."""
+
+    rule: str
+    lo: float
+    hi: float
+    dtype: DType
+
+
+def float_spec(dtype: DType) -> SiteSpec:
+    m = max_finite(dtype)
+    return SiteSpec("fp16-overflow" if dtype is DType.f16 else "bf16-overflow", -m, m, dtype)
+
+
+def int_spec(dtype: DType) -> SiteSpec:
+    lo, hi = int_range(dtype)
+    return SiteSpec("int-overflow", float(lo), float(hi), dtype)
+
+
+def saturation_spec(dtype: DType) -> SiteSpec:
+    lo, hi = int_range(dtype)
+    return SiteSpec("int8-saturation", float(lo), float(hi), dtype)
+
+
+SITE_INT_TYPES = (DType.i8, DType.u8, DType.i16, DType.u16, DType.i32, DType.u32)
+
+
+def site_values(program: Program) -> list[Value]:
+    """The values of the program that are sites, operands before users."""
+    fn = program.function
+    uses = uses_of(fn)
+    live = input_dependent(fn)
+    return [v for v in fn.ops() if v in live and is_site_value(program, v, uses)]
+
+
+def input_dependent(fn: Function) -> set[Value]:
+    """Values whose cone reaches a parameter (the rest are constant expressions)."""
+    live: set[Value] = set()
+    for v in fn.values():
+        if v.is_param or any(o in live for o in v.operands):
+            live.add(v)
+    return live
+
+
+def uses_of(fn: Function) -> dict[Value, list[Value]]:
+    uses: dict[Value, list[Value]] = {}
+    for v in fn.values():
+        for o in v.operands:
+            uses.setdefault(o, []).append(v)
+    return uses
+
+
+def clamp_target(v: Value, uses: Mapping[Value, list[Value]]) -> DType | None:
+    """The integer type a ``clip`` saturates to: its bounds are that type's range and a cast to it
+    consumes it (the requantization a QDQ lowering writes)."""
+    if v.op != "clip" or v.attr("min") is None or v.attr("max") is None:
+        return None
+    for u in uses.get(v, []):
+        to = u.attr("to") if u.op == "cast" else None
+        if isinstance(to, DType) and to.is_int and to is not DType.bool:
+            lo, hi = int_range(to)
+            if float(v.attr("min")) == lo and float(v.attr("max")) == hi:
+                return to
+    return None
+
+
+def is_site_value(program: Program, v: Value, uses: Mapping[Value, list[Value]]) -> bool:
+    if v.is_param or v.is_const:
+        return False
+    narrow = program.narrow
+    if narrow is not None:
+        return v.dtype is narrow
+    if v.dtype in SITE_INT_TYPES:
+        return True
+    return clamp_target(v, uses) is not None
+
+
+SiteFilter = Callable[[Value], bool]
