@@ -74,15 +74,18 @@ Converter = Callable[["NodeCtx"], "Value | Sequence[Value | None]"]
 CONVERTERS: dict[tuple[str, str], ConverterEntry] = {}
 
 
-def onnx_op(*op_types: str, domain: str = "", emits: Sequence[str] = ()) -> Callable[[Converter], Converter]:
-    """Register a converter for one or more ONNX op types (``emits`` names the CIR ops it builds)."""
+def onnx_op(*op_types: str, domain: str = "",
+            emits: Sequence[str] | Mapping[str, str | Sequence[str]] = ()) -> Callable[[Converter], Converter]:
+    """Register a converter for one or more ONNX op types. ``emits`` names the CIR ops it builds:
+    one list for all the types, or a mapping from op type to its own CIR op(s)."""
 
     def deco(fn: Converter) -> Converter:
         for t in op_types:
             key = (domain, t)
             if key in CONVERTERS:
                 raise RuntimeError(f"ONNX converter for {domain or 'ai.onnx'}::{t} registered twice")
-            CONVERTERS[key] = ConverterEntry(t, domain, fn, tuple(emits))
+            own = emits.get(t, ()) if isinstance(emits, Mapping) else emits
+            CONVERTERS[key] = ConverterEntry(t, domain, fn, (own,) if isinstance(own, str) else tuple(own))
         return fn
 
     return deco

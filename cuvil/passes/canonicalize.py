@@ -14,10 +14,9 @@ import numpy as np
 
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from cuvil.ir.module import Function
 from cuvil.ir.values import Value
-from cuvil.passes.base import Contract, FunctionPass, register
-from cuvil.passes.rewrite import Match, Rule, RuleSet, any_, const, op, rewrite_function
+from cuvil.passes.base import Contract, register
+from cuvil.passes.rewrite import Match, RewritePass, Rule, RuleSet, any_, const, op
 
 
 def _splat(b: Builder, v: Value) -> float | None:
@@ -137,10 +136,10 @@ RULES = RuleSet((
 
 @register
 @dataclass(frozen=True)
-class Canonicalize(FunctionPass):
+class Canonicalize(RewritePass):
     name = "canonicalize"
     contract = Contract.EXACT
     description = "exact algebraic identities: x*1, x-0, double transposes, reshape chains, identity casts"
 
-    def run_on_function(self, fn: Function, b: Builder) -> Function:
-        return rewrite_function(fn, RULES, b)
+    def rules(self) -> RuleSet:
+        return RULES

@@ -10,7 +10,6 @@ exact (the primitives compute literally the composite's rule) or only equal over
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,11 +18,10 @@ import numpy as np
 from cuvil.errors import CuvilError
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from cuvil.ir.module import Module
 from cuvil.ir.opdef import norm_axis
 from cuvil.ir.values import Value
-from cuvil.passes.base import Contract, Pass, PassResult, register
-from cuvil.passes.rewrite import Match, Rule, RuleSet, any_, op, rewrite_function
+from cuvil.passes.base import Contract, register
+from cuvil.passes.rewrite import Match, RewritePass, Rule, RuleSet, any_, op
 
 # --------------------------------------------------------------------------------------
 # forward: composite -> primitives
@@ -365,7 +363,7 @@ _FORWARD_OPS = {"decompose-layer-norm": "layer_norm", "decompose-softmax": "soft
 
 @register
 @dataclass(frozen=True)
-class Decompose(Pass):
+class Decompose(RewritePass):
     name = "decompose"
     contract = Contract.REAL
     description = "layer_norm / softmax / log_softmax / gelu / silu into primitives, or back with reverse=True"
@@ -378,12 +376,3 @@ class Decompose(Pass):
             return REVERSE
         return RuleSet(tuple(r for r in FORWARD if _FORWARD_OPS[r.name] in self.ops))
 
-    def run(self, module: Module) -> PassResult:
-        """Rewrite every function; the notes count how often each rule fired."""
-        b = Builder(module.constants)
-        fired: Counter[str] = Counter()
-        fns = tuple(rewrite_function(fn, self.rules(), b, fired=fired) for fn in module.functions)
-        if fns == module.functions:
-            return PassResult(module, False)
-        notes = tuple(f"{rule}: {n}" for rule, n in sorted(fired.items()))
-        return PassResult(module.replace(functions=fns, constants=b.constants), True, notes)

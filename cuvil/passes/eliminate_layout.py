@@ -11,17 +11,15 @@ in the layout their reader wants, for free at compile time.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from cuvil.ir.builder import Builder
-from cuvil.ir.module import Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.values import Value, walk
 from cuvil.passes import canonicalize
-from cuvil.passes.base import Contract, Pass, PassResult, register
-from cuvil.passes.rewrite import Match, Rule, RuleSet, any_, op, rewrite_function
+from cuvil.passes.base import Contract, register
+from cuvil.passes.rewrite import Match, RewritePass, Rule, RuleSet, any_, op
 
 
 def _is_constant_expr(v: Value) -> bool:
@@ -170,17 +168,10 @@ RULES = RuleSet((
 
 @register
 @dataclass(frozen=True)
-class EliminateLayoutOps(Pass):
+class EliminateLayoutOps(RewritePass):
     name = "eliminate-layout-ops"
     contract = Contract.EXACT
     description = "fold transposes into matmul flags, cancel reshape/transpose pairs, drop unit-dim reshapes"
 
-    def run(self, module: Module) -> PassResult:
-        """Rewrite every function; the notes count how often each rule fired."""
-        b = Builder(module.constants)
-        fired: Counter[str] = Counter()
-        fns = tuple(rewrite_function(fn, RULES, b, fired=fired) for fn in module.functions)
-        if fns == module.functions:
-            return PassResult(module, False)
-        notes = tuple(f"{rule}: {n}" for rule, n in sorted(fired.items()))
-        return PassResult(module.replace(functions=fns, constants=b.constants), True, notes)
+    def rules(self) -> RuleSet:
+        return RULES

@@ -9,15 +9,13 @@ only (``rsqrt`` and the reassociated products round differently), hence ``real``
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cuvil.ir.builder import Builder
-from cuvil.ir.module import Module
 from cuvil.ir.values import Value, walk
-from cuvil.passes.base import Contract, Pass, PassResult, register
-from cuvil.passes.rewrite import Match, Pat, Replacement, Rule, RuleSet, any_, op, rewrite_function
+from cuvil.passes.base import Contract, register
+from cuvil.passes.rewrite import Match, Pat, Replacement, RewritePass, Rule, RuleSet, any_, op
 
 
 def is_constant_expr(v: Value) -> bool:
@@ -151,17 +149,10 @@ RULES = _rules_for("conv", _fold_conv) + _rules_for("matmul", _fold_matmul)
 
 @register
 @dataclass(frozen=True)
-class FoldBatchNorm(Pass):
+class FoldBatchNorm(RewritePass):
     name = "fold-batchnorm"
     contract = Contract.REAL
     description = "fold inference batch_norm after conv / matmul into the weights and a bias add"
 
-    def run(self, module: Module) -> PassResult:
-        """Rewrite every function; the notes count how often each rule fired."""
-        b = Builder(module.constants)
-        fired: Counter[str] = Counter()
-        fns = tuple(rewrite_function(fn, RULES, b, fired=fired) for fn in module.functions)
-        if fns == module.functions:
-            return PassResult(module, False)
-        notes = tuple(f"{rule}: {n}" for rule, n in sorted(fired.items()))
-        return PassResult(module.replace(functions=fns, constants=b.constants), True, notes)
+    def rules(self) -> RuleSet:
+        return RULES

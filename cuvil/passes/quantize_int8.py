@@ -13,7 +13,6 @@ at the end only, so results may differ by one quantization step: the contract is
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,10 +20,9 @@ import numpy as np
 
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from cuvil.ir.module import Module
 from cuvil.ir.values import Value, walk
-from cuvil.passes.base import Contract, Pass, PassResult, register
-from cuvil.passes.rewrite import Match, Rule, RuleSet, any_, op, rewrite_function
+from cuvil.passes.base import Contract, register
+from cuvil.passes.rewrite import Match, RewritePass, Rule, RuleSet, any_, op
 
 _LINEAR = ("matmul", "conv")
 
@@ -160,19 +158,12 @@ RULES = RuleSet((
 
 @register
 @dataclass(frozen=True)
-class QuantizeInt8(Pass):
+class QuantizeInt8(RewritePass):
     name = "quantize-int8"
     contract = Contract.BOUNDED
     description = "QDQ matmul/conv -> int8 x int8 with int32 accumulation and requantization (QLinear semantics)"
     tolerance: ClassVar[int] = 1
     """Largest difference, in quantization steps, from the float QDQ graph."""
 
-    def run(self, module: Module) -> PassResult:
-        """Rewrite every function; the notes count how often each rule fired."""
-        b = Builder(module.constants)
-        fired: Counter[str] = Counter()
-        fns = tuple(rewrite_function(fn, RULES, b, fired=fired) for fn in module.functions)
-        if fns == module.functions:
-            return PassResult(module, False)
-        notes = tuple(f"{rule}: {n}" for rule, n in sorted(fired.items()))
-        return PassResult(module.replace(functions=fns, constants=b.constants), True, notes)
+    def rules(self) -> RuleSet:
+        return RULES

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuvil.ir.builder import Builder
-from cuvil.ir.module import Function
+from cuvil.ir.module import Function, Module
 from cuvil.ir.values import Value, attr_key
+from cuvil.passes.base import Pass, PassResult
 
 
 @dataclass(frozen=True)
@@ -191,3 +192,21 @@ def _apply_once(v: Value, rules: RuleSet, ctx: RewriteContext) -> Value:
         ctx.fired[rule.name] += 1
         return out
     return v
+
+
+@dataclass(frozen=True)
+class RewritePass(Pass):
+    """A pass that is a rule set applied to every function; its notes count the rules that fired."""
+
+    def rules(self) -> RuleSet:
+        raise NotImplementedError
+
+    def run(self, module: Module) -> PassResult:
+        b = Builder(module.constants)
+        fired: Counter[str] = Counter()
+        rules = self.rules()
+        fns = tuple(rewrite_function(fn, rules, b, fired=fired) for fn in module.functions)
+        if fns == module.functions:
+            return PassResult(module, False)
+        notes = tuple(f"{rule}: {n}" for rule, n in sorted(fired.items()))
+        return PassResult(module.replace(functions=fns, constants=b.constants), True, notes)

@@ -11,39 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from cuvil.errors import ShapeError
-from cuvil.interp import evaluate_rule, run_reference
+from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType, sym
-from cuvil.ir.opdef import get_op
-
-
-def run_op(name: str, arrays: list[np.ndarray], **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
-    b = Builder()
-    params = [b.param(f"x{k}", DType.from_numpy(a.dtype), a.shape) for k, a in enumerate(arrays)]
-    out = b.op(name, *params, **attrs)
-    [fast] = run_reference(b.module(b.function("main", params, [out])), arrays)
-    op = get_op(name)
-    return fast, evaluate_rule(op, arrays, op.check_attrs(attrs), out.type)
-
-
-def check(name: str, arrays: list[np.ndarray], expected: np.ndarray, tol: float = 0.0, **attrs: Any) -> None:
-    expected = np.asarray(expected)
-    fast, rule = run_op(name, arrays, **attrs)
-    for what, got in (("fast path", fast), ("rule", rule)):
-        assert got.shape == expected.shape, f"{name} {what} {attrs}: shape {got.shape} != {expected.shape}"
-        assert got.dtype == expected.dtype, f"{name} {what} {attrs}: dtype {got.dtype} != {expected.dtype}"
-        if tol:
-            np.testing.assert_allclose(got, expected, rtol=tol, atol=tol, err_msg=f"{name} {what} {attrs}")
-        else:
-            np.testing.assert_array_equal(got, expected, err_msg=f"{name} {what} {attrs}")
-
-
-def randn(*shape: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def t(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
-
+from tests.ir.op_testing import check, randn, run_op, t
 
 # --------------------------------------------------------------------------------------
 # expand, concat, split, tile

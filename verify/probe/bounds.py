@@ -194,15 +194,16 @@ class IntervalWalker(RuleWalker[Interval]):
 
     def reduce(self, e: Reduce, body: Interval, axes: tuple[int, ...], extents: list[int]) -> Interval:
         n = math.prod(extents)
-        full = tuple(max(a, b) for a, b in zip(np.broadcast_shapes(body.lo.shape, body.hi.shape),
-                                                (1,) * self.depth, strict=False))
-        shape = np.broadcast_shapes(body.lo.shape, body.hi.shape, body.nan.shape, (1,) * self.depth)
-        shape = tuple(shape[:axes[0]]) + tuple(extents)
-        del full
-        lo = np.broadcast_to(body.lo, np.broadcast_shapes(body.lo.shape, shape))
-        hi = np.broadcast_to(body.hi, np.broadcast_shapes(body.hi.shape, shape))
-        nan = np.any(np.broadcast_to(body.nan, np.broadcast_shapes(body.nan.shape, shape)), axis=axes) \
-            if body.nan.ndim else body.nan
+        target = list(np.broadcast_shapes(body.lo.shape, body.hi.shape, (1,) * self.depth))
+        for ax, m in zip(axes, extents, strict=True):
+            target[ax] = m
+        shape = tuple(target)
+        lo = np.broadcast_to(body.lo, shape)
+        hi = np.broadcast_to(body.hi, shape)
+        if body.nan.ndim:
+            nan = np.any(np.broadcast_to(body.nan, np.broadcast_shapes(body.nan.shape, shape)), axis=axes)
+        else:
+            nan = body.nan
         dt = e.dtype
         if n == 0:
             ident = {"sum": 0.0, "prod": 1.0, "max": I.type_range(dt)[0] if not dt.is_float else -np.inf,
@@ -229,8 +230,8 @@ class IntervalWalker(RuleWalker[Interval]):
 
     def _product(self, e: Reduce, body: Interval, axes: tuple[int, ...], n: int) -> Interval:
         lead = body.lo.shape[:axes[0]]
-        lo = body.lo.reshape(lead + (n,))
-        hi = body.hi.reshape(lead + (n,))
+        lo = body.lo.reshape((*lead, n))
+        hi = body.hi.reshape((*lead, n))
         acc = Interval(lo[..., 0], hi[..., 0])
         for k in range(1, n):
             acc = I.mul(acc, Interval(lo[..., k], hi[..., k]))
@@ -405,30 +406,45 @@ Watch = Mapping[int, SiteSpec]
 class OpContext:
     """What the analysis keeps per op across runs: its rule and the fast-path constants."""
 
-    value: Value
+    op: str
+    attrs: dict[str, Any]
+    in_dtypes: list[DType]
+    out_type: TensorType
     info: RuleInfo
     watch: Watch
     pair: tuple[Load, Load] | None = None
     abs_sums: dict[int, np.ndarray] = field(default_factory=dict)
 
     @staticmethod
-    def of(v: Value, watch: Watch) -> OpContext:
-        info = RuleInfo.of(v)
-        info.operand_shapes = [tuple(int(d) for d in o.shape) for o in v.operands]  # type: ignore[attr-defined]
-        pair = bilinear(info) if get_op(v.op).numpy is not None else None
-        return OpContext(v, info, watch, pair)
+    def of(v: Value, watch: Callable[[Value, RuleInfo], Watch] | None = None) -> OpContext:
+        in_types = [TensorType(o.dtype, tuple(int(d) for d in o.shape)) for o in v.operands]
+        out_type = TensorType(v.dtype, tuple(int(d) for d in v.shape))
+        attrs = {k: bind_attr(a, {}) for k, a in v.attrs}
+        ctx = OpContext.make(v.op, in_types, attrs, out_type)
+        if watch is not None:
+            ctx.watch = watch(v, ctx.info)
+        return ctx
+
+    @staticmethod
+    def make(op: str, in_types: list[TensorType], attrs: Mapping[str, Any], out_type: TensorType,
+             watch: Watch | None = None) -> OpContext:
+        opdef = get_op(op)
+        full = opdef.check_attrs(attrs)
+        info = RuleInfo.build(opdef.make_rule(in_types, full, out_type), out_type.shape)
+        info.operand_shapes = [tuple(int(d) for d in t.shape) for t in in_types]  # type: ignore[attr-defined]
+        pair = bilinear(info) if opdef.numpy is not None else None
+        return OpContext(op, full, [t.dtype for t in in_types], out_type, info, dict(watch or {}), pair)
 
 
 def op_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool], *, budget: int = GRID_BUDGET,
               tighten: bool = True) -> OpBounds:
     """The bound of one op's result (and of its watched nodes) given its operands' bounds."""
-    v = ctx.value
     grid = math.prod(ctx.info.out_shape) * ctx.info.grid_factor
     if ctx.pair is not None and grid >= FAST_PATH_MIN:
         fast = _bilinear_bounds(ctx, operands, constant)
         if fast is not None and fast.safe:
             return fast
-    in_dtypes = [o.dtype for o in v.operands]
+    in_dtypes = ctx.in_dtypes
     out_shape = ctx.info.out_shape
     parts: list[tuple[tuple[int, int, int] | None, Interval]] = []
     records: dict[int, NodeRecord] = {}
@@ -460,9 +476,8 @@ def op_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool], *,
 
 def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool]) -> OpBounds | None:
     """Midpoint-radius bounds through the op's fast path (a schedule of its rule)."""
-    v = ctx.value
-    opdef = get_op(v.op)
-    attrs = {k: bind_attr(a, {}) for k, a in v.attrs}
+    opdef = get_op(ctx.op)
+    attrs = ctx.attrs
     out_t = TensorType(DType.f64, ctx.info.out_shape)
     a_load, b_load = ctx.pair  # type: ignore[misc]
     if a_load.operand == b_load.operand or len(operands) != 2:
@@ -497,7 +512,7 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
         mag = float(np.max(mag_b)) * ctx.abs_sums[ia]
     else:
         mag = F(mag_a, mag_b)
-    dt = v.dtype
+    dt = ctx.out_type.dtype
     rule = ctx.info.rule
     assert isinstance(rule, Reduce)
     n = math.prod(int(x) for _, x in rule.axes)
@@ -573,11 +588,7 @@ class BoundsEngine:
     def context(self, v: Value) -> OpContext:
         ctx = self.contexts.get(v)
         if ctx is None:
-            info = RuleInfo.of(v)
-            info.operand_shapes = [tuple(int(d) for d in o.shape) for o in v.operands]  # type: ignore[attr-defined]
-            watch = self.watch(v, info) if self.watch is not None else {}
-            pair = bilinear(info) if get_op(v.op).numpy is not None else None
-            ctx = self.contexts[v] = OpContext(v, info, watch, pair)
+            ctx = self.contexts[v] = OpContext.of(v, self.watch)
         return ctx
 
     def constant_value(self, v: Value) -> np.ndarray:

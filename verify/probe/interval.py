@@ -155,8 +155,9 @@ def round_to(x: Interval, dtype: DType, k: float = 2.0, extra: Any = 0.0) -> Int
         return wrap(x, dtype)
     u = unit_roundoff(dtype) * k
     t = smallest_subnormal(dtype)
-    lo = x.lo - (np.abs(x.lo) * u + t + extra)
-    hi = x.hi + (np.abs(x.hi) * u + t + extra)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(np.isinf(x.lo), x.lo, x.lo - (np.abs(x.lo) * u + t + extra))
+        hi = np.where(np.isinf(x.hi), x.hi, x.hi + (np.abs(x.hi) * u + t + extra))
     ovf = overflow_at(dtype)
     lo = np.where(lo <= -ovf, -np.inf, lo)
     hi = np.where(hi >= ovf, np.inf, hi)

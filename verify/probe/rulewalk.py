@@ -196,7 +196,8 @@ def _ix_combine(kind: str, a: IxVal, b: IxVal) -> IxVal:
         x, y = a.lo, b.lo
         ops: dict[str, Callable[[], np.ndarray]] = {
             "add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y,
-            "floordiv": lambda: np.floor_divide(x, np.where(y == 0, 1, y)), "mod": lambda: np.mod(x, np.where(y == 0, 1, y)),
+            "floordiv": lambda: np.floor_divide(x, np.where(y == 0, 1, y)),
+            "mod": lambda: np.mod(x, np.where(y == 0, 1, y)),
             "min": lambda: np.minimum(x, y), "max": lambda: np.maximum(x, y)}
         return IxVal.exact(ops[kind]())
     if kind == "add":
@@ -331,7 +332,7 @@ class RuleWalker(Generic[V]):
         extents = [int(evaluate_dim(n, {})) for _, n in e.axes]
         base, level = self.depth, self.level
         saved_depths = self.level_depth
-        self.level_depth = saved_depths[:level + 1] + [base + len(extents)]
+        self.level_depth = [*saved_depths[:level + 1], base + len(extents)]
         self.level, self.depth = level + 1, base + len(extents)
         for k, ((name, _), n) in enumerate(zip(e.axes, extents, strict=True)):
             self.env[name] = self._axis(np.arange(n, dtype=np.int64), base + k, self.depth)

@@ -48,23 +48,23 @@ _VARIADIC = {"Sum": "add", "Min": "min", "Max": "max"}
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 
-@onnx_op(*_BINARY, emits=tuple(sorted(set(_BINARY.values()))))
+@onnx_op(*_BINARY, emits=_BINARY)
 def binary(ctx: NodeCtx) -> Value:
     return ctx.b.op(_BINARY[ctx.node.op_type], ctx.input(0), ctx.input(1))
 
 
-@onnx_op(*_UNARY, emits=tuple(sorted(set(_UNARY.values()))))
+@onnx_op(*_UNARY, emits=_UNARY)
 def unary(ctx: NodeCtx) -> Value:
     return ctx.b.op(_UNARY[ctx.node.op_type], ctx.input(0))
 
 
-@onnx_op(*_ACTIVATIONS, emits=tuple(sorted(op for op, _ in _ACTIVATIONS.values())))
+@onnx_op(*_ACTIVATIONS, emits={k: op for k, (op, _) in _ACTIVATIONS.items()})
 def activation(ctx: NodeCtx) -> Value:
     op, attrs = _ACTIVATIONS[ctx.node.op_type]
     return ctx.b.op(op, ctx.input(0), **{k: ctx.attr_float(name, d) for k, (name, d) in attrs.items()})
 
 
-@onnx_op(*_VARIADIC, emits=tuple(sorted(_VARIADIC.values())))
+@onnx_op(*_VARIADIC, emits=_VARIADIC)
 def variadic(ctx: NodeCtx) -> Value:
     return _chain(ctx, _VARIADIC[ctx.node.op_type])
 

@@ -31,7 +31,7 @@ def _axes(ctx: NodeCtx) -> tuple[list[int] | None, bool]:
     return axes, keepdims
 
 
-@onnx_op(*_SIMPLE, emits=tuple(_SIMPLE.values()))
+@onnx_op(*_SIMPLE, emits=_SIMPLE)
 def reduce_simple(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
     axes, keepdims = _axes(ctx)

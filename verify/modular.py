@@ -1,0 +1,343 @@
+"""Randomized identity testing: a reader of the compute rules over the prime field Z_p.
+
+Float tensors become residues mod p = 2^31 - 1 (constants map exactly: a float is a dyadic
+rational, and 2 is invertible mod p); + - * / are field operations, so two cones that are
+different polynomials (or rational functions) of their inputs differ at a random point with
+probability >= 1 - d/p (Schwartz-Zippel). Transcendental and other non-field primitives are
+consistent random oracles (the same function and arguments give the same value); order
+comparisons, min and max compare the residues' centered representatives. Integers and
+booleans keep their exact semantics.
+
+``Trace`` records which non-field primitives an evaluation used: only cones that used none
+are a homomorphic image of real arithmetic, which matters when a disagreement with a
+``real`` proof is judged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cuvil.interp import NUMPY_PRIMITIVES
+from cuvil.ir import rules as R
+from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Function
+from cuvil.ir.opdef import get_op
+from cuvil.ir.symbolic import evaluate_dim
+from cuvil.ir.values import Value
+
+P = 2_147_483_647
+_HALF = P // 2
+CHUNK_ELEMENTS = 1 << 22
+"""Output points times reduction extent evaluated at once."""
+
+_FIELD_OPS = ("add", "sub", "mul", "div", "neg")
+_ORDER_OPS = ("min", "max", "abs", "lt", "le", "gt", "ge")
+
+
+@dataclass
+class Trace:
+    """Which primitives outside field arithmetic an evaluation used."""
+
+    oracles: set[str] = field(default_factory=set)
+    order: bool = False
+
+    @property
+    def homomorphic(self) -> bool:
+        return not self.oracles and not self.order
+
+
+def _pow2(k: np.ndarray) -> np.ndarray:
+    """2^k mod p for integer k of either sign (2 has order 31 since p = 2^31 - 1)."""
+    return np.left_shift(np.int64(1), np.mod(k, 31).astype(np.int64))
+
+
+def to_residues(data: np.ndarray) -> np.ndarray:
+    """Exact images of float values in Z_p (non-finite values map to fixed oracle points)."""
+    x = np.asarray(data).astype(np.float64)
+    finite = np.isfinite(x)
+    safe = np.where(finite, x, 0.0)
+    m, e = np.frexp(safe)
+    mant = np.round(np.ldexp(m, 53)).astype(np.int64)  # exact: |m| < 1 has 53 significant bits
+    res = np.mod(np.mod(mant, P) * _pow2(e.astype(np.int64) - 53), P)
+    special = np.where(np.isnan(x), 1_000_003, np.where(x > 0, 1_000_033, 1_000_037))
+    return np.where(finite, res, special).astype(np.int64)
+
+
+def centered(a: np.ndarray) -> np.ndarray:
+    return np.where(a > _HALF, a - P, a)
+
+
+def _mulmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.mod(a.astype(np.int64) * b.astype(np.int64), P)
+
+
+def _inverse(a: np.ndarray) -> np.ndarray:
+    out = np.ones_like(a, dtype=np.int64)
+    base = np.mod(a.astype(np.int64), P)
+    e = P - 2
+    while e:
+        if e & 1:
+            out = _mulmod(out, base)
+        base = _mulmod(base, base)
+        e >>= 1
+    return out
+
+
+class ModularEvaluator:
+    """Evaluates CIR functions over Z_p, reading each op's rule (fused ops included)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.trace = Trace()
+
+    # oracles ----------------------------------------------------------------------------
+    def _key(self, name: str) -> int:
+        h = 1469598103934665603
+        for ch in f"{self.seed}:{name}".encode():
+            h = ((h ^ ch) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        return h
+
+    def oracle(self, name: str, *args: np.ndarray) -> np.ndarray:
+        self.trace.oracles.add(name)
+        with np.errstate(over="ignore"):
+            x = np.full(np.broadcast_shapes(*(a.shape for a in args)), self._key(name), dtype=np.uint64)
+            for a in args:
+                x = x ^ a.astype(np.int64).astype(np.uint64)
+                x = x * np.uint64(0x9E3779B97F4A7C15)
+                x = x ^ (x >> np.uint64(29))
+                x = x * np.uint64(0xBF58476D1CE4E5B9)
+                x = x ^ (x >> np.uint64(32))
+        return np.mod(x, np.uint64(P)).astype(np.int64)
+
+    # functions --------------------------------------------------------------------------
+    def run(self, fn: Function, constants: Mapping[str, np.ndarray], inputs: Sequence[np.ndarray],
+            dims: Mapping[str, int]) -> dict[Value, np.ndarray]:
+        """Every value of ``fn``; float inputs are residues, others plain arrays."""
+        memo: dict[Value, np.ndarray] = dict(zip(fn.params, inputs, strict=True))
+        for v in fn.values():
+            if v in memo:
+                continue
+            if v.is_const:
+                data = np.asarray(constants[v.const_hash])
+                memo[v] = to_residues(data) if v.dtype.is_float else data
+                continue
+            memo[v] = self.op(v, [memo[o] for o in v.operands], dims)
+        return memo
+
+    def op(self, v: Value, arrays: list[np.ndarray], dims: Mapping[str, int]) -> np.ndarray:
+        rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
+        shape = tuple(evaluate_dim(d, dims) for d in v.type.shape)
+        total = int(np.prod(shape, dtype=np.int64))
+        out_dt = np.int64 if v.dtype.is_float else v.dtype.np
+        out = np.empty(total, dtype=out_dt)
+        step = max(1, CHUNK_ELEMENTS // max(1, _reduce_extent(rule, dims)))
+        for start in range(0, total, step):
+            stop = min(total, start + step)
+            points = np.unravel_index(np.arange(start, stop, dtype=np.int64), shape) if shape else ()
+            chunk = _Chunk(self, arrays, [o.dtype for o in v.operands], list(points), stop - start, dims)
+            val = chunk.expr(rule)
+            out[start:stop] = np.broadcast_to(val.reshape(val.shape[:1]) if val.ndim else val, (stop - start,))
+        return out.reshape(shape)
+
+
+def _reduce_extent(e: R.Expr, dims: Mapping[str, int]) -> int:
+    if isinstance(e, R.Reduce):
+        n = int(np.prod([evaluate_dim(d, dims) for _, d in e.axes], dtype=np.int64))
+        return max(1, n) * _reduce_extent(e.body, dims)
+    if isinstance(e, R.Call):
+        return max((_reduce_extent(a, dims) for a in e.args), default=1)
+    if isinstance(e, R.Load):
+        return max((_reduce_extent(i.args[0], dims) for i in e.index if i.kind == "dyn"), default=1)
+    return 1
+
+
+class _Chunk:
+    """One block of output points; reduction axes are appended as trailing array axes."""
+
+    def __init__(self, ev: ModularEvaluator, arrays: list[np.ndarray], dtypes: list[DType],
+                 points: list[np.ndarray], count: int, dims: Mapping[str, int]) -> None:
+        self.ev = ev
+        self.arrays = arrays
+        self.dtypes = dtypes
+        self.dims = dims
+        self.depth = 1
+        self.env: dict[str, np.ndarray] = {f"i{k}": p for k, p in enumerate(points)}
+        self.count = count
+
+    def lift(self, a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a)
+        if a.ndim == self.depth:
+            return a
+        if a.ndim == 0:
+            return a.reshape((1,) * self.depth)
+        return a.reshape(a.shape + (1,) * (self.depth - a.ndim))
+
+    def dim(self, d: object) -> int:
+        return evaluate_dim(d, self.dims)  # type: ignore[arg-type]
+
+    def ix(self, e: R.Ix) -> np.ndarray:
+        k = e.kind
+        if k == "var":
+            return self.lift(self.env[e.args[0]])
+        if k == "lit":
+            return self.lift(np.array(self.dim(e.args[0]), dtype=np.int64))
+        if k == "dyn":
+            return self.lift(np.asarray(self.expr(e.args[0])).astype(np.int64))
+        a, b = (self.ix(x) for x in e.args)
+        ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide, "mod": np.mod,
+               "min": np.minimum, "max": np.maximum}
+        with np.errstate(divide="ignore"):
+            return ops[k](a, b)
+
+    def expr(self, e: R.Expr) -> np.ndarray:
+        if isinstance(e, R.Load):
+            return self._load(e)
+        if isinstance(e, R.Lit):
+            return self.lift(self._lit(e.value, e.dtype))
+        if isinstance(e, R.IndexValue):
+            return self.ix(e.ix)
+        if isinstance(e, R.Call):
+            return self.lift(self._call(e))
+        if isinstance(e, R.Reduce):
+            return self._reduce(e)
+        raise TypeError(f"unknown rule node {type(e).__name__}")
+
+    def _lit(self, value: float | int | bool, dtype: DType) -> np.ndarray:
+        if dtype.is_float:
+            return to_residues(np.array(value, dtype=dtype.np))
+        return np.array(value, dtype=dtype.np)
+
+    def _load(self, e: R.Load) -> np.ndarray:
+        arr = self.arrays[e.operand]
+        idx = [self.ix(i) for i in e.index]
+        if not idx:
+            return self.lift(arr)
+        shape = arr.shape
+        inb = np.ones((1,) * self.depth, dtype=bool)
+        for k, i in enumerate(idx):
+            inb = inb & (i >= 0) & (i < shape[k])
+        if arr.size == 0:
+            fill = self._lit(e.oob if e.oob is not None else 0, e.dtype)
+            return self.lift(np.broadcast_to(fill, np.broadcast_shapes(*(i.shape for i in idx))))
+        if e.oob is None:  # out-of-range reads wrap, consistently on both sides
+            return arr[tuple(np.mod(i, max(shape[k], 1)) for k, i in enumerate(idx))]
+        clipped = tuple(np.clip(i, 0, shape[k] - 1) for k, i in enumerate(idx))
+        return np.where(inb, arr[clipped], self._lit(e.oob, e.dtype))
+
+    def _call(self, e: R.Call) -> np.ndarray:
+        args = [self.expr(a) for a in e.args]
+        fn = e.fn
+        if fn == "select":
+            return np.where(args[0], args[1], args[2])
+        if fn == "cast":
+            return self._cast(args[0], e.args[0].dtype, e.dtype)
+        dt = e.args[0].dtype
+        if not dt.is_float:
+            with np.errstate(all="ignore"):
+                return np.asarray(NUMPY_PRIMITIVES[fn](*args)).astype(e.dtype.np, copy=False)
+        return self._float(fn, args)
+
+    def _float(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
+        a = args[0].astype(np.int64)
+        b = args[1].astype(np.int64) if len(args) > 1 else a
+        if fn in _ORDER_OPS:
+            self.ev.trace.order = True
+        if fn == "add":
+            return np.mod(a + b, P)
+        if fn == "sub":
+            return np.mod(a - b, P)
+        if fn == "mul":
+            return _mulmod(a, b)
+        if fn == "div":
+            return _mulmod(a, _inverse(b))
+        if fn == "neg":
+            return np.mod(-a, P)
+        if fn == "abs":
+            return np.where(centered(a) < 0, np.mod(-a, P), a)
+        if fn in ("min", "max"):
+            ca, cb = centered(a), centered(b)
+            return np.where((ca <= cb) == (fn == "min"), a, b)
+        cmp = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+               "ge": np.greater_equal}
+        if fn in cmp:
+            if fn in ("eq", "ne"):
+                return cmp[fn](a, b)
+            return cmp[fn](centered(a), centered(b))
+        if fn in ("isnan", "isinf"):
+            return np.zeros(np.broadcast_shapes(a.shape, b.shape), dtype=bool)
+        if fn == "pow":
+            cb = centered(b)
+            if np.all((cb >= 0) & (cb <= 8)) and cb.size and np.all(cb == cb.reshape(-1)[0]):
+                out = np.ones_like(a)
+                for _ in range(int(cb.reshape(-1)[0])):
+                    out = _mulmod(out, a)
+                return out
+        return self.ev.oracle(fn, *args)
+
+    def _cast(self, x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
+        if src.is_float and dst.is_float:
+            return x
+        if src.is_float:
+            if dst is DType.bool:
+                return x != 0
+            self.ev.trace.oracles.add("float-to-int")
+            return centered(x).astype(dst.np)
+        if dst.is_float:
+            if src is DType.bool:
+                return x.astype(np.int64)
+            return np.mod(x.astype(np.int64), P)
+        if dst is DType.bool:
+            return x != 0
+        return x.astype(dst.np)
+
+    def _reduce(self, e: R.Reduce) -> np.ndarray:
+        base = self.depth
+        extents = [self.dim(d) for _, d in e.axes]
+        saved = dict(self.env)
+        self.depth = base + len(extents)
+        for k, ((name, _), n) in enumerate(zip(e.axes, extents, strict=True)):
+            shape = [1] * self.depth
+            shape[base + k] = n
+            self.env[name] = np.arange(n, dtype=np.int64).reshape(shape)
+        body = self.lift(self.expr(e.body))
+        full = np.broadcast_to(body, body.shape[:base] + tuple(extents))
+        self.env = saved
+        self.depth = base
+        axes = tuple(range(base, base + len(extents)))
+        dt = e.dtype
+        if 0 in extents:
+            return self.lift(self._identity(e.kind, dt, full.shape[:base]))
+        if not dt.is_float:
+            op = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[e.kind]
+            with np.errstate(all="ignore"):
+                return op(full, axis=axes).astype(dt.np)
+        if e.kind == "sum":
+            return np.mod(np.sum(full, axis=axes, dtype=np.int64), P)
+        if e.kind in ("max", "min"):
+            self.ev.trace.order = True
+            c = centered(full)
+            r = np.max(c, axis=axes) if e.kind == "max" else np.min(c, axis=axes)
+            return np.mod(r, P)
+        flat = full.reshape(full.shape[:base] + (-1,))
+        out = flat[..., 0]
+        for j in range(1, flat.shape[-1]):
+            out = _mulmod(out, flat[..., j])
+        return out
+
+    def _identity(self, kind: str, dt: DType, shape: tuple[int, ...]) -> np.ndarray:
+        if dt.is_float:
+            value = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}[kind]
+            return np.broadcast_to(to_residues(np.array(value)), shape)
+        if dt is DType.bool:
+            return np.full(shape, kind in ("min", "prod"), dtype=bool)
+        info = np.iinfo(dt.np)
+        value = {"sum": 0, "prod": 1, "max": info.min, "min": info.max}[kind]
+        return np.full(shape, value, dtype=dt.np)
+
+
+def random_residues(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, P, size=shape, dtype=np.int64)

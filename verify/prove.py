@@ -1,0 +1,136 @@
+"""One proof attempt: encode both values at a symbolic index and ask z3 whether they can differ.
+
+Each attempt gets a fresh z3 context and solver with its own time limit:
+``index bounds & dim constraints & facts & before(i) != after(i)`` unsat means proved.
+A satisfying model is decoded back to concrete leaf tensors where the encoder's sorts allow
+(reals, bit-vectors, booleans), so the refuter can replay it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+import z3
+
+from cuvil.ir.symbolic import evaluate_dim
+from cuvil.ir.types import DimConstraint
+from cuvil.ir.values import Value
+from verify.encode import ConeEncoder, EncodingError, Leaf, inequality
+
+
+@dataclass
+class Attempt:
+    status: str  # proved | sat | unknown
+    encoder: str
+    seconds: float
+    reason: str = ""
+    axioms: tuple[str, ...] = ()
+    has_float: bool = True
+    encodings: int = 0
+    model_inputs: dict[str, np.ndarray] | None = None
+    model_dims: dict[str, int] = field(default_factory=dict)
+    model_index: tuple[int, ...] | None = None
+
+
+def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], encoder: str,
+          constraints: Sequence[DimConstraint] = (), *, timeout: float = 10.0,
+          decode: Sequence[Leaf] = ()) -> Attempt:
+    start = time.perf_counter()
+    ctx = z3.Context()
+    try:
+        enc = ConeEncoder(encoder, leaf_of, constraints, ctx=ctx)
+        idx = enc.output_index(before.type)
+        b = enc.value_at(before, idx)
+        a = enc.value_at(after, idx)
+        neq = inequality(enc, b, a, before.dtype)
+    except EncodingError as e:
+        return Attempt("unknown", encoder, time.perf_counter() - start, reason=f"cannot encode: {e}")
+    axioms = tuple(sorted(enc.sem.axioms))
+    if neq is None:
+        return Attempt("proved", encoder, time.perf_counter() - start, axioms=axioms, has_float=enc.float_seen,
+                       encodings=enc.count, reason="both sides encode to the same term")
+    solver = z3.Solver(ctx=ctx)
+    solver.set("timeout", max(1, int(timeout * 1000)))
+    solver.add(*enc.facts())
+    solver.add(neq)
+    res = solver.check()
+    seconds = time.perf_counter() - start
+    out = Attempt("unknown", encoder, seconds, axioms=axioms, has_float=enc.float_seen, encodings=enc.count)
+    if res == z3.unsat:
+        out.status = "proved"
+        return out
+    if res == z3.unknown:
+        why = solver.reason_unknown()
+        out.reason = "solver timeout" if "timeout" in why or "canceled" in why else f"solver gave up: {why}"
+        return out
+    out.status = "sat"
+    out.reason = "the encodings can differ"
+    model = solver.model()
+    _decode(out, model, enc, before, decode)
+    return out
+
+
+def _model_value(v: z3.ExprRef) -> float | int | bool | None:
+    if z3.is_true(v):
+        return True
+    if z3.is_false(v):
+        return False
+    if z3.is_rational_value(v):
+        return float(Fraction(v.numerator_as_long(), v.denominator_as_long()))
+    if z3.is_algebraic_value(v):
+        return float(v.approx(20).as_fraction())
+    if z3.is_bv_value(v):
+        return v.as_signed_long()
+    if z3.is_int_value(v):
+        return v.as_long()
+    return None
+
+
+def _decode(out: Attempt, model: z3.ModelRef, enc: ConeEncoder, root: Value, leaves: Sequence[Leaf]) -> None:
+    """Concrete tensors for ``leaves`` and the output index from a z3 model, when every leaf's
+    sort has concrete values (opaque float sorts do not)."""
+    dims: dict[str, int] = {}
+    for d in model.decls():
+        name = d.name()
+        if name.startswith("__d_"):
+            val = _model_value(model[d])
+            if isinstance(val, int):
+                dims[name[4:]] = val
+    out.model_dims = dims
+    index: list[int] = []
+    for k in range(root.type.rank):
+        val = model.eval(z3.Int(f"__i{k}", enc.ctx), model_completion=True)
+        index.append(int(val.as_long()) if z3.is_int_value(val) else 0)
+    out.model_index = tuple(index)
+    tensors: dict[str, np.ndarray] = {}
+    for leaf in leaves:
+        if enc.sem.name != "real" and leaf.type.dtype.is_float:
+            return
+        try:
+            shape = tuple(evaluate_dim(d, dims) for d in leaf.type.shape)
+        except KeyError:
+            return
+        arr = np.zeros(shape, dtype=np.float64)
+        f = enc.sem._ufs.get(f"t_{leaf.key}")
+        if f is not None:
+            if f.arity() == 0:
+                val = _model_value(model.eval(f(), model_completion=True))
+                arr[()] = 0 if val is None else val
+            else:
+                interp = model[f]
+                if interp is not None:
+                    els = _model_value(interp.else_value())
+                    arr[...] = 0 if els is None else els
+                    for entry in interp.as_list()[:-1]:
+                        pos = [_model_value(x) for x in entry[:-1]]
+                        val = _model_value(entry[-1])
+                        if val is None or any(not isinstance(p, int) for p in pos):
+                            continue
+                        if all(0 <= p < s for p, s in zip(pos, shape, strict=True)):  # type: ignore[operator]
+                            arr[tuple(pos)] = val
+        tensors[leaf.key] = arr.astype(leaf.type.dtype.np)
+    out.model_inputs = tensors
