@@ -36,6 +36,9 @@ EXIT_CODES = f"""exit codes:
 NOT_YET = "not yet"
 TORCH_MISSING = "torch not installed"
 
+# Commands other packages of the distribution contribute: each module has `register(subparsers)`.
+COMMAND_MODULES = ("cuvil.cli_opt", "verify.probe.cli")
+
 # Later readers of the compute rules publish which ops they handle as
 # `supported_ops() -> Mapping[op, note] | Iterable[op]` (or a SUPPORTED_OPS constant).
 READERS = {"z3": ("verify.encode",), "llvm": ("cuvil.codegen", "cuvil.codegen.lower")}
@@ -322,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=int, default=100, help="print arrays with more elements in summary")
     p.add_argument("--static-input", action="append", default=[], metavar="NAME=FILE.npy", help=static_help)
     p.set_defaults(handler=cmd_run_reference)
+
+    from cuvil.cli_compile import add_subcommands as add_compile_subcommands
+
+    add_compile_subcommands(sub)
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(name.rpartition(".")[0]) is not None:
+            importlib.import_module(name).register(sub)
     return parser
 
 

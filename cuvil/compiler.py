@@ -1,20 +1,39 @@
 """``compile``: a model in, a native callable out.
 
-This increment compiles static shapes only. A function with symbolic dims is
-*specialized* first: the dims are solved from ``example_inputs`` (or given as
-``input_shapes``), checked against the function's constraints, substituted into
-every type and attribute, and every op's shape rule is re-run at those shapes.
-Without either, compiling a symbolic function raises :class:`CodegenError`.
+Native code is compiled for static shapes. A function with symbolic dims is *specialized*:
+the dims are solved from input shapes, checked against the function's constraints and
+substituted into every type and attribute, and every op's shape rule is re-run at those
+shapes. By default (no ``output_dir``) the returned model specializes on first sight of
+each shape signature and keeps every specialization, in memory and in the artifact cache;
+with ``output_dir`` (one artifact on disk) the dims come from ``example_inputs`` or
+``input_shapes``.
+
+Compiles are cached (see :mod:`cuvil.runtime.cache`) under a key made of the model's
+structural hash, the options, the specialized dims, the toolchain and the CPU. For a model
+given as a file, a digest of the file maps to the model hash, so a cache hit skips even the
+import.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cuvil.codegen.artifact import build_library
+import numpy as np
+
+from cuvil.codegen import abi
+from cuvil.codegen.artifact import Artifact, build_library
+from cuvil.codegen.link import HostTarget, host_target
 from cuvil.errors import CodegenError, ConstraintError, InputError
 from cuvil.frontend.dispatch import import_model
 from cuvil.interp import to_numpy
@@ -22,62 +41,472 @@ from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Sym, evaluate_dim
 from cuvil.ir.types import TensorType, bind_symbols
-from cuvil.ir.values import Value, param, walk
+from cuvil.ir.values import Value, attr_key, param, walk
 from cuvil.log import stage
-from cuvil.passes import run_pipeline
-from cuvil.runtime.loader import CompiledModel
+from cuvil.passes import parse_pipeline, run_pipeline
+from cuvil.runtime.cache import ArtifactCache, key_of
+from cuvil.runtime.loader import CompiledModel, NativeLibrary, Signature
+
+logger = logging.getLogger("cuvil")
 
 BACKENDS = ("llvm",)
+HOST_TARGET_NAMES = ("host", "native")
+X86_64_NAMES = ("x86-64", "x86_64", "amd64")
+CACHE_KEY_FORMAT = 1
+OPT_LEVEL_PIPELINES = ("O0", "O1", "O2", "O3")
+# a file's stat identity is trusted for its digest only once it is this old (a write in the same
+# clock tick as the stat could otherwise go unnoticed)
+STAT_SETTLE_S = 2.0
+# the key bytes of an ONNX external-data reference (StringStringEntryProto key "location")
+_ONNX_EXTERNAL_DATA_MARK = b"\n\x08location"
+
+Shapes = Sequence[Sequence[int]] | Mapping[str, Sequence[int]]
 
 
-def compile(model: Any, *, backend: str = "llvm", opt_level: int = 3, example_inputs: Any = None,
-            input_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[int]] | None = None,
-            passes: str | Sequence[Any] | None = None, gate: Any = None,
-            function: str | None = None, output_dir: str | Path | None = None, name: str | None = None,
-            keep_ir: bool = False, **import_options: Any) -> CompiledModel:
+def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt_level: int = 3,
+            threads: int | None = None, example_inputs: Any = None, input_shapes: Shapes | None = None,
+            passes: str | Sequence[Any] | None = None, gate: Any = None, function: str | None = None,
+            output_dir: str | Path | None = None, name: str | None = None, keep_ir: bool = False,
+            cache: bool = True, dynamic: bool | None = None, **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
     The optimization pipeline is ``O<opt_level>`` unless ``passes`` names one (``"O2"``,
     ``"fold-batchnorm,fuse-elementwise"`` or a list of Pass objects); ``gate`` is the pass
     manager's gate hook (the verifier's). ``example_inputs`` doubles as the torch export inputs
-    and as the source of concrete dims; ``output_dir`` keeps the library, header and manifest
-    (default: a fresh temporary folder).
+    and as the source of concrete dims. ``target`` is the host (``None``, ``"host"``,
+    ``"x86-64"``, ``"x86_64-linux-gnu"``); other targets are refused for now.
+
+    ``cache=True`` loads and stores the artifact in the user's cache; ``output_dir`` (or
+    ``cache=False``) bypasses it: the library, header and manifest go to ``output_dir`` (default
+    a fresh temporary folder). ``dynamic`` (default: true unless ``output_dir`` is given) makes a
+    function with symbolic dims specialize per shape signature at call time.
     """
     if backend not in BACKENDS:
         raise CodegenError(f"unknown backend {backend!r}", hint="backends: " + ", ".join(BACKENDS))
-    if not 0 <= opt_level <= 3:
-        raise CodegenError(f"opt_level must be 0..3, got {opt_level}")
-    module = model if isinstance(model, Module) else import_model(model, example_inputs, **import_options)
-    fn = module.function(function) if function else module.main
-    fn, env = specialize_function(fn, example_inputs=example_inputs, input_shapes=input_shapes)
-    pipeline = passes if passes is not None else f"O{opt_level}"
-    with stage(f"optimize ({pipeline if isinstance(pipeline, str) else 'custom pipeline'})"):
-        optimized = run_pipeline(Module((fn,), module.constants, module.metadata), pipeline, gate=gate).module
-    out = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix="cuvil-"))
-    extra: dict[str, Any] = {"specialized_dims": env} if env else {}
-    extra["pipeline"] = pipeline if isinstance(pipeline, str) else [str(p) for p in pipeline]
-    with stage("codegen"):
-        artifact = build_library(optimized.main, optimized.constants, out, name=name, opt_level=opt_level,
-                                 keep_ir=keep_ir, extra_manifest=extra)
-    return CompiledModel(artifact.library_path, artifact.manifest)
+    if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
+        raise CodegenError(f"opt_level must be 0..3, got {opt_level!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise CodegenError(f"threads must be a positive integer, got {threads!r}")
+    host = resolve_target(target)
+    store = ArtifactCache() if cache and output_dir is None else None
+    job = _CompileJob(model, example_inputs=example_inputs, import_options=import_options, function=function,
+                      passes=passes if passes is not None else f"O{opt_level}", gate=gate, opt_level=opt_level,
+                      name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
+                      output_dir=Path(output_dir) if output_dir is not None else None)
+    sig = job.signature()
+    if sig.is_static:
+        lib = job.library({})
+        job.release()
+        return CompiledModel.from_library(lib, ir=job.optimized)
+    shapes = requested_shapes(sig, example_inputs, input_shapes)
+    if dynamic is None:
+        dynamic = output_dir is None
+    if not dynamic:
+        if shapes is None:
+            symbolic = ", ".join(str(s) for s in sig.inputs if not all(isinstance(d, int) for d in s.shape))
+            raise CodegenError(f"@{sig.function} has symbolic dims ({symbolic}); one artifact is compiled for "
+                               "static shapes", location=sig.function,
+                               hint="pass example_inputs=... or input_shapes=... to compile() (on the command "
+                                    "line: --shape INPUT=2x3x...), or compile without output_dir to specialize "
+                                    "per shape at run time")
+        lib = job.library(sig.bind(shapes))
+        job.release()
+        return CompiledModel.from_library(lib, ir=job.optimized)
+    job.per_shape_folders = True
+    compiled = CompiledModel.specializing(sig, job.library, ir=job.optimized)
+    if shapes is not None:
+        compiled.specialize(sig.bind(shapes))
+    return compiled
+
+
+# --------------------------------------------------------------------------------------
+# targets
+
+
+def resolve_target(target: str | None) -> HostTarget:
+    """The host target, when ``target`` names it; anything else is refused (no cross-compiling yet)."""
+    host = host_target()
+    if target is None or target.lower() in HOST_TARGET_NAMES:
+        return host
+    host_arch, _, rest = host.triple.partition("-")
+    wanted = target.lower()
+    arch = wanted.split("-")[0] if wanted not in X86_64_NAMES else "x86_64"
+    arch = "x86_64" if arch in ("amd64", "x86_64") else arch
+    same_os = wanted in X86_64_NAMES or ("linux" in wanted and "linux" in rest)
+    if arch == host_arch and same_os:
+        return host
+    raise CodegenError(f"target {target!r} is not supported yet: this build compiles for the host "
+                       f"({host.triple}, CPU {host.cpu})", location="target",
+                       hint="omit the target, or pass 'host' / 'x86_64-linux-gnu'; cross-compiling "
+                            "(aarch64, wasm32, nvptx64) is not available in this version")
+
+
+# --------------------------------------------------------------------------------------
+# cache keys
+
+
+@functools.cache
+def toolchain_fingerprint() -> dict[str, str]:
+    """What, besides the model and options, decides the generated code: cuvil's own sources
+    (so an edited compiler never reuses stale artifacts), llvmlite/LLVM and the ABI."""
+    import llvmlite
+    import llvmlite.binding as llvm
+
+    from cuvil import __version__
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        h.update(p.read_bytes())
+    return {"cuvil": __version__, "sources": h.hexdigest(), "llvmlite": llvmlite.__version__,
+            "llvm": ".".join(map(str, llvm.llvm_version_info)), "abi": str(abi.ABI_VERSION),
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+
+
+def _attr_text(a: Any) -> object:
+    from cuvil.ir.region import Region
+
+    if isinstance(a, Region):
+        return ("region", _values_digest(list(walk([a.result, *a.params])), [a.result], list(a.params)))
+    if isinstance(a, tuple):
+        return ("t", tuple(_attr_text(x) for x in a))
+    return attr_key(a)
+
+
+def _values_digest(values: list[Value], results: Sequence[Value], params: Sequence[Value] = ()) -> str:
+    h = hashlib.sha256()
+    position: dict[Value, int] = {}
+    for k, v in enumerate(values):
+        position[v] = k
+        h.update(repr((v.op, str(v.type), tuple((n, _attr_text(a)) for n, a in v.attrs),
+                       tuple(position[o] for o in v.operands))).encode())
+    h.update(repr(([position[r] for r in results], [position.get(p, -1) for p in params])).encode())
+    return h.hexdigest()
+
+
+def module_hash(fn: Function) -> str:
+    """A structural hash of ``fn``: ops, attributes, types, wiring, names, constraints, and its
+    constants by their content hashes (the keys the module stores them under)."""
+    h = hashlib.sha256(_values_digest(fn.values(), fn.results, fn.params).encode())
+    h.update(repr((fn.name, fn.result_names, [p.name for p in fn.params], [str(c) for c in fn.constraints])).encode())
+    return h.hexdigest()
+
+
+class _Unkeyable(Exception):
+    """A value with no stable text (an object identified by its address)."""
+
+
+def _stable(obj: Any) -> Any:
+    """A JSON-able, run-to-run stable description of an option value."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, np.ndarray) or (hasattr(obj, "__array__") and not isinstance(obj, (list, tuple, dict))):
+        arr = np.ascontiguousarray(to_numpy(obj))
+        return {"array": hashlib.sha256(arr.dtype.str.encode() + repr(arr.shape).encode() + arr.tobytes())
+                .hexdigest()}
+    if isinstance(obj, Mapping):
+        return {str(k): _stable(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [_stable(x) for x in obj]
+    text = repr(obj)
+    if " at 0x" in text:
+        raise _Unkeyable(text)
+    return f"{type(obj).__module__}.{type(obj).__qualname__}:{text}"
+
+
+def _callable_key(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    if inspect.isfunction(obj) or inspect.ismethod(obj):
+        return f"{obj.__module__}.{obj.__qualname__}"
+    text = repr(obj)
+    qual = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    return qual if " at 0x" in text else f"{qual}:{text}"
+
+
+def _module_source_digest(obj: Any) -> str | None:
+    """The source of the module defining ``obj``'s class, for classes outside cuvil (user passes)."""
+    mod = sys.modules.get(type(obj).__module__)
+    if mod is None or type(obj).__module__.startswith("cuvil."):
+        return None
+    try:
+        path = inspect.getsourcefile(mod)
+    except TypeError:
+        return None
+    if not path or not os.path.isfile(path):
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def pipeline_key(passes: str | Sequence[Any]) -> list[str]:
+    """The pipeline as the exact list of pass instances (with their options) it expands to.
+
+    A bare opt level (``"O3"``) stands for itself: cuvil's sources, which define it, are in
+    the toolchain fingerprint already (and the pass catalogue need not be imported on a hit)."""
+    if isinstance(passes, str) and passes.strip().upper() in OPT_LEVEL_PIPELINES:
+        return [passes.strip().upper()]
+    out = []
+    for p in parse_pipeline(passes if isinstance(passes, str) else list(passes)):
+        digest = _module_source_digest(p)
+        out.append(repr(p) if digest is None else f"{p!r}@{digest}")
+    return out
+
+
+def _source_digest(model: Any, store: ArtifactCache | None = None) -> str | None:
+    """A digest of a self-contained model file or serialized model (None when it is not one).
+
+    For a file, the digest is remembered under its stat identity (device, inode, size, mtime,
+    ctime), as version control systems do, so an unchanged file is not read again."""
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if not path.is_file():
+            return None
+        ident = key_of({"kind": "stat", "path": str(path.resolve()), "dev": st.st_dev, "ino": st.st_ino,
+                        "size": st.st_size, "mtime": st.st_mtime_ns, "ctime": st.st_ctime_ns})
+        known = store.read_alias(ident) if store is not None else None
+        if known is not None and isinstance(known.get("digest"), (str, type(None))):
+            return known["digest"]
+        digest = _bytes_digest(path.read_bytes(), path.suffix.lower())
+        settled = time.time() - max(st.st_mtime, st.st_ctime) > STAT_SETTLE_S
+        if store is not None and settled and os.stat(path).st_mtime_ns == st.st_mtime_ns:
+            store.write_alias(ident, {"digest": digest})
+        return digest
+    elif isinstance(model, bytes):
+        data, kind = model, ".onnx"
+    elif type(model).__module__.startswith("onnx") and hasattr(model, "SerializeToString"):
+        try:
+            data = model.SerializeToString()
+        except Exception:  # a proto over 2 GiB cannot be serialized in one piece
+            return None
+        kind = ".onnx"
+    else:
+        return None
+    return _bytes_digest(data, kind)
+
+
+def _bytes_digest(data: bytes, kind: str) -> str | None:
+    if kind not in (".cir", ".pt2") and _ONNX_EXTERNAL_DATA_MARK in data:
+        return None  # weights in other files: the file alone does not determine the model
+    return hashlib.sha256(kind.encode() + b"\0" + data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# one compile request
+
+
+def _valid_record(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An alias record that names a module hash and a readable signature (else None: import)."""
+    if record is None or not isinstance(record.get("module_hash"), str):
+        return None
+    try:
+        Signature.from_json(record["signature"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return record
+
+
+class _CompileJob:
+    """Everything needed to produce (or find) the library of one specialization of one model."""
+
+    def __init__(self, model: Any, *, example_inputs: Any, import_options: Mapping[str, Any], function: str | None,
+                 passes: str | Sequence[Any], gate: Any, opt_level: int, name: str | None, keep_ir: bool,
+                 threads: int | None, target: HostTarget, store: ArtifactCache | None,
+                 output_dir: Path | None) -> None:
+        self.model = model
+        self.example_inputs = example_inputs
+        self.import_options = dict(import_options)
+        self.function_name = function
+        self.passes = passes
+        self.gate = gate
+        self.opt_level = opt_level
+        self.name = name
+        self.keep_ir = keep_ir
+        self.threads = threads
+        self.target = target
+        self.store = store
+        self.output_dir = output_dir
+        self.per_shape_folders = False  # a dynamic model writes each specialization to output_dir/<dims>/
+        self._module: Module | None = model if isinstance(model, Module) else None
+        self._function: Function | None = None
+        self._record: dict[str, Any] | None = None
+        self._alias = self._alias_key() if store is not None else None
+        if self._alias is not None and store is not None:
+            self._record = _valid_record(store.read_alias(self._alias))
+            if self._record is not None:
+                logger.debug("cache: %s is known (module %s); import skipped", self._describe(),
+                             str(self._record["module_hash"])[:16])
+        self._options = self._options_key()
+
+    def _describe(self) -> str:
+        return str(self.model) if isinstance(self.model, (str, os.PathLike)) else type(self.model).__name__
+
+    def _alias_key(self) -> str | None:
+        if isinstance(self.model, Module):
+            return None
+        digest = _source_digest(self.model, self.store)
+        if digest is None:
+            return None
+        try:
+            options = _stable(self.import_options)
+        except _Unkeyable:
+            return None
+        return key_of({"kind": "alias", "format": CACHE_KEY_FORMAT, "source": digest, "options": options,
+                       "function": self.function_name, "toolchain": toolchain_fingerprint()})
+
+    def _options_key(self) -> dict[str, Any]:
+        pipeline = self.passes if isinstance(self.passes, str) else [str(p) for p in self.passes]
+        return {"backend": "llvm", "opt_level": self.opt_level, "pipeline_spec": pipeline,
+                "pipeline": pipeline_key(self.passes), "gate": _callable_key(self.gate), "name": self.name,
+                "keep_ir": self.keep_ir, "threads": self.threads}
+
+    # -- the model -----------------------------------------------------------------------
+    def module(self) -> Module:
+        if self._module is None:
+            with stage(f"import {self._describe()}"):
+                self._module = import_model(self.model, self.example_inputs, **self.import_options)
+        return self._module
+
+    def function(self) -> Function:
+        if self._function is None:
+            m = self.module()
+            self._function = m.function(self.function_name) if self.function_name else m.main
+        return self._function
+
+    def release(self) -> None:
+        """Drop the imported module (it is imported again if the IR is asked for)."""
+        if not isinstance(self.model, Module):
+            self._module = None
+            self._function = None
+
+    def _ensure_record(self) -> dict[str, Any]:
+        if self._record is None:
+            fn = self.function()
+            self._record = {"module_hash": module_hash(fn), "signature": Signature.of(fn).to_json()}
+            if self._alias is not None and self.store is not None:
+                self.store.write_alias(self._alias, self._record)
+        return self._record
+
+    def signature(self) -> Signature:
+        record = self._ensure_record()
+        if self._function is not None:
+            return Signature.of(self._function)
+        return Signature.from_json(record["signature"])
+
+    # -- building ------------------------------------------------------------------------
+    def material(self, env: Mapping[str, int]) -> dict[str, Any]:
+        record = self._ensure_record()
+        return {"format": CACHE_KEY_FORMAT, "module": record["module_hash"],
+                "function": record["signature"]["function"], "dims": dict(sorted(env.items())),
+                "options": self._options, "toolchain": toolchain_fingerprint(),
+                "target": {"triple": self.target.triple, "cpu": self.target.cpu, "features": self.target.features}}
+
+    def optimized(self, env: Mapping[str, int] | None) -> Module:
+        """The optimized module at ``env`` (the symbolic one when ``env`` is None)."""
+        fn = self.function()
+        if env:
+            with stage("specialize " + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))):
+                fn = specialize_dims(fn, env)
+        label = self.passes if isinstance(self.passes, str) else "custom pipeline"
+        module = self.module()
+        with stage(f"optimize ({label})"):
+            return run_pipeline(Module((fn,), module.constants, module.metadata), self.passes, gate=self.gate).module
+
+    def _build(self, env: Mapping[str, int], out_dir: Path, cache_key: str | None) -> Artifact:
+        optimized = self.optimized(env)
+        extra: dict[str, Any] = {"specialized_dims": dict(env)} if env else {}
+        extra["pipeline"] = self._options["pipeline_spec"]
+        if cache_key is not None:
+            extra["cache_key"] = cache_key
+        kwargs: dict[str, Any] = {}
+        if self.threads is not None:
+            if "threads" in inspect.signature(build_library).parameters:
+                kwargs["threads"] = self.threads
+            else:
+                extra["threads_requested"] = self.threads
+                logger.warning("threads=%d: this version's libraries run on one thread", self.threads)
+        with stage("codegen"):
+            artifact = build_library(optimized.main, optimized.constants, out_dir, name=self.name,
+                                     opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra, **kwargs)
+        for step, seconds in artifact.manifest.get("compile_times", {}).items():
+            logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
+                         seconds)
+        return artifact
+
+    def library(self, env: Mapping[str, int]) -> NativeLibrary:
+        """The loaded library of the specialization at ``env``: from the cache, or built now."""
+        if self.store is None:
+            return self._library_uncached(env)
+        store = self.store
+        key = key_of(self.material(env))
+        start = time.perf_counter()
+        entry = store.lookup(key)
+        if entry is not None:
+            return self._load_entry(entry.library_path, entry.manifest, key, start, "hit")
+        logger.debug("cache miss %s", key[:16])
+        with store.lock(key) as waited:
+            entry = store.lookup(key)
+            if entry is not None:  # built by the process we waited for
+                return self._load_entry(entry.library_path, entry.manifest, key, start, "hit", waited=waited)
+            build_dir = store.new_build_dir(key)
+            try:
+                artifact = self._build(env, build_dir, key)
+                with stage("cache store"):
+                    entry = store.publish(key, artifact.library_path, artifact.manifest_path, self.material(env))
+            finally:
+                if build_dir.parent.exists():
+                    shutil.rmtree(build_dir.parent, ignore_errors=True)
+        return self._load_entry(entry.library_path, entry.manifest, key, start, "miss", waited=waited)
+
+    def _load_entry(self, path: Path, manifest: dict[str, Any], key: str, start: float, status: str,
+                    waited: float = 0.0) -> NativeLibrary:
+        with stage("load"):
+            lib = NativeLibrary(path, manifest, verify_hash=False)  # the cache checked the hash just now
+        seconds = time.perf_counter() - start
+        lib.info = {"cache": status, "key": key, "seconds": round(seconds, 4), "waited_s": round(waited, 4)}
+        logger.debug("cache %s %s: %s in %.3f s", status, key[:16], path.name, seconds)
+        return lib
+
+    def _library_uncached(self, env: Mapping[str, int]) -> NativeLibrary:
+        start = time.perf_counter()
+        if self.output_dir is None:
+            out = Path(tempfile.mkdtemp(prefix="cuvil-"))
+        elif self.per_shape_folders:
+            out = self.output_dir / "_".join(f"{k}{v}" for k, v in sorted(env.items()))
+        else:
+            out = self.output_dir
+        artifact = self._build(env, out, None)
+        with stage("load"):
+            lib = NativeLibrary(artifact.library_path, artifact.manifest)
+        lib.info = {"cache": "off", "seconds": round(time.perf_counter() - start, 4)}
+        return lib
 
 
 # --------------------------------------------------------------------------------------
 # specialization
 
 
-def _shapes_from(fn: Function, example_inputs: Any,
-                 input_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[int]] | None) -> list[tuple[int, ...]]:
-    names = [p.name for p in fn.params]
+def requested_shapes(sig: Signature, example_inputs: Any, input_shapes: Shapes | None) -> list[tuple[int, ...]] | None:
+    """The input shapes to specialize at, from ``input_shapes`` or ``example_inputs`` (None: neither)."""
+    names = [s.name for s in sig.inputs]
     if input_shapes is not None:
         if isinstance(input_shapes, Mapping):
-            missing = [n for n in names if n not in input_shapes]
-            if missing:
-                raise InputError(f"input_shapes lacks {missing}", hint="give a shape for every input: " +
-                                 ", ".join(names))
-            return [tuple(int(d) for d in input_shapes[n]) for n in names]
-        shapes = [tuple(int(d) for d in s) for s in input_shapes]
-    else:
+            unknown = sorted(set(input_shapes) - set(names))
+            missing = [s.name for s in sig.inputs if s.name not in input_shapes
+                       and not all(isinstance(d, int) for d in s.shape)]
+            if unknown or missing:
+                raise InputError(f"input_shapes does not match the inputs: missing {missing}, unknown {unknown}",
+                                 hint="give a shape for every input with symbolic dims: " +
+                                      ", ".join(map(str, sig.inputs)))
+            shapes = [tuple(int(d) for d in input_shapes[s.name]) if s.name in input_shapes
+                      else tuple(int(d) for d in s.shape) for s in sig.inputs]
+        else:
+            shapes = [tuple(int(d) for d in s) for s in input_shapes]
+    elif example_inputs is not None:
         if isinstance(example_inputs, Mapping):
             values = [example_inputs[n] for n in names if n in example_inputs]
         elif isinstance(example_inputs, (list, tuple)):
@@ -85,29 +514,36 @@ def _shapes_from(fn: Function, example_inputs: Any,
         else:
             values = [example_inputs]
         shapes = [tuple(to_numpy(v).shape) for v in values]
+    else:
+        return None
     if len(shapes) != len(names):
-        raise InputError(f"@{fn.name} takes {len(names)} inputs, got {len(shapes)} shapes to specialize with",
-                         hint="inputs: " + ", ".join(f"{p.name}: {p.type}" for p in fn.params))
+        raise InputError(f"@{sig.function} takes {len(names)} inputs, got {len(shapes)} shapes to specialize with",
+                         hint="inputs: " + ", ".join(map(str, sig.inputs)))
     return shapes
 
 
-def specialize_function(fn: Function, *, example_inputs: Any = None,
-                        input_shapes: Sequence[Sequence[int]] | Mapping[str, Sequence[int]] | None = None,
+def specialize_function(fn: Function, *, example_inputs: Any = None, input_shapes: Shapes | None = None,
                         ) -> tuple[Function, dict[str, int]]:
     """``fn`` with every symbolic dim replaced by its value; unchanged if it is already static."""
     if all(p.type.is_static for p in fn.params) and all(v.type.is_static for v in fn.values()):
         return fn, {}
-    if example_inputs is None and input_shapes is None:
+    sig = Signature.of(fn)
+    shapes = requested_shapes(sig, example_inputs, input_shapes)
+    if shapes is None:
         symbolic = ", ".join(f"{p.name}: {p.type}" for p in fn.params if not p.type.is_static)
         raise CodegenError(f"@{fn.name} has symbolic dims ({symbolic}); native code is compiled for static shapes",
                            location=fn.name,
                            hint="pass example_inputs=... or input_shapes=... to compile() to specialize them")
-    shapes = _shapes_from(fn, example_inputs, input_shapes)
     try:
         env = bind_symbols(fn.param_types, shapes)
     except ValueError as e:
         raise InputError(f"shapes do not match @{fn.name}: {e}",
                          hint="expected " + ", ".join(f"{p.name}: {p.type}" for p in fn.params)) from None
+    return specialize_dims(fn, env), env
+
+
+def specialize_dims(fn: Function, env: Mapping[str, int]) -> Function:
+    """``fn`` at the given symbol values (checked against its constraints)."""
     for s, v in env.items():
         c = fn.constraint(s)
         if not c.admits(v):
@@ -116,7 +552,7 @@ def specialize_function(fn: Function, *, example_inputs: Any = None,
     for v in fn.values():
         memo[v] = _specialize_value(v, memo, env)
     return Function(fn.name, tuple(memo[p] for p in fn.params), tuple(memo[r] for r in fn.results),
-                    fn.result_names), env
+                    fn.result_names)
 
 
 def _specialize_value(v: Value, memo: dict[Value, Value], env: Mapping[str, int]) -> Value:
@@ -140,13 +576,15 @@ def _specialize_attr(a: Any, env: Mapping[str, int]) -> Any:
         return evaluate_dim(a, env)
     if isinstance(a, tuple):
         return tuple(_specialize_attr(x, env) for x in a)
-    try:
-        from cuvil.ir.region import Region
-    except ImportError:  # a build without fused regions
-        return a
+    from cuvil.ir.region import Region
+
     if isinstance(a, Region):
         memo: dict[Value, Value] = {}
         for v in walk([a.result, *a.params]):
             memo[v] = _specialize_value(v, memo, env)
         return Region(tuple(memo[p] for p in a.params), memo[a.result])
     return a
+
+
+__all__ = ["compile", "module_hash", "requested_shapes", "resolve_target", "specialize_dims", "specialize_function",
+           "toolchain_fingerprint"]

@@ -1,16 +1,22 @@
-"""Loading a compiled library back into Python: a callable with the model's signature.
+"""Loading compiled libraries back into Python: a callable with the model's signature.
 
-Inputs are checked against the manifest (count, dtype, shape) before anything is
-passed to native code, and the library's own checked entry point checks them again.
-Output buffers are allocated here, by the caller, as the ABI requires.
+Inputs are checked against the signature (count, dtype, shape, dim constraints) before
+anything is passed to native code, and the library's own checked entry point checks them
+again. Output buffers are allocated here, by the caller, as the ABI requires.
+
+A :class:`CompiledModel` holds either one library (static shapes) or, for a function with
+symbolic dims, one library per shape signature it has been called with: the first call with
+a new signature compiles (or loads from the cache) that specialization.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +24,18 @@ import numpy as np
 
 from cuvil.codegen import abi
 from cuvil.codegen.artifact import MANIFEST_FORMAT, file_sha256
-from cuvil.errors import CodegenError, CuvilError, InputError, RuntimeEvalError
-from cuvil.interp import to_numpy
+from cuvil.errors import CodegenError, ConstraintError, CuvilError, InputError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Function, Module
+from cuvil.ir.symbolic import Dim, parse_dim
+from cuvil.ir.types import DimConstraint, TensorType, bind_symbols
+
+
+class IntegrityError(CodegenError):
+    """A library's bytes differ from the hash recorded when it was compiled; it is not loaded."""
+
+    code = "CUVIL-INTEGRITY"
+    default_hint = "the library was modified or replaced after it was compiled; recompile it"
 
 
 class CTensor(ctypes.Structure):
@@ -28,21 +43,94 @@ class CTensor(ctypes.Structure):
                 ("rank", ctypes.c_int32), ("dtype", ctypes.c_int32)]
 
 
-class _Spec:
-    __slots__ = ("dtype", "name", "shape")
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: name, dtype, shape (ints, or symbolic dims before specialization)."""
 
-    def __init__(self, entry: Mapping[str, Any]) -> None:
-        self.name = str(entry["name"])
-        self.dtype = DType(entry["dtype"])
-        self.shape = tuple(int(d) for d in entry["shape"])
+    name: str
+    dtype: DType
+    shape: tuple[Dim, ...]
+
+    @classmethod
+    def from_manifest(cls, entry: Mapping[str, Any]) -> TensorSpec:
+        return cls(str(entry["name"]), DType(entry["dtype"]), tuple(int(d) for d in entry["shape"]))
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.dtype, self.shape)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
 
 
+@dataclass(frozen=True)
+class Signature:
+    """What a caller must pass: parameter and result specs, and the constraints on symbolic dims."""
+
+    function: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    constraints: tuple[DimConstraint, ...] = ()
+
+    @classmethod
+    def of(cls, fn: Function) -> Signature:
+        return cls(fn.name, tuple(TensorSpec(p.name, p.dtype, p.type.shape) for p in fn.params),
+                   tuple(TensorSpec(n, r.dtype, r.type.shape) for n, r in zip(fn.result_names, fn.results,
+                                                                               strict=True)),
+                   fn.constraints)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for s in (*self.inputs, *self.outputs) for d in s.shape)
+
+    def constraint(self, symbol: str) -> DimConstraint:
+        for c in self.constraints:
+            if c.symbol == symbol:
+                return c
+        return DimConstraint(symbol)
+
+    def bind(self, shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
+        """The value of every symbolic dim for these input shapes (checked against the constraints)."""
+        try:
+            env = bind_symbols([s.type for s in self.inputs], [tuple(s) for s in shapes])
+        except ValueError as e:
+            raise InputError(f"input shapes do not match @{self.function}: {e}",
+                             hint="inputs: " + ", ".join(map(str, self.inputs))) from None
+        for symbol, value in env.items():
+            c = self.constraint(symbol)
+            if not c.admits(value):
+                raise ConstraintError(f"dim {symbol}={value} violates the constraint {c}",
+                                      location=f"@{self.function}",
+                                      hint="inputs: " + ", ".join(map(str, self.inputs)))
+        return env
+
+    def to_json(self) -> dict[str, Any]:
+        from cuvil.ir.printer import format_dim
+
+        def spec(s: TensorSpec) -> dict[str, Any]:
+            return {"name": s.name, "dtype": s.dtype.value,
+                    "shape": [d if isinstance(d, int) else format_dim(d) for d in s.shape]}
+
+        return {"function": self.function, "inputs": [spec(s) for s in self.inputs],
+                "outputs": [spec(s) for s in self.outputs],
+                "constraints": [{"symbol": c.symbol, "lo": c.lo, "hi": c.hi, "multiple_of": c.multiple_of}
+                                for c in self.constraints]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Signature:
+        def spec(e: Mapping[str, Any]) -> TensorSpec:
+            return TensorSpec(str(e["name"]), DType(e["dtype"]),
+                              tuple(d if isinstance(d, int) else parse_dim(str(d)) for d in e["shape"]))
+
+        return cls(str(data["function"]), tuple(spec(e) for e in data["inputs"]),
+                   tuple(spec(e) for e in data["outputs"]),
+                   tuple(DimConstraint(str(c["symbol"]), int(c["lo"]), None if c["hi"] is None else int(c["hi"]),
+                                       int(c["multiple_of"])) for c in data["constraints"]))
+
+
 def read_manifest(library_path: Path) -> dict[str, Any]:
-    candidates = sorted(library_path.parent.glob("*.json"))
-    for c in candidates:
+    """The manifest beside a library: the ``.json`` file in its folder whose ``library`` names it."""
+    for c in sorted(library_path.parent.glob("*.json")):
         try:
             m = json.loads(c.read_text())
         except (OSError, ValueError):
@@ -53,12 +141,13 @@ def read_manifest(library_path: Path) -> dict[str, Any]:
                        hint="a compiled library is loaded together with the .json manifest written beside it")
 
 
-class CompiledModel:
-    """A compiled function: call it with numpy arrays (or torch tensors), get numpy arrays back.
+def _dlopen(path: Path) -> ctypes.CDLL:
+    """The one place a library is mapped into the process (after its hash was checked)."""
+    return ctypes.CDLL(str(path))
 
-    ``model(x, y)`` returns one array when the function has one result and a tuple otherwise;
-    ``model.run(inputs)`` always returns a list (like ``cuvil.run_reference``).
-    """
+
+class NativeLibrary:
+    """One loaded library of static shapes with its working context."""
 
     def __init__(self, library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
                  verify_hash: bool = True) -> None:
@@ -71,13 +160,13 @@ class CompiledModel:
                                f"is not {MANIFEST_FORMAT!r} / {abi.ABI_VERSION}", location=str(path),
                                hint="recompile the model with this version of cuvil")
         if verify_hash and m.get("library_sha256") != file_sha256(path):
-            raise CodegenError(f"{path.name} does not match the hash in its manifest", location=str(path),
-                               hint="the library was modified or replaced after it was compiled; recompile it")
-        self._path = path
-        self._manifest = m
-        self.inputs = tuple(_Spec(e) for e in m["inputs"])
-        self.outputs = tuple(_Spec(e) for e in m["outputs"])
-        self._lib = ctypes.CDLL(str(path))
+            raise IntegrityError(f"{path.name} does not match the hash in its manifest", location=str(path))
+        self.path = path
+        self.manifest = m
+        self.inputs = tuple(TensorSpec.from_manifest(e) for e in m["inputs"])
+        self.outputs = tuple(TensorSpec.from_manifest(e) for e in m["outputs"])
+        self.info: dict[str, Any] = {}  # how it was obtained (cache hit/miss, timings), set by the compiler
+        self._lib = _dlopen(path)
         sym = m["symbols"]
         self._create = getattr(self._lib, sym["create"])
         self._create.restype = ctypes.c_void_p
@@ -94,45 +183,8 @@ class CompiledModel:
         if not self._ctx:
             raise CuvilError(f"{path.name}: could not allocate {m.get('arena_bytes')} bytes of working memory")
 
-    # -- properties -----------------------------------------------------------------------
-    @property
-    def library_path(self) -> Path:
-        return self._path
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        return self._manifest
-
-    def __repr__(self) -> str:
-        ins = ", ".join(map(str, self.inputs))
-        outs = ", ".join(map(str, self.outputs))
-        return f"<CompiledModel {self._manifest['function']}({ins}) -> ({outs}) at {self._path}>"
-
-    # -- calling --------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
-        if args and kwargs:
-            raise InputError("pass inputs either by position or by name, not both",
-                             hint="inputs: " + ", ".join(map(str, self.inputs)))
-        outs = self.run(kwargs if kwargs else list(args))
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def _arrays(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
-        sig = ", ".join(map(str, self.inputs))
-        if isinstance(inputs, Mapping):
-            names = [s.name for s in self.inputs]
-            missing = [n for n in names if n not in inputs]
-            extra = sorted(set(inputs) - set(names))
-            if missing or extra:
-                raise InputError(f"inputs do not match: missing {missing}, unexpected {extra}", hint="inputs: " + sig)
-            values = [inputs[n] for n in names]
-        else:
-            values = list(inputs)
-            if len(values) != len(self.inputs):
-                raise InputError(f"{self._manifest['function']} takes {len(self.inputs)} inputs, got {len(values)}",
-                                 hint="inputs: " + sig)
-        arrays = []
-        for spec, v in zip(self.inputs, values, strict=True):
-            a = to_numpy(v)
+    def check(self, arrays: Sequence[np.ndarray]) -> None:
+        for spec, a in zip(self.inputs, arrays, strict=True):
             if a.dtype != spec.dtype.np:
                 raise InputError(f"input {spec.name!r} has dtype {a.dtype}, expected {spec.dtype}",
                                  location=spec.name, hint=f"convert with .astype({spec.dtype.np.name!r})")
@@ -140,15 +192,13 @@ class CompiledModel:
                 raise InputError(f"input {spec.name!r} has shape {tuple(a.shape)}, expected {list(spec.shape)}",
                                  location=spec.name,
                                  hint="this library was compiled for static shapes; recompile for other shapes")
-            arrays.append(a if a.flags.c_contiguous else np.array(a, order="C"))
-        return arrays
 
-    def run(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
-        arrays = self._arrays(inputs)
+    def run(self, arrays: Sequence[np.ndarray], run_checked: Callable[..., int] | None = None) -> list[np.ndarray]:
+        """Run on C-contiguous arrays already checked by :meth:`check`; returns fresh output arrays."""
         outputs = [np.empty(s.shape, dtype=s.dtype.np) for s in self.outputs]
         keep: list[Any] = []
 
-        def descriptors(arrs: list[np.ndarray]) -> ctypes.Array[CTensor]:
+        def descriptors(arrs: Sequence[np.ndarray]) -> ctypes.Array[CTensor]:
             table = (CTensor * max(len(arrs), 1))()
             for k, a in enumerate(arrs):
                 shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
@@ -158,25 +208,272 @@ class CompiledModel:
             return table
 
         tin, tout = descriptors(arrays), descriptors(outputs)
+        native = run_checked or self._run_checked
         with self._lock:
             if not self._ctx:
-                raise CuvilError(f"{self._path.name} was closed")
-            rc = self._run_checked(self._ctx, tin, len(arrays), tout, len(outputs))
+                raise CuvilError(f"{self.path.name} was closed")
+            rc = native(self._ctx, tin, len(arrays), tout, len(outputs))
         if rc != abi.OK:
+            function = self.manifest["function"]
             text = abi.ERROR_TEXT.get(rc, f"unknown error code {rc}")
             if rc == abi.ERR_INDEX:
-                raise RuntimeEvalError(f"{self._manifest['function']}: {text}", location=str(self._path.name),
+                raise RuntimeEvalError(f"{function}: {text}", location=self.path.name,
                                        hint="check the index inputs (gather, embedding, ...)")
-            raise InputError(f"{self._manifest['function']} rejected its inputs: {text} (code {rc})",
-                             location=str(self._path.name))
+            raise InputError(f"{function} rejected its inputs: {text} (code {rc})", location=self.path.name)
         return outputs
 
-    # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
         with self._lock:
             if self._ctx:
                 self._destroy(self._ctx)
                 self._ctx = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------------------
+# torch tensors in and out (zero-copy where the memory layout allows)
+
+_TORCH_VIA_BITS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+                   "float8_e5m2": ("uint8", "float8_e5m2"), "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
+                   "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz")}
+
+
+def _is_torch_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _from_torch(t: Any) -> np.ndarray:
+    import ml_dtypes
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in _TORCH_VIA_BITS:
+        bits, np_name = _TORCH_VIA_BITS[name]
+        return t.view(getattr(torch, bits)).numpy().view(getattr(ml_dtypes, np_name))
+    return t.numpy()
+
+
+def _to_torch(a: np.ndarray) -> Any:
+    import torch
+
+    name = a.dtype.name
+    if name in _TORCH_VIA_BITS:
+        bits, _ = _TORCH_VIA_BITS[name]
+        return torch.from_numpy(a.view(np.dtype(bits))).view(getattr(torch, name))
+    return torch.from_numpy(a)
+
+
+def _as_array(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    if _is_torch_tensor(x):
+        return _from_torch(x)
+    return np.ascontiguousarray(np.asarray(x))
+
+
+# --------------------------------------------------------------------------------------
+# the callable
+
+Specializer = Callable[[Mapping[str, int]], NativeLibrary]
+IRProvider = Callable[[Mapping[str, int] | None], Module]
+
+
+class CompiledModel:
+    """A compiled function: call it like the original model.
+
+    ``model(x, y)`` takes numpy arrays (numpy out) or torch tensors (torch out, sharing memory
+    with the outputs; CPU-contiguous inputs are passed without a copy). It returns one value
+    when the function has one result and a tuple otherwise; ``model.run(inputs)`` always
+    returns a list. For a function with symbolic dims each new shape signature compiles
+    (or loads from the cache) its own specialization once.
+    """
+
+    def __init__(self, library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
+                 verify_hash: bool = True, ir: IRProvider | None = None) -> None:
+        lib = NativeLibrary(library_path, manifest, verify_hash=verify_hash)
+        self._setup(Signature(lib.manifest["function"], lib.inputs, lib.outputs), ir)
+        self._variants[()] = lib
+        self._last = lib
+        self._run_checked = lib._run_checked
+
+    @classmethod
+    def from_library(cls, lib: NativeLibrary, *, ir: IRProvider | None = None) -> CompiledModel:
+        self = cls.__new__(cls)
+        self._setup(Signature(lib.manifest["function"], lib.inputs, lib.outputs), ir)
+        self._variants[()] = lib
+        self._last = lib
+        self._run_checked = lib._run_checked
+        return self
+
+    @classmethod
+    def specializing(cls, signature: Signature, specialize: Specializer, *,
+                     ir: IRProvider | None = None) -> CompiledModel:
+        """A model over symbolic dims that builds a library per shape signature on first use."""
+        self = cls.__new__(cls)
+        self._setup(signature, ir)
+        self._specialize = specialize
+        return self
+
+    def _setup(self, signature: Signature, ir: IRProvider | None) -> None:
+        self.signature = signature
+        self._ir = ir
+        self._specialize: Specializer | None = None
+        self._variants: dict[tuple[tuple[str, int], ...], NativeLibrary] = {}
+        self._last: NativeLibrary | None = None
+        self._run_checked: Callable[..., int] | None = None  # the static library's native entry point
+        self._lock = threading.Lock()
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.signature.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.signature.outputs
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Whether the model specializes per shape signature (its function has symbolic dims)."""
+        return self._specialize is not None
+
+    @property
+    def library_path(self) -> Path | None:
+        """The library file (for a dynamic model: that of the most recent call; None before the first)."""
+        return self._last.path if self._last is not None else None
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        """The library's manifest (for a dynamic model: that of the most recent call)."""
+        return self._last.manifest if self._last is not None else None
+
+    @property
+    def cache_info(self) -> dict[str, Any]:
+        """How the most recently used library was obtained: ``{"cache": "hit"|"miss"|"off", ...}``."""
+        return dict(self._last.info) if self._last is not None else {}
+
+    @property
+    def specializations(self) -> dict[tuple[tuple[str, int], ...], Path]:
+        """Loaded libraries by their dim values (one entry, keyed ``()``, for a static model)."""
+        return {k: v.path for k, v in self._variants.items()}
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.inputs))
+        outs = ", ".join(map(str, self.outputs))
+        where = f"{len(self._variants)} specialization(s)" if self.is_dynamic else str(self.library_path)
+        return f"<CompiledModel {self.signature.function}({ins}) -> ({outs}) at {where}>"
+
+    # -- calling --------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and kwargs:
+            raise InputError("pass inputs either by position or by name, not both",
+                             hint="inputs: " + ", ".join(map(str, self.inputs)))
+        outs = self.run(kwargs if kwargs else list(args))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _values(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+        sig = ", ".join(map(str, self.inputs))
+        if isinstance(inputs, Mapping):
+            names = [s.name for s in self.inputs]
+            missing = [n for n in names if n not in inputs]
+            extra = sorted(set(inputs) - set(names))
+            if missing or extra:
+                raise InputError(f"inputs do not match: missing {missing}, unexpected {extra}", hint="inputs: " + sig)
+            return [inputs[n] for n in names]
+        values = list(inputs)
+        if len(values) != len(self.inputs):
+            raise InputError(f"{self.signature.function} takes {len(self.inputs)} inputs, got {len(values)}",
+                             hint="inputs: " + sig)
+        return values
+
+    def library_for(self, arrays: Sequence[np.ndarray]) -> NativeLibrary:
+        """The library that runs these inputs, specializing for their shapes if needed."""
+        if self._specialize is None:
+            return self._variants[()]
+        for spec, a in zip(self.inputs, arrays, strict=True):
+            if a.dtype != spec.dtype.np:
+                raise InputError(f"input {spec.name!r} has dtype {a.dtype}, expected {spec.dtype}",
+                                 location=spec.name, hint=f"convert with .astype({spec.dtype.np.name!r})")
+        return self._variant(self.signature.bind([a.shape for a in arrays]))
+
+    def specialize(self, dims: Mapping[str, int]) -> Path:
+        """Compile (or load from the cache) the specialization at ``dims`` ahead of its first call."""
+        if self._specialize is None:
+            raise CuvilError(f"@{self.signature.function} has static shapes; there is nothing to specialize",
+                             location=f"@{self.signature.function}")
+        symbols = self._symbols()
+        missing = [s for s in symbols if s not in dims]
+        extra = sorted(set(dims) - set(symbols))
+        if missing or extra:
+            raise InputError(f"dims do not match @{self.signature.function}: missing {missing}, unexpected {extra}",
+                             hint="symbolic dims: " + ", ".join(symbols))
+        for symbol, value in dims.items():
+            c = self.signature.constraint(symbol)
+            if not c.admits(int(value)):
+                raise ConstraintError(f"dim {symbol}={value} violates the constraint {c}",
+                                      location=f"@{self.signature.function}")
+        lib = self._variant({k: int(v) for k, v in dims.items()})
+        self._last = lib
+        return lib.path
+
+    def _symbols(self) -> list[str]:
+        out: set[str] = set()
+        for spec in self.inputs:
+            out |= spec.type.symbols()
+        return sorted(out)
+
+    def _variant(self, env: Mapping[str, int]) -> NativeLibrary:
+        assert self._specialize is not None
+        key = tuple(sorted(env.items()))
+        found = self._variants.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._variants.get(key)
+            if found is None:
+                found = self._specialize(env)
+                self._variants[key] = found
+        return found
+
+    def run(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+        values = self._values(inputs)
+        torch_out = any(_is_torch_tensor(v) for v in values)
+        arrays = [_as_array(v) for v in values]
+        lib = self.library_for(arrays)
+        lib.check(arrays)
+        self._last = lib
+        outs = lib.run(arrays, None if self.is_dynamic else self._run_checked)
+        return [_to_torch(o) for o in outs] if torch_out else outs
+
+    # -- the optimized IR -----------------------------------------------------------------
+    def export_ir(self, path: str | Path, dims: Mapping[str, int] | None = None) -> Path:
+        """Write the optimized CIR this model was compiled from (for a dynamic model: of the
+        specialization at ``dims``, default the most recent one; the symbolic module before any)."""
+        from cuvil.ir.printer import export_ir
+
+        if self._ir is None:
+            raise CuvilError("this model was loaded from a library file; its IR is not available",
+                             location=str(self.library_path),
+                             hint="compile the model with cuvil.compile(...) to export its optimized IR")
+        if dims is None and self._last is not None:
+            dims = self._last.manifest.get("specialized_dims") or None
+        return export_ir(self._ir(dims), path)
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        for lib in list(self._variants.values()):
+            lib.close()
 
     def __del__(self) -> None:
         try:

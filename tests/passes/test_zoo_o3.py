@@ -113,3 +113,29 @@ def _output_step(module) -> float:
 
     q = [v for v in walk(list(module.main.results)) if v.op == "quantize_linear"][-1]
     return float(np.max(module.constants[q.operand("scale").const_hash]))
+
+
+def _edge_inputs(zm):
+    """Zeros and large magnitudes for float inputs; integer inputs (token ids) stay valid."""
+    xs = zm.example_inputs_numpy()
+    zeros = [np.zeros_like(x) if x.dtype.kind == "f" else x for x in xs]
+    large = [(x * np.asarray(1e3, x.dtype)) if x.dtype.kind == "f" else x for x in xs]
+    return {"zeros": zeros, "large": large}
+
+
+@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO_SMALL))
+def test_zoo_model_through_o3_on_edge_inputs(name, frontend):
+    zm = ZOO_SMALL[name]
+    before = _import_small(name, frontend)
+    after = run_pipeline(before, "O3").module
+    for kind, xs in _edge_inputs(zm).items():
+        for r, g in zip(run_reference(before, xs), run_reference(after, xs), strict=True):
+            assert r.dtype == g.dtype and r.shape == g.shape, kind
+            if r.dtype.kind != "f":
+                np.testing.assert_array_equal(g, r, err_msg=kind)
+                continue
+            r64 = r.astype(np.float64)
+            assert np.array_equal(np.isnan(r64), np.isnan(g.astype(np.float64))), kind
+            np.testing.assert_allclose(g.astype(np.float64), r64, rtol=1e-5,
+                                       atol=1e-5 * max(float(np.nanmax(np.abs(r64), initial=0.0)), 1.0),
+                                       equal_nan=True, err_msg=kind)

@@ -1,0 +1,149 @@
+"""CompiledModel as a drop-in callable: numpy and torch in and out, the optimized IR, stage logs."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+
+import numpy as np
+import pytest
+from runtime_models import scaled_softmax, softmax_module
+
+import cuvil
+from cuvil.compiler import compile
+from cuvil.errors import CodegenError, CuvilError
+from cuvil.interp import run_reference
+from cuvil.ir.parser import load_ir
+from cuvil.runtime import load
+from cuvil.runtime.loader import _as_array
+
+torch = pytest.importorskip("torch")
+
+
+def test_numpy_in_numpy_out(rng):
+    model = compile(softmax_module())
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    got = model(x)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32
+    np.testing.assert_allclose(got, scaled_softmax(x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(model(x=x), got, rtol=0, atol=0)
+    np.testing.assert_allclose(model.run({"x": x})[0], got, rtol=0, atol=0)
+    strided = np.asfortranarray(x)  # not C-contiguous: copied on the way in
+    np.testing.assert_allclose(model(strided), got, rtol=0, atol=0)
+
+
+def test_torch_in_torch_out(rng):
+    model = compile(softmax_module())
+    x = torch.from_numpy(rng.standard_normal((4, 8)).astype(np.float32))
+    got = model(x)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and tuple(got.shape) == (4, 8)
+    np.testing.assert_allclose(got.numpy(), scaled_softmax(x.numpy()), rtol=1e-5, atol=1e-7)
+    # non-contiguous and autograd-tracked inputs work too
+    xt = torch.from_numpy(rng.standard_normal((8, 4)).astype(np.float32)).t().requires_grad_(True)
+    assert not xt.is_contiguous()
+    np.testing.assert_allclose(model(xt).numpy(), scaled_softmax(xt.detach().contiguous().numpy()),
+                               rtol=1e-5, atol=1e-7)
+    (out,) = model.run([x])
+    assert isinstance(out, torch.Tensor)
+
+
+def test_contiguous_torch_input_is_not_copied():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    a = _as_array(t)
+    assert a.ctypes.data == t.data_ptr()
+    b = _as_array(torch.arange(6, dtype=torch.bfloat16))
+    assert b.dtype.name == "bfloat16"
+    np.testing.assert_array_equal(b.astype(np.float32), np.arange(6, dtype=np.float32))
+
+
+def test_outputs_share_memory_with_the_torch_tensors(rng):
+    from cuvil.runtime.loader import _to_torch
+
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    t = _to_torch(a)
+    assert t.data_ptr() == a.ctypes.data
+    import ml_dtypes
+
+    h = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    th = _to_torch(h)
+    assert th.dtype == torch.bfloat16 and th.float().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_export_ir_writes_the_optimized_module(tmp_path, rng):
+    m = softmax_module()
+    model = compile(m)
+    path = model.export_ir(tmp_path / "opt.cir")
+    optimized = load_ir(path)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(run_reference(optimized, [x])[0], scaled_softmax(x), rtol=1e-5, atol=1e-7)
+    # a cache hit has no module in memory: the IR is recomputed on demand
+    hit = compile(softmax_module())
+    assert hit.cache_info["cache"] == "hit"
+    assert hit.export_ir(tmp_path / "again.cir").read_text() == path.read_text()
+
+
+def test_export_ir_of_a_dynamic_model(tmp_path, rng):
+    model = compile(softmax_module("N"))
+    model(rng.standard_normal((3, 8)).astype(np.float32))
+    text = model.export_ir(tmp_path / "n3.cir").read_text()
+    assert "f32[3, 8]" in text
+    text = model.export_ir(tmp_path / "n6.cir", dims={"N": 6}).read_text()
+    assert "f32[6, 8]" in text
+
+
+def test_export_ir_needs_a_compiled_model(tmp_path):
+    model = compile(softmax_module(), output_dir=tmp_path / "lib")
+    loaded = load(model.library_path)
+    with pytest.raises(CuvilError, match="IR is not available"):
+        loaded.export_ir(tmp_path / "x.cir")
+
+
+def test_debug_log_shows_each_stage_with_timings(tmp_path, caplog):
+    from cuvil.ir.printer import export_ir
+
+    path = export_ir(softmax_module(), tmp_path / "m.cir")
+    with caplog.at_level(logging.DEBUG, logger="cuvil"):
+        compile(path)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        compile(path)
+        second = [r.getMessage() for r in caplog.records]
+    for stage in ("import", "optimize", "codegen", "load"):
+        assert any(m.startswith(stage) and "done in" in m for m in first), (stage, first)
+    for step in ("lower", "llvm-optimize", "emit", "link"):
+        assert any(f"codegen {step}:" in m for m in first), (step, first)
+    assert any(m.startswith("cache miss") for m in first)
+    assert any(m.startswith("cache hit") for m in second)
+
+
+def test_set_log_level_turns_on_stage_logs(capsys):
+    logger = logging.getLogger("cuvil")
+    level, handlers = logger.level, list(logger.handlers)
+    try:
+        cuvil.set_log_level("DEBUG")
+        compile(softmax_module())
+        err = capsys.readouterr().err
+        assert "cuvil DEBUG optimize" in err and "cuvil DEBUG cache miss" in err
+    finally:
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+
+
+def test_bad_options_are_errors():
+    with pytest.raises(CodegenError, match="not supported yet"):
+        compile(softmax_module(), target="aarch64-unknown-linux-gnu")
+    with pytest.raises(CodegenError, match="opt_level"):
+        compile(softmax_module(), opt_level=4)
+    with pytest.raises(CodegenError, match="threads"):
+        compile(softmax_module(), threads=0)
+    with pytest.raises(CodegenError, match="backend"):
+        compile(softmax_module(), backend="tvm")
+    if platform.machine() == "x86_64" and sys.platform == "linux":
+        for host in ("host", "x86-64", "x86_64-linux-gnu", "x86_64-unknown-linux-gnu"):
+            assert compile(softmax_module(), target=host).cache_info["cache"] in ("hit", "miss")
+
+
+def test_export_ir_of_a_pinned_model(tmp_path):
+    model = compile(softmax_module("N"), output_dir=tmp_path / "lib", input_shapes=[(5, 8)])
+    assert "f32[5, 8]" in model.export_ir(tmp_path / "n5.cir").read_text()
