@@ -1,1 +1,47 @@
-"""Translation validation and overflow probing over CIR (z3-backed)."""
+"""Translation validation and overflow probing over CIR (z3-backed).
+
+``check_pass(pass_, module)`` and ``check_pipeline(module, pipeline)`` prove each pass
+application equivalent (or refute it with a replayed counterexample) and return a
+:class:`Report` with a certificate; ``make_gate(policy=...)`` plugs the same check into the
+pass manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cuvil.ir.module import Module
+from cuvil.passes.base import Pass
+from verify.certificate import Report, module_hash
+from verify.errors import ProofFailure, ProofIncomplete, VerifierInconsistency
+from verify.gate import Gate, GateDecision, make_gate
+from verify.obligations import DEFAULT_TIMEOUT, Application, ObligationRecord, check_application
+from verify.verdict import Counterexample, Proved, Refuted, Unknown, Verdict
+
+
+def check_pass(pass_: Pass, module: Module, *, timeout: float = DEFAULT_TIMEOUT, seed: int = 0) -> Report:
+    """Run ``pass_`` on ``module`` and check that application."""
+    out = pass_.run(module)
+    report = Report(module_hash(module), [pass_.name])
+    if out.changed:
+        report.applications.append(check_application(pass_, module, out.module, timeout=timeout, seed=seed))
+    return report
+
+
+def check_pipeline(module: Module, pipeline: str | Sequence[str | Pass], *, policy: str = "audit",
+                   timeout: float = DEFAULT_TIMEOUT, seed: int = 0) -> Report:
+    """Run a pipeline with every application checked. ``audit`` (the default) keeps every pass and
+    reports; ``strict`` / ``degrade`` behave as the gate does."""
+    from cuvil.passes.manager import PassManager, parse_pipeline
+
+    passes = parse_pipeline(pipeline)
+    gate = make_gate(policy, timeout, seed=seed)
+    PassManager(passes, gate=gate).run(module)
+    report = gate.report([p.name for p in passes])
+    report.module = module_hash(module)
+    return report
+
+
+__all__ = ["DEFAULT_TIMEOUT", "Application", "Counterexample", "Gate", "GateDecision", "ObligationRecord",
+           "ProofFailure", "ProofIncomplete", "Proved", "Refuted", "Report", "Unknown", "Verdict",
+           "VerifierInconsistency", "check_application", "check_pass", "check_pipeline", "make_gate", "module_hash"]

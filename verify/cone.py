@@ -153,6 +153,10 @@ class LeafTable:
 
     def add_cut(self, vb: Value, va: Value) -> Leaf:
         """Make a pair proved equal one shared leaf for later obligations."""
+        existing = self.leaves.get(vb)
+        if existing is not None and existing.kind == "cut":
+            self.leaves[va] = existing
+            return existing
         self._cuts += 1
         leaf = Leaf(f"cut{self._cuts}_{structural_hash(va)[:8]}", f"%{va.op}~{structural_hash(va)[:6]}", va.type,
                     "cut", before=vb, after=va)
@@ -160,10 +164,40 @@ class LeafTable:
         self.leaves[va] = leaf
         return leaf
 
+    def copy(self) -> LeafTable:
+        """An independent table (cut points added to the copy stay there)."""
+        return LeafTable(self.before, self.after, self.constants, dict(self.leaves), set(self.common),
+                         list(self.notes), self._cuts)
+
     def leaf_of(self, v: Value) -> Leaf | None:
         return self.leaves.get(v)
 
-    def cone(self, root: Value, leaf_of: Callable[[Value], Leaf | None] | None = None) -> tuple[list[Value], list[Leaf]]:
+    def opened(self, roots: Iterable[Value], levels: int = 2) -> Callable[[Value], Leaf | None]:
+        """A leaf lookup that looks through shared values up to ``levels`` deep from ``roots``' cones.
+        Cutting at every shared value loses how they relate: one side may read a shared ``x`` where
+        the other reads a shared ``reshape(x)``."""
+        opened: set[Value] = set()
+        frontier = [leaf.before for root in roots for leaf in self.cone(root)[1]
+                    if leaf.kind == "shared" and leaf.before is not None]
+        for _ in range(levels):
+            nxt: list[Value] = []
+            for v in frontier:
+                if v in opened:
+                    continue
+                opened.add(v)
+                for o in v.operands:
+                    leaf = self.leaves.get(o)
+                    if leaf is not None and leaf.kind == "shared":
+                        nxt.append(o)
+            frontier = nxt
+
+        def lookup(v: Value) -> Leaf | None:
+            return None if v in opened else self.leaves.get(v)
+
+        return lookup
+
+    def cone(self, root: Value, leaf_of: Callable[[Value], Leaf | None] | None = None
+             ) -> tuple[list[Value], list[Leaf]]:
         """Non-leaf values from ``root`` down to the cut (operands first) and the leaves reached."""
         lookup = leaf_of or self.leaf_of
         seen: set[Value] = set()
@@ -243,14 +277,24 @@ def _f64(dt: DType) -> DType:
 def to_float64(fn: Function, constants: Mapping[str, np.ndarray]) -> tuple[Function, dict[str, np.ndarray]] | None:
     """``fn`` with every float computed in f64 (constants and casts included), or None when an
     op does not admit the change."""
+    conv = float64_values(fn, constants)
+    if conv is None:
+        return None
+    mapping, consts = conv
+    params = tuple(mapping[p] for p in fn.params)
+    results = tuple(mapping[r] for r in fn.results)
+    return Function(fn.name, params, results, fn.result_names, fn.constraints), consts
+
+
+def float64_values(fn: Function, constants: Mapping[str, np.ndarray]
+                   ) -> tuple[dict[Value, Value], dict[str, np.ndarray]] | None:
+    """The f64 counterpart of every value of ``fn``, and the constants they use."""
     b = Builder(constants)
     try:
         mapping = _convert_values([*fn.params, *fn.values()], b, {})
     except (CuvilError, ValueError, TypeError, KeyError):
         return None
-    params = tuple(mapping[p] for p in fn.params)
-    results = tuple(mapping[r] for r in fn.results)
-    return Function(fn.name, params, results, fn.result_names, fn.constraints), b.constants
+    return mapping, b.constants
 
 
 def _convert_values(values: list[Value], b: Builder, mapping: dict[Value, Value]) -> dict[Value, Value]:

@@ -12,7 +12,6 @@ reduction term (see ``Semantics.named_reduction``).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +86,8 @@ class IndexSpace:
     def atom(self, t: z3.ArithRef, lo: int | None = None, hi: int | None = None) -> Lin:
         if z3.is_int_value(t):
             return self.const(t.as_long())
+        if lo is not None and lo == hi:
+            return self.const(lo)
         tid = t.get_id()
         self.atoms.setdefault(tid, t)
         old = self.bounds.get(tid, (None, None))
@@ -198,8 +199,8 @@ class IndexSpace:
         hi = None if ahi is None or bhi is None else pick(ahi, bhi)
         return self.atom(t, lo, hi)
 
-    def compare(self, fn: str, a: Lin, b: Lin) -> z3.BoolRef:
-        """``a fn b`` decided by bounds when possible."""
+    def compare(self, fn: str, a: Lin, b: Lin) -> bool | z3.BoolRef:
+        """``a fn b``: a Python bool when the bounds decide it, else a z3 formula."""
         lo, hi = self.interval(self.add(a, b, -1))
         decided = {"lt": (hi is not None and hi < 0, lo is not None and lo >= 0),
                    "le": (hi is not None and hi <= 0, lo is not None and lo > 0),
@@ -208,9 +209,9 @@ class IndexSpace:
                    "eq": (lo == 0 and hi == 0, (lo is not None and lo > 0) or (hi is not None and hi < 0)),
                    "ne": ((lo is not None and lo > 0) or (hi is not None and hi < 0), lo == 0 and hi == 0)}[fn]
         if decided[0]:
-            return z3.BoolVal(True, self.ctx)
+            return True
         if decided[1]:
-            return z3.BoolVal(False, self.ctx)
+            return False
         ta, tb = self.term(a), self.term(b)
         return {"lt": ta < tb, "le": ta <= tb, "gt": ta > tb, "ge": ta >= tb, "eq": ta == tb, "ne": ta != tb}[fn]
 
@@ -255,21 +256,29 @@ class ConeEncoder:
         self.float_seen = False
         self.bound_facts: list[z3.BoolRef] = []
         self._dims: dict[str, Lin] = {}
+        self._dim_cache: dict[Dim, Lin] = {}
+        self._sites: dict[tuple[int, int], int] = {}
+        self._uses_memo: dict[int, tuple[str, ...]] = {}
         self._memo: dict[tuple[int, tuple[Lin, ...]], Any] = {}
         self._expr_memo: dict[tuple[int, tuple], Any] = {}
         self._rules: dict[int, tuple[Value, R.Expr]] = {}
-        self._leaf_terms: set[int] = set()
+        self._leaf_terms: dict[int, z3.ExprRef] = {}
+        self._true, self._false = z3.BoolVal(True, self.ctx), z3.BoolVal(False, self.ctx)
 
     # dims and the output index ----------------------------------------------------------
     def dim(self, d: Dim) -> Lin:
         if isinstance(d, int):
             return IndexSpace.const(d)
+        found = self._dim_cache.get(d)
+        if found is not None:
+            return found
         out = IndexSpace.const(0)
         for mono, coef in d.terms:
             term = IndexSpace.const(coef)
             for f in mono:
                 term = self.space.mul(term, self._dim_factor(f))
             out = self.space.add(out, term)
+        self._dim_cache[d] = out
         return out
 
     def _dim_factor(self, f: Any) -> Lin:
@@ -313,7 +322,7 @@ class ConeEncoder:
         return out
 
     # values -------------------------------------------------------------------------------
-    def value_at(self, v: Value, idx: tuple[Lin, ...], depth: int = 0) -> Any:
+    def value_at(self, v: Value, idx: tuple[Lin, ...]) -> Any:
         """The scalar value of ``v`` at index ``idx``: a semantic value (see ``term``)."""
         key = (id(v), idx)
         found = self._memo.get(key)
@@ -330,7 +339,7 @@ class ConeEncoder:
         else:
             owner, rule = self._rule(v)
             env = _Env({f"i{k}": ix for k, ix in enumerate(idx)})
-            out = self._scalar(self.expr(rule, env, owner, depth), rule.dtype)
+            out = self._scalar(self.expr(rule, env, owner), rule.dtype)
         self._memo[key] = out
         return out
 
@@ -352,7 +361,7 @@ class ConeEncoder:
         f = self.sem.uf(f"t_{leaf.key}", [self.sem.int_sort] * len(idx), self.sem.sort(dt))
         t = f(*[self.space.term(i) for i in idx])
         if leaf.value_range is not None and t.get_id() not in self._leaf_terms:
-            self._leaf_terms.add(t.get_id())
+            self._leaf_terms[t.get_id()] = t
             self.sem.range_facts(t, dt, *leaf.value_range)
         return self.sem.from_term(t, dt)
 
@@ -380,19 +389,19 @@ class ConeEncoder:
         return self.sem.lit(value, dt)
 
     # index expressions ------------------------------------------------------------------
-    def ix(self, e: R.Ix, env: _Env, owner: Value, depth: int) -> Lin:
+    def ix(self, e: R.Ix, env: _Env, owner: Value) -> Lin:
         k = e.kind
         if k == "var":
             return env.vars[e.args[0]]
         if k == "lit":
             return self.dim(e.args[0])
         if k == "dyn":
-            val = self.expr(e.args[0], env, owner, depth)
+            val = self.expr(e.args[0], env, owner)
             if isinstance(val, IndexInt):
                 return val.lin
             dt = e.args[0].dtype
             return self.space.atom(z3.BV2Int(val, is_signed=dt.is_signed))
-        a, b = (self.ix(x, env, owner, depth) for x in e.args)
+        a, b = (self.ix(x, env, owner) for x in e.args)
         if k == "add":
             return self.space.add(a, b)
         if k == "sub":
@@ -412,11 +421,16 @@ class ConeEncoder:
         """Integers computed as index arithmetic become bit-vectors once they meet other ops."""
         if isinstance(v, IndexInt):
             if dtype is DType.bool:
-                return self.space.compare("ne", v.lin, IndexSpace.const(0))
+                return self._bool(self.space.compare("ne", v.lin, IndexSpace.const(0)))
             if v.lin.is_const:
                 return z3.BitVecVal(v.lin.const % (1 << dtype.bits), dtype.bits, self.ctx)
             return z3.Int2BV(self.space.term(v.lin), dtype.bits)
         return v
+
+    def _bool(self, c: bool | z3.BoolRef) -> z3.BoolRef:
+        if c is True or c is False:
+            return self._true if c else self._false
+        return c
 
     def _as_index(self, v: Any) -> Lin | None:
         if isinstance(v, IndexInt):
@@ -425,47 +439,55 @@ class ConeEncoder:
             return IndexSpace.const(v.as_signed_long())
         return None
 
-    def expr(self, e: R.Expr, env: _Env, owner: Value, depth: int) -> Any:
+    def expr(self, e: R.Expr, env: _Env, owner: Value) -> Any:
         if isinstance(e, R.Load):
-            return self._load(e, env, owner, depth)
+            return self._load(e, env, owner)
         if isinstance(e, R.Lit):
             return self._lit(e.value, e.dtype)
         if isinstance(e, R.IndexValue):
-            return IndexInt(self.ix(e.ix, env, owner, depth))
-        key = (id(e), env.key)
+            return IndexInt(self.ix(e.ix, env, owner))
+        key = (id(e), tuple(env.vars[n] for n in self._uses(e)))
         found = self._expr_memo.get(key)
         if found is not None:
             return found
         if isinstance(e, R.Call):
-            out = self._call(e, env, owner, depth)
+            out = self._call(e, env, owner)
         elif isinstance(e, R.Reduce):
-            out = self._reduce(e, env, owner, depth)
+            out = self._reduce(e, env, owner)
         else:
             raise EncodingError(f"unknown rule node {type(e).__name__}")
         self._expr_memo[key] = out
         return out
 
-    def _load(self, e: R.Load, env: _Env, owner: Value, depth: int) -> Any:
+    def _uses(self, e: R.Expr) -> tuple[str, ...]:
+        """The index variables an expression reads (its memo key depends on these only)."""
+        found = self._uses_memo.get(id(e))
+        if found is None:
+            found = tuple(sorted(_expr_vars(e)))
+            self._uses_memo[id(e)] = found
+        return found
+
+    def _load(self, e: R.Load, env: _Env, owner: Value) -> Any:
         operand = owner.operands[e.operand]
-        idx = tuple(self.ix(i, env, owner, depth) for i in e.index)
+        idx = tuple(self.ix(i, env, owner) for i in e.index)
         if e.oob is None:
-            return self.value_at(operand, idx, depth)
+            return self.value_at(operand, idx)
         conds: list[z3.BoolRef] = []
         for i, d in zip(idx, operand.type.shape, strict=True):
             for c in (self.space.compare("ge", i, IndexSpace.const(0)), self.space.compare("lt", i, self.dim(d))):
-                if z3.is_false(c):
+                if c is False:
                     return self._lit(e.oob, e.dtype)
-                if not z3.is_true(c):
+                if c is not True:
                     conds.append(c)
-        inner = self.value_at(operand, idx, depth)
+        inner = self.value_at(operand, idx)
         if not conds:
             return inner
         inb = conds[0] if len(conds) == 1 else z3.And(*conds)
         dt = e.dtype
         return self.sem.select(inb, self._scalar(inner, dt), self._scalar(self._lit(e.oob, dt), dt), dt)
 
-    def _call(self, e: R.Call, env: _Env, owner: Value, depth: int) -> Any:
-        args = [self.expr(a, env, owner, depth) for a in e.args]
+    def _call(self, e: R.Call, env: _Env, owner: Value) -> Any:
+        args = [self.expr(a, env, owner) for a in e.args]
         dtypes = [a.dtype for a in e.args]
         attrs = dict(e.attrs)
         fn = e.fn
@@ -502,7 +524,7 @@ class ConeEncoder:
             if out.is_float:
                 return self.sem.index_to_float(self.space.term(ls[0]), out)
             if out is DType.bool:
-                return self.space.compare("ne", ls[0], IndexSpace.const(0))
+                return self._bool(self.space.compare("ne", ls[0], IndexSpace.const(0)))
             return IndexInt(ls[0]) if out.bits >= 32 else None
         if fn == "add":
             return IndexInt(self.space.add(ls[0], ls[1]))
@@ -515,14 +537,14 @@ class ConeEncoder:
         if fn in ("min", "max"):
             return IndexInt(self.space.minmax(ls[0], ls[1], fn))
         if fn in _INDEX_CMP:
-            return self.space.compare(fn, ls[0], ls[1])
+            return self._bool(self.space.compare(fn, ls[0], ls[1]))
         if fn in ("div", "mod") and ls[1].is_const and ls[1].const > 0:
             lo, _ = self.space.interval(ls[0])
             if fn == "mod" or (lo is not None and lo >= 0):  # floored modulo / truncation of non-negatives
                 return IndexInt(self.space.mod(ls[0], ls[1]) if fn == "mod" else self.space.floordiv(ls[0], ls[1]))
         return None
 
-    def _reduce(self, e: R.Reduce, env: _Env, owner: Value, depth: int) -> Any:
+    def _reduce(self, e: R.Reduce, env: _Env, owner: Value) -> Any:
         extents = [self.dim(d) for _, d in e.axes]
         dt = e.dtype
         if all(x.is_const for x in extents):
@@ -534,21 +556,46 @@ class ConeEncoder:
                 names = [name for name, _ in e.axes]
                 for combo in itertools.product(*[range(x.const) for x in extents]):
                     inner = env.bind({nm: IndexSpace.const(k) for nm, k in zip(names, combo, strict=True)})
-                    val = self._scalar(self.expr(e.body, inner, owner, depth), dt)
+                    val = self._scalar(self.expr(e.body, inner, owner), dt)
                     acc = val if acc is None else self.sem.call(_KIND_OP[e.kind], [acc, val], [dt, dt], dt, {})
                 return acc
+        # one binder per reduction of a rule: the same reduction met in several contexts (a mean
+        # inside a variance, a value read at several indices) encodes its body with the same
+        # variables, so identical bodies are encoded once; named reductions rename binders anyway
+        site = self._sites.setdefault((id(owner), id(e)), len(self._sites))
         binders: list[z3.ArithRef] = []
         bind: dict[str, Lin] = {}
         ext_values: list[int | z3.ArithRef] = []
         for j, ((name, _), ext) in enumerate(zip(e.axes, extents, strict=True)):
-            tag = str(ext.const) if ext.is_const else hashlib.sha1(str(self.space.term(ext)).encode()).hexdigest()[:8]
-            b = z3.Int(f"__k{depth}_{j}_{tag}", self.ctx)
+            b = z3.Int(f"__k{site}_{j}", self.ctx)
             _, hi = self.space.interval(ext)
             binders.append(b)
             bind[name] = self.space.atom(b, 0, None if hi is None else hi - 1)
             ext_values.append(ext.const if ext.is_const else self.space.term(ext))
-        body = self._scalar(self.expr(e.body, env.bind(bind), owner, depth + 1), dt)
+        body = self._scalar(self.expr(e.body, env.bind(bind), owner), dt)
         return self.sem.reduce_symbolic(e.kind, body, dt, binders, ext_values)
+
+
+def _ix_vars(ix: R.Ix) -> set[str]:
+    if ix.kind == "var":
+        return {ix.args[0]}
+    if ix.kind == "lit":
+        return set()
+    if ix.kind == "dyn":
+        return _expr_vars(ix.args[0])
+    return _ix_vars(ix.args[0]) | _ix_vars(ix.args[1])
+
+
+def _expr_vars(e: R.Expr) -> set[str]:
+    if isinstance(e, R.Load):
+        return set().union(*(_ix_vars(i) for i in e.index)) if e.index else set()
+    if isinstance(e, R.IndexValue):
+        return _ix_vars(e.ix)
+    if isinstance(e, R.Call):
+        return set().union(*(_expr_vars(a) for a in e.args))
+    if isinstance(e, R.Reduce):
+        return _expr_vars(e.body) - {name for name, _ in e.axes}
+    return set()
 
 
 def _same_elements(flat: np.ndarray, first: Any) -> np.ndarray:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import z3
+from z3 import z3core as Z3C
 
 from cuvil.ir.dtypes import DType
 from verify.poly import AtomTable, Poly
@@ -37,28 +38,70 @@ class EncodingError(Exception):
 
 
 class VarScan:
-    """Which index variables a z3 term mentions (memoized by AST id)."""
+    """Per z3 term: the index variables it mentions and a structural key that ignores their
+    names (memoized by AST id; walks raw ASTs for speed).
+
+    The key orders the arguments of commutative operations and the monomials of polynomials:
+    unlike AST ids it does not depend on which variables a reduction binds, so a reduction
+    body built with other binder names comes out in the same order and gets the same name."""
 
     def __init__(self) -> None:
-        self._memo: dict[int, tuple[str, ...]] = {}
+        # keyed by AST id; each entry holds a reference to its AST so the id cannot be reused
+        self._memo: dict[int, tuple[z3.AstRef, tuple[str, ...], int]] = {}
 
     def names(self, t: z3.ExprRef) -> tuple[str, ...]:
         """Variables in first-occurrence order of a left-to-right walk."""
-        tid = t.get_id()
-        found = self._memo.get(tid)
+        return self._scan(t)[1]
+
+    def shape(self, t: z3.ExprRef) -> int:
+        return self._scan(t)[2]
+
+    def _scan(self, t: z3.ExprRef) -> tuple[z3.AstRef, tuple[str, ...], int]:
+        found = self._memo.get(t.get_id())
         if found is not None:
             return found
-        if z3.is_const(t) and t.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-            name = t.decl().name()
-            out: tuple[str, ...] = (name,) if name.startswith(VAR_PREFIXES) else ()
-        else:
+        ctx = t.ctx
+        c = ctx.ref()
+        stack: list[tuple[Any, bool]] = [(t.as_ast(), False)]
+        while stack:
+            a, expanded = stack.pop()
+            aid = Z3C.Z3_get_ast_id(c, a)
+            if aid in self._memo:
+                continue
+            if Z3C.Z3_get_ast_kind(c, a) != z3.Z3_APP_AST:
+                self._memo[aid] = (z3.AstRef(a, ctx), (), hash(Z3C.Z3_ast_to_string(c, a)))
+                continue
+            app = Z3C.Z3_to_app(c, a)
+            n = Z3C.Z3_get_app_num_args(c, app)
+            decl = Z3C.Z3_get_app_decl(c, app)
+            if n == 0:
+                out: tuple[str, ...] = ()
+                text = Z3C.Z3_ast_to_string(c, a)
+                if Z3C.Z3_get_decl_kind(c, decl) == z3.Z3_OP_UNINTERPRETED and text.startswith(VAR_PREFIXES):
+                    out, key = (text,), hash("<index variable>")
+                else:
+                    key = hash(("const", text))
+                self._memo[aid] = (z3.AstRef(a, ctx), out, key)
+                continue
+            args = [Z3C.Z3_get_app_arg(c, app, i) for i in range(n)]
+            if not expanded:
+                stack.append((a, True))
+                stack.extend((x, False) for x in reversed(args))
+                continue
             seen: dict[str, None] = {}
-            for ch in t.children():
-                for n in self.names(ch):
-                    seen.setdefault(n, None)
-            out = tuple(seen)
-        self._memo[tid] = out
-        return out
+            keys: list[int] = []
+            for x in args:
+                entry = self._memo[Z3C.Z3_get_ast_id(c, x)]
+                keys.append(entry[2])
+                for nm in entry[1]:
+                    seen.setdefault(nm, None)
+            name = Z3C.Z3_get_symbol_string(c, Z3C.Z3_get_decl_name(c, decl))
+            self._memo[aid] = (z3.AstRef(a, ctx), tuple(seen), hash((name, tuple(keys))))
+        return self._memo[t.get_id()]
+
+    def order_key(self, t: z3.ExprRef) -> tuple[int, int]:
+        """Structure first, AST id only to break ties."""
+        return self.shape(t), t.get_id()
 
     def depends(self, t: z3.ExprRef, binders: frozenset[str]) -> bool:
         return any(n in binders for n in self.names(t))
@@ -253,7 +296,7 @@ class Semantics:
         """``kind`` of ``body`` over ``binders`` as one uninterpreted application whose name is a
         hash of the body with its binders and free variables renamed positionally: bodies equal
         up to renaming give the same function, and its arguments are the body's free variables."""
-        binder_names = [str(b) for b in binders]
+        binder_names = [b.decl().name() for b in binders]
         free = [n for n in self.scan.names(body) if n not in binder_names]
         sub: list[tuple[z3.ExprRef, z3.ExprRef]] = []
         for j, b in enumerate(binders):
@@ -264,7 +307,7 @@ class Semantics:
         canon = z3.substitute(body, *sub) if sub else body
         sym_extents = [e for e in extents if not isinstance(e, int)]
         ext_key = ",".join(str(e) if isinstance(e, int) else "?" for e in extents)
-        key = (kind, ext_key, canon.sexpr(), str(sort))
+        key = (kind, ext_key, canon.sexpr(), sort.sexpr())
         name = self._reductions.get(key)
         if name is None:
             digest = hashlib.sha1(repr(key).encode()).hexdigest()[:16]
@@ -276,7 +319,7 @@ class Semantics:
 
     def reduce_symbolic(self, kind: str, body: Any, dtype: DType, binders: Sequence[z3.ArithRef],
                         extents: Sequence[int | z3.ArithRef]) -> Any:
-        names = frozenset(str(b) for b in binders)
+        names = frozenset(b.decl().name() for b in binders)
         t = self.term(body, dtype)
         if kind in ("max", "min") and not self.scan.depends(t, names):
             return body  # max/min of a constant body over a non-empty range (dims are >= 1)
@@ -320,7 +363,7 @@ class RealSemantics(Semantics):
 
     def __init__(self, ctx: z3.Context) -> None:
         super().__init__(ctx)
-        self.atoms = AtomTable(ctx)
+        self.atoms = AtomTable(ctx, self.scan.order_key)
         self.real = z3.RealSort(ctx)
         self._specials: dict[str, z3.ArithRef] = {}
 
@@ -454,7 +497,7 @@ class RealSemantics(Semantics):
                         extents: Sequence[int | z3.ArithRef]) -> Any:
         if kind != "sum" or not dtype.is_float:
             return super().reduce_symbolic(kind, body, dtype, binders, extents)
-        names = frozenset(str(b) for b in binders)
+        names = frozenset(b.decl().name() for b in binders)
         groups: dict[tuple, Poly] = {}
         for mono, coef in body.terms.items():
             dep = tuple((a, p) for a, p in mono if self.scan.depends(self.atoms.atoms[a], names))
@@ -499,7 +542,8 @@ class AbstractFPSemantics(Semantics):
         self._sorts: dict[DType, z3.SortRef] = {}
         self.literals: dict[int, tuple[DType, float]] = {}
         self._lits_by_sort: dict[DType, dict[str, z3.ExprRef]] = {}
-        self._apps: dict[int, tuple[str, tuple[z3.ExprRef, ...]]] = {}
+        # applications by AST id (each entry holds its term, so ids stay unique): operation, arguments
+        self._apps: dict[int, tuple[z3.ExprRef, str, tuple[z3.ExprRef, ...]]] = {}
 
     def float_sort(self, dtype: DType) -> z3.SortRef:
         s = self._sorts.get(dtype)
@@ -537,11 +581,11 @@ class AbstractFPSemantics(Semantics):
         sort = self.float_sort(dtype)
         f = self.uf(f"f{fn}_{dtype.value}", [sort] * len(args), rng if rng is not None else sort)
         out = f(*args)
-        self._apps[out.get_id()] = (fn, args)
+        self._apps[out.get_id()] = (out, fn, args)
         return out
 
     def _commuted(self, fn: str, a: z3.ExprRef, b: z3.ExprRef) -> tuple[z3.ExprRef, z3.ExprRef]:
-        if a.get_id() > b.get_id():
+        if self.scan.order_key(a) > self.scan.order_key(b):
             self.axioms.add(f"{fn}-commutative")
             return b, a
         return a, b
@@ -573,12 +617,12 @@ class AbstractFPSemantics(Semantics):
             return a
         if fn == "neg":
             inner = self._apps.get(a.get_id())
-            if inner is not None and inner[0] == "neg":
+            if inner is not None and inner[1] == "neg":
                 self.axioms.add("neg-involution")
-                return inner[1][0]
+                return inner[2][0]
         if fn in ("max", "min"):
             inner = self._apps.get(a.get_id())
-            if inner is not None and inner[0] == fn and z3.eq(inner[1][1], b):
+            if inner is not None and inner[1] == fn and z3.eq(inner[2][1], b):
                 self.axioms.add(f"{fn}-idempotent")
                 return a
         boolean = z3.BoolSort(self.ctx)
@@ -613,12 +657,12 @@ class AbstractFPSemantics(Semantics):
 
     def float_to_float(self, x: Any, src: DType, dst: DType) -> Any:
         inner = self._apps.get(x.get_id())
-        if inner is not None and inner[0] == f"cast_{dst.value}" and (dst, src) in _WIDENS_EXACTLY:
+        if inner is not None and inner[1] == f"cast_{dst.value}" and (dst, src) in _WIDENS_EXACTLY:
             self.axioms.add("widen-narrow")
-            return inner[1][0]
+            return inner[2][0]
         f = self.uf(f"cast_{src.value}_{dst.value}", [self.float_sort(src)], self.float_sort(dst))
         out = f(x)
-        self._apps[out.get_id()] = (f"cast_{src.value}", (x,))
+        self._apps[out.get_id()] = (out, f"cast_{src.value}", (x,))
         return out
 
 

@@ -10,8 +10,9 @@ not depend on its index.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
+from typing import Any
 
 import z3
 
@@ -87,10 +88,13 @@ def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
 
 
 class AtomTable:
-    """The atoms polynomials refer to, by z3 AST id (stable within one context)."""
+    """The atoms polynomials refer to, by z3 AST id (stable within one context). ``order`` gives
+    the key monomials and factors are written in (a structural one keeps terms built with
+    different variable names in the same order)."""
 
-    def __init__(self, ctx: z3.Context) -> None:
+    def __init__(self, ctx: z3.Context, order: Callable[[z3.ExprRef], Any] | None = None) -> None:
         self.ctx = ctx
+        self.order = order or (lambda t: t.get_id())
         self.atoms: dict[int, z3.ArithRef] = {}
         self._terms: dict[tuple, z3.ArithRef] = {}
 
@@ -104,9 +108,12 @@ class AtomTable:
     def value(self, c: Fraction) -> z3.ArithRef:
         return z3.RealVal(f"{c.numerator}/{c.denominator}", self.ctx)
 
+    def _mono_key(self, m: Monomial) -> tuple:
+        return tuple(sorted((self.order(self.atoms[a]), p) for a, p in m))
+
     def mono_term(self, m: Monomial) -> z3.ArithRef | None:
         factors: list[z3.ArithRef] = []
-        for atom, p in m:
+        for atom, p in sorted(m, key=lambda ap: self.order(self.atoms[ap[0]])):
             factors.extend([self.atoms[atom]] * p)
         if not factors:
             return None
@@ -122,7 +129,7 @@ class AtomTable:
         if found is not None:
             return found
         parts: list[z3.ArithRef] = []
-        for m, c in key:
+        for m, c in sorted(key, key=lambda mc: (self._mono_key(mc[0]), mc[1])):
             body = self.mono_term(m)
             if body is None:
                 parts.append(self.value(c))

@@ -38,9 +38,10 @@ class Attempt:
 
 def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], encoder: str,
           constraints: Sequence[DimConstraint] = (), *, timeout: float = 10.0,
-          decode: Sequence[Leaf] = ()) -> Attempt:
+          decode: Sequence[Leaf] = (), ctx: z3.Context | None = None) -> Attempt:
+    """``ctx``: a context to reuse (cut-point lemmas share one); by default a fresh one."""
     start = time.perf_counter()
-    ctx = z3.Context()
+    ctx = ctx if ctx is not None else z3.Context()
     try:
         enc = ConeEncoder(encoder, leaf_of, constraints, ctx=ctx)
         idx = enc.output_index(before.type)
@@ -107,6 +108,7 @@ def _decode(out: Attempt, model: z3.ModelRef, enc: ConeEncoder, root: Value, lea
         index.append(int(val.as_long()) if z3.is_int_value(val) else 0)
     out.model_index = tuple(index)
     tensors: dict[str, np.ndarray] = {}
+    decls = {d.name(): d for d in model.decls()}
     for leaf in leaves:
         if enc.sem.name != "real" and leaf.type.dtype.is_float:
             return
@@ -115,22 +117,29 @@ def _decode(out: Attempt, model: z3.ModelRef, enc: ConeEncoder, root: Value, lea
         except KeyError:
             return
         arr = np.zeros(shape, dtype=np.float64)
-        f = enc.sem._ufs.get(f"t_{leaf.key}")
-        if f is not None:
-            if f.arity() == 0:
-                val = _model_value(model.eval(f(), model_completion=True))
-                arr[()] = 0 if val is None else val
-            else:
-                interp = model[f]
-                if interp is not None:
-                    els = _model_value(interp.else_value())
-                    arr[...] = 0 if els is None else els
-                    for entry in interp.as_list()[:-1]:
-                        pos = [_model_value(x) for x in entry[:-1]]
-                        val = _model_value(entry[-1])
-                        if val is None or any(not isinstance(p, int) for p in pos):
-                            continue
-                        if all(0 <= p < s for p, s in zip(pos, shape, strict=True)):  # type: ignore[operator]
-                            arr[tuple(pos)] = val
+        decl = decls.get(f"t_{leaf.key}")
+        if decl is not None:
+            try:
+                _fill(arr, model[decl], shape)
+            except z3.Z3Exception:
+                pass
         tensors[leaf.key] = arr.astype(leaf.type.dtype.np)
     out.model_inputs = tensors
+
+
+def _fill(arr: np.ndarray, interp: object, shape: tuple[int, ...]) -> None:
+    """Write a model's interpretation of a leaf function into ``arr``."""
+    if not isinstance(interp, z3.FuncInterp):
+        val = _model_value(interp) if isinstance(interp, z3.ExprRef) else None
+        if val is not None:
+            arr[...] = val
+        return
+    els = _model_value(interp.else_value())
+    arr[...] = 0 if els is None else els
+    for entry in interp.as_list()[:-1]:
+        pos = [_model_value(x) for x in entry[:-1]]
+        val = _model_value(entry[-1])
+        if val is None or any(not isinstance(p, int) for p in pos):
+            continue
+        if all(0 <= p < s for p, s in zip(pos, shape, strict=True)):  # type: ignore[operator]
+            arr[tuple(pos)] = val

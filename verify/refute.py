@@ -38,7 +38,10 @@ from verify.modular import ModularEvaluator, Trace, random_residues
 from verify.prove import Attempt
 from verify.verdict import Counterexample, TensorInput
 
-MODES_EXACT = ("random", "negative-zeros", "specials", "zeros", "tiny", "huge", "negative", "near-one", "random-wide")
+MODES_EXACT = ("random", "signed-zeros", "negative-zeros", "specials", "zeros", "tiny", "huge", "negative", "near-one",
+               "random-wide")
+FREE_KINDS = ("param", "constant", "folded")
+"""Cut leaves that may take independent values: a shared computed value is a function of the others."""
 MODES_REAL = ("random", "tiny", "huge", "negative", "near-one", "zeros", "random-wide")
 
 _TINY = {DType.f16: 1e-6, DType.bf16: 1e-30, DType.f32: 1e-30, DType.f64: 1e-200}
@@ -82,6 +85,8 @@ def generate(t: TensorType, dims: Mapping[str, int], mode: str, rng: np.random.G
     normal = rng.standard_normal(shape)
     if mode == "zeros":
         x = np.zeros(shape)
+    elif mode == "signed-zeros":
+        x = np.where(rng.integers(0, 2, shape).astype(bool), 0.0, -0.0)
     elif mode == "negative-zeros":
         x = np.where(rng.integers(0, 3, shape) == 0, normal, -0.0)
     elif mode == "tiny":
@@ -200,17 +205,17 @@ class Refuter:
         if not full:
             modes = modes[:2]
         self._rit(out)
-        if attempt is not None and attempt.model_inputs is not None:
-            out.tried.append("z3 model")
-            ce = self._try_cut_values(attempt.model_inputs, "a z3 model", free=True, index=attempt.model_index)
-            if ce is not None:
-                out.counterexample = ce
         for mode in modes:
             if out.counterexample is not None or time.perf_counter() - start > budget:
                 break
             out.tried.append(f"float {mode}")
             out.counterexample = self._model_inputs(mode)
-        if full:
+        independent = all(leaf.kind in FREE_KINDS for leaf in self.case.cones.inputs)
+        if out.counterexample is None and independent and attempt is not None and attempt.model_inputs is not None:
+            out.tried.append("z3 model")
+            out.counterexample = self._try_cut_values(attempt.model_inputs, "a z3 model", free=True,
+                                                      index=attempt.model_index)
+        if full and independent:
             for mode in ("random", "range-ends", "tiny", "huge", "negative-zeros"):
                 if out.counterexample is not None or time.perf_counter() - start > budget:
                     break

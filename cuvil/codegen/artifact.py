@@ -53,13 +53,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: str | os.PathLike, *,
                   name: str | None = None, opt_level: int = 3, keep_ir: bool = False,
-                  extra_manifest: Mapping[str, Any] | None = None) -> Artifact:
-    """Compile ``fn`` (static shapes) into a shared library with its header and manifest in ``out_dir``."""
+                  extra_manifest: Mapping[str, Any] | None = None, threads: int | None = None) -> Artifact:
+    """Compile ``fn`` (static shapes) into a shared library with its header and manifest in ``out_dir``.
+    ``threads`` is the library's default thread count (None: the CPUs it may use when it runs)."""
     from cuvil import __version__
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    lowered = lower_function(fn, constants, name=name)
+    lowered = lower_function(fn, constants, name=name, threads=threads)
     times["lower_s"] = time.perf_counter() - t0
 
     target = host_target()
@@ -96,6 +97,8 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
         "arena_bytes": lowered.arena_bytes,
         "constants_bytes": lowered.constants_bytes,
         "ops": dict(sorted(collections.Counter(lowered.ops).items())),
+        "kernels": list(lowered.kernels),  # per step, in run order: a tuned kernel's name or "rule"
+        "threads": threads if threads is not None else "auto",
         "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features},
         "opt_level": opt_level,
         "function_hash": lowered.function_hash,

@@ -25,6 +25,9 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.kernels import Kernel, select_kernel
+from cuvil.codegen.kernels.pack import embed_array
+from cuvil.codegen.kernels.threads import set_default_threads
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
 from cuvil.codegen.plan import MemoryPlan, nbytes, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR
@@ -33,6 +36,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
 from cuvil.ir.values import Value, attr_key
+from cuvil.log import logger
 
 # struct cuvil_tensor { void* data; const int64_t* shape; int32_t rank; int32_t dtype; }: 24 bytes
 TENSOR_STRUCT = ir.LiteralStructType([PTR, PTR, I32, I32])
@@ -69,6 +73,7 @@ class LoweredFunction:
     constants_bytes: int
     ops: tuple[str, ...]
     function_hash: str
+    kernels: tuple[str, ...] = ()  # per step: the tuned kernel's name, or "rule" (generic lowering)
 
     @property
     def arena_bytes(self) -> int:
@@ -88,8 +93,9 @@ def function_hash(fn: Function, constants: Mapping[str, np.ndarray]) -> str:
 
 
 def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None = None,
-                   function_digest: str | None = None) -> LoweredFunction:
-    """Build the LLVM module of ``fn`` (static shapes only)."""
+                   function_digest: str | None = None, threads: int | None = None) -> LoweredFunction:
+    """Build the LLVM module of ``fn`` (static shapes only); ``threads`` is the default size of the
+    thread pool tuned kernels run on (None: the CPUs the process may use)."""
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
     inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
@@ -98,26 +104,19 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     plan = plan_memory(fn)
     mod = ir.Module(name=prefix)
 
-    const_globals: dict[str, ir.GlobalVariable] = {}
-    const_bytes = 0
     for v in fn.values():
-        if not v.is_const or v.const_hash in const_globals:
-            continue
-        if v.const_hash not in constants:
+        if v.is_const and v.const_hash not in constants:
             raise CodegenError(f"constant {v.const_hash} is missing from the module", location=fn.name)
-        data = np.ascontiguousarray(constants[v.const_hash]).tobytes()
-        const_bytes += len(data)
-        raw = bytearray(data) if data else bytearray(1)
-        g = ir.GlobalVariable(mod, ir.ArrayType(I8, len(raw)), name=f"const.{v.const_hash}")
-        g.initializer = ir.Constant(ir.ArrayType(I8, len(raw)), raw)
-        g.global_constant = True
-        g.linkage = "private"
-        g.unnamed_addr = True
-        g.align = 64
-        const_globals[v.const_hash] = g
 
     kernels: list[ir.Function] = []
+    tuned: dict[Value, Kernel] = {}
     for k, v in enumerate(plan.steps):
+        kernel = select_kernel(v, constants)
+        if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
+            tuned[v] = kernel
+            kernels.append(kernel.emit(mod, f"k{k}.{v.op}"))
+            logger.debug("op %d %s: kernel %s", k, v.op, kernel.name)
+            continue
         opdef = get_op(v.op)
         in_types = [o.type for o in v.operands]
         try:
@@ -128,9 +127,26 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
             raise CodegenError(f"the rule of {v.op} could not be built for {v.type}: {e}", location=v.op) from e
         kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", rule, in_types, v.type, v.op))
 
-    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs)
+    # raw constants: only those some kernel reads as they are (a packed weight is embedded packed)
+    const_globals: dict[str, ir.GlobalVariable] = {}
+    const_bytes = 0
+    needed = [o for v in plan.steps for j, o in enumerate(v.operands)
+              if o.is_const and (v not in tuned or j not in tuned[v].unused_operands)]
+    needed += [v for v, _ in plan.copies if v.is_const]
+    for v in needed:
+        if v.const_hash in const_globals:
+            continue
+        data = np.ascontiguousarray(constants[v.const_hash])
+        const_bytes += data.nbytes
+        const_globals[v.const_hash] = embed_array(mod, f"const.{v.const_hash}", data)
+
+    const_bytes += sum(kn.constant_bytes for kn in tuned.values())
+    scratch = max((kn.scratch_bytes for kn in tuned.values()), default=0)
+    set_default_threads(mod, threads)
+    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs, tuned, scratch)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
-                           tuple(v.op for v in plan.steps), function_digest or function_hash(fn, constants))
+                           tuple(v.op for v in plan.steps), function_digest or function_hash(fn, constants),
+                           tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps))
 
 
 # --------------------------------------------------------------------------------------
@@ -161,8 +177,11 @@ def _not_null(b: ir.IRBuilder, p: ir.Value) -> ir.Value:
 
 def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPlan,
                        const_globals: dict[str, ir.GlobalVariable], kernels: list[ir.Function],
-                       inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
-    arena_alloc = max(plan.arena_bytes, abi.ARENA_ALIGN)
+                       inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                       tuned: Mapping[Value, Kernel], scratch: int) -> None:
+    # tuned kernels share one scratch area after the arena (they run one at a time)
+    scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
+    arena_alloc = max(scratch_at + scratch if scratch else plan.arena_bytes, abi.ARENA_ALIGN)
 
     # create / destroy
     create = ir.Function(mod, ir.FunctionType(PTR, []), name=f"{prefix}_create")
@@ -180,7 +199,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
     ctx, in_arr, out_arr = run.args
     ctx.name, in_arr.name, out_arr.name = "ctx", "inputs", "outputs"
     b = ir.IRBuilder(run.append_basic_block("entry"))
-    if plan.arena_bytes > 0:
+    if plan.arena_bytes > 0 or scratch > 0:
         _fail_unless(b, _not_null(b, ctx), abi.ERR_NULL)
     if inputs:
         _fail_unless(b, _not_null(b, in_arr), abi.ERR_NULL)
@@ -197,7 +216,12 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
         return b.load(b.gep(arr, [ir.Constant(I64, s.index)], inbounds=True, source_etype=PTR), typ=PTR)
 
     for v, kernel in zip(plan.steps, kernels, strict=True):
-        args = [slot_ptr(v)] + [slot_ptr(o) for o in v.operands]
+        unused = tuned[v].unused_operands if v in tuned else frozenset()
+        args = [slot_ptr(v)] + [ir.Constant(PTR, None) if j in unused else slot_ptr(o)
+                                for j, o in enumerate(v.operands)]
+        if v in tuned:
+            args.append(b.gep(ctx, [ir.Constant(I64, scratch_at)], inbounds=True, source_etype=I8) if scratch
+                        else ir.Constant(PTR, None))
         rc = b.call(kernel, args)
         _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
     if plan.copies:

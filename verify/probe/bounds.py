@@ -47,6 +47,9 @@ from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, chunks
 GRID_BUDGET = 1 << 22
 """Largest evaluation grid (output elements x reduced terms) one block of a rule may use."""
 
+RULE_FALLBACK_MAX = 1 << 22
+"""Largest grid a bilinear op is re-read at, term by term, when its fast-path bound fails."""
+
 FAST_PATH_MIN = 1 << 15
 """Grids at least this large use a bilinear op's fast path instead of the rule."""
 
@@ -114,6 +117,7 @@ class IntervalWalker(RuleWalker[Interval]):
         self.watch = watch
         self.tighten = tighten
         self.records: dict[int, NodeRecord] = {}
+        self.pre: dict[int, Interval] = {}
 
     def lift(self, v: Interval) -> Interval:
         return v.lift(self.depth)
@@ -140,8 +144,9 @@ class IntervalWalker(RuleWalker[Interval]):
     def load(self, e: Load, idx: list[IxVal]) -> Interval:
         src = self.operands[e.operand]
         lo, hi = src.lo, src.hi
+        nan_src = np.broadcast_to(src.nan, lo.shape) if src.nan.any() else None
         if not idx:
-            return Interval(lo, hi) if lo is not hi else Interval(lo)
+            return Interval(lo, hi, src.nan) if lo is not hi or nan_src is not None else Interval(lo)
         oob_maybe = np.zeros((1,) * self.depth, dtype=bool)
         exact: list[np.ndarray] = []
         for k, i in enumerate(idx):
@@ -158,6 +163,8 @@ class IntervalWalker(RuleWalker[Interval]):
             sl[k] = slice(a, b + 1)
             lo = np.min(lo[tuple(sl)], axis=k, keepdims=True)
             hi = np.max(hi[tuple(sl)], axis=k, keepdims=True)
+            if nan_src is not None:
+                nan_src = np.any(nan_src[tuple(sl)], axis=k, keepdims=True)
             exact.append(np.zeros((1,) * self.depth, dtype=np.int64))
         inb = np.ones((1,) * self.depth, dtype=bool)
         for k, i in enumerate(exact):
@@ -173,9 +180,14 @@ class IntervalWalker(RuleWalker[Interval]):
             if np.any(oob_maybe):
                 vlo, vhi = np.where(oob_maybe, np.minimum(vlo, fill), vlo), np.where(oob_maybe,
                                                                                       np.maximum(vhi, fill), vhi)
-        if vlo is vhi:
+        nan = False
+        if nan_src is not None:
+            nan = nan_src[clipped]
+            if e.oob is not None:
+                nan = nan & inb
+        if vlo is vhi and nan is False:
             return Interval(vlo)
-        return Interval(vlo, vhi)
+        return Interval(vlo, vhi, nan)
 
     # calls and reductions -----------------------------------------------------------
     def call(self, e: Call, args: list[Interval]) -> Interval:
@@ -183,13 +195,20 @@ class IntervalWalker(RuleWalker[Interval]):
         arg_dtypes = [a.dtype for a in e.args]
         if all(a.point for a in args):
             return Interval(I.concrete(e.fn, [a.lo for a in args], e.dtype, attrs, arg_dtypes))
-        out = I.apply(e.fn, args, e.dtype, attrs, arg_dtypes)
-        if e.fn in I.ROUNDING:
-            out = I.round_to(out, e.dtype, 8.0 if e.fn in I.TRANSCENDENTAL else 2.0)
-        elif not e.dtype.is_float and e.dtype is not DType.bool and e.fn in ("neg", "abs"):
-            out = I.wrap(out, e.dtype)
+        if e.fn == "mul" and e.args[0] is e.args[1]:
+            out = I.square(args[0])
+        else:
+            out = I.apply(e.fn, args, e.dtype, attrs, arg_dtypes)
         if self.tighten:
             out = self._relational(e, out)
+        if id(e) in self.watch_ids:  # a node is judged before its own rounding (or wrap-around)
+            self.pre[id(e)] = args[0] if e.fn == "cast" and e.dtype.is_float else out
+        if e.fn in I.ROUNDING and not self._exact_integer(e, out):
+            out = I.round_to(out, e.dtype, 8.0 if e.fn in I.TRANSCENDENTAL else 2.0)
+            if self.tighten:
+                out = self._relational(e, out)
+        elif not e.dtype.is_float and e.dtype is not DType.bool and e.fn in ("neg", "abs"):
+            out = I.wrap(out, e.dtype)
         return out
 
     def reduce(self, e: Reduce, body: Interval, axes: tuple[int, ...], extents: list[int]) -> Interval:
@@ -220,11 +239,21 @@ class IntervalWalker(RuleWalker[Interval]):
             if dt.is_float:
                 acc = I.ACCUMULATOR.get(dt, dt)
                 mag = np.sum(np.maximum(np.abs(lo), np.abs(hi)), axis=axes)
-                out = I.round_to(out, dt, 2.0, extra=(n + 1) * I.unit_roundoff(acc) * mag)
+                extra = (n + 1) * I.unit_roundoff(acc) * mag
+                nonneg, nonpos = np.all(lo >= 0, axis=axes), np.all(hi <= 0, axis=axes)
+                pre = Interval(np.where(nonneg, np.maximum(out.lo - extra, 0.0), out.lo - extra),
+                               np.where(nonpos, np.minimum(out.hi + extra, 0.0), out.hi + extra), out.nan)
+                if id(e) in self.watch_ids:
+                    self.pre[id(e)] = pre
+                out = I.round_to(pre, dt, 1.0)
             else:
+                if id(e) in self.watch_ids:
+                    self.pre[id(e)] = out
                 out = I.wrap(out, dt)
             if self.tighten and self._softmax_denominator(e):
                 out = out.intersect(1.0, np.inf)
+                if id(e) in self.pre:
+                    self.pre[id(e)] = self.pre[id(e)].intersect(1.0, np.inf)
             return out
         return self._product(e, Interval(lo, hi, nan), axes, n)
 
@@ -239,14 +268,26 @@ class IntervalWalker(RuleWalker[Interval]):
         return I.round_to(acc, e.dtype, float(n + 1)) if e.dtype.is_float else I.wrap(acc, e.dtype)
 
     # relational facts ---------------------------------------------------------------
+    def _exact_integer(self, e: Call, out: Interval) -> bool:
+        """Sums, differences and products of integer-valued floats are exact while they stay below
+        2^(mantissa bits + 1) (requantization adds zero points to rounded values this way)."""
+        if e.fn not in ("add", "sub", "mul") or not e.dtype.is_float or not integral(e, self.info):
+            return False
+        limit = 2.0 ** (I.ml_dtypes.finfo(e.dtype.np).nmant + 1)
+        return bool(np.all(np.abs(out.lo) < limit) and np.all(np.abs(out.hi) < limit))
+
     def _relational(self, e: Call, out: Interval) -> Interval:
-        if e.fn == "sub" and max_shift(e, self.info) is not None:
-            return out.intersect(-np.inf, 0.0)
-        if e.fn == "div":
-            bound = normalized_bound(e, self.info)
-            if bound is not None:
-                return out.intersect(-bound, bound)
-        return out
+        facts = self.info.__dict__.setdefault("facts", {})
+        if id(e) not in facts:
+            fact = None
+            if e.fn == "sub" and max_shift(e, self.info) is not None:
+                fact = (-np.inf, 0.0)
+            elif e.fn == "div":
+                bound = normalized_bound(e, self.info)
+                fact = None if bound is None else (-bound, bound)
+            facts[id(e)] = fact
+        fact = facts[id(e)]
+        return out if fact is None else out.intersect(*fact)
 
     def _softmax_denominator(self, e: Reduce) -> bool:
         if len(e.axes) != 1 or not isinstance(e.body, Call) or e.body.fn != "exp":
@@ -262,11 +303,21 @@ class IntervalWalker(RuleWalker[Interval]):
         return a.index[j] == Ix.var(e.axes[0][0])
 
     # records ------------------------------------------------------------------------
+    @property
+    def watch_ids(self) -> set[int]:
+        ids = getattr(self, "_watch_ids", None)
+        if ids is None:
+            ids = self._watch_ids = {id(self.info.nodes[k]) for k in self.watch}
+        return ids
+
     def observe(self, e: Expr, value: Interval) -> None:
         spec = self.watch.get(self.info.index.get(id(e), -1))
         if spec is None:
             return
         k = self.info.index[id(e)]
+        pre = self.pre.pop(id(e), None)
+        if pre is not None:  # judged before its own rounding: a value below the limit stays finite
+            value = Interval(pre.lo, pre.hi, value.nan)
         rec = NodeRecord(k, self.info.label(e), spec)
         lo, hi = value.lo, value.hi
         rec.lo = float(np.min(lo)) if lo.size else math.inf
@@ -291,6 +342,31 @@ class IntervalWalker(RuleWalker[Interval]):
 
 # --------------------------------------------------------------------------------------
 # rule patterns
+
+
+def integral(e: Expr, info: RuleInfo) -> bool:
+    """Whether a node only takes integer values (rounded, cast from an integer, integer literals,
+    and sums, differences, products, min/max and selects of those)."""
+    cache = info.__dict__.setdefault("integral", {})
+    hit = cache.get(id(e))
+    if hit is None:
+        if isinstance(e, Lit):
+            hit = float(e.value) == int(e.value) if not isinstance(e.value, bool) else True
+        elif isinstance(e, Load):
+            known = getattr(info, "operand_integral", ())
+            hit = not e.dtype.is_float or (e.operand < len(known) and known[e.operand])
+        elif isinstance(e, Call) and e.fn in ("round_even", "floor", "ceil"):
+            hit = True
+        elif isinstance(e, Call) and e.fn == "cast":
+            hit = not e.args[0].dtype.is_float or integral(e.args[0], info)
+        elif isinstance(e, Call) and e.fn in ("add", "sub", "mul", "neg", "abs", "min", "max"):
+            hit = all(integral(a, info) for a in e.args)
+        elif isinstance(e, Call) and e.fn == "select":
+            hit = integral(e.args[1], info) and integral(e.args[2], info)
+        else:
+            hit = not e.dtype.is_float
+        cache[id(e)] = hit
+    return hit
 
 
 def _same_operand(a: Load, b: Load) -> bool:
@@ -437,13 +513,15 @@ class OpContext:
 
 
 def op_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool], *, budget: int = GRID_BUDGET,
-              tighten: bool = True) -> OpBounds:
+              tighten: bool = True, fast_path_min: int = FAST_PATH_MIN) -> OpBounds:
     """The bound of one op's result (and of its watched nodes) given its operands' bounds."""
-    grid = math.prod(ctx.info.out_shape) * ctx.info.grid_factor
-    if ctx.pair is not None and grid >= FAST_PATH_MIN:
+    grid = ctx.info.grid
+    if ctx.pair is not None and grid >= fast_path_min:
         fast = _bilinear_bounds(ctx, operands, constant)
-        if fast is not None and fast.safe:
+        if fast is not None and (fast.safe or grid > RULE_FALLBACK_MAX):
             return fast
+        if fast is None and grid > RULE_FALLBACK_MAX:
+            return _unbounded(ctx)
     in_dtypes = ctx.in_dtypes
     out_shape = ctx.info.out_shape
     parts: list[tuple[tuple[int, int, int] | None, Interval]] = []
@@ -468,10 +546,22 @@ def op_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool], *,
         out = Interval(np.concatenate([p.lo for _, p in parts], axis=axis),
                        np.concatenate([p.hi for _, p in parts], axis=axis),
                        np.concatenate([p.nan for _, p in parts], axis=axis))
-    out = Interval(np.ascontiguousarray(np.broadcast_to(out.lo, out_shape)),
-                   np.ascontiguousarray(np.broadcast_to(out.hi, out_shape)),
-                   np.ascontiguousarray(np.broadcast_to(out.nan, out_shape)))
+    out = Interval(np.array(np.broadcast_to(out.lo, out_shape)),
+                   np.array(np.broadcast_to(out.hi, out_shape)),
+                   np.array(np.broadcast_to(out.nan, out_shape)))
     return OpBounds(out, records, "rule")
+
+
+def _unbounded(ctx: OpContext) -> OpBounds:
+    """No bound (a product may overflow and the op is too large to read term by term)."""
+    shape = ctx.info.out_shape
+    out = Interval(np.full(shape, -np.inf), np.full(shape, np.inf), np.ones(shape, dtype=bool))
+    records = {}
+    for node, spec in ctx.watch.items():
+        rec = NodeRecord(node, ctx.info.label(ctx.info.nodes[node]), spec, -np.inf, np.inf, True)
+        rec.worst_score = np.inf
+        records[node] = rec
+    return OpBounds(out, records, "bilinear")
 
 
 def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bool]) -> OpBounds | None:
@@ -523,10 +613,12 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
             return None
         acc = I.ACCUMULATOR.get(dt, dt)
         err = (I.unit_roundoff(dt) + (n + 1) * I.unit_roundoff(acc)) * mag + n * I.smallest_subnormal(dt)
-        out = I.round_to(out, dt, 2.0, extra=err)
+        pre = Interval(out.lo - err, out.hi + err)
+        out = I.round_to(pre, dt, 2.0)
     else:
         if prod_bound > I.type_range(dt)[1]:
             return None
+        pre = out
         out = I.wrap(out, dt)
     records: dict[int, NodeRecord] = {}
     body = rule.body
@@ -534,8 +626,8 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
         e = ctx.info.nodes[node]
         rec = NodeRecord(node, ctx.info.label(e), spec)
         if e is rule:
-            rec.lo, rec.hi = float(np.min(out.lo)), float(np.max(out.hi))
-            score = np.maximum(spec.lo - out.lo, out.hi - spec.hi)
+            rec.lo, rec.hi = float(np.min(pre.lo)), float(np.max(pre.hi))
+            score = np.maximum(spec.lo - pre.lo, pre.hi - spec.hi)
             flat = int(np.argmax(score))
             rec.worst, rec.worst_score = tuple(int(x) for x in np.unravel_index(flat, score.shape)), \
                 float(score.reshape(-1)[flat])
@@ -589,7 +681,25 @@ class BoundsEngine:
         ctx = self.contexts.get(v)
         if ctx is None:
             ctx = self.contexts[v] = OpContext.of(v, self.watch)
+            ctx.info.operand_integral = [self.integral(o) for o in v.operands]  # type: ignore[attr-defined]
         return ctx
+
+    def integral(self, v: Value) -> bool:
+        """Whether every element of ``v`` is an integer (an integer type, or rounded in its rule)."""
+        cache = self.__dict__.setdefault("_integral", {})
+        hit = cache.get(v)
+        if hit is None:
+            if not v.dtype.is_float:
+                hit = True
+            elif v.is_param:
+                hit = False
+            elif v.is_const or v not in self.live:
+                data = np.asarray(self.constant_value(v), dtype=np.float64)
+                hit = bool(np.all(np.isfinite(data)) and np.all(data == np.round(data)))
+            else:
+                hit = integral(self.context(v).info.rule, self.context(v).info)
+            cache[v] = hit
+        return hit
 
     def constant_value(self, v: Value) -> np.ndarray:
         """The exact value of a value that depends on no input."""
@@ -627,6 +737,8 @@ class BoundsEngine:
             operands = [values[o] for o in v.operands]
             constant = [o not in self.live for o in v.operands]
             ob = op_bounds(ctx, operands, constant, tighten=self.tighten)
+            if self.tighten:
+                ob = value_facts(v, ob, values)
             ops[v] = ob
             seen = ob.value.clamp_finite(v.dtype)
             if pinned is not None and v in pinned:
@@ -635,6 +747,24 @@ class BoundsEngine:
             if stop is not None and stop(v, ob):
                 break
         return Bounds(values, ops)
+
+
+def value_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval]) -> OpBounds:
+    """Facts across ops: ``a / reduce_sum(a)`` over the same axes is in [0, 1] when ``a >= 0``
+    (one of the summands is ``a`` itself, and adding nonnegative terms never rounds below it)."""
+    if v.op != "div":
+        return ob
+    a, s = v.operands
+    if not (s.op == "reduce_sum" and s.operands[0] is a and s.attr("keepdims") and v.dtype.is_float):
+        return ob
+    if float(np.min(values[a].lo)) < 0:
+        return ob
+    value = ob.value.intersect(0.0, 1.0)
+    for rec in ob.records.values():
+        if rec.node == 0:
+            rec.lo, rec.hi = max(rec.lo, 0.0), min(rec.hi, 1.0)
+            rec.worst_score = max(rec.spec.lo - rec.lo, rec.hi - rec.spec.hi)
+    return OpBounds(value, ob.records, ob.method)
 
 
 def _snap(iv: Interval, dtype: DType) -> Interval:

@@ -130,8 +130,11 @@ def _fix(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _mul_ep(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Endpoint products with 0 * inf = 0 (the limit of the real bound)."""
     with np.errstate(invalid="ignore"):
-        p = a * b
-    return np.where((a == 0) | (b == 0), 0.0, p)
+        p = np.multiply(a, b)
+    bad = np.isnan(p)
+    if bad.any():
+        p = np.where(bad, 0.0, p)
+    return p
 
 
 def contains_zero(a: Interval) -> np.ndarray:
@@ -154,13 +157,20 @@ def round_to(x: Interval, dtype: DType, k: float = 2.0, extra: Any = 0.0) -> Int
     if not dtype.is_float:
         return wrap(x, dtype)
     u = unit_roundoff(dtype) * k
-    t = smallest_subnormal(dtype)
-    with np.errstate(invalid="ignore"):
-        lo = np.where(np.isinf(x.lo), x.lo, x.lo - (np.abs(x.lo) * u + t + extra))
-        hi = np.where(np.isinf(x.hi), x.hi, x.hi + (np.abs(x.hi) * u + t + extra))
+    t = smallest_subnormal(dtype) + extra
+    # lo - |lo| u written as lo (1 -+ u): infinite ends stay infinite
+    lo = x.lo * (1.0 + u * -np.sign(x.lo))
+    lo -= t
+    hi = x.hi * (1.0 + u * np.sign(x.hi))
+    hi += t
+    # rounding keeps the sign: a nonnegative value never rounds below zero
+    lo = np.where(x.lo >= 0, np.maximum(lo, 0.0), lo)
+    hi = np.where(x.hi <= 0, np.minimum(hi, 0.0), hi)
     ovf = overflow_at(dtype)
-    lo = np.where(lo <= -ovf, -np.inf, lo)
-    hi = np.where(hi >= ovf, np.inf, hi)
+    if lo.size and float(np.min(lo)) <= -ovf:
+        lo = np.where(lo <= -ovf, -np.inf, lo)
+    if hi.size and float(np.max(hi)) >= ovf:
+        hi = np.where(hi >= ovf, np.inf, hi)
     return Interval(lo, hi, x.nan)
 
 
@@ -190,10 +200,28 @@ def sub(a: Interval, b: Interval) -> Interval:
 
 
 def mul(a: Interval, b: Interval) -> Interval:
-    c = [_mul_ep(p, q) for p in (a.lo, a.hi) for q in (b.lo, b.hi)]
-    lo, hi = np.minimum.reduce(c), np.maximum.reduce(c)
-    nan = a.nan | b.nan | (contains_zero(a) & infinite(b)) | (contains_zero(b) & infinite(a))
+    if b.lo is b.hi and a.lo is not a.hi:
+        a, b = b, a
+    if a.lo is a.hi:  # a known factor scales the other interval
+        p, q = _mul_ep(a.lo, b.lo), _mul_ep(a.lo, b.hi)
+        lo, hi = np.minimum(p, q), np.maximum(p, q)
+    else:
+        p1, p2, p3, p4 = (_mul_ep(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi))
+        lo = np.minimum(np.minimum(p1, p2), np.minimum(p3, p4))
+        hi = np.maximum(np.maximum(p1, p2), np.maximum(p3, p4))
+    nan = a.nan | b.nan
+    if not (np.isfinite(a.lo).all() and np.isfinite(a.hi).all() and np.isfinite(b.lo).all()
+            and np.isfinite(b.hi).all()):
+        nan = nan | (contains_zero(a) & infinite(b)) | (contains_zero(b) & infinite(a))
     return Interval(lo, hi, nan)
+
+
+def square(a: Interval) -> Interval:
+    """x * x of one value: never negative."""
+    m = a.magnitude()
+    low = np.where(contains_zero(a), 0.0, np.minimum(np.abs(a.lo), np.abs(a.hi)))
+    with np.errstate(over="ignore"):
+        return Interval(low * low, m * m, a.nan)
 
 
 def div(a: Interval, b: Interval, dtype: DType) -> Interval:
@@ -443,7 +471,10 @@ def cast(a: Interval, to: DType, src: DType) -> Interval:
         zero = (a.lo == 0) & (a.hi == 0)
         return Interval(np.where(nonzero | a.nan, 1.0, 0.0), np.where(zero & ~a.nan, 0.0, 1.0))
     if to.is_float:
-        out = a if _exact_float_cast(src, to) else round_to(a, to, 1.0)
+        exact = _exact_float_cast(src, to) or (
+            src.is_int and float(np.max(np.abs(a.lo), initial=0.0)) < 2.0 ** (ml_dtypes.finfo(to.np).nmant + 1)
+            and float(np.max(np.abs(a.hi), initial=0.0)) < 2.0 ** (ml_dtypes.finfo(to.np).nmant + 1))
+        out = a if exact else round_to(a, to, 1.0)
         return Interval(out.lo, out.hi, a.nan)
     lo_t, hi_t = type_range(to)
     if src.is_float:

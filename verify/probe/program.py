@@ -13,7 +13,7 @@ the narrow type, an integer value (wrap-around), or a float clamp feeding an int
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import ml_dtypes
@@ -23,7 +23,10 @@ from cuvil.errors import CuvilError, InputError
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
+from cuvil.ir.rules import Call, Expr, Lit, Reduce
 from cuvil.ir.values import Value, walk
+from verify.probe.interval import ROUNDING
+from verify.probe.rulewalk import RuleInfo
 
 PRECISIONS = ("fp16", "bf16", "int8")
 NARROW = {"fp16": DType.f16, "bf16": DType.bf16}
@@ -264,4 +267,102 @@ def is_site_value(program: Program, v: Value, uses: Mapping[Value, list[Value]])
     return clamp_target(v, uses) is not None
 
 
-SiteFilter = Callable[[Value], bool]
+class SiteWatch:
+    """Which nodes of a value's rule a probe watches, and the range each must stay in.
+
+    Narrow floats: the result and every rounding node computed in the narrow type. Integers:
+    the result and every integer arithmetic node (wrap-around), and the operand of each clamp to
+    an integer type's range that a cast to that type consumes (saturation)."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.uses = uses_of(program.function)
+        self.live = input_dependent(program.function)
+
+    def __call__(self, v: Value, info: RuleInfo) -> dict[int, SiteSpec]:
+        if v not in self.live or v.is_param or v.is_const:
+            return {}
+        narrow = self.program.narrow
+        if narrow is not None:
+            return self._narrow(v, info, narrow)
+        return self._integer(v, info)
+
+    def _narrow(self, v: Value, info: RuleInfo, narrow: DType) -> dict[int, SiteSpec]:
+        if v.dtype is not narrow:
+            return {}
+        spec = float_spec(narrow)
+        out = {0: spec}
+        for k, e in enumerate(info.nodes):
+            if e.dtype is not narrow:
+                continue
+            if (isinstance(e, Call) and (e.fn in ROUNDING or e.fn == "cast")) or \
+                    (isinstance(e, Reduce) and e.kind in ("sum", "prod")):
+                out[k] = spec
+        return out
+
+    def _integer(self, v: Value, info: RuleInfo) -> dict[int, SiteSpec]:
+        out: dict[int, SiteSpec] = {}
+        target = clamp_target(v, self.uses)
+        if target is not None:
+            root = info.rule
+            inner = _clamped(root)
+            if inner is not None:
+                out[info.index[id(inner[0])]] = self._intended(saturation_spec(target),
+                                                               self._zero_point(v.operands[0]))
+        if v.dtype in SITE_INT_TYPES:
+            out[0] = int_spec(v.dtype)
+        for k, e in enumerate(info.nodes):
+            if isinstance(e, Call) and e.fn == "cast":
+                to = dict(e.attrs)["to"]
+                inner = _clamped(e.args[0])
+                if inner is not None and to.is_int and to is not DType.bool and \
+                        (inner[1], inner[2]) == tuple(float(x) for x in int_range(to)):
+                    zero = self._zero_point(v.operands[2]) if v.op == "quantize_linear" else None
+                    out[info.index[id(inner[0])]] = self._intended(saturation_spec(to), zero)
+            if e.dtype not in SITE_INT_TYPES:
+                continue
+            if (isinstance(e, Call) and e.fn in ("add", "sub", "mul", "neg", "abs", "pow")) or \
+                    (isinstance(e, Reduce) and e.kind in ("sum", "prod")):
+                out[k] = int_spec(e.dtype)
+        return out
+
+
+    def _zero_point(self, v: Value) -> np.ndarray | None:
+        """The zero point a requantization adds (a constant, or ``cast(constant)`` added last)."""
+        if v.op == "add":
+            for o in v.operands:
+                if o.op == "cast" and o.operands[0].is_const:
+                    return np.asarray(self.program.module.constants[o.operands[0].const_hash])
+            return None
+        if v.is_const:
+            return np.asarray(self.program.module.constants[v.const_hash])
+        return None
+
+    @staticmethod
+    def _intended(spec: SiteSpec, zero: np.ndarray | None) -> SiteSpec:
+        """A zero point at the type's minimum (maximum) puts real 0 at the end of the range: clamping
+        below (above) it is the ReLU a quantizer folds into the quantization, not saturation."""
+        if zero is None or zero.size == 0:
+            return spec
+        lo, hi = spec.lo, spec.hi
+        if np.all(zero == lo):
+            lo = -np.inf
+        if np.all(zero == hi):
+            hi = np.inf
+        return SiteSpec(spec.rule, lo, hi, spec.dtype)
+
+
+def _clamped(e: Expr) -> tuple[Expr, float, float] | None:
+    """``min(max(x, a), b)`` or ``max(min(x, b), a)`` with literal bounds: ``(x, a, b)``."""
+    if not (isinstance(e, Call) and e.fn in ("min", "max")):
+        return None
+    inner, outer_lit = e.args
+    if not isinstance(outer_lit, Lit) or not isinstance(inner, Call) or inner.fn == e.fn or \
+            inner.fn not in ("min", "max"):
+        return None
+    x, inner_lit = inner.args
+    if not isinstance(inner_lit, Lit):
+        return None
+    a, b = (float(inner_lit.value), float(outer_lit.value)) if e.fn == "min" else \
+        (float(outer_lit.value), float(inner_lit.value))
+    return x, a, b

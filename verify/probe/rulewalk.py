@@ -42,7 +42,7 @@ class RuleInfo:
     nodes: list[Expr] = field(default_factory=list)
     index: dict[int, int] = field(default_factory=dict)
     free: dict[int, frozenset[str]] = field(default_factory=dict)
-    grid_factor: int = 1
+    grid: int = 1
 
     @staticmethod
     def of(v: Value) -> RuleInfo:
@@ -57,7 +57,7 @@ class RuleInfo:
     def build(rule: Expr, out_shape: Sequence[int]) -> RuleInfo:
         info = RuleInfo(rule, tuple(int(d) for d in out_shape))
         info._collect(rule)
-        info.grid_factor = info._grid(rule, {}, 1)
+        info.grid = info._grid(rule)
         return info
 
     def _collect(self, root: Expr) -> None:
@@ -98,16 +98,18 @@ class RuleInfo:
             return self._free(i.args[0])
         return self.ix_free(i.args[0]) | self.ix_free(i.args[1])
 
-    def _grid(self, e: Expr, cum: dict[str, int], _: int) -> int:
-        """The largest number of grid points per output element any node is evaluated on."""
-        best = 1
-        for sub in walk_exprs(e):
+    def _grid(self, root: Expr) -> int:
+        """The most grid points any node is evaluated on (a node lives on the axes of its free
+        index variables: output axes it uses and the reductions it is inside of)."""
+        size = {f"i{k}": n for k, n in enumerate(self.out_shape)}
+        best = math.prod(self.out_shape)
+        for sub in walk_exprs(root):
             if isinstance(sub, Reduce):
-                base = max((cum.get(n, 1) for n in self.free[id(sub)]), default=1)
-                size = base * math.prod(int(evaluate_dim(n, {})) for _, n in sub.axes)
-                for name, _n in sub.axes:
-                    cum[name] = size
-                best = max(best, size)
+                base = math.prod(size.get(n, 1) for n in self.free[id(sub)] if n in size)
+                total = base * math.prod(int(evaluate_dim(n, {})) for _, n in sub.axes)
+                for name, n in sub.axes:
+                    size[name] = int(evaluate_dim(n, {}))
+                best = max(best, total)
         return best
 
     def label(self, e: Expr) -> str:
@@ -368,7 +370,7 @@ class RuleWalker(Generic[V]):
 def chunks(info: RuleInfo, budget: int) -> list[tuple[int, int, int] | None]:
     """Blocks of output indices whose evaluation grids stay under ``budget`` elements."""
     shape = info.out_shape
-    total = math.prod(shape) * info.grid_factor
+    total = info.grid
     if total <= budget or not shape:
         return [None]
     axis = int(np.argmax(shape))

@@ -1,0 +1,397 @@
+"""Cuvil vs ONNX Runtime vs PyTorch eager on the model zoo, plus a GEMM microbenchmark.
+
+Every engine runs the same model on the same inputs in one process, *interleaved*: each
+iteration calls every engine once (in a rotating order), so a noisy neighbour on a shared
+machine slows all of them alike. The figures of merit are the ratios of medians
+(``cuvil/ort``, ``cuvil/torch``), not the absolute times.
+
+Engines use the same thread count (``--threads``): Cuvil's pool size is compiled in
+(``cuvil.compile(threads=N)``), ONNX Runtime gets ``intra_op_num_threads=N``, PyTorch
+``torch.set_num_threads(N)``. Above one thread, ONNX Runtime's pool does not spin between runs
+and PyTorch's OpenMP pool waits passively (``OMP_WAIT_POLICY=PASSIVE``, when torch is not
+imported yet), so that an engine's idle threads do not slow the engine that runs next.
+
+The GEMM microbenchmark compiles ``x @ W`` (``W`` constant, so packed at compile time) at
+``n x n x n`` and compares it with numpy's matmul on one thread (``threadpoolctl`` when
+installed, else a helper process started with ``OPENBLAS_NUM_THREADS=1`` etc., queried
+between Cuvil's runs so the two stay interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+ENGINES = ("cuvil", "ort", "torch")
+_BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
+@dataclass
+class EngineResult:
+    median_ms: float | None = None
+    times_ms: list[float] = field(default_factory=list)
+    setup_s: float | None = None  # compile / session creation
+    agreement: float | None = None  # max |diff| / max |reference| against the oracle
+    error: str | None = None
+
+
+@dataclass
+class ModelResult:
+    model: str
+    description: str
+    engines: dict[str, EngineResult]
+    kernels: dict[str, int] = field(default_factory=dict)  # tuned kernel name -> count ("rule": generic)
+    compile_breakdown: dict[str, float] = field(default_factory=dict)
+    cuvil_memory_bytes: int | None = None  # arena + embedded constants
+
+    def ratio(self, engine: str) -> float | None:
+        c, o = self.engines.get("cuvil"), self.engines.get(engine)
+        if c is None or o is None or c.median_ms is None or o.median_ms is None or o.median_ms <= 0:
+            return None
+        return c.median_ms / o.median_ms
+
+
+@dataclass
+class GemmResult:
+    n: int
+    cuvil_gflops: float
+    numpy_gflops: float
+    ratio: float  # cuvil / numpy GFLOP/s
+    numpy_threads: str
+    max_rel_error: float
+
+
+# --------------------------------------------------------------------------------------
+# engines
+
+
+def _median_ms(times: Sequence[float]) -> float:
+    return float(np.median(np.asarray(times)) * 1e3)
+
+
+def _rel_diff(got: np.ndarray, want: np.ndarray) -> float:
+    got64, want64 = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    scale = float(np.max(np.abs(want64))) if want64.size else 0.0
+    diff = float(np.max(np.abs(got64 - want64))) if want64.size else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def _cuvil_engine(zm: Any, threads: int, frontend: str, onnx_model: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+    import cuvil
+
+    start = time.perf_counter()
+    if frontend == "onnx" or not zm.has_torch_reference:
+        model = cuvil.compile(onnx_model, threads=threads, cache=False)
+    else:
+        model = cuvil.compile(zm.build(), example_inputs=zm.example_inputs(), threads=threads, cache=False)
+    seconds = time.perf_counter() - start
+    inputs = zm.example_inputs_numpy()
+    info = {"setup_s": seconds, "manifest": model.manifest, "model": model}
+    return (lambda: model(*inputs)), info
+
+
+def _ort_engine(zm: Any, threads: int, onnx_model: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+    import onnxruntime as ort
+
+    start = time.perf_counter()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    if threads > 1:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feed = {i.name: a for i, a in zip(sess.get_inputs(), zm.example_inputs_numpy(), strict=True)}
+    return (lambda: sess.run(None, feed)[0]), {"setup_s": time.perf_counter() - start}
+
+
+def _torch_engine(zm: Any, threads: int) -> tuple[Callable[[], Any], dict[str, Any]]:
+    import torch
+
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    module = zm.build()
+    inputs = zm.example_inputs()
+
+    def run() -> Any:
+        with torch.inference_mode():
+            out = module(*inputs)
+        return out.numpy()
+
+    return run, {"setup_s": time.perf_counter() - start}
+
+
+def bench_model(zm: Any, *, engines: Sequence[str], threads: int, repeat: int, warmup: int,
+                frontend: str = "torch", log: Callable[[str], None] = print) -> ModelResult:
+    """Set up every engine on ``zm``, check they agree, then time them interleaved."""
+    results: dict[str, EngineResult] = {e: EngineResult() for e in engines}
+    runners: dict[str, Callable[[], Any]] = {}
+    result = ModelResult(zm.name, zm.description, results)
+    onnx_model = zm.to_onnx() if ("ort" in engines or frontend == "onnx" or not zm.has_torch_reference) else None
+    for engine in engines:
+        try:
+            if engine == "cuvil":
+                run, info = _cuvil_engine(zm, threads, frontend, onnx_model)
+                manifest = info["manifest"]
+                kernels: dict[str, int] = {}
+                for name in manifest.get("kernels", []):
+                    kernels[name] = kernels.get(name, 0) + 1
+                result.kernels = kernels
+                result.compile_breakdown = dict(manifest.get("compile_times", {}))
+                result.cuvil_memory_bytes = int(manifest.get("arena_bytes", 0)) + \
+                    int(manifest.get("constants_bytes", 0))
+            elif engine == "ort":
+                run, info = _ort_engine(zm, threads, onnx_model)
+            elif engine == "torch":
+                if not zm.has_torch_reference:
+                    results[engine].error = "no float reference (quantized model)"
+                    continue
+                run, info = _torch_engine(zm, threads)
+            else:
+                raise ValueError(f"unknown engine {engine!r}")
+            results[engine].setup_s = info["setup_s"]
+            runners[engine] = run
+        except Exception as e:  # one engine failing must not hide the others' numbers
+            results[engine].error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log(f"  {zm.name}: {engine} failed: {results[engine].error}")
+
+    oracle = "torch" if "torch" in runners else ("ort" if "ort" in runners else None)
+    outputs = {e: np.asarray(run()) for e, run in runners.items()}
+    if oracle is not None:
+        for e, out in outputs.items():
+            if e != oracle and out.shape == outputs[oracle].shape:
+                results[e].agreement = _rel_diff(out, outputs[oracle])
+
+    order = list(runners)
+    for it in range(warmup + repeat):
+        shift = it % max(len(order), 1)
+        for engine in order[shift:] + order[:shift]:  # rotate who goes first
+            start = time.perf_counter()
+            runners[engine]()
+            elapsed = time.perf_counter() - start
+            if it >= warmup:
+                results[engine].times_ms.append(elapsed * 1e3)
+    for engine in runners:
+        results[engine].median_ms = _median_ms([t / 1e3 for t in results[engine].times_ms])
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# GEMM microbenchmark
+
+_NUMPY_HELPER = r"""
+import sys, time
+import numpy as np
+n = int(sys.argv[1]); rng = np.random.default_rng(0)
+a = rng.standard_normal((n, n)).astype(np.float32); b = rng.standard_normal((n, n)).astype(np.float32)
+out = np.empty((n, n), np.float32)
+np.matmul(a, b, out=out)
+for line in sys.stdin:
+    k = int(line)
+    times = []
+    for _ in range(k):
+        t = time.perf_counter(); np.matmul(a, b, out=out); times.append(time.perf_counter() - t)
+    print(" ".join(repr(t) for t in times), flush=True)
+"""
+
+
+class _NumpyTimer:
+    """numpy matmul on one thread: in process under threadpoolctl, else in a helper process."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.proc: subprocess.Popen[str] | None = None
+        self.limits: Any = None
+        try:
+            from threadpoolctl import threadpool_limits
+
+            self.limits = threadpool_limits(limits=1)
+            rng = np.random.default_rng(0)
+            self.a = rng.standard_normal((n, n)).astype(np.float32)
+            self.b = rng.standard_normal((n, n)).astype(np.float32)
+            self.out = np.empty((n, n), np.float32)
+            self.how = "threadpoolctl"
+        except ImportError:
+            env = dict(os.environ)
+            env.update({k: "1" for k in _BLAS_ENV})
+            self.proc = subprocess.Popen([sys.executable, "-c", _NUMPY_HELPER, str(n)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True, env=env)
+            self.how = "subprocess " + ",".join(f"{k}=1" for k in _BLAS_ENV[:2])
+
+    def times(self, k: int) -> list[float]:
+        if self.proc is None:
+            out = []
+            for _ in range(k):
+                start = time.perf_counter()
+                np.matmul(self.a, self.b, out=self.out)
+                out.append(time.perf_counter() - start)
+            return out
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{k}\n")
+        self.proc.stdin.flush()
+        return [float(t) for t in self.proc.stdout.readline().split()]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+        if self.limits is not None:
+            self.limits.unregister()
+
+
+def bench_gemm(n: int, *, repeat: int, warmup: int = 2) -> GemmResult:
+    """``x @ W`` at n^3 compiled by Cuvil on one thread vs numpy on one thread, interleaved."""
+    import cuvil
+    from cuvil.ir.builder import Builder
+    from cuvil.ir.dtypes import DType
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, n)).astype(np.float32)
+    x = rng.standard_normal((n, n)).astype(np.float32)
+    b = Builder()
+    p = b.param("x", DType.f32, (n, n))
+    module = b.module(b.function("gemm", [p], [b.matmul(p, b.const(w))], ["y"]))
+    model = cuvil.compile(module, threads=1, cache=False)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    error = _rel_diff(model(x), want)
+    timer = _NumpyTimer(n)
+    try:
+        ct: list[float] = []
+        nt: list[float] = []
+        for it in range(warmup + repeat):
+            start = time.perf_counter()
+            model(x)
+            elapsed = time.perf_counter() - start
+            numpy_times = timer.times(1)
+            if it >= warmup:
+                ct.append(elapsed)
+                nt.extend(numpy_times)
+    finally:
+        timer.close()
+    flops = 2.0 * n ** 3
+    c_gf = flops / float(np.median(ct)) / 1e9
+    n_gf = flops / float(np.median(nt)) / 1e9
+    return GemmResult(n, c_gf, n_gf, c_gf / n_gf, timer.how, error)
+
+
+# --------------------------------------------------------------------------------------
+# report
+
+
+def _fmt_ms(r: EngineResult) -> str:
+    if r.error is not None:
+        return "[red]failed[/red]" if "quantized" not in r.error else "-"
+    return f"{r.median_ms:.3f}" if r.median_ms is not None else "-"
+
+
+def _fmt_ratio(x: float | None) -> str:
+    if x is None:
+        return "-"
+    color = "green" if x <= 1.0 else ("yellow" if x <= 1.5 else "red")
+    return f"[{color}]{x:.2f}[/{color}]"
+
+
+def render(models: Sequence[ModelResult], gemm: GemmResult | None, threads: int, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"median latency (ms), {threads} thread(s); ratios < 1 mean Cuvil is faster")
+    for col in ("model", "cuvil", "ort", "torch", "cuvil/ort", "cuvil/torch", "compile s", "tuned ops",
+                "agree vs oracle"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for m in models:
+        c = m.engines.get("cuvil", EngineResult())
+        tuned = sum(n for k, n in m.kernels.items() if k != "rule")
+        total = sum(m.kernels.values())
+        table.add_row(m.model, _fmt_ms(c), _fmt_ms(m.engines.get("ort", EngineResult(error="skipped"))),
+                      _fmt_ms(m.engines.get("torch", EngineResult(error="skipped"))),
+                      _fmt_ratio(m.ratio("ort")), _fmt_ratio(m.ratio("torch")),
+                      f"{c.setup_s:.1f}" if c.setup_s is not None else "-",
+                      f"{tuned}/{total}" if total else "-",
+                      f"{c.agreement:.1e}" if c.agreement is not None else "-")
+    console.print(table)
+    if gemm is not None:
+        console.print(f"GEMM {gemm.n}^3 (W packed at compile time), one thread: cuvil {gemm.cuvil_gflops:.1f} "
+                      f"GFLOP/s, numpy {gemm.numpy_gflops:.1f} GFLOP/s ({gemm.numpy_threads}) -> "
+                      f"[bold]{100 * gemm.ratio:.0f}%[/bold] of numpy; max rel error {gemm.max_rel_error:.1e}")
+
+
+# --------------------------------------------------------------------------------------
+# command line
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="all", help="comma-separated zoo names, or 'all'")
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
+    p.add_argument("--repeat", type=int, default=20, help="timed iterations per engine (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    p.add_argument("--threads", type=int, default=1, help="threads for every engine (default 1)")
+    p.add_argument("--small", action="store_true", help="the reduced (test-size) zoo profiles")
+    p.add_argument("--frontend", choices=("torch", "onnx"), default="torch",
+                   help="what Cuvil compiles float models from (quantized ones always come from ONNX)")
+    p.add_argument("--gemm-size", type=int, default=1024, help="GEMM microbenchmark size n (0 skips it)")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    if args.repeat < 1 or args.threads < 1 or args.warmup < 0:
+        p.error("--repeat and --threads must be >= 1, --warmup >= 0")
+    return args
+
+
+def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
+    if args.threads > 1 and "torch" not in sys.modules:
+        # PyTorch's OpenMP workers otherwise spin after every call, on the cores the next engine needs
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from rich.console import Console
+
+    from bench.models import ZOO, ZOO_SMALL
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a file or a pipe: wide enough for the whole table
+            console = Console(width=150)
+    table = ZOO_SMALL if args.small else ZOO
+    names = list(table) if args.models == "all" else [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"unknown zoo models {unknown}; known: {', '.join(table)}")
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    bad = [e for e in engines if e not in ENGINES]
+    if bad:
+        raise SystemExit(f"unknown engines {bad}; known: {', '.join(ENGINES)}")
+    models = []
+    for name in names:
+        console.print(f"[dim]{name}: compiling and checking ...[/dim]")
+        models.append(bench_model(table[name], engines=engines, threads=args.threads, repeat=args.repeat,
+                                  warmup=args.warmup, frontend=args.frontend, log=console.print))
+    gemm = bench_gemm(args.gemm_size, repeat=max(args.repeat // 2, 2)) if args.gemm_size > 0 else None
+    render(models, gemm, args.threads, console)
+    report = {
+        "threads": args.threads, "repeat": args.repeat, "small": args.small, "frontend": args.frontend,
+        "models": [{**asdict(m), "ratio_vs_ort": m.ratio("ort"), "ratio_vs_torch": m.ratio("torch")}
+                   for m in models],
+        "gemm": asdict(gemm) if gemm is not None else None,
+        "machine": {"cpus": os.cpu_count(), "platform": sys.platform},
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2, default=lambda o: None if isinstance(o, float) and math.isnan(o) else o)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run(parse_args(argv))
+    return 0

@@ -1,0 +1,93 @@
+"""Tuned kernels: schedules of an op's own compute rule for the ops that dominate run time.
+
+:func:`select_kernel` looks at one op of the lowered function (a ``matmul`` or ``conv``, or a
+``fused`` epilogue whose body is one of them followed by elementwise ops) and returns a kernel
+that computes exactly what the rule says, with blocking, packing, vectorization and threads;
+anything it does not recognize returns None and is lowered from its rule by the generic loop
+nests. Each kernel is differential-tested against the interpreter (tests/codegen/test_kernels.py).
+
+A kernel emits ``i32 name(ptr out, ptr in0, ..., ptr scratch)``; ``unused_operands`` are
+operand positions it never reads (constants it packed), ``scratch_bytes`` the private working
+memory it needs in the context, ``constant_bytes`` what it embeds (packed weights, tables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.codegen.kernels.epilogue import contraction_of
+from cuvil.codegen.kernels.gemm import MatmulKernel, force_isa, host_isa
+from cuvil.ir.dtypes import DType
+from cuvil.ir.values import Value
+
+
+class Kernel(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def unused_operands(self) -> frozenset[int]: ...
+
+    @property
+    def scratch_bytes(self) -> int: ...
+
+    @property
+    def constant_bytes(self) -> int: ...
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function: ...
+
+
+_enabled = os.environ.get("CUVIL_KERNELS", "1") not in ("0", "off", "no")
+"""``CUVIL_KERNELS=0`` turns the tuned kernels off for a whole process (like :func:`generic_only`)."""
+
+
+@contextlib.contextmanager
+def generic_only() -> Iterator[None]:
+    """Lower every op from its rule (no tuned kernels) inside the block: the baseline kernels are
+    compared with. The artifact cache does not know about this switch: compile with ``cache=False``."""
+    global _enabled
+    saved = _enabled
+    _enabled = False
+    try:
+        yield
+    finally:
+        _enabled = saved
+
+
+def _const_array(v: Value, constants: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    if not v.is_const:
+        return None
+    return constants.get(v.const_hash)
+
+
+def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | None:
+    """A tuned kernel for ``v`` (static shapes), or None to use the generic rule lowering."""
+    if not _enabled or v.is_param or v.is_const:
+        return None
+    c = contraction_of(v)
+    if c is None:
+        return None
+    types = [c.lhs_type, c.rhs_type, c.out_type]
+    if any(t.dtype is not DType.f32 or not t.is_static for t in types) or not v.type.is_static:
+        return None
+    if any(not o.type.is_static for o in v.operands):
+        return None
+    if any(int(d) == 0 for t in types for d in t.shape):
+        return None
+    in_types = [o.type for o in v.operands]
+    if c.op == "matmul":
+        return MatmulKernel(v.op, c, in_types, v.type, _const_array(v.operands[c.rhs], constants), host_isa())
+    if c.op == "conv":
+        from cuvil.codegen.kernels.conv import select_conv
+
+        return select_conv(v.op, c, in_types, v.type, _const_array(v.operands[c.rhs], constants), host_isa())
+    return None
+
+
+__all__ = ["Kernel", "force_isa", "generic_only", "host_isa", "select_kernel"]

@@ -1,0 +1,538 @@
+"""Convolution as a schedule of conv's rule
+``out[n, o, p] = sum_{c, t} x[n, g(o)*Cg + c, p*s + t*d - pad] * w[o, c, t]`` (NC* layout).
+
+Per image and group it is a GEMM: rows are the group's output channels (the weights, packed at
+compile time into row tiles), columns are output positions, the reduction runs over
+(channel, kernel tap). Output positions are the vector dimension, so results are stored
+contiguously into NCHW and the epilogue vectorizes along a row.
+
+- A 1x1 / stride-1 / unpadded conv reads the input in place (a plain GEMM; on large feature
+  maps each B panel is first copied out, since its rows are whole channel planes apart).
+- Otherwise the image is first copied into a zero-padded buffer, split into ``s x s`` phases
+  (``xp[c, r, q] = x[c, q*s + r - pad]`` per axis): in every phase, the input a tap reads at
+  consecutive outputs is consecutive, so strided and dilated convolutions need no gathers.
+  Positions are flattened over the padded width; the few columns past the real output width
+  are computed and dropped (no im2col: the copy is one pass over the input, not ``k*k``).
+- On small feature maps (late stages) the roles swap (the ``.t`` schedules): output positions
+  are the GEMM rows, read in place through the same offset table, and output channels the
+  vector dimension (weights packed as column panels), which pads far less work.
+- Depthwise (one input channel per output) has no channel reduction, so no GEMM: per channel,
+  a padded copy (not phase split) and one loop per output row, vectorized by LLVM along the
+  row (a strided conv reads every s-th input there, as an interleaved access).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.codegen.kernels.epilogue import Contraction, reads_operand
+from cuvil.codegen.kernels.gemm import (
+    NO_UNROLL,
+    AOperand,
+    BOperand,
+    Ctx,
+    GemmCore,
+    Isa,
+    KernelFunction,
+    choose_tiling,
+    const,
+    epilogue_emitter,
+    fgep,
+    for_range,
+    if_then,
+    imin,
+    intrinsic,
+    store_rows,
+    unravel,
+)
+from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
+from cuvil.codegen.lower_rule import row_major_strides
+from cuvil.codegen.scalar import F32, I32, I64, PTR
+from cuvil.ir.ops.nn import window_params
+from cuvil.ir.types import TensorType
+
+TRANSPOSE_GAIN = 1.05
+"""Positions become the GEMM rows when that pads at least this much less work."""
+
+PACK_MIN_ROWS = 32
+PACK_MIN_PLANE = 1024
+"""A 1x1 conv with at least this many output channels per group, and this many positions per
+channel plane, copies its input panels first (measured: +20-30% at 56x56, -5% at 14x14)."""
+
+MAX_SCRATCH_BYTES = 256 << 20
+"""A conv whose padded copy would need more than this falls back to the generic lowering."""
+
+
+def _static(t: TensorType) -> tuple[int, ...]:
+    return tuple(int(d) for d in t.shape)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    batch: int
+    c_in: int
+    c_out: int
+    groups: int
+    in_sp: tuple[int, ...]
+    out_sp: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]  # begins
+    dilations: tuple[int, ...]
+
+    @property
+    def cg(self) -> int:
+        return self.c_in // self.groups
+
+    @property
+    def mg(self) -> int:
+        return self.c_out // self.groups
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.kernel)
+
+    @property
+    def direct(self) -> bool:
+        """1x1, stride 1, unpadded: the input is already the GEMM's B operand."""
+        return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides) \
+            and all(p == 0 for p in self.pads) and self.in_sp == self.out_sp
+
+
+class ConvKernel:
+    def __init__(self, op: str, contraction: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+                 weights: np.ndarray, geometry: ConvGeometry, isa: Isa) -> None:
+        self.op = op
+        self.c = contraction
+        self.in_types = list(in_types)
+        self.out_type = out_type
+        self.g = geometry
+        self.isa = isa
+        g = geometry
+        nsp = len(g.out_sp)
+        # taps (kernel offsets) -> phase and offset inside the phase plane, per axis. The padded
+        # input is split by ``split`` (the strides; 1 keeps it whole), so an output steps by
+        # ``step = stride // split`` inside a plane
+        split = self.split = self._split()
+        self.step = tuple(g.strides[j] // split[j] for j in range(nsp))
+        offs = [[t * g.dilations[j] for t in range(g.kernel[j])] for j in range(nsp)]
+        used = [sorted({o % split[j] for o in offs[j]}) for j in range(nsp)]
+        self.phase_index = {ph: i for i, ph in enumerate(itertools.product(*used))}
+        self.phase_of = [[used[j].index(o % split[j]) for o in offs[j]] for j in range(nsp)]
+        if g.direct:
+            self.plane = g.out_sp
+        else:
+            self.plane = tuple((g.out_sp[j] - 1) * self.step[j] + max(o // split[j] for o in offs[j]) + 1
+                               for j in range(nsp))
+        plane_strides = row_major_strides(list(self.plane))
+        self.plane_size = math.prod(self.plane)
+        self.chan_stride = self.plane_size * (1 if g.direct else len(self.phase_index))
+        if not g.direct:  # an odd number of cache lines per channel: channels spread over the cache sets
+            lines = -(-self.chan_stride // 16)
+            self.chan_stride = 16 * (lines + 1 - lines % 2)
+        # output positions in plane coordinates: the flat index of the last one, plus one
+        self.positions = sum((o - 1) * st for o, st in zip(g.out_sp, plane_strides, strict=True)) + 1
+        k = g.cg * g.taps
+        self.tiling = choose_tiling(isa, g.mg, self.positions, k)
+        # few output positions (a late, small feature map): positions as GEMM rows, channels as
+        # vectors, when that computes clearly fewer padded elements than positions as vectors
+        out_plane = math.prod(g.out_sp)
+        across = choose_tiling(isa, out_plane, g.mg, k)
+        area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
+        area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
+        self.transposed = g.mg >= isa.lanes and area_across * TRANSPOSE_GAIN < area
+        if self.transposed:
+            self.tiling = across
+        # reduction step k = (c, tap) -> offset of its input in the (padded) buffer, per group
+        koff = []
+        for c in range(g.cg):
+            for tap in itertools.product(*(range(k) for k in g.kernel)):
+                phase = self.phase_index[tuple(used[j][self.phase_of[j][tap[j]]] for j in range(nsp))]
+                inner = sum((offs[j][tap[j]] // split[j]) * plane_strides[j] for j in range(nsp))
+                koff.append(c * self.chan_stride + phase * self.plane_size + inner)
+        self.koff = np.asarray(koff, dtype=np.int64)
+        tiles = self.tiling.nr * -(-self.positions // self.tiling.nr)
+        self.image_floats = g.c_in * self.chan_stride + tiles  # slack: the last tile reads past the data
+        # a 1x1 conv packs its B panels at run time when its channel planes are far apart (rows a
+        # page or more apart collide in the cache) and enough output channels reuse each panel
+        self.pack_direct = g.direct and g.mg >= PACK_MIN_ROWS and self.plane_size >= PACK_MIN_PLANE
+        self.weights = np.asarray(weights, dtype=np.float32)
+        mats = weights.reshape(g.groups, g.mg, g.cg * g.taps).astype(np.float32)
+        if self.transposed:  # weights as B panels: [G, NT, K, NR]
+            self.packed = pack_b_panels(np.ascontiguousarray(mats.swapaxes(-1, -2)), self.tiling.nr)
+        else:  # weights as A tiles: [G, MT, K, MR]
+            self.packed = pack_a_tiles(mats, self.tiling.mr)
+
+    def _split(self) -> tuple[int, ...]:
+        """Phase-split the padded input by the strides: a tap then reads consecutive outputs' inputs
+        consecutively, which the GEMM's vector loads need."""
+        return self.g.strides
+
+    @property
+    def name(self) -> str:
+        t = self.tiling
+        kind = "depthwise" if self.g.cg == 1 and self.g.mg == 1 else ("1x1" if self.g.direct else "direct")
+        return f"conv.{kind}{'.t' if self.transposed else ''}.{self.isa.name}.{t.mr}x{t.nr}"
+
+    @property
+    def unused_operands(self) -> frozenset[int]:
+        if reads_operand(self.c.epilogue, self.c.rhs) or self.c.rhs == self.c.lhs:
+            return frozenset()
+        return frozenset([self.c.rhs])
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0 if self.g.direct else 4 * self.g.batch * self.image_floats
+
+    @property
+    def constant_bytes(self) -> int:
+        return int(self.packed.nbytes) + (0 if self.g.direct else 4 * self.koff.size)
+
+    # -- emission ------------------------------------------------------------------------
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        g = self.g
+        t = self.tiling
+        kf = KernelFunction(mod, name, len(self.in_types))
+        packed = embed_array(mod, f"{name}.packed_w", self.packed)
+        table = embed_array(mod, f"{name}.koff", self.koff.astype(np.int32), align=64) if not g.direct else None
+        if not g.direct:
+            kf.phase(g.batch * g.c_in, 4.0 * g.batch * g.c_in * self.chan_stride, self._fill)
+        k = g.cg * g.taps
+        mt_count = -(-g.mg // t.mr)
+        in_image = g.c_in * math.prod(g.in_sp)
+
+        def a_at(ctx: Ctx, prob: Any, m0: ir.Value, k0: ir.Value) -> AOperand:
+            b = ctx.b
+            tile = b.add(b.mul(prob["group"], const(mt_count)), b.udiv(m0, const(t.mr)))
+            return AOperand("packed", fgep(b, packed, b.add(b.mul(tile, const(k * t.mr)), b.mul(k0, const(t.mr)))))
+
+        def b_at(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, cols: int, panel: ir.Value | None) -> BOperand:
+            b = ctx.b
+            if panel is not None:
+                return BOperand("packed", panel)
+            if table is None:
+                base = fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"], b.add(b.mul(k0, const(self.plane_size)),
+                                                                                 n0)))
+                return BOperand("direct", base, self.plane_size)
+            base = fgep(b, ctx.scratch, b.add(prob["in_off"], n0))
+            return BOperand("table", base, 0, b.gep(table, [k0], inbounds=True, source_etype=I32))
+
+        def chunk(ctx: Ctx, c: ir.Value) -> None:
+            b = ctx.b
+            image = b.udiv(c, const(g.groups * core.blocks))
+            rest = b.urem(c, const(g.groups * core.blocks))
+            group = b.udiv(rest, const(core.blocks))
+            block = b.urem(rest, const(core.blocks))
+            if g.direct:
+                in_off = b.add(b.mul(image, const(in_image)), b.mul(group, const(g.cg * self.plane_size)))
+            else:
+                in_off = b.add(b.mul(image, const(self.image_floats)), b.mul(group, const(g.cg * self.chan_stride)))
+            prob = {"image": image, "group": group, "in_off": in_off,
+                    "epi": epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)}
+            core.emit_block(ctx, prob, block)
+
+        def b_pack(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, panel: ir.Value) -> None:
+            """A 1x1 conv's B panel, ``panel[kk][j] = x[k0 + kk, n0 + j]`` (0 past the last position):
+            its rows are whole channel planes apart, which would thrash L1 if read in place."""
+            b = ctx.b
+            kn = imin(b, const(t.kc), b.sub(const(k), k0))
+            cols = imin(b, const(t.nr), b.sub(const(self.positions), n0))
+            src = fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"], b.add(b.mul(k0, const(self.plane_size)), n0)))
+
+            def row(kk: ir.Value) -> None:
+                s_row = fgep(b, src, b.mul(kk, const(self.plane_size)))
+                d_row = fgep(b, panel, b.mul(kk, const(t.nr)))
+                for_range(b, 0, cols, "bp", lambda j: b.store(b.load(fgep(b, s_row, j), typ=F32, align=4),
+                                                             fgep(b, d_row, j), align=4))
+                for_range(b, cols, t.nr, "bz", lambda j: b.store(ir.Constant(F32, 0.0), fgep(b, d_row, j), align=4))
+
+            for_range(b, 0, kn, "bk", row, hints=NO_UNROLL)
+
+        pack_b = g.direct and self.pack_direct
+        if self.transposed:
+            core = self._transposed_core(packed, table, k)
+        else:
+            core = GemmCore(g.mg, self.positions, k, t, a_at, b_at, self._store, b_pack if pack_b else None,
+                            b_masked_edge=g.direct and not pack_b)
+        flops = 2.0 * g.batch * g.c_out * k * math.prod(g.out_sp)
+        kf.phase(g.batch * g.groups * core.blocks, flops, chunk)
+        return kf.finish()
+
+    def _transposed_core(self, packed: ir.Value, table: ir.Value | None, k: int) -> GemmCore:
+        """Rows are output positions (read in place at their plane offset + the step's table
+        offset), columns output channels (the weights, packed as panels)."""
+        g = self.g
+        t = self.tiling
+        out_plane = math.prod(g.out_sp)
+        nt_count = -(-g.mg // t.nr)
+        plane_strides = row_major_strides(list(self.plane))
+
+        def a_at(ctx: Ctx, prob: Any, m0: ir.Value, k0: ir.Value) -> AOperand:
+            b = ctx.b
+            rows = []
+            for i in range(t.mr):
+                p = imin(b, b.add(m0, const(i)), const(out_plane - 1))
+                if table is None:  # 1x1, stride 1: the input itself, channel planes apart
+                    rows.append(fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"],
+                                                                   b.add(p, b.mul(k0, const(self.plane_size))))))
+                    continue
+                at: ir.Value = prob["in_off"]
+                for q, st in zip(unravel(b, p, g.out_sp), plane_strides, strict=True):
+                    at = b.add(at, b.mul(q, const(st)))
+                rows.append(fgep(b, ctx.scratch, at))
+            if table is None:
+                return AOperand("rows", rows, self.plane_size)
+            return AOperand("rowtable", rows, 0, b.gep(table, [k0], inbounds=True, source_etype=I32))
+
+        def b_at(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, cols: int, panel: ir.Value | None) -> BOperand:
+            b = ctx.b
+            tile = b.add(b.mul(prob["group"], const(nt_count)), b.udiv(n0, const(t.nr)))
+            return BOperand("packed", fgep(b, packed, b.add(b.mul(tile, const(k * t.nr)), b.mul(k0, const(t.nr)))))
+
+        def store(ctx: Ctx, prob: Any, m0: ir.Value, n0: ir.Value, rows: ir.Value, cols: ir.Value,
+                  tile: ir.Value, stride: int) -> None:
+            b = ctx.b
+            channel0 = b.add(b.mul(prob["group"], const(g.mg)), n0)
+            out_base = b.add(b.mul(prob["image"], const(g.c_out * out_plane)), b.mul(channel0, const(out_plane)))
+
+            def index_of(i: ir.Value, j: ir.Value) -> list[ir.Value]:
+                return [prob["image"], b.add(channel0, j), *unravel(b, b.add(m0, i), g.out_sp)]
+
+            def flat_of(i: ir.Value, j: ir.Value) -> ir.Value:
+                return b.add(out_base, b.add(b.mul(j, const(out_plane)), b.add(m0, i)))
+
+            store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of, flat_of, by_columns=True)
+
+        return GemmCore(out_plane, g.mg, k, t, a_at, b_at, store)
+
+    def _fill(self, ctx: Ctx, c: ir.Value) -> None:
+        """Chunk ``image * C + channel``: its zero-padded, phase-split copy (and the slack, once per image)."""
+        g = self.g
+        b = ctx.b
+        image = b.udiv(c, const(g.c_in))
+        chan = b.urem(c, const(g.c_in))
+        src = fgep(b, ctx.ins[self.c.lhs], b.mul(c, const(math.prod(g.in_sp))))
+        dst_image = b.mul(image, const(self.image_floats))
+        dst = fgep(b, ctx.scratch, b.add(dst_image, b.mul(chan, const(self.chan_stride))))
+        nsp = len(self.plane)
+        in_strides = row_major_strides(list(g.in_sp))
+        zero = ir.Constant(F32, 0.0)
+        copy_row = _copy_row_function(ctx.fn.module)
+        for phase, pi in self.phase_index.items():
+            plane = fgep(b, dst, pi * self.plane_size)
+            outer = self.plane[:-1]
+            w = self.plane[-1]
+            r_last = phase[-1]
+            s_last, p_last, n_last = self.split[-1], g.pads[-1], g.in_sp[-1]
+            # valid q along the last axis: 0 <= q*s + r - pad < n
+            lo = max(0, -(-(p_last - r_last) // s_last))
+            hi = min(w, (n_last - 1 + p_last - r_last) // s_last + 1) if n_last - 1 + p_last - r_last >= 0 else 0
+            hi = max(hi, lo)
+
+            def row(rv: ir.Value, phase: tuple[int, ...] = phase, plane: ir.Value = plane,
+                    outer: tuple[int, ...] = outer, w: int = w, r_last: int = r_last, s_last: int = s_last,
+                    p_last: int = p_last, lo: int = lo, hi: int = hi) -> None:
+                """Plane row ``rv``: zeros, the input's row read every ``s_last``-th element, zeros."""
+                dst_row = fgep(b, plane, b.mul(rv, const(w)))
+                qs = unravel(b, rv, outer)
+                inside: ir.Value = ir.Constant(ir.IntType(1), 1)
+                src_off: ir.Value = const(0)
+                for j in range(nsp - 1):
+                    pos = b.sub(b.add(b.mul(qs[j], const(self.split[j])), const(phase[j])), const(g.pads[j]))
+                    inside = b.and_(inside, b.icmp_unsigned("<", pos, const(g.in_sp[j])))
+                    src_off = b.add(src_off, b.mul(pos, const(in_strides[j])))
+
+                src_row = fgep(b, src, b.select(inside, src_off, const(0)))
+                # a row outside the input is all padding: an empty copy range
+                first = b.select(inside, const(lo), const(w))
+                last = b.select(inside, const(hi), const(w))
+                b.call(copy_row, [dst_row, src_row, first, last, const(w), const(s_last), const(r_last - p_last)])
+
+            for_range(b, 0, math.prod(outer), "frow", row, hints=NO_UNROLL)
+
+        gap_at = len(self.phase_index) * self.plane_size  # the channel's alignment padding: read by edge tiles
+        if self.chan_stride > gap_at:
+            gap = fgep(b, dst, gap_at)
+            for_range(b, 0, self.chan_stride - gap_at, "fg", lambda q: b.store(zero, fgep(b, gap, q), align=4),
+                      hints=NO_UNROLL)
+        slack_at = g.c_in * self.chan_stride
+        slack = self.image_floats - slack_at
+
+        def clear_slack() -> None:
+            base = fgep(b, ctx.scratch, b.add(dst_image, const(slack_at)))
+            for_range(b, 0, slack, "fs", lambda q: b.store(zero, fgep(b, base, q), align=4), hints=NO_UNROLL)
+
+        if_then(b, b.icmp_signed("==", chan, const(0)), "slack", clear_slack)
+
+    def _store(self, ctx: Ctx, prob: Any, m0: ir.Value, n0: ir.Value, rows: ir.Value, cols: ir.Value,
+               tile: ir.Value, stride: int) -> None:
+        """Write the tile's valid positions: one contiguous run per plane row it touches."""
+        g = self.g
+        b = ctx.b
+        epi = prob["epi"]
+        w = self.plane[-1]
+        ow = g.out_sp[-1]
+        out_plane = math.prod(g.out_sp)
+        out_strides = row_major_strides(list(g.out_sp))
+        channel0 = b.add(b.mul(prob["group"], const(g.mg)), m0)
+        out_base = b.add(b.mul(prob["image"], const(g.c_out * out_plane)), b.mul(channel0, const(out_plane)))
+        first_row = b.udiv(n0, const(w))
+        end = b.add(n0, cols)
+        last_row = b.udiv(b.sub(end, const(1)), const(w))
+
+        def plane_row(rv: ir.Value) -> None:
+            outer = unravel(b, rv, self.plane[:-1])
+            inside: ir.Value = ir.Constant(ir.IntType(1), 1)
+            out_row: ir.Value = const(0)
+            for j, q in enumerate(outer):
+                inside = b.and_(inside, b.icmp_unsigned("<", q, const(g.out_sp[j])))
+                out_row = b.add(out_row, b.mul(q, const(out_strides[j])))
+            row_start = b.mul(rv, const(w))
+            lo = b.select(b.icmp_signed(">", n0, row_start), n0, row_start)
+            hi = imin(b, end, b.add(row_start, const(ow)))
+            run = b.and_(inside, b.icmp_signed("<", lo, hi))
+
+            def emit_run() -> None:
+                col0 = b.sub(lo, n0)
+                x0 = b.sub(lo, row_start)
+
+                def index_of(i: ir.Value, j: ir.Value) -> list[ir.Value]:
+                    return [prob["image"], b.add(channel0, i), *outer, b.add(x0, j)]
+
+                def flat_of(i: ir.Value, j: ir.Value) -> ir.Value:
+                    return b.add(b.add(out_base, b.mul(i, const(out_plane))), b.add(out_row, b.add(x0, j)))
+
+                store_rows(ctx, epi, tile, stride, rows, b.sub(hi, lo), index_of, flat_of, col0)
+
+            if_then(b, run, "run", emit_run)
+
+        for_range(b, first_row, b.add(last_row, const(1)), "prow", plane_row, hints=NO_UNROLL)
+
+
+class DepthwiseKernel(ConvKernel):
+    """One input channel per output channel (and per group): no reduction over channels, so no
+    GEMM. Per (image, channel): the padded copy of the channel, then one loop along each output
+    row with the taps unrolled and the epilogue applied in the same loop body; LLVM vectorizes
+    that loop over the output width."""
+
+    def _split(self) -> tuple[int, ...]:
+        """Keep the padded input whole: the row loop reads every ``stride``-th element, which
+        LLVM vectorizes as an interleaved access; the copy stays a plain padded copy."""
+        return (1,) * len(self.g.strides)
+
+    @property
+    def name(self) -> str:
+        return "conv.depthwise.rows"
+
+    @property
+    def constant_bytes(self) -> int:
+        return int(self.weights.nbytes)
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        g = self.g
+        kf = KernelFunction(mod, name, len(self.in_types))
+        taps = g.taps
+        weights = embed_array(mod, f"{name}.w", self.weights.reshape(g.c_out, taps))
+        out_plane = math.prod(g.out_sp)
+        plane_strides = row_major_strides(list(self.plane))
+        ow = g.out_sp[-1]
+        koff = [int(v) for v in self.koff]
+
+        def chunk(ctx: Ctx, c: ir.Value) -> None:
+            b = ctx.b
+            self._fill(ctx, c)
+            image = b.udiv(c, const(g.c_in))
+            chan = b.urem(c, const(g.c_in))
+            base = fgep(b, ctx.scratch, b.add(b.mul(image, const(self.image_floats)),
+                                             b.mul(chan, const(self.chan_stride))))
+            w_row = fgep(b, weights, b.mul(chan, const(taps)))
+            w = [b.load(fgep(b, w_row, t), typ=F32, align=4) for t in range(taps)]
+            epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
+            out_base = b.mul(c, const(out_plane))
+            fma = intrinsic(b.module, "llvm.fma.f32", F32, [F32, F32, F32])
+
+            def row(r: ir.Value) -> None:
+                outer = unravel(b, r, g.out_sp[:-1])
+                at: ir.Value = const(0)
+                for q, st, step in zip(outer, plane_strides[:-1], self.step[:-1], strict=True):
+                    at = b.add(at, b.mul(q, const(st * step)))
+                row_ptr = fgep(b, base, at)
+                out_row = b.add(out_base, b.mul(r, const(ow)))
+
+                def column(x: ir.Value) -> None:
+                    p = fgep(b, row_ptr, b.mul(x, const(self.step[-1])))
+                    acc: ir.Value = ir.Constant(F32, 0.0)
+                    for t in range(taps):
+                        acc = b.call(fma, [w[t], b.load(fgep(b, p, koff[t]), typ=F32, align=4), acc])
+                    value = epi.element([image, chan, *outer, x], acc)
+                    epi.store(b.add(out_row, x), value)
+
+                for_range(b, 0, ow, "ow", column)
+
+            for_range(b, 0, out_plane // ow, "oh", row, hints=NO_UNROLL)
+
+        kf.phase(g.batch * g.c_in, 2.0 * g.batch * g.c_out * taps * out_plane, chunk)
+        return kf.finish()
+
+
+def _copy_row_function(mod: ir.Module) -> ir.Function:
+    """``copy_row(dst, src, lo, hi, w, stride, shift)``: ``dst[q] = src[q * stride + shift]`` for
+    ``lo <= q < hi`` and 0 for the other ``q < w``. One per module: every conv's padded copy calls it."""
+    name = "cuvil.conv.copy_row"
+    found = mod.globals.get(name)
+    if isinstance(found, ir.Function):
+        return found
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64, I64, I64]), name=name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    dst, src, lo, hi, w, stride, shift = fn.args
+    for a, n in zip(fn.args, ("dst", "src", "lo", "hi", "w", "stride", "shift"), strict=True):
+        a.name = n
+    dst.add_attribute("noalias")
+    src.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(F32, 0.0)
+    for_range(b, 0, lo, "zl", lambda q: b.store(zero, fgep(b, dst, q), align=4))
+
+    def element(q: ir.Value) -> None:
+        at = b.add(b.mul(q, stride), shift)
+        b.store(b.load(fgep(b, src, at), typ=F32, align=4), fgep(b, dst, q), align=4)
+
+    for_range(b, lo, hi, "cp", element)
+    for_range(b, b.select(b.icmp_signed(">", hi, lo), hi, lo), w, "zr",
+              lambda q: b.store(zero, fgep(b, dst, q), align=4))
+    b.ret_void()
+    return fn
+
+
+def select_conv(op: str, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+                weights: np.ndarray | None, isa: Isa) -> ConvKernel | None:
+    """A conv kernel when the weights are constant and the geometry is one this schedule covers."""
+    if weights is None:
+        return None
+    x, w, out = _static(c.lhs_type), _static(c.rhs_type), _static(c.out_type)
+    nsp = len(x) - 2
+    if nsp < 1 or nsp > 3:
+        return None
+    s, pb, _pe, d = window_params(nsp, c.attrs.get("strides", ()), c.attrs.get("pads", ()),
+                                  c.attrs.get("dilations", ()))
+    groups = int(c.attrs.get("groups", 1))
+    geometry = ConvGeometry(x[0], x[1], w[0], groups, x[2:], out[2:], w[2:], tuple(s), tuple(pb), tuple(d))
+    if any(p < 0 for p in pb):
+        return None
+    depthwise = geometry.cg == 1 and geometry.mg == 1 and not geometry.direct
+    kernel = (DepthwiseKernel if depthwise else ConvKernel)(op, c, in_types, out_type, np.asarray(weights), geometry,
+                                                            isa)
+    if kernel.scratch_bytes > MAX_SCRATCH_BYTES or int(kernel.koff.max(initial=0)) + kernel.tiling.nr >= 2**31:
+        return None
+    return kernel
+
+
+__all__ = ["ConvKernel", "DepthwiseKernel", "select_conv"]

@@ -1,0 +1,170 @@
+"""What a tuned kernel computes, read from the op's own rules: the contraction (matmul / conv)
+and the elementwise epilogue applied to each of its results.
+
+The epilogue is the fused body's rule with the contraction left un-inlined: its loads of the
+contraction become loads of a marker operand (index ``len(operands)``), which the kernel
+binds to the accumulator. That expression is then emitted by the generic rule lowering
+(:class:`cuvil.codegen.lower_rule.RuleKernel`), so an activation's meaning is never written a
+second time here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llvmlite import ir
+
+from cuvil.codegen.lower_rule import Buffer, RuleKernel, _Keys
+from cuvil.codegen.scalar import ScalarEmitter
+from cuvil.ir import rules as R
+from cuvil.ir.dtypes import DType
+from cuvil.ir.inline import value_rule
+from cuvil.ir.values import Value
+
+ANCHORS = ("matmul", "conv")
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """The matmul / conv inside an op (the op itself, or the anchor of a fused epilogue)."""
+
+    op: str
+    attrs: dict[str, Any]
+    lhs: int  # operand positions in the kernel op
+    rhs: int
+    lhs_type: Any
+    rhs_type: Any
+    out_type: Any  # the contraction's own result type
+    epilogue: R.Expr  # over the op's output index; the marker operand is the accumulator
+    marker: int
+
+
+class _NotElementwise(Exception):
+    pass
+
+
+def _is_identity_index(index: Sequence[R.Ix]) -> bool:
+    return all(ix.kind == "var" and ix.args[0] == f"i{k}" for k, ix in enumerate(index))
+
+
+def _walk(e: R.Expr) -> list[R.Expr]:
+    out: list[R.Expr] = []
+    stack: list[Any] = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, R.Expr):
+            out.append(x)
+        if isinstance(x, R.Call):
+            stack.extend(x.args)
+        elif isinstance(x, R.Load):
+            stack.extend(x.index)
+        elif isinstance(x, R.IndexValue):
+            stack.append(x.ix)
+        elif isinstance(x, R.Reduce):
+            stack.append(x.body)
+        elif isinstance(x, R.Ix):
+            if x.kind == "dyn":
+                stack.append(x.args[0])
+            elif x.kind not in ("var", "lit"):
+                stack.extend(x.args)
+    return out
+
+
+def reads_operand(e: R.Expr, operand: int) -> bool:
+    """Whether the expression loads operand ``operand`` (then a kernel must keep its raw data)."""
+    return any(isinstance(x, R.Load) and x.operand == operand for x in _walk(e))
+
+
+def contraction_of(v: Value) -> Contraction | None:
+    """The contraction ``v`` computes and its epilogue, or None when ``v`` is not of that form."""
+    n = len(v.operands)
+    marker = n
+    out_ix = tuple(R.Ix.var(f"i{k}") for k in range(v.type.rank))
+    if v.op in ANCHORS:
+        acc = R.Load(DType.f32, marker, out_ix, None)
+        return Contraction(v.op, dict(v.attr_dict), 0, 1, v.operands[0].type, v.operands[1].type, v.type, acc,
+                           marker)
+    if v.op != "fused" or v.attr("kind") != "epilogue":
+        return None
+    body = v.attr("body")
+    anchors = [u for u in body.ops() if u.op in ANCHORS]
+    if len(anchors) != 1:
+        return None
+    anchor = anchors[0]
+    if anchor.type.shape != v.type.shape or anchor is body.result:
+        return None
+    position = {p: k for k, p in enumerate(body.params)}
+    if not all(o in position for o in anchor.operands):
+        return None
+    if any(u.op in ANCHORS for u in body.ops() if u is not anchor):
+        return None
+
+    def leaf(u: Value, index: tuple[R.Ix, ...], ld: R.Load) -> R.Expr:
+        if u is anchor:
+            if not _is_identity_index(index) or ld.oob is not None:
+                raise _NotElementwise
+            return R.Load(DType.f32, marker, index, None)
+        return R.Load(ld.dtype, position[u], index, ld.oob)
+
+    try:
+        expr = value_rule(body.result, out_ix, leaf, inline=lambda u: not u.is_param and u is not anchor)
+    except _NotElementwise:
+        return None
+    if any(isinstance(x, R.Reduce) for x in _walk(expr)):
+        return None
+    return Contraction(anchor.op, dict(anchor.attr_dict), position[anchor.operands[0]],
+                       position[anchor.operands[1]], anchor.operands[0].type, anchor.operands[1].type,
+                       anchor.type, expr, marker)
+
+
+class EpilogueEmitter(RuleKernel):
+    """The generic rule lowering, emitting one output element at a time inside a kernel.
+
+    It shares the kernel's builder; loads of the marker operand yield the accumulator value
+    given to :meth:`element`. (It does not create a function of its own, so the base
+    constructor is not called; the attributes it sets are set here.)
+    """
+
+    def __init__(self, fn: ir.Function, alloca_builder: ir.IRBuilder, builder: ir.IRBuilder, rule: R.Expr,
+                 inputs: Sequence[Buffer], out: Buffer, op: str, marker: int, err: ir.Value) -> None:
+        self.op = op
+        self.rule = rule
+        self.out_type = None
+        self.out_shape = out.shape
+        self.fn = fn
+        self.inputs = list(inputs)
+        self.out = out
+        self.alloca_builder = alloca_builder
+        self.b = builder
+        self.s = ScalarEmitter(builder)
+        self.err = err
+        self.keys = _Keys()
+        self.extents = {f"i{k}": n for k, n in enumerate(out.shape)}
+        self._collect_extents(rule)
+        self.bound = {}
+        self.layers = [{}]
+        self.marker = marker
+        self.acc: ir.Value | None = None
+        self.env = {f"i{k}": ("o", k) for k in range(len(out.shape))}
+
+    def _load(self, e: R.Load, env: dict, depth: int) -> ir.Value:
+        if e.operand == self.marker:
+            assert self.acc is not None
+            return self.acc
+        return super()._load(e, env, depth)
+
+    def element(self, index: Sequence[ir.Value], acc: ir.Value) -> ir.Value:
+        """The epilogue's value at output ``index`` (i64 values) when the contraction gave ``acc``."""
+        with self._layer():
+            for k, iv in enumerate(index):
+                self.bound[("o", k)] = iv
+            self.acc = acc
+            value = self.lower(self.rule, self.env, 0)
+            for k in range(len(index)):
+                del self.bound[("o", k)]
+        return value
+
+    def store(self, flat: ir.Value, value: ir.Value) -> None:
+        self._store(self.out, flat, value)

@@ -1,0 +1,900 @@
+"""GEMM as a schedule of matmul's rule ``out[..., i, j] = sum_k a[..., i, k] * b[..., k, j]``.
+
+The schedule: the output is cut into ``MR x NR`` register tiles (``NR = nv`` vectors of the
+host's width: 16 floats with AVX-512, 8 with AVX2); a tile's accumulators live in registers for
+a whole block of ``k`` while the micro-kernel broadcasts one A element per row and loads ``nv``
+B vectors per step, with one ``llvm.fma`` per accumulator. Tiles are grouped into blocks
+(``mb_tiles x nb_tiles`` tiles over a ``kc`` slice of K) sized for L1/L2; a block is one unit of
+parallel work. A constant operand is packed at compile time (:mod:`.pack`); a non-constant B is
+read in place (row-major) or packed per tile at run time (transposed). Results go through the
+op's epilogue (:mod:`.epilogue`) on their way to memory.
+
+:class:`GemmCore` is the engine; :class:`MatmulKernel` applies it to ``matmul`` (and fused
+matmul epilogues); :mod:`.conv` applies it to convolution.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.codegen import abi
+from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, reads_operand
+from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
+from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
+from cuvil.codegen.lower_rule import Buffer, row_major_strides
+from cuvil.codegen.scalar import F32, I1, I32, I64, PTR
+from cuvil.ir.types import TensorType
+
+PARALLEL_MIN_FLOPS = 2_000_000
+"""Below this much work a kernel runs on the calling thread: waking the pool costs more."""
+
+
+# --------------------------------------------------------------------------------------
+# the vector ISA
+
+
+@dataclass(frozen=True)
+class Isa:
+    """The vector width kernels are written for."""
+
+    name: str
+    lanes: int
+    tiles: tuple[tuple[int, int], ...]  # register tiles (rows, vectors) that fit the register file
+
+
+ISAS = {
+    "avx512": Isa("avx512", 16, ((6, 4), (8, 3))),  # 24 accumulators of 32 zmm
+    "avx2": Isa("avx2", 8, ((6, 2), (4, 3))),  # 12 of 16 ymm
+    "sse": Isa("sse", 4, ((4, 2),)),
+}
+
+_forced_isa: Isa | None = None
+
+
+def host_isa() -> Isa:
+    """AVX-512 when the host has it, else AVX2 + FMA, else 4-lane vectors (``force_isa`` overrides)."""
+    if _forced_isa is not None:
+        return _forced_isa
+    from cuvil.codegen.link import host_target
+
+    feats = set(host_target().features.split(","))
+    if "+avx512f" in feats:
+        return ISAS["avx512"]
+    if "+avx2" in feats and "+fma" in feats:
+        return ISAS["avx2"]
+    return ISAS["sse"]
+
+
+def force_isa(name: str | None) -> None:
+    """Write kernels for ``name`` (a key of ``ISAS``) instead of the host's best; None restores it."""
+    global _forced_isa
+    _forced_isa = ISAS[name] if name is not None else None
+
+
+# --------------------------------------------------------------------------------------
+# small IR helpers
+
+
+def opaque_alloca(b: ir.IRBuilder, ty: ir.Type, name: str, align: int = 64) -> ir.Value:
+    """A stack slot addressed as an untyped ``ptr`` (the element type is given at each access)."""
+    slot = b.alloca(ty, name=name)
+    slot.align = align
+    slot.type = PTR
+    return slot
+
+
+def const(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+_loop_ids = 0
+
+
+def loop_hints(b: ir.IRBuilder, branch: ir.Instruction, *hints: str) -> None:
+    """Attach ``llvm.loop`` hints (e.g. ``llvm.loop.unroll.disable``) to a loop's back edge."""
+    global _loop_ids
+    mod = b.module
+    _loop_ids += 1
+    items = [mod.add_metadata([ir.MetaDataString(mod, h)]) for h in hints]
+    node = mod.add_metadata([ir.MetaDataString(mod, f"cuvil.loop.{_loop_ids}"), *items])
+    node.operands = (node, *items)  # a loop id refers to itself (printed as distinct by LLVM)
+    branch.set_metadata("llvm.loop", node)
+
+
+def for_range(b: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, name: str,
+              body: Callable[[ir.Value], None], step: int = 1, hints: Sequence[str] = ()) -> None:
+    """``for i in range(start, stop, step): body(i)`` with runtime bounds (i64)."""
+    start_v = const(start) if isinstance(start, int) else start
+    stop_v = const(stop) if isinstance(stop, int) else stop
+    if isinstance(start, int) and isinstance(stop, int):
+        if stop <= start:
+            return
+        if stop - start == 1:
+            body(start_v)
+            return
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    loop = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.end")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(start_v, pre)
+    b.cbranch(b.icmp_signed("<", i, stop_v), loop, done)
+    b.position_at_end(loop)
+    body(i)
+    i.add_incoming(b.add(i, const(step), flags=("nsw",)), b.block)
+    back = b.branch(head)
+    if hints:
+        loop_hints(b, back, *hints)
+    b.position_at_end(done)
+
+
+NO_UNROLL = ("llvm.loop.unroll.disable",)
+
+
+def if_then(b: ir.IRBuilder, cond: ir.Value, name: str, body: Callable[[], None]) -> None:
+    then = b.append_basic_block(f"{name}.then")
+    done = b.append_basic_block(f"{name}.done")
+    b.cbranch(cond, then, done)
+    b.position_at_end(then)
+    body()
+    b.branch(done)
+    b.position_at_end(done)
+
+
+def _i64(v: ir.Value | int) -> ir.Value:
+    return const(v) if isinstance(v, int) else v
+
+
+def imin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def fgep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
+    """``&((float*)ptr)[offset]``."""
+    off = const(offset) if isinstance(offset, int) else offset
+    return b.gep(ptr, [off], inbounds=True, source_etype=F32)
+
+
+def vec_type(lanes: int) -> ir.VectorType:
+    return ir.VectorType(F32, lanes)
+
+
+def splat(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+    vt = vec_type(lanes)
+    one = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def intrinsic(mod: ir.Module, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
+    found = mod.globals.get(name)
+    if isinstance(found, ir.Function):
+        return found
+    return ir.Function(mod, ir.FunctionType(ret, list(args)), name=name)
+
+
+def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
+    lanes = x.type.count
+    fn = intrinsic(b.module, f"llvm.fma.v{lanes}f32", x.type, [x.type] * 3)
+    return b.call(fn, [x, y, acc])
+
+
+def masked_load(b: ir.IRBuilder, ptr: ir.Value, lanes: int, valid: int) -> ir.Value:
+    """The first ``valid`` lanes of ``ptr[0:lanes]``; the others read as 0 without touching memory."""
+    vt = vec_type(lanes)
+    mt = ir.VectorType(I1, lanes)
+    fn = intrinsic(b.module, f"llvm.masked.load.v{lanes}f32.p0", vt, [PTR, I32, mt, vt])
+    mask = ir.Constant(mt, [1 if j < valid else 0 for j in range(lanes)])
+    return b.call(fn, [ptr, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])
+
+
+# --------------------------------------------------------------------------------------
+# operand access inside the micro-kernel
+
+
+class AAccess(Protocol):
+    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+        """Row ``i``'s element at step ``k`` of the block, splatted, for ``i < count``."""
+        ...
+
+
+class BAccess(Protocol):
+    def vectors(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+        """Vector ``j`` of row ``k`` of the block, for ``j < count``."""
+        ...
+
+
+@dataclass
+class PackedA:
+    """A tile packed as ``[k][mr]`` (``base`` points at the block's first step)."""
+
+    base: ir.Value
+    stride: int
+
+    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+        step = fgep(b, self.base, b.mul(k, const(self.stride), flags=("nsw",)))
+        return [splat(b, b.load(fgep(b, step, i), typ=F32, align=4), lanes) for i in range(count)]
+
+
+@dataclass
+class RowsA:
+    """Rows read in place: row ``i`` at ``rows[i] + k * kstride``."""
+
+    row_ptrs: list[ir.Value]
+    kstride: ir.Value
+
+    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+        off = b.mul(k, self.kstride, flags=("nsw",))
+        return [splat(b, b.load(fgep(b, self.row_ptrs[i], off), typ=F32, align=4), lanes) for i in range(count)]
+
+
+@dataclass
+class RowsTableA:
+    """Rows read in place at ``rows[i] + table[k]`` (i32 element offsets shared by the rows):
+    a convolution's output positions as GEMM rows, the (channel, tap) offsets as the table."""
+
+    row_ptrs: list[ir.Value]
+    table: ir.Value
+
+    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+        off = b.sext(b.load(b.gep(self.table, [k], inbounds=True, source_etype=I32), typ=I32, align=4), I64)
+        return [splat(b, b.load(fgep(b, self.row_ptrs[i], off), typ=F32, align=4), lanes) for i in range(count)]
+
+
+@dataclass
+class PackedB:
+    """A panel packed as ``[k][nr]``."""
+
+    base: ir.Value
+    stride: int
+    align: int = 4
+
+    def vectors(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+        step = fgep(b, self.base, b.mul(k, const(self.stride), flags=("nsw",)))
+        vt = vec_type(lanes)
+        return [b.load(fgep(b, step, j * lanes), typ=vt, align=self.align) for j in range(count)]
+
+
+@dataclass
+class DirectB:
+    """Rows read in place at ``base + koff(k)``: ``kstride * k``, or ``table[k]`` (i32) when given.
+    ``valid`` lanes of the last vector are read (a masked load) when it would run past the data."""
+
+    base: ir.Value
+    kstride: ir.Value
+    table: ir.Value | None = None
+    valid_last: int | None = None
+
+    def vectors(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+        if self.table is not None:
+            off = b.sext(b.load(b.gep(self.table, [k], inbounds=True, source_etype=I32), typ=I32, align=4), I64)
+        else:
+            off = b.mul(k, self.kstride, flags=("nsw",))
+        row = fgep(b, self.base, off)
+        vt = vec_type(lanes)
+        out = []
+        for j in range(count):
+            p = fgep(b, row, j * lanes)
+            if j == count - 1 and self.valid_last is not None and self.valid_last < lanes:
+                out.append(masked_load(b, p, lanes, self.valid_last))
+            else:
+                out.append(b.load(p, typ=vt, align=4))
+        return out
+
+
+def micro_kernel(b: ir.IRBuilder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes: int, count: ir.Value,
+                 init: list[ir.Value], unroll: int = 4) -> list[ir.Value]:
+    """``acc[i*nv + j] += a[i, k] * b[k, j-th vector]`` for ``k < count``; accumulators stay in registers."""
+    fn = b.function
+
+    def step(k: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:
+        bv = bb.vectors(b, k, nv, lanes)
+        av = a.rows(b, k, rows, lanes)
+        return [fma(b, av[i], bv[j], acc[i * nv + j]) for i in range(rows) for j in range(nv)]
+
+    def loop(start: ir.Value, acc_in: list[ir.Value], stride: int, limit: ir.Value, name: str
+             ) -> tuple[ir.Value, list[ir.Value]]:
+        pre = b.block
+        head = fn.append_basic_block(f"{name}.head")
+        body = fn.append_basic_block(f"{name}.body")
+        done = fn.append_basic_block(f"{name}.end")
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(I64, name=f"{name}.k")
+        k.add_incoming(start, pre)
+        accs = []
+        for x in acc_in:
+            p = b.phi(x.type)
+            p.add_incoming(x, pre)
+            accs.append(p)
+        b.cbranch(b.icmp_signed("<=", b.add(k, const(stride)), limit), body, done)
+        b.position_at_end(body)
+        cur: list[ir.Value] = list(accs)
+        for u in range(stride):
+            cur = step(b.add(k, const(u)) if u else k, cur)
+        k.add_incoming(b.add(k, const(stride)), b.block)
+        for p, x in zip(accs, cur, strict=True):
+            p.add_incoming(x, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        return k, accs
+
+    k, acc = loop(const(0), init, unroll, count, "kloop") if unroll > 1 else (const(0), init)
+    _, acc = loop(k, acc, 1, count, "krem")
+    return acc
+
+
+@dataclass
+class AOperand:
+    """Where a tile's A rows come from: ``packed`` (``ptr``: the tile's ``[k][mr]`` panel),
+    ``rows`` (``ptr``: one pointer per row, read at ``k * kstride``) or ``rowtable``."""
+
+    kind: str
+    ptr: ir.Value | list[ir.Value]
+    kstride: ir.Value | int = 0
+    table: ir.Value | None = None  # ``rowtable``: row i's step k is at ``ptr[i] + table[k]``
+
+
+@dataclass
+class BOperand:
+    """Where a tile's B vectors come from: ``packed`` (a ``[k][nr]`` panel), ``direct`` (row ``k``
+    at ``k * kstride``) or ``table`` (row ``k`` at ``table[k]``, i32 element offsets)."""
+
+    kind: str
+    ptr: ir.Value
+    kstride: ir.Value | int = 0
+    table: ir.Value | None = None
+
+
+MICRO_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, PTR, I1])
+"""``micro(a, a_kstride, b, b_kstride, b_table, count, tile, accumulate)``."""
+
+
+def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, lanes: int, tile_stride: int,
+                   valid_last: int | None) -> ir.Function:
+    """The micro-kernel as a function, one per tile shape and operand kind in a module (every
+    kernel of a model shares it, so LLVM optimizes and compiles it once). It adds
+    ``count`` steps of A x B to the ``mr x nv`` vectors at ``tile`` (or starts from zero)."""
+    name = f"cuvil.micro.{a_kind}.{b_kind}.{mr}x{nv}x{lanes}.s{tile_stride}" + \
+        (f".v{valid_last}" if valid_last is not None else "")
+    found = mod.globals.get(name)
+    if isinstance(found, ir.Function):
+        return found
+    fn = ir.Function(mod, MICRO_TYPE, name=name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    a_ptr, a_kstride, b_ptr, b_kstride, table, count, tile, accumulate = fn.args
+    for arg, nm in zip(fn.args, ("a", "a_kstride", "b", "b_kstride", "table", "count", "tile", "accumulate"),
+                       strict=True):
+        arg.name = nm
+    for arg in (a_ptr, b_ptr, table, tile):
+        arg.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    if a_kind == "packed":
+        a: AAccess = PackedA(a_ptr, mr)
+    else:
+        rows = [b.load(b.gep(a_ptr, [const(i)], inbounds=True, source_etype=PTR), typ=PTR) for i in range(mr)]
+        a = RowsTableA(rows, table) if a_kind == "rowtable" else RowsA(rows, a_kstride)
+    assert not (a_kind == "rowtable" and b_kind == "table"), "one offset table per micro-kernel"
+    if b_kind == "packed":
+        bb: BAccess = PackedB(b_ptr, tile_stride, 64)  # packed panels are as wide as the tile
+    elif b_kind == "direct":
+        bb = DirectB(b_ptr, b_kstride, valid_last=valid_last)
+    else:
+        bb = DirectB(b_ptr, b_kstride, table=table, valid_last=valid_last)
+    vt = vec_type(lanes)
+    zero = ir.Constant(vt, None)
+    init = []
+    for i in range(mr):
+        for j in range(nv):
+            old = b.load(fgep(b, tile, i * tile_stride + j * lanes), typ=vt, align=64)
+            init.append(b.select(accumulate, old, zero))
+    acc = micro_kernel(b, a, bb, mr, nv, lanes, count, init)
+    for i in range(mr):
+        for j in range(nv):
+            b.store(acc[i * nv + j], fgep(b, tile, i * tile_stride + j * lanes), align=64)
+    b.ret_void()
+    return fn
+
+
+# --------------------------------------------------------------------------------------
+# the kernel function: phases of chunked work, run serially or on the pool
+
+
+@dataclass
+class Ctx:
+    """The function a chunk is being emitted into."""
+
+    fn: ir.Function
+    b: ir.IRBuilder
+    alloca: ir.IRBuilder
+    out: ir.Value
+    ins: list[ir.Value]
+    scratch: ir.Value
+    err: ir.Value
+
+    def entry_alloca(self, ty: ir.Type, name: str, align: int = 64) -> ir.Value:
+        return opaque_alloca(self.alloca, ty, name, align)
+
+
+class KernelFunction:
+    """``i32 name(ptr out, ptr in0, ..., ptr scratch)``, made of phases; each phase is a body
+    function over a range of chunks, called directly or through the pool's task trampoline."""
+
+    def __init__(self, mod: ir.Module, name: str, n_inputs: int) -> None:
+        self.mod = mod
+        self.name = name
+        self.n_inputs = n_inputs
+        self.fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_inputs + 2)), name=name)
+        self.fn.linkage = "hidden"
+        self.fn.attributes.add("noinline")
+        self.fn.args[0].name = "out"
+        for k, a in enumerate(self.fn.args[1:-1]):
+            a.name = f"in{k}"
+        self.fn.args[-1].name = "scratch"
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.phases = 0
+
+    def phase(self, nchunks: int, flops: float, emit_chunk: Callable[[Ctx, ir.Value], None]) -> None:
+        """Run ``emit_chunk`` for chunks ``0..nchunks`` (in parallel when the work is large enough)."""
+        if nchunks <= 0:
+            return
+        k = self.phases
+        self.phases += 1
+        body = self._body(f"{self.name}.p{k}", emit_chunk)
+        b = self.b
+        args = list(self.fn.args)
+        if nchunks > 1 and flops >= PARALLEL_MIN_FLOPS:
+            task = self._task(f"{self.name}.p{k}.task", body)
+            slots = opaque_alloca(b, ir.ArrayType(I64, len(args) + 1), f"args{k}", 8)
+            for j, a in enumerate(args):
+                b.store(a, b.gep(slots, [const(j)], inbounds=True, source_etype=I64))
+            rc_slot = b.gep(slots, [const(len(args))], inbounds=True, source_etype=I64)
+            b.store(ir.Constant(I64, 0), rc_slot)
+            b.call(thread_pool(self.mod).run, [task, slots, const(nchunks)])
+            rc = b.trunc(b.load(rc_slot, typ=I64), I32)
+        else:
+            rc = b.call(body, [*args, const(0), const(nchunks)])
+        fail = self.fn.append_basic_block(f"p{k}.fail")
+        ok = self.fn.append_basic_block(f"p{k}.ok")
+        b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), ok, fail)
+        b.position_at_end(fail)
+        b.ret(rc)
+        b.position_at_end(ok)
+
+    def finish(self) -> ir.Function:
+        self.b.ret(ir.Constant(I32, abi.OK))
+        return self.fn
+
+    def _body(self, name: str, emit_chunk: Callable[[Ctx, ir.Value], None]) -> ir.Function:
+        n = self.n_inputs
+        fn = ir.Function(self.mod, ir.FunctionType(I32, [PTR] * (n + 2) + [I64, I64]), name=name)
+        fn.linkage = "internal"
+        for a in fn.args[: n + 2]:
+            a.add_attribute("noalias")
+        entry = ir.IRBuilder(fn.append_basic_block("entry"))
+        start = fn.append_basic_block("start")
+        b = ir.IRBuilder(start)
+        err = entry.alloca(I1, name="err")
+        entry.store(ir.Constant(I1, 0), err)
+        ctx = Ctx(fn, b, entry, fn.args[0], list(fn.args[1:n + 1]), fn.args[n + 1], err)
+        for_range(b, fn.args[n + 2], fn.args[n + 3], "chunk", lambda c: emit_chunk(ctx, c))
+        failed = b.load(err, typ=I1)
+        b.ret(b.select(failed, ir.Constant(I32, abi.ERR_INDEX), ir.Constant(I32, abi.OK)))
+        entry.branch(start)
+        return fn
+
+    def _task(self, name: str, body: ir.Function) -> ir.Function:
+        fn = ir.Function(self.mod, TASK_TYPE, name=name)
+        fn.linkage = "internal"
+        slots, chunk = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        nargs = self.n_inputs + 2
+        ptrs = [b.load(b.gep(slots, [const(j)], inbounds=True, source_etype=I64), typ=PTR) for j in range(nargs)]
+        rc = b.call(body, [*ptrs, chunk, b.add(chunk, const(1))])
+        failed = b.icmp_signed("!=", rc, ir.Constant(I32, abi.OK))
+        rc_slot = b.gep(slots, [const(nargs)], inbounds=True, source_etype=I64)
+        if_then(b, failed, "fail", lambda: b.atomic_rmw("xchg", rc_slot, b.sext(rc, I64), "seq_cst"))
+        b.ret_void()
+        return fn
+
+
+# --------------------------------------------------------------------------------------
+# the engine
+
+
+@dataclass(frozen=True)
+class Tiling:
+    mr: int
+    nv: int
+    lanes: int
+    kc: int  # reduction block
+    mb_tiles: int  # register tiles per block, along M
+    nb_tiles: int  # along N
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+KC_MAX = 256
+"""K is cut into blocks of at most this many steps, so a B panel (kc x NR) stays in L1/L2."""
+
+PARTIALS_MAX_BYTES = 96 * 1024
+"""Bound on the stack a block's partial sums take between K blocks (worker stacks are MBs)."""
+
+
+def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv: int | None = None) -> Tiling:
+    """Register tile from the ISA (fewer rows/vectors for small problems), blocks for the caches."""
+    lanes = isa.lanes
+    if mr is None or nv is None:  # the tile that computes the fewest padded elements (first on a tie)
+        def padded(tile: tuple[int, int]) -> int:
+            rows, width = min(tile[0], m), min(tile[1], -(-n // lanes)) * lanes
+            return -(-m // rows) * rows * -(-n // width) * width
+
+        mr, nv = min(isa.tiles, key=padded)
+    mr = min(mr, m)
+    nv = max(1, min(nv, -(-n // lanes)))
+    if mr <= 2 and n >= 4 * lanes * nv:  # few rows (a GEMV): more independent vectors per row
+        nv = min(2 * nv, -(-n // lanes))
+    nblocks = -(-k // KC_MAX)
+    kc = -(-k // nblocks)
+    nr = nv * lanes
+    mt = -(-m // mr)
+    nt = -(-n // nr)
+    # B block (kc x nb_tiles*NR) within ~512 KiB of L2, A block (mb_tiles*MR x kc) within ~128 KiB
+    nb_tiles = max(1, min(nt, (512 * 1024) // max(1, kc * nr * 4)))
+    mb_tiles = max(1, min(mt, (128 * 1024) // max(1, kc * mr * 4)))
+    if nblocks > 1:  # partial sums of a whole block wait on the stack between K blocks: bound them
+        while mb_tiles * nb_tiles * mr * nr * 4 > PARTIALS_MAX_BYTES and mb_tiles * nb_tiles > 1:
+            if mb_tiles >= nb_tiles:
+                mb_tiles -= 1
+            else:
+                nb_tiles -= 1
+    return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
+
+
+StoreTile = Callable[[Ctx, Any, ir.Value, ir.Value, ir.Value, ir.Value, ir.Value, int], None]
+"""``store(ctx, problem, m0, n0, rows, cols, tile_ptr, tile_row_stride)``: write the valid part of a tile."""
+
+
+class GemmCore:
+    """``C = A @ B`` over one problem instance (``m x k`` by ``k x n``), one block per call of
+    :meth:`emit_block`. The operand accessors and the store are given by the user of the engine.
+
+    Every register tile is computed whole: packed operands are zero padded and in-place rows
+    are clamped to the last one, so edge tiles read valid memory and only the store is cut
+    (``rows``/``cols`` at run time). The one exception is a B read in place, whose last tile
+    loads its partial vector with a mask (``b_masked_edge``): that is a second micro-kernel.
+    """
+
+    def __init__(self, m: int, n: int, k: int, tiling: Tiling,
+                 a_at: Callable[[Ctx, Any, ir.Value, ir.Value], AOperand],
+                 b_at: Callable[[Ctx, Any, ir.Value, ir.Value, int, ir.Value | None], BOperand],
+                 store: StoreTile, b_pack: Callable[[Ctx, Any, ir.Value, ir.Value, ir.Value], None] | None = None,
+                 b_masked_edge: bool = False) -> None:
+        self.m, self.n, self.k = m, n, k
+        self.t = tiling
+        self.a_at = a_at  # (ctx, problem, m0, k0) -> rows of the tile at m0, from step k0 on
+        self.b_at = b_at  # (ctx, problem, n0, k0, cols, packed_buffer) -> vectors of the tile at n0
+        self.store = store
+        self.b_pack = b_pack  # (ctx, problem, n0, k0, buffer): fill a [kc][NR] panel at run time
+        t = tiling
+        self.mt = -(-m // t.mr)
+        self.nt = -(-n // t.nr)
+        self.mblocks = -(-self.mt // t.mb_tiles)
+        self.nblocks = -(-self.nt // t.nb_tiles)
+        self.kblocks = -(-k // t.kc)
+        self.n_edge = n - (self.nt - 1) * t.nr
+        self.b_masked_edge = b_masked_edge and self.n_edge != t.nr
+
+    @property
+    def blocks(self) -> int:
+        return self.mblocks * self.nblocks
+
+    def emit_block(self, ctx: Ctx, problem: Any, block: ir.Value) -> None:
+        """Emit block ``block`` (``0 <= block < self.blocks``) of ``problem``."""
+        b = ctx.b
+        t = self.t
+        nr = t.nr
+        lanes = t.lanes
+        mb = b.udiv(block, const(self.nblocks))
+        nb = b.urem(block, const(self.nblocks))
+        mt0 = b.mul(mb, const(t.mb_tiles))
+        mt1 = imin(b, b.add(mt0, const(t.mb_tiles)), const(self.mt))
+        nt0 = b.mul(nb, const(t.nb_tiles))
+        nt1 = imin(b, b.add(nt0, const(t.nb_tiles)), const(self.nt))
+        blocked = self.kblocks > 1
+        tile_floats = t.mr * nr
+        cbuf = ctx.entry_alloca(ir.ArrayType(F32, tile_floats * (t.mb_tiles * t.nb_tiles if blocked else 1)),
+                                "cbuf")
+        panel = ctx.entry_alloca(ir.ArrayType(F32, t.kc * nr), "panel") if self.b_pack is not None else None
+        row_ptrs = ctx.entry_alloca(ir.ArrayType(PTR, t.mr), "rows", 8)
+
+        def k_block(kb: ir.Value) -> None:
+            k0 = b.mul(kb, const(t.kc))
+            kn = imin(b, const(t.kc), b.sub(const(self.k), k0))
+            first = b.icmp_signed("==", kb, const(0))
+            last = b.icmp_signed("==", kb, const(self.kblocks - 1))
+
+            def n_tile(nt: ir.Value) -> None:
+                n0 = b.mul(nt, const(nr))
+                cols = imin(b, const(nr), b.sub(const(self.n), n0))
+                if self.b_pack is not None:
+                    self.b_pack(ctx, problem, n0, k0, panel)
+
+                def m_tile(mtv: ir.Value) -> None:
+                    m0 = b.mul(mtv, const(t.mr))
+                    rows = imin(b, const(t.mr), b.sub(const(self.m), m0))
+                    slot = b.add(b.mul(b.sub(mtv, mt0), const(t.nb_tiles)), b.sub(nt, nt0)) if blocked else const(0)
+                    tile = fgep(b, cbuf, b.mul(slot, const(tile_floats)))
+
+                    def compute(width: int) -> None:
+                        nv = -(-width // lanes)
+                        a = self.a_at(ctx, problem, m0, k0)
+                        bb = self.b_at(ctx, problem, n0, k0, width, panel)
+                        valid = width % lanes if bb.kind != "packed" and width % lanes else None
+                        fn = micro_function(ctx.fn.module, a.kind, bb.kind, t.mr, nv, lanes, nr, valid)
+                        if a.kind in ("rows", "rowtable"):
+                            rows = a.ptr
+                            assert isinstance(rows, list)
+                            a_arg = row_ptrs
+                            for i, p in enumerate(rows):
+                                b.store(p, b.gep(row_ptrs, [const(i)], inbounds=True, source_etype=PTR))
+                        else:
+                            assert isinstance(a.ptr, ir.Value)
+                            a_arg = a.ptr
+                        null = ir.Constant(PTR, None)
+                        acc = b.not_(first) if blocked else ir.Constant(I1, 0)
+                        table = a.table if a.kind == "rowtable" else bb.table
+                        b.call(fn, [a_arg, _i64(a.kstride), bb.ptr, _i64(bb.kstride), table or null, kn, tile, acc])
+
+                    if self.b_masked_edge:
+                        edge = b.icmp_signed("==", nt, const(self.nt - 1))
+                        then = b.append_basic_block("tile.edge")
+                        full = b.append_basic_block("tile.full")
+                        done = b.append_basic_block("tile.done")
+                        b.cbranch(edge, then, full)
+                        b.position_at_end(then)
+                        compute(self.n_edge)
+                        b.branch(done)
+                        b.position_at_end(full)
+                        compute(nr)
+                        b.branch(done)
+                        b.position_at_end(done)
+                    else:
+                        compute(nr)
+                    if blocked:
+                        if_then(b, last, "store", lambda: self.store(ctx, problem, m0, n0, rows, cols, tile, nr))
+                    else:
+                        self.store(ctx, problem, m0, n0, rows, cols, tile, nr)
+
+                for_range(b, mt0, mt1, "mt", m_tile)
+
+            for_range(b, nt0, nt1, "nt", n_tile)
+
+        for_range(b, 0, self.kblocks, "kb", k_block)
+
+
+# --------------------------------------------------------------------------------------
+# epilogue stores
+
+
+def epilogue_emitter(ctx: Ctx, contraction: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+                     op: str) -> EpilogueEmitter:
+    inputs = [Buffer(p, t.dtype, tuple(int(d) for d in t.shape)) for p, t in zip(ctx.ins, in_types, strict=True)]
+    out = Buffer(ctx.out, out_type.dtype, tuple(int(d) for d in out_type.shape))
+    return EpilogueEmitter(ctx.fn, ctx.alloca, ctx.b, contraction.epilogue, inputs, out, op, contraction.marker,
+                           ctx.err)
+
+
+def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: ir.Value, tile_stride: int, rows: int | ir.Value,
+               cols: int | ir.Value, index_of: Callable[[ir.Value, ir.Value], Sequence[ir.Value]],
+               flat_of: Callable[[ir.Value, ir.Value], ir.Value], col0: ir.Value | int = 0,
+               by_columns: bool = False) -> None:
+    """For ``i < rows``, ``j < cols``: ``out[flat_of(i, j)] = epilogue(tile[i][col0 + j])`` at
+    output index ``index_of(i, j)``. The inner loop runs along a tile row (contiguous there, so
+    LLVM vectorizes it), or down a tile column when ``by_columns`` (where the output is contiguous)."""
+    b = ctx.b
+    c0 = const(col0) if isinstance(col0, int) else col0
+    if by_columns:
+        def column(j: ir.Value) -> None:
+            def element(i: ir.Value) -> None:
+                acc = b.load(fgep(b, tile, b.add(b.mul(i, const(tile_stride)), b.add(c0, j))), typ=F32, align=4)
+                epi.store(flat_of(i, j), epi.element(index_of(i, j), acc))
+
+            for_range(b, 0, rows, "row", element)
+
+        for_range(b, 0, cols, "col", column, hints=NO_UNROLL)
+        return
+
+    def row(i: ir.Value) -> None:
+        base = fgep(b, tile, b.add(b.mul(i, const(tile_stride)), c0))
+
+        def col(j: ir.Value) -> None:
+            acc = b.load(fgep(b, base, j), typ=F32, align=4)
+            value = epi.element(index_of(i, j), acc)
+            epi.store(flat_of(i, j), value)
+
+        for_range(b, 0, cols, "col", col)
+
+    for_range(b, 0, rows, "row", row, hints=NO_UNROLL)  # one copy of the (vectorized) epilogue loop
+
+
+def unravel(b: ir.IRBuilder, flat: ir.Value, shape: Sequence[int]) -> list[ir.Value]:
+    """Multi-index of ``flat`` in a row-major ``shape`` (constant divisors)."""
+    out: list[ir.Value] = []
+    rest = flat
+    for d in reversed(shape):
+        if d == 1:
+            out.append(const(0))
+            continue
+        out.append(b.urem(rest, const(d)))
+        rest = b.udiv(rest, const(d))
+    return list(reversed(out))
+
+
+def broadcast_offset(b: ir.IRBuilder, index: Sequence[ir.Value], in_shape: Sequence[int],
+                     out_shape: Sequence[int], block: int) -> ir.Value:
+    """Element offset of the batch ``index`` (of ``out_shape``) in an operand with batch dims
+    ``in_shape`` (numpy broadcasting) whose batch entries are ``block`` elements apart."""
+    strides = row_major_strides(list(in_shape))
+    off: ir.Value = const(0)
+    lead = len(out_shape) - len(in_shape)
+    for d, (n, s) in enumerate(zip(in_shape, strides, strict=True)):
+        if n == 1:
+            continue
+        off = b.add(off, b.mul(index[lead + d], const(s * block)))
+    return off
+
+
+# --------------------------------------------------------------------------------------
+# matmul
+
+
+def _static(t: TensorType) -> tuple[int, ...]:
+    return tuple(int(d) for d in t.shape)
+
+
+class MatmulKernel:
+    """``matmul`` (batched, transposes, broadcasting batch dims) with its fused epilogue.
+
+    A constant rhs is packed into column panels at compile time; a constant lhs is read in
+    place like any other (rows are broadcast, so packing buys little there)."""
+
+    def __init__(self, op: str, contraction: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+                 rhs_const: np.ndarray | None, isa: Isa) -> None:
+        self.op = op
+        self.c = contraction
+        self.in_types = list(in_types)
+        self.out_type = out_type
+        self.isa = isa
+        a_shape, b_shape = _static(contraction.lhs_type), _static(contraction.rhs_type)
+        self.ta = bool(contraction.attrs.get("transpose_a", False))
+        self.tb = bool(contraction.attrs.get("transpose_b", False))
+        self.m, self.k = (a_shape[-1], a_shape[-2]) if self.ta else (a_shape[-2], a_shape[-1])
+        self.n = b_shape[-2] if self.tb else b_shape[-1]
+        self.a_batch, self.b_batch = a_shape[:-2], b_shape[:-2]
+        self.out_batch = _static(contraction.out_type)[:-2]
+        self.batch = math.prod(self.out_batch)
+        self.tiling = choose_tiling(isa, self.m, self.n, self.k)
+        self.packed: np.ndarray | None = None
+        if rhs_const is not None:
+            mat = np.swapaxes(rhs_const, -1, -2) if self.tb else rhs_const
+            self.packed = pack_b_panels(np.asarray(mat, dtype=np.float32), self.tiling.nr)
+        self.b_mode = "packed" if self.packed is not None else ("pack" if self.tb else "direct")
+
+    @property
+    def name(self) -> str:
+        t = self.tiling
+        return f"gemm.{self.isa.name}.{t.mr}x{t.nr}.{self.b_mode}_b"
+
+    @property
+    def unused_operands(self) -> frozenset[int]:
+        """The raw rhs is not read when it was packed (unless the epilogue reads it too)."""
+        if self.packed is None or reads_operand(self.c.epilogue, self.c.rhs) or self.c.rhs == self.c.lhs:
+            return frozenset()
+        return frozenset([self.c.rhs])
+
+    scratch_bytes = 0
+
+    @property
+    def constant_bytes(self) -> int:
+        return 0 if self.packed is None else int(self.packed.nbytes)
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        kf = KernelFunction(mod, name, len(self.in_types))
+        t = self.tiling
+        packed = embed_array(mod, f"{name}.packed_b", self.packed) if self.packed is not None else None
+        m, n, k = self.m, self.n, self.k
+        a_block, b_block = m * k, k * n
+        packed_block = self.packed.shape[-3] * k * t.nr if self.packed is not None else 0
+
+        def a_at(ctx: Ctx, prob: Any, m0: ir.Value, k0: ir.Value) -> AOperand:
+            b = ctx.b
+            base = fgep(ctx.b, ctx.ins[self.c.lhs], prob["a_off"])
+            ptrs = []
+            for i in range(t.mr):
+                row = imin(b, b.add(m0, const(i)), const(m - 1))
+                if self.ta:
+                    ptrs.append(fgep(b, base, b.add(row, b.mul(k0, const(m)))))
+                else:
+                    ptrs.append(fgep(b, base, b.add(b.mul(row, const(k)), k0)))
+            return AOperand("rows", ptrs, m if self.ta else 1)
+
+        def b_at(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, cols: int, panel: ir.Value | None) -> BOperand:
+            b = ctx.b
+            if packed is not None:
+                nt = b.udiv(n0, const(t.nr))
+                off = b.add(prob["b_off"], b.add(b.mul(nt, const(k * t.nr)), b.mul(k0, const(t.nr))))
+                return BOperand("packed", fgep(b, packed, off))
+            if panel is not None:
+                return BOperand("packed", panel)
+            base = fgep(b, ctx.ins[self.c.rhs], b.add(prob["b_off"], b.add(b.mul(k0, const(n)), n0)))
+            return BOperand("direct", base, n)
+
+        def b_pack(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, panel: ir.Value) -> None:
+            """panel[kk][j] = b[n0 + j, k0 + kk] (0 past N): a transposed rhs, packed per tile."""
+            b = ctx.b
+            src = fgep(b, ctx.ins[self.c.rhs], prob["b_off"])
+            kn = imin(b, const(t.kc), b.sub(const(k), k0))
+
+            def col(j: ir.Value) -> None:
+                nn = b.add(n0, j)
+                inside = b.icmp_signed("<", nn, const(n))
+                row = fgep(b, src, b.add(b.mul(imin(b, nn, const(n - 1)), const(k)), k0))
+
+                def step(kk: ir.Value) -> None:
+                    v = b.load(fgep(b, row, kk), typ=F32, align=4)
+                    b.store(b.select(inside, v, ir.Constant(F32, 0.0)),
+                            fgep(b, panel, b.add(b.mul(kk, const(t.nr)), j)), align=4)
+
+                for_range(b, 0, kn, "pk", step)
+
+            for_range(b, 0, t.nr, "pj", col)
+
+        def store(ctx: Ctx, prob: Any, m0: ir.Value, n0: ir.Value, rows: ir.Value, cols: ir.Value,
+                  tile: ir.Value, stride: int) -> None:
+            b = ctx.b
+            epi = prob["epi"]
+            out_base = b.mul(prob["batch"], const(m * n))
+
+            def index_of(i: ir.Value, j: ir.Value) -> list[ir.Value]:
+                return [*prob["bidx"], b.add(m0, i), b.add(n0, j)]
+
+            def flat_of(i: ir.Value, j: ir.Value) -> ir.Value:
+                return b.add(out_base, b.add(b.mul(b.add(m0, i), const(n)), b.add(n0, j)))
+
+            store_rows(ctx, epi, tile, stride, rows, cols, index_of, flat_of)
+
+        core = GemmCore(m, n, k, t, a_at, b_at, store, b_pack if self.b_mode == "pack" else None,
+                        b_masked_edge=self.b_mode == "direct")
+
+        def chunk(ctx: Ctx, c: ir.Value) -> None:
+            b = ctx.b
+            batch = b.udiv(c, const(core.blocks))
+            block = b.urem(c, const(core.blocks))
+            bidx = unravel(b, batch, self.out_batch)
+            prob = {
+                "batch": batch,
+                "bidx": bidx,
+                "a_off": broadcast_offset(b, bidx, self.a_batch, self.out_batch, a_block),
+                "b_off": broadcast_offset(b, bidx, self.b_batch, self.out_batch,
+                                          packed_block if packed is not None else b_block),
+                "epi": epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op),
+            }
+            core.emit_block(ctx, prob, block)
+
+        kf.phase(self.batch * core.blocks, 2.0 * self.batch * m * n * k, chunk)
+        return kf.finish()
+
+
+__all__ = ["ISAS", "GemmCore", "Isa", "KernelFunction", "MatmulKernel", "Tiling", "choose_tiling",
+           "force_isa", "host_isa"]

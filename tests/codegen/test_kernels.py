@@ -1,0 +1,434 @@
+"""Tuned kernels (GEMM, convolution, the thread pool) against the op's compute rule.
+
+The oracle is the interpreter evaluating each op's *rule* (not its numpy fast path), on the
+unoptimized function; the compiled side goes through the normal pipeline, so fusion puts the
+epilogues into the kernels. Many cases share one compiled function (one output per case) to
+keep compile time down. Floats are compared within 1e-5 relative to the output's scale,
+widened with sqrt(K) for long reductions (summation order is not part of the meaning).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cuvil.codegen.kernels import force_isa, generic_only
+from cuvil.codegen.kernels.pack import pack_a_tiles, pack_b_panels
+from cuvil.compiler import compile
+from cuvil.interp import bind_inputs, evaluate_op
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Function, Module
+from cuvil.ir.opdef import get_op
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value
+
+RNG = np.random.default_rng(11)
+
+
+def _f32(*shape: int, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def rule_reference(module: Module, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Every result of ``module.main``, each op evaluated from its compute rule."""
+    fn = module.main
+    arrays, _ = bind_inputs(fn, list(inputs))
+    memo: dict[Value, np.ndarray] = dict(zip(fn.params, arrays, strict=True))
+    for v in fn.values():
+        if v in memo:
+            continue
+        if v.is_const:
+            memo[v] = module.constants[v.const_hash]
+            continue
+        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], v.attr_dict,
+                              TensorType(v.dtype, v.type.shape), use_fast_path=False)
+    return [memo[r] for r in fn.results]
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, k: int, what: str) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, what
+    scale = float(np.abs(want).max(initial=0.0)) or 1.0
+    tol = 1e-5 * scale * max(1.0, math.sqrt(k / 64))
+    err = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max(initial=0.0))
+    assert err <= tol, f"{what}: max |diff| {err:.3e} > {tol:.3e} (scale {scale:.3e})"
+
+
+class Cases:
+    """Many independent cases as the results of one function: one compile for all of them."""
+
+    def __init__(self) -> None:
+        self.b = Builder()
+        self.params: list[Value] = []
+        self.inputs: list[np.ndarray] = []
+        self.results: list[Value] = []
+        self.labels: list[str] = []
+        self.reductions: list[int] = []
+
+    def input(self, array: np.ndarray) -> Value:
+        p = self.b.param(f"x{len(self.params)}", DType.from_numpy(array.dtype), array.shape)
+        self.params.append(p)
+        self.inputs.append(array)
+        return p
+
+    def add(self, label: str, value: Value, k: int) -> None:
+        self.results.append(value)
+        self.labels.append(label)
+        self.reductions.append(k)
+
+    def module(self) -> Module:
+        names = [f"r{i}" for i in range(len(self.results))]
+        return self.b.module(Function("cases", tuple(self.params), tuple(self.results), tuple(names)))
+
+    def check(self, expect_kernel: str | None = None, **options: Any) -> dict[str, Any]:
+        module = self.module()
+        model = compile(module, cache=False, **options)
+        got = model.run(self.inputs)
+        want = rule_reference(module, self.inputs)
+        for g, w, label, k in zip(got, want, self.labels, self.reductions, strict=True):
+            assert_close(g, w, k, label)
+        kernels = model.manifest["kernels"]
+        if expect_kernel is not None:
+            tuned = [n for n in kernels if n.startswith(expect_kernel)]
+            assert len(tuned) == len(self.results), f"expected a {expect_kernel} kernel per case, got {kernels}"
+        return model.manifest
+
+
+# --------------------------------------------------------------------------------------
+# packing
+
+
+def test_pack_b_panels_layout():
+    b = _f32(5, 37)
+    packed = pack_b_panels(b, 16)
+    assert packed.shape == (3, 5, 16)
+    for k in range(5):
+        for n in range(48):
+            want = b[k, n] if n < 37 else 0.0
+            assert packed[n // 16, k, n % 16] == want
+
+
+def test_pack_a_tiles_layout_batched():
+    a = _f32(2, 13, 4)
+    packed = pack_a_tiles(a, 6)
+    assert packed.shape == (2, 3, 4, 6)
+    for g in range(2):
+        for m in range(18):
+            for k in range(4):
+                want = a[g, m, k] if m < 13 else 0.0
+                assert packed[g, m // 6, k, m % 6] == want
+
+
+# --------------------------------------------------------------------------------------
+# GEMM
+
+ODD = (1, 3, 17, 65, 130)
+
+
+def _matmul_case(c: Cases, m: int, n: int, k: int, *, const_b: bool, ta: bool = False, tb: bool = False,
+                 a_batch: tuple[int, ...] = (), b_batch: tuple[int, ...] = ()) -> None:
+    a = c.input(_f32(*a_batch, *((k, m) if ta else (m, k))))
+    w = _f32(*b_batch, *((n, k) if tb else (k, n)))
+    rhs = c.b.const(w) if const_b else c.input(w)
+    c.add(f"matmul m{m} n{n} k{k} const_b={const_b} ta={ta} tb={tb} batch={a_batch}/{b_batch}",
+          c.b.matmul(a, rhs, transpose_a=ta, transpose_b=tb), k)
+
+
+def test_gemm_odd_sizes_packed_weights():
+    c = Cases()
+    for m, n, k in [(1, 1, 1), (3, 17, 65), (17, 130, 3), (65, 3, 17), (130, 65, 130), (1, 130, 17),
+                    (130, 1, 65), (17, 65, 1), (65, 17, 300), (3, 130, 130)]:
+        _matmul_case(c, m, n, k, const_b=True)
+    _matmul_case(c, 17, 65, 30, const_b=True, ta=True)
+    _matmul_case(c, 17, 65, 30, const_b=True, tb=True)
+    _matmul_case(c, 65, 17, 30, const_b=True, ta=True, tb=True)
+    manifest = c.check("gemm.")
+    assert all(name.endswith("packed_b") for name in manifest["kernels"])
+
+
+def test_gemm_odd_sizes_activation_rhs():
+    c = Cases()
+    for m, n, k in [(1, 1, 1), (3, 17, 65), (17, 130, 3), (65, 3, 17), (130, 65, 130), (130, 1, 65)]:
+        _matmul_case(c, m, n, k, const_b=False)
+        _matmul_case(c, m, n, k, const_b=False, tb=True)
+    _matmul_case(c, 17, 33, 65, const_b=False, ta=True)
+    manifest = c.check("gemm.")
+    assert {name.rsplit(".", 1)[-1] for name in manifest["kernels"]} == {"direct_b", "pack_b"}
+
+
+def test_batched_matmul_broadcasting():
+    c = Cases()
+    _matmul_case(c, 5, 19, 7, const_b=True, a_batch=(3,))
+    _matmul_case(c, 5, 19, 7, const_b=True, a_batch=(2, 3), b_batch=(3,))
+    _matmul_case(c, 5, 19, 7, const_b=True, b_batch=(2,))
+    _matmul_case(c, 17, 3, 65, const_b=False, tb=True, a_batch=(2, 3), b_batch=(3,))
+    _matmul_case(c, 17, 3, 65, const_b=False, ta=True, a_batch=(2, 1), b_batch=(1, 3))
+    _matmul_case(c, 4, 40, 33, const_b=False, a_batch=(4,), b_batch=(4,))
+    c.check("gemm.")
+
+
+def test_gemm_k_blocked_and_wide():
+    """K longer than one cache block (partial sums kept between blocks) and N over many panels."""
+    c = Cases()
+    _matmul_case(c, 9, 70, 700, const_b=True)
+    _matmul_case(c, 9, 70, 700, const_b=False)
+    _matmul_case(c, 2, 1000, 40, const_b=True)
+    c.check("gemm.")
+
+
+# --------------------------------------------------------------------------------------
+# epilogues: every kind, on matmul and conv (the fused body's rule is the meaning)
+
+EPILOGUES: dict[str, Callable[[Builder, Value, Value, Value], Value]] = {
+    "bias": lambda b, y, bias, res: b.add(y, bias),
+    "bias_relu": lambda b, y, bias, res: b.relu(b.add(y, bias)),
+    "residual_relu": lambda b, y, bias, res: b.relu(b.add(b.add(y, bias), res)),
+    "clip": lambda b, y, bias, res: b.clip(b.add(y, bias), min=0.0, max=6.0),
+    "gelu": lambda b, y, bias, res: b.gelu(b.add(y, bias)),
+    "gelu_tanh": lambda b, y, bias, res: b.gelu(y, approximate="tanh"),
+    "silu": lambda b, y, bias, res: b.silu(b.add(y, bias)),
+    "sigmoid": lambda b, y, bias, res: b.sigmoid(y),
+    "tanh": lambda b, y, bias, res: b.tanh(y),
+    "leaky_relu": lambda b, y, bias, res: b.leaky_relu(y, alpha=0.1),
+    "hardswish": lambda b, y, bias, res: b.hardswish(b.add(y, bias)),
+    "scale": lambda b, y, bias, res: b.mul(y, bias),
+    "div": lambda b, y, bias, res: b.div(y, res),
+}
+
+
+def test_matmul_epilogues():
+    c = Cases()
+    m, n, k = 19, 37, 23
+    for name, epi in EPILOGUES.items():
+        x = c.input(_f32(m, k))
+        y = c.b.matmul(x, c.b.const(_f32(k, n)))
+        res = c.input(_f32(m, n) + (3.0 if name == "div" else 0.0))
+        c.add(f"matmul+{name}", epi(c.b, y, c.b.const(_f32(n)), res), k)
+    manifest = c.check("gemm.")
+    assert manifest["ops"].get("fused", 0) == len(EPILOGUES)
+
+
+def test_conv_epilogues():
+    c = Cases()
+    for name, epi in EPILOGUES.items():
+        x = c.input(_f32(1, 5, 9, 8))
+        y = c.b.conv(x, c.b.const(_f32(6, 5, 3, 3)), pads=(1, 1, 1, 1))
+        res = c.input(_f32(1, 6, 9, 8) + (3.0 if name == "div" else 0.0))
+        c.add(f"conv+{name}", epi(c.b, y, c.b.const(_f32(6, 1, 1)), res), 45)
+    manifest = c.check("conv.")
+    assert manifest["ops"].get("fused", 0) == len(EPILOGUES)
+
+
+def test_requantizing_epilogue_writes_int8():
+    """An integer result dtype: the epilogue's cast decides what is stored."""
+    b = Builder()
+    x = b.param("x", DType.f32, (9, 40))
+    y = b.matmul(x, b.const(_f32(40, 21)))
+    q = b.cast(b.clip(b.round(b.div(y, b.const(np.array(0.05, np.float32)))), min=-128.0, max=127.0), to=DType.i8)
+    module = b.module(b.function("q", [x], [q]))
+    model = compile(module, cache=False)
+    assert model.manifest["kernels"][0].startswith("gemm.")
+    xs = _f32(9, 40)
+    got, want = model(xs), rule_reference(module, [xs])[0]
+    assert got.dtype == np.int8
+    # a product within rounding of a .5 boundary may round the other way; nothing else may differ
+    assert np.abs(got.astype(np.int32) - want.astype(np.int32)).max() <= 1
+    assert np.mean(got == want) > 0.98
+
+
+# --------------------------------------------------------------------------------------
+# convolution geometry
+
+CONVS: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [
+    ((1, 3, 8, 8), (4, 3, 3, 3), {"pads": (1, 1, 1, 1)}),
+    ((2, 5, 7, 9), (6, 5, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+    ((1, 3, 17, 17), (17, 3, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}),
+    ((1, 6, 11, 10), (9, 2, 3, 2), {"groups": 3, "dilations": (2, 1), "pads": (2, 0, 1, 1)}),
+    ((1, 4, 12, 12), (4, 4, 3, 3), {"dilations": (2, 3), "pads": (2, 3, 2, 3)}),
+    ((1, 16, 9, 9), (32, 16, 1, 1), {"strides": (2, 2)}),
+    ((2, 17, 13, 13), (130, 17, 1, 1), {}),
+    ((1, 8, 5, 6), (3, 8, 1, 1), {}),
+    ((1, 8, 10, 10), (8, 8, 2, 2), {"strides": (2, 2)}),
+    ((1, 4, 6, 7), (5, 4, 3, 3), {"pads": (0, 2, 1, 0), "strides": (1, 3)}),
+    ((2, 3, 20), (5, 3, 4), {"strides": (3,), "pads": (2, 1)}),
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"strides": (1, 2, 1), "pads": (0, 1, 1, 1, 0, 0)}),
+    # small feature maps: output positions become the GEMM rows (the ".t" schedules)
+    ((2, 8, 6, 6), (32, 8, 3, 3), {"pads": (1, 1, 1, 1)}),
+    ((1, 16, 5, 5), (32, 8, 3, 3), {"groups": 2, "pads": (1, 1, 1, 1)}),
+    ((1, 40, 7, 7), (35, 40, 3, 3), {"pads": (1, 1, 1, 1)}),  # K = 360: more than one K block
+    ((1, 24, 9, 9), (48, 24, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+    ((2, 64, 7, 7), (48, 64, 1, 1), {}),
+]
+
+
+def test_conv_geometries():
+    c = Cases()
+    for xs, ws, attrs in CONVS:
+        x = c.input(_f32(*xs))
+        k = ws[1] * math.prod(ws[2:])
+        c.add(f"conv x{xs} w{ws} {attrs}", c.b.conv(x, c.b.const(_f32(*ws)), **attrs), k)
+    manifest = c.check("conv.")
+    for schedule in ("conv.1x1.", "conv.direct.", "conv.1x1.t.", "conv.direct.t."):
+        assert any(n.startswith(schedule) for n in manifest["kernels"]), (schedule, manifest["kernels"])
+
+
+def test_depthwise_conv():
+    c = Cases()
+    for xs, s, d, p in [((1, 8, 9, 9), 1, 1, 1), ((2, 12, 14, 11), 2, 1, 1), ((1, 5, 10, 10), 1, 2, 2),
+                        ((1, 3, 31, 33), 2, 1, 2)]:
+        x = c.input(_f32(*xs))
+        k = 5 if p == 2 and d == 1 else 3
+        w = c.b.const(_f32(xs[1], 1, k, k))
+        y = c.b.conv(x, w, groups=xs[1], strides=(s, s), dilations=(d, d), pads=(p,) * 4)
+        c.add(f"depthwise x{xs} s{s} d{d} p{p}", c.b.clip(c.b.add(y, c.b.const(_f32(xs[1], 1, 1))), min=0.0,
+                                                              max=6.0), k * k)
+    manifest = c.check("conv.depthwise.")
+    assert len(manifest["kernels"]) == 4
+
+
+# --------------------------------------------------------------------------------------
+# selection, fallbacks and the other vector width
+
+
+def test_kernels_are_selected_and_can_be_turned_off():
+    c = Cases()
+    _matmul_case(c, 8, 24, 16, const_b=True)
+    x = c.input(_f32(1, 4, 6, 6))
+    c.add("conv", c.b.conv(x, c.b.const(_f32(5, 4, 3, 3))), 36)
+    with_kernels = c.check()
+    assert with_kernels["kernels"][0].startswith("gemm.") and with_kernels["kernels"][1].startswith("conv.")
+    with generic_only():
+        without = c.check()
+    assert without["kernels"] == ["rule", "rule"]
+
+
+def test_unsupported_dtypes_use_the_rule_lowering():
+    b = Builder()
+    x = b.param("x", DType.f64, (4, 6))
+    module = b.module(b.function("f", [x], [b.matmul(x, b.const(np.ones((6, 3))))]))
+    model = compile(module, cache=False)
+    assert model.manifest["kernels"] == ["rule"]
+    a = np.arange(24, dtype=np.float64).reshape(4, 6)
+    np.testing.assert_allclose(model(a), a @ np.ones((6, 3)))
+
+
+def test_avx2_width_kernels():
+    """The 8-lane schedule (the AVX2 fallback) on the same cases; it runs on any AVX2 host."""
+    from cuvil.codegen.link import host_target
+
+    if "+avx2" not in host_target().features.split(","):
+        pytest.skip("the host has no AVX2")
+    force_isa("avx2")
+    try:
+        c = Cases()
+        _matmul_case(c, 17, 65, 30, const_b=True)
+        _matmul_case(c, 13, 21, 40, const_b=False)
+        x = c.input(_f32(1, 5, 9, 9))
+        c.add("conv", c.b.relu(c.b.conv(x, c.b.const(_f32(7, 5, 3, 3)), strides=(2, 2))), 45)
+        manifest = c.check()
+    finally:
+        force_isa(None)
+    assert all(".avx2." in n for n in manifest["kernels"])
+
+
+# --------------------------------------------------------------------------------------
+# threads
+
+
+def _big_case() -> tuple[Module, list[np.ndarray]]:
+    """Large enough for the pool (a few MFLOP per op), small enough for the rule evaluator."""
+    c = Cases()
+    _matmul_case(c, 96, 160, 130, const_b=True)
+    x = c.input(_f32(2, 16, 20, 20))
+    c.add("conv", c.b.relu(c.b.conv(x, c.b.const(_f32(32, 16, 3, 3)), pads=(1, 1, 1, 1))), 144)
+    return c.module(), c.inputs
+
+
+BIG_MODULE, BIG_INPUTS = _big_case()
+
+
+def test_threaded_runs_match_single_thread_exactly():
+    one = compile(BIG_MODULE, cache=False, threads=1)
+    two = compile(BIG_MODULE, cache=False, threads=2)
+    assert one.manifest["threads"] == 1 and two.manifest["threads"] == 2
+    assert all(n != "rule" for n in two.manifest["kernels"])
+    want = rule_reference(BIG_MODULE, BIG_INPUTS)
+    a, b = one.run(BIG_INPUTS), two.run(BIG_INPUTS)
+    for x, y, w in zip(a, b, want, strict=True):
+        np.testing.assert_array_equal(x, y)  # the same code computes every element, whichever thread
+        assert_close(y, w, 144, "threaded")
+
+
+def test_pool_resizes_and_serves_concurrent_contexts():
+    model = compile(BIG_MODULE, cache=False)
+    want = model.run(BIG_INPUTS)
+    lib = ctypes.CDLL(str(model.library_path))
+    set_threads = getattr(lib, f"{model.manifest['symbol_prefix']}_set_num_threads")
+    set_threads.argtypes = [ctypes.c_int32]
+    set_threads.restype = ctypes.c_int32
+    for n in (3, 1, 0, 2):
+        assert set_threads(n) == 0
+        for got, w in zip(model.run(BIG_INPUTS), want, strict=True):
+            np.testing.assert_array_equal(got, w)
+    # two contexts of one library at once: one of them gets the pool, the other runs serially
+    other = compile(BIG_MODULE, cache=False)
+    failures: list[str] = []
+
+    def worker(m: Any) -> None:
+        for _ in range(5):
+            for got, w in zip(m.run(BIG_INPUTS), want, strict=True):
+                if not np.array_equal(got, w):
+                    failures.append("mismatch")
+
+    threads = [threading.Thread(target=worker, args=(m,)) for m in (model, other, model)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_pool_survives_fork():
+    model = compile(BIG_MODULE, cache=False, threads=2)
+    want = model.run(BIG_INPUTS)
+    pid = os.fork()
+    if pid == 0:  # the child has no worker threads: the library must start its own
+        ok = all(np.array_equal(g, w) for g, w in zip(model.run(BIG_INPUTS), want, strict=True))
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+# --------------------------------------------------------------------------------------
+# the benchmark harness
+
+
+def test_bench_harness_smoke(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("torch")
+    from rich.console import Console
+
+    from bench.harness import parse_args, run
+
+    out = tmp_path / "bench.json"
+    args = parse_args(["--models", "mlp", "--small", "--repeat", "2", "--warmup", "1", "--gemm-size", "48",
+                       "--json", str(out)])
+    with open(os.devnull, "w") as sink:
+        report = run(args, Console(file=sink, width=160))
+    (model,) = report["models"]
+    assert model["model"] == "mlp"
+    for engine in ("cuvil", "ort", "torch"):
+        result = model["engines"][engine]
+        assert result["error"] is None and len(result["times_ms"]) == 2 and result["median_ms"] > 0
+    assert model["engines"]["cuvil"]["agreement"] < 1e-4
+    assert model["ratio_vs_ort"] > 0 and model["ratio_vs_torch"] > 0
+    assert report["gemm"]["n"] == 48 and report["gemm"]["max_rel_error"] < 1e-5
+    assert out.exists()

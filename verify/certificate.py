@@ -1,0 +1,99 @@
+"""The verification report and its certificate: what was proved, with which encoder, in how
+long, over which shapes, and the counterexample for anything refuted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from cuvil.ir.hashing import structural_hash
+from cuvil.ir.module import Module
+from verify.obligations import Application, ObligationRecord
+
+TIERS = {
+    "real": "ideal arithmetic: floats may differ by rounding",
+    "exact": "opaque float operations: bit-identical results",
+    "fast-math": "proved over the reals by reassociation, with a numeric error budget",
+}
+
+
+def module_hash(module: Module) -> str:
+    """A content hash of a module: signatures, result computations (constants by content)."""
+    h = hashlib.sha256()
+    for fn in module.functions:
+        h.update(fn.name.encode())
+        for p in fn.params:
+            h.update(f"{p.name}:{p.type}".encode())
+        for r in fn.results:
+            h.update(structural_hash(r).encode())
+        for c in fn.constraints:
+            h.update(str(c).encode())
+    for k in sorted(module.constants):
+        h.update(k.encode())
+    return h.hexdigest()[:32]
+
+
+def _versions() -> dict[str, str]:
+    import cuvil
+
+    return {"cuvil": cuvil.__version__, "z3": z3.get_version_string(), "python": platform.python_version()}
+
+
+@dataclass
+class Report:
+    """All pass applications checked for one module (a single pass, or a pipeline)."""
+
+    module: str
+    pipeline: list[str]
+    applications: list[Application] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+
+    @property
+    def obligations(self) -> list[ObligationRecord]:
+        return [o for a in self.applications for o in a.obligations]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for o in self.obligations if o.status == kind)
+
+    @property
+    def proved(self) -> bool:
+        """Every obligation proved (a report without obligations is trivially proved)."""
+        return all(o.status == "proved" for o in self.obligations)
+
+    @property
+    def seconds(self) -> float:
+        return sum(a.seconds for a in self.applications)
+
+    def certificate(self) -> dict[str, Any]:
+        return {
+            "format": "cuvil-certificate/1",
+            "model_hash": self.module,
+            "versions": _versions(),
+            "pipeline": list(self.pipeline),
+            "tiers": TIERS,
+            "summary": {"obligations": len(self.obligations), "proved": self.count("proved"),
+                        "refuted": self.count("refuted"), "unknown": self.count("unknown"),
+                        "rolled_back": list(self.rolled_back), "seconds": round(self.seconds, 3)},
+            "applications": [a.to_json() for a in self.applications],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.certificate(), indent=indent)
+
+    def summary(self) -> str:
+        """One line per obligation, aligned."""
+        rows = [("pass", "contract", "output", "cone", "encoder", "verdict", "seconds")]
+        for o in self.obligations:
+            rows.append((o.pass_name, o.contract, f"{o.function}:{o.output}", f"{o.cone[0]}/{o.cone[1]}", o.encoder,
+                         o.status if o.status != "unknown" else f"unknown ({o.verdict.reason})",  # type: ignore[union-attr]
+                         f"{o.seconds:.3f}"))
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
+        lines.append(f"{len(self.obligations)} obligations: {self.count('proved')} proved, "
+                     f"{self.count('refuted')} refuted, {self.count('unknown')} unknown; {self.seconds:.2f} s")
+        return "\n".join(lines)

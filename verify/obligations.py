@@ -1,0 +1,362 @@
+"""Obligations of one pass application, and their verdicts.
+
+The two modules are diffed by structural hash per function and result. A result whose hash
+did not change needs no proof; every other result is one obligation: its cone before and
+after the pass, cut at the values both share. The contract chooses the encoder (``exact``:
+abstract floating point; ``real``: real arithmetic; ``bounded``: left to the overflow
+prober). Each obligation gets a proof attempt and, always, a refutation search; the two are
+combined into one verdict, and a proof contradicted by a replayed counterexample raises.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import z3
+
+from cuvil.errors import CuvilError
+from cuvil.interp import evaluate_values
+from cuvil.ir.hashing import structural_hash
+from cuvil.ir.module import Function, Module
+from cuvil.ir.values import Value
+from cuvil.passes.base import Contract, Pass
+from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, float64_values, param_dependent
+from verify.encode import Leaf
+from verify.errors import VerifierInconsistency
+from verify.prove import Attempt, prove
+from verify.refute import ObligationCase, Refuter, Search, concrete_dims, generate
+from verify.verdict import Counterexample, Proved, Refuted, Unknown, Verdict
+
+DEFAULT_TIMEOUT = 10.0
+
+ENCODER_FOR = {Contract.EXACT: "abstract-fp", Contract.REAL: "real"}
+
+BOUNDED_REASON = "bounded contracts are checked by the overflow prober"
+
+# real axioms a Z_p evaluation does not model (its transcendental functions are random oracles)
+_NON_FIELD_AXIOMS = ("sqrt-square", "sqrt-nonnegative", "sqrt-positive", "exp-positive")
+
+
+@dataclass
+class ObligationRecord:
+    """One obligation: what was to be shown, how, and the verdict."""
+
+    pass_name: str
+    contract: str
+    function: str
+    output: str
+    cone: tuple[int, int]
+    encoder: str
+    verdict: Verdict
+    seconds: float
+    shapes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    kind: str = "output"
+
+    @property
+    def status(self) -> str:
+        return self.verdict.kind
+
+    def to_json(self) -> dict[str, Any]:
+        v = self.verdict
+        out: dict[str, Any] = {
+            "pass": self.pass_name, "contract": self.contract, "function": self.function, "output": self.output,
+            "kind": self.kind, "cone_size": {"before": self.cone[0], "after": self.cone[1]}, "encoder": self.encoder,
+            "verdict": v.kind, "seconds": round(self.seconds, 4), "shapes": list(self.shapes),
+            "notes": list(self.notes),
+        }
+        if isinstance(v, Proved):
+            out["axioms"] = list(v.axioms)
+            out["tier"] = _TIERS.get(v.encoder, v.encoder)
+        elif isinstance(v, Refuted):
+            out["counterexample"] = v.counterexample.to_json()
+        else:
+            out["reason"] = v.reason
+        return out
+
+
+_TIERS = {"abstract-fp": "exact (opaque float operations; bit-exact)",
+          "int": "exact (bit-vectors at the real widths)",
+          "real": "real (ideal arithmetic; floats may differ by rounding)",
+          "structural": "exact (structurally identical)"}
+
+
+@dataclass
+class Application:
+    """The obligations of one pass applied to one module."""
+
+    pass_name: str
+    contract: str
+    obligations: list[ObligationRecord] = field(default_factory=list)
+    identical_outputs: int = 0
+    seconds: float = 0.0
+
+    def count(self, kind: str) -> int:
+        return sum(1 for o in self.obligations if o.status == kind)
+
+    @property
+    def refuted(self) -> list[ObligationRecord]:
+        return [o for o in self.obligations if o.status == "refuted"]
+
+    @property
+    def unknown(self) -> list[ObligationRecord]:
+        return [o for o in self.obligations if o.status == "unknown"]
+
+    @property
+    def proved(self) -> bool:
+        return all(o.status == "proved" for o in self.obligations)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pass": self.pass_name, "contract": self.contract, "identical_outputs": self.identical_outputs,
+                "seconds": round(self.seconds, 4), "obligations": [o.to_json() for o in self.obligations]}
+
+
+def check_application(pass_: Pass, before: Module, after: Module, *, timeout: float = DEFAULT_TIMEOUT,
+                      seed: int = 0) -> Application:
+    """Every obligation of ``before -> after`` under ``pass_``'s contract."""
+    start = time.perf_counter()
+    app = Application(pass_.name, str(pass_.contract))
+    for fb in before.functions:
+        fa = next((f for f in after.functions if f.name == fb.name), None)
+        if fa is None:
+            app.obligations.append(_record(pass_, fb.name, "*", Unknown(f"the pass removed function @{fb.name}")))
+            continue
+        if fb.param_types != fa.param_types or [p.name for p in fb.params] != [p.name for p in fa.params] \
+                or len(fb.results) != len(fa.results):
+            ce = Counterexample("*", (), "", "; ".join(str(t) for t in fb.param_types),
+                                "; ".join(str(t) for t in fa.param_types), [], "signature check",
+                                note="the pass changed the function's signature")
+            app.obligations.append(_record(pass_, fb.name, "*", Refuted(ce)))
+            continue
+        diffs = [r for r in range(len(fb.results))
+                 if structural_hash(fb.results[r]) != structural_hash(fa.results[r])]
+        app.identical_outputs += len(fb.results) - len(diffs)
+        if not diffs:
+            continue
+        if pass_.contract is Contract.BOUNDED:
+            for r in diffs:
+                app.obligations.append(_record(pass_, fb.name, fb.result_names[r], Unknown(BOUNDED_REASON)))
+            continue
+        table = LeafTable.build(fb, fa, before.constants, after.constants)
+        constants = {**before.constants, **after.constants}
+        cut_table = table.copy()
+        lemmas = _sweep(fb, fa, cut_table, constants, ENCODER_FOR[pass_.contract], min(timeout, LEMMA_TIMEOUT), seed)
+        for r in diffs:
+            app.obligations.append(_output_obligation(pass_, fb, fa, r, table, cut_table, lemmas, constants,
+                                                      timeout, seed))
+    app.seconds = time.perf_counter() - start
+    return app
+
+
+def _record(pass_: Pass, function: str, output: str, verdict: Verdict) -> ObligationRecord:
+    return ObligationRecord(pass_.name, str(pass_.contract), function, output, (0, 0), "-", verdict, 0.0)
+
+
+def _inputs(table: LeafTable, roots: Sequence[Value]) -> list[Leaf]:
+    seen: dict[str, Leaf] = {}
+    for root in roots:
+        _, leaves = table.cone(root)
+        for leaf in leaves:
+            if leaf.kind in INPUT_KINDS:
+                seen.setdefault(leaf.key, leaf)
+    return list(seen.values())
+
+
+def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: LeafTable, cut_table: LeafTable,
+                       lemmas: list[Lemma], constants: dict, timeout: float, seed: int) -> ObligationRecord:
+    start = time.perf_counter()
+    vb, va = fb.results[r], fa.results[r]
+    name = fb.result_names[r]
+    contract = pass_.contract
+    cone_b, _ = table.cone(vb)
+    cone_a, _ = table.cone(va)
+    size = (len(cone_b), len(cone_a))
+    notes: list[str] = list(table.notes)
+    used = [lm for lm in lemmas if lm.proved]
+    if used:
+        notes.append(f"{len(used)} cut-point lemmas proved ({sum(lm.seconds for lm in lemmas):.3f} s)")
+    if vb.type != va.type:
+        ce = Counterexample(name, (), "", str(vb.type), str(va.type), [], "type check",
+                            note="the pass changed the result's type")
+        return ObligationRecord(pass_.name, str(contract), fb.name, name, size, "-", Refuted(ce),
+                                time.perf_counter() - start)
+    encoder = ENCODER_FOR[contract]
+    inputs = _inputs(table, (vb, va))
+    decode = inputs if encoder == "real" else ()
+    attempt = prove(vb, va, cut_table.leaf_of, encoder, fb.constraints, timeout=timeout, decode=())
+    if attempt.status == "sat":
+        opened = prove(vb, va, cut_table.opened((vb, va)), encoder, fb.constraints, timeout=timeout, decode=())
+        if opened.status == "proved":
+            attempt = opened
+    if attempt.status != "proved" and used:
+        # without the lemmas: a direct attempt can decode a model over the original cut
+        attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, decode=decode)
+    elif attempt.status == "sat" and decode:
+        attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, decode=decode)
+    fallback: Attempt | None = None
+    if attempt.status != "proved" and contract is Contract.EXACT:
+        fallback = prove(vb, va, table.leaf_of, "real", fb.constraints, timeout=timeout, decode=inputs)
+    cones = ConeFunctions(inputs, cone_function("before", vb, inputs, table.leaf_of, fb.constraints),
+                          cone_function("after", va, inputs, table.leaf_of, fa.constraints))
+    case = ObligationCase(fb, fa, r, constants, cones, contract, name)
+    proved = attempt.status == "proved"
+    model_source = attempt if attempt.model_inputs is not None else fallback
+    search = Refuter(case, seed).search(model_source, full=not proved)
+    enc_name = encoder if attempt.has_float else "int"
+    shapes = (f"{name}: {vb.type}", *(f"{leaf.label}: {leaf.type}" for leaf in inputs[:8]))
+    verdict = _combine(attempt, fallback, search, contract, enc_name, shapes, notes)
+    if search.rit_differs is not None:
+        notes.append("randomized identity test over Z_p: " + ("the cones differ" if search.rit_differs else "agree"))
+    seconds = time.perf_counter() - start
+    if isinstance(verdict, Proved):
+        verdict = Proved(verdict.encoder, verdict.shapes, seconds, verdict.axioms, verdict.note)
+    return ObligationRecord(pass_.name, str(contract), fb.name, name, size, enc_name, verdict, seconds, shapes,
+                            tuple(notes))
+
+
+LEMMA_TIMEOUT = 2.0
+"""Time limit of one cut-point lemma (an unproved lemma only costs a larger later obligation)."""
+
+SWEEP_MIN_OPS = 6
+"""Functions with fewer ops are proved in one obligation, without cut points."""
+
+
+@dataclass
+class Lemma:
+    """``before`` and ``after`` compute the same tensor, given the cut below them."""
+
+    before: str
+    after: str
+    proved: bool
+    seconds: float
+
+
+def _signatures(fn: Function, constants: dict, inputs: list[np.ndarray], wide: bool
+                ) -> tuple[dict[Value, np.ndarray], bool]:
+    """Every value of ``fn`` on ``inputs``; in float64 when ``wide`` and the function admits it
+    (real contracts: rounding would hide real agreement). Exact contracts use the real dtypes,
+    where a folded constant equals its expression bit for bit."""
+    conv = float64_values(fn, constants) if wide else None
+    if conv is not None:
+        mapping, consts = conv
+        wide = Function(fn.name, tuple(mapping[p] for p in fn.params), tuple(mapping[r] for r in fn.results),
+                        fn.result_names, fn.constraints)
+        xs = [np.asarray(x).astype(mapping[p].type.dtype.np) for x, p in zip(inputs, fn.params, strict=True)]
+        try:
+            memo = evaluate_values(wide, consts, xs)
+            return {v: memo[mapping[v]] for v in fn.values() if mapping.get(v) in memo}, True
+        except (CuvilError, ValueError, IndexError, TypeError):
+            pass
+    try:
+        return evaluate_values(fn, constants, inputs), False
+    except (CuvilError, ValueError, IndexError, TypeError):
+        return {}, False
+
+
+def _close(x: np.ndarray, y: np.ndarray, rtol: float) -> bool:
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if x.dtype.kind not in "fc":
+        return bool(np.array_equal(x, y))
+    with np.errstate(all="ignore"):
+        a, b = x.astype(np.float64), y.astype(np.float64)
+        nan = np.isnan(a) | np.isnan(b)
+        if np.any(np.isnan(a) != np.isnan(b)):
+            return False
+        a, b = np.where(nan, 0.0, a), np.where(nan, 0.0, b)
+        scale = float(np.max(np.abs(a), initial=0.0))
+        return bool(np.all(np.abs(a - b) <= rtol * scale + 1e-300))
+
+
+def _sweep(fb: Function, fa: Function, table: LeafTable, constants: dict, encoder: str, timeout: float,
+           seed: int) -> list[Lemma]:
+    """Cut points: pairs of values that agree on a random input are proved equal bottom-up (each
+    given the pairs below it); proved pairs become shared leaves, so every later obligation,
+    the outputs' included, only spans the ops between two cuts."""
+    dep_b, dep_a = param_dependent(fb.values()), param_dependent(fa.values())
+    cand_b = [v for v in fb.values() if v in dep_b and not v.is_param and table.leaf_of(v) is None]
+    cand_a = [v for v in fa.values() if v in dep_a and not v.is_param and table.leaf_of(v) is None]
+    if len(cand_a) + len(cand_b) < SWEEP_MIN_OPS:
+        return []
+    rng = np.random.default_rng(seed)
+    dims = concrete_dims(fb)
+    inputs = [generate(p.type, dims, "random", rng) for p in fb.params]
+    wide = encoder == "real"
+    sig_b, wide_b = _signatures(fb, constants, inputs, wide)
+    sig_a, wide_a = _signatures(fa, constants, inputs, wide)
+    rtol = 1e-9 if wide_b and wide_a else 1e-5
+    by_type: dict[object, list[Value]] = {}
+    for v in cand_b:
+        if v in sig_b:
+            by_type.setdefault(v.type, []).append(v)
+    lemmas: list[Lemma] = []
+    ctx = z3.Context()
+    for va in cand_a:
+        arr = sig_a.get(va)
+        if arr is None:
+            continue
+        tries = 0
+        for vb in sorted(by_type.get(va.type, []), key=lambda u: u.op != va.op):
+            if not _close(sig_b[vb], arr, rtol):
+                continue
+            attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, ctx=ctx)
+            if attempt.status == "sat":
+                attempt = prove(vb, va, table.opened((vb, va)), encoder, fb.constraints, timeout=timeout, ctx=ctx)
+            lemmas.append(Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds))
+            if attempt.status == "proved":
+                table.add_cut(vb, va)
+                break
+            tries += 1
+            if tries >= 2:
+                break
+    return lemmas
+
+
+def _float_only(ce: Counterexample) -> bool:
+    """A difference in whether the result is finite: rounding/overflow, not real arithmetic."""
+    def finite(x: Any) -> bool:
+        return isinstance(x, (bool, int)) or math.isfinite(float(x))
+    return finite(ce.before) != finite(ce.after)
+
+
+def _combine(attempt: Attempt, fallback: Attempt | None, search: Search, contract: Contract, encoder: str,
+             shapes: tuple[str, ...], notes: list[str]) -> Verdict:
+    ce = search.counterexample
+    if attempt.status == "proved":
+        if ce is not None:
+            if contract is Contract.REAL and _float_only(ce):
+                notes.append("equal over the reals, but not in floating point at these inputs")
+                return Refuted(ce)
+            raise VerifierInconsistency(
+                f"an obligation was proved ({attempt.encoder}) and refuted by a replayed counterexample:\n"
+                f"{ce.table()}", location=ce.output)
+        if search.rit_differs and _rit_applies(attempt, search):
+            raise VerifierInconsistency(
+                f"an obligation was proved ({attempt.encoder}) but the cones differ under randomized identity "
+                f"testing at index {search.rit_index}", location=shapes[0] if shapes else None)
+        return Proved(encoder, shapes, attempt.seconds, attempt.axioms, attempt.reason)
+    if ce is not None:
+        return Refuted(ce)
+    details = tuple(search.tried)
+    if fallback is not None and fallback.status == "proved":
+        return Unknown("equal over the reals only: relies on real arithmetic, not proved bit-exact", details)
+    reason = attempt.reason or attempt.status
+    if attempt.status == "sat":
+        reason = f"not proved ({attempt.encoder}): the encodings can differ, but no concrete counterexample replays"
+    if search.rit_differs:
+        reason += f"; randomized identity testing over Z_p finds a difference at {search.rit_index}"
+    return Unknown(reason, details)
+
+
+def _rit_applies(attempt: Attempt, search: Search) -> bool:
+    """Whether a Z_p disagreement contradicts this proof: always for abstract-fp (its laws hold in the
+    Z_p reading); for a real proof only when the evaluation stayed inside field arithmetic."""
+    if attempt.encoder == "abstract-fp":
+        return True
+    trace = search.rit_trace
+    return trace is not None and trace.homomorphic and not any(a in _NON_FIELD_AXIOMS for a in attempt.axioms)

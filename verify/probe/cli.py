@@ -1,0 +1,178 @@
+"""``cuvil probe``: where an FP16/BF16/INT8 version of a model can overflow or saturate."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import InputError
+
+EXIT_CODES = """exit codes:
+  0  every site proved safe for the declared input ranges
+  1  an overflow/saturation confirmed (a witness input replayed on the reduced-precision program)
+  3  sites remain open (neither proved nor confirmed), none confirmed
+  2  usage or input error (bad arguments, a missing/malformed/unsupported model)
+"""
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf"
+
+
+def parse_range(spec: str) -> tuple[str, tuple[float, float]]:
+    """``NAME=LO:HI`` -> (name, (lo, hi))."""
+    m = re.fullmatch(rf"\s*([^=]+?)\s*=\s*({_NUMBER})\s*:\s*({_NUMBER})\s*", spec)
+    if m is None:
+        raise InputError(f"--range {spec!r} is malformed", hint="write --range NAME=LO:HI, e.g. --range x=-1:1")
+    lo, hi = float(m.group(2)), float(m.group(3))
+    if lo > hi:
+        raise InputError(f"--range {spec!r} is empty (low > high)", hint="write the low end first")
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise InputError(f"--range {spec!r} is unbounded", hint="probing needs finite ranges")
+    return m.group(1), (lo, hi)
+
+
+def calibration_ranges(folder: str | Path, names: list[str]) -> dict[str, tuple[float, float]]:
+    """Per-input [min, max] over a folder of .npy (``NAME.npy``, ``NAME_*.npy``, ``NAME.*.npy``) or
+    .npz (named arrays) files."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise InputError(f"calibration folder {root} does not exist", location=str(root))
+    seen: dict[str, list[np.ndarray]] = {}
+    for path in sorted(root.iterdir()):
+        if path.suffix not in (".npy", ".npz"):
+            continue
+        try:
+            data = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise InputError(f"cannot read calibration file {path}: {e}", location=str(path)) from None
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                for k in data.files:
+                    seen.setdefault(k, []).append(np.asarray(data[k]))
+            continue
+        stem = path.stem
+        for n in sorted(names, key=len, reverse=True):
+            if stem == n or stem.startswith(n + "_") or stem.startswith(n + "."):
+                seen.setdefault(n, []).append(np.asarray(data))
+                break
+    out: dict[str, tuple[float, float]] = {}
+    for n, arrays in seen.items():
+        flat = np.concatenate([a.astype(np.float64).reshape(-1) for a in arrays])
+        flat = flat[np.isfinite(flat)]
+        if flat.size:
+            out[n] = (float(flat.min()), float(flat.max()))
+    return out
+
+
+def _hash(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _specialize(module: Any, dims: Mapping[str, int]) -> Any:
+    """Static shapes (symbolic dims bound by --dim, others to 1)."""
+    from cuvil.compiler import specialize_function
+    from cuvil.ir.module import Module
+    from cuvil.ir.symbolic import evaluate_dim
+
+    fn = module.main
+    symbols = fn.symbols()
+    if not symbols:
+        return module
+    env = {s: int(dims.get(s, 1)) for s in symbols}
+    shapes = {p.name: tuple(int(evaluate_dim(d, env)) for d in p.shape) for p in fn.params}
+    spec, _ = specialize_function(fn, input_shapes=shapes)
+    return Module((spec,), module.constants, module.metadata)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from cuvil import __version__
+    from cuvil.cli import _import
+    from reports import render_terminal, write_html, write_json, write_sarif
+    from verify.probe.names import onnx_node_names
+    from verify.probe.probe import ProbeOptions, probe, save_witnesses
+    from verify.probe.report import to_report
+
+    dims: dict[str, int] = {}
+    for spec in args.dim:
+        name, _, value = spec.partition("=")
+        if not name or not value.strip().isdigit():
+            raise InputError(f"--dim {spec!r} is malformed", hint="write --dim NAME=VALUE, e.g. --dim batch=1")
+        dims[name.strip()] = int(value)
+    module = _specialize(_import(args.model, args.static_input), dims)
+    names = [p.name for p in module.main.params]
+    ranges: dict[str, tuple[float, float]] = {}
+    if args.calibrate:
+        ranges.update(calibration_ranges(args.calibrate, names))
+    for spec in args.range:
+        name, r = parse_range(spec)
+        if name not in names:
+            raise InputError(f"--range names {name!r}, which is not an input of the model",
+                             hint="inputs: " + ", ".join(names))
+        ranges[name] = r
+    missing = [n for n in names if n not in ranges]
+    if missing:
+        raise InputError(f"no range for input(s) {', '.join(missing)}",
+                         hint="give --range NAME=LO:HI for each input, or --calibrate DIR")
+    options = ProbeOptions(precision=args.precision, keep_ops=args.keep_fp32, time_limit=args.time_limit,
+                           boundary=not args.no_boundary, seed=args.seed)
+    node_names = onnx_node_names(args.model) if str(args.model).endswith(".onnx") else {}
+    rep = probe(module, ranges, options, names=node_names)
+    files: list[dict[str, str]] = []
+    if rep.witnesses:
+        folder = Path(args.witness_dir) if args.witness_dir else Path(f"{Path(args.model).stem}-witnesses")
+        files = save_witnesses(rep, folder)
+    settings = {"keep_fp32": args.keep_fp32, "time_limit_s": args.time_limit,
+                "command_line": " ".join(["cuvil", *sys.argv[1:]]) if sys.argv else "cuvil probe"}
+    report = to_report(rep, model=str(args.model), model_hash=_hash(args.model), settings=settings,
+                       witness_files=files, version=__version__)
+    if args.json:
+        write_json(report, args.json)
+    if args.sarif:
+        write_sarif(report, args.sarif)
+    if args.html:
+        write_html(report, args.html)
+    if not args.quiet:
+        render_terminal(report)
+        for k, f in enumerate(files):
+            sys.stdout.write(f"witness w{k + 1}: " + ", ".join(f"{n}={p}" for n, p in f.items()) + "\n")
+    return rep.exit_code
+
+
+def register(sub: Any) -> None:
+    """Add ``probe`` to the ``cuvil`` command's subparsers."""
+    p = sub.add_parser("probe", help="find where an FP16/BF16/INT8 version of a model can overflow, with proofs "
+                                     "and witness inputs", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a model: .onnx, .pt2 or .cir")
+    p.add_argument("--precision", choices=("fp16", "bf16", "int8"), default="fp16",
+                   help="the reduced-precision program to probe (int8: the INT8 lowering of a QDQ model)")
+    p.add_argument("--range", action="append", default=[], metavar="NAME=LO:HI",
+                   help="the declared range of an input (every element in [LO, HI]); repeatable")
+    p.add_argument("--calibrate", metavar="DIR", help="take missing ranges from .npy/.npz samples in DIR "
+                                                      "(NAME.npy, NAME_*.npy, or .npz with named arrays)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--sarif", metavar="FILE", help="write the report as SARIF 2.1.0")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    p.add_argument("--witness-dir", metavar="DIR", help="where witnesses go (DIR/wN/<input>.npy; default "
+                                                        "./<model>-witnesses)")
+    p.add_argument("--keep-fp32", default="none", metavar="OPS",
+                   help="ops kept in float32 in the probed program: 'none' (default: probe everything in the "
+                        "narrow type), 'default' (the compiler's list) or a comma-separated list")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds for the whole probe")
+    p.add_argument("--no-boundary", action="store_true", help="skip the boundary-scale search")
+    p.add_argument("--seed", type=int, default=0, help="seed of the witness search")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                   help="bind a symbolic dim (others are bound to 1)")
+    p.add_argument("--static-input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="bind a graph input to a compile-time value; repeatable")
+    p.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+    p.set_defaults(handler=cmd_probe)

@@ -1,0 +1,438 @@
+"""The probe: per site of a reduced-precision program, proved safe, confirmed overflow, or open.
+
+1. Bounds: interval propagation over every op's rule (:mod:`.bounds`), then linear
+   back-substitution (:mod:`.linear`) for sites the intervals leave unsafe.
+2. Witnesses: for every site still unsafe, a search over the input box; a witness counts
+   only when the reduced-precision program run on it shows inf/NaN/saturation/wrap-around
+   at that site (:mod:`.witness`).
+3. Boundary: the largest scale ``s`` of the input box at which every site is proved safe
+   (bisection on the sound bounds), and the smallest scale at which a witness is confirmed.
+
+A site's verdict assumes its operands are finite: a site downstream of an overflow is judged
+on its own, so "every site proved safe" is a proof for the whole program.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import InputError
+from cuvil.ir.module import Module
+from cuvil.ir.values import Value
+from verify.probe.bounds import Bounds, BoundsEngine, NodeRecord, OpBounds
+from verify.probe.interval import Interval
+from verify.probe.linear import LinearRefiner
+from verify.probe.names import describe_origin, ssa_names
+from verify.probe.program import Program, SiteWatch, max_finite, reduced_program
+from verify.probe.witness import Searcher, Target, Witness
+
+SAFE, OVERFLOW, OPEN = "safe", "overflow", "open"
+
+EXIT_SAFE, EXIT_OVERFLOW, EXIT_OPEN = 0, 1, 3
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """How hard to look. ``time_limit`` bounds the whole probe (seconds)."""
+
+    precision: str = "fp16"
+    keep_ops: str | tuple[str, ...] = "none"
+    refine: bool = True
+    search: bool = True
+    boundary: bool = True
+    time_limit: float = 60.0
+    seed: int = 0
+    restarts: int = 3
+    steps: int = 40
+    samples: int = 8
+    max_scale: float = 2.0 ** 20
+
+
+@dataclass
+class SiteResult:
+    """One site: where it is, its verdict, its bound and its witness."""
+
+    value: Value
+    name: str
+    op: str
+    dtype: str
+    origin: str | None
+    verdict: str
+    rule: str
+    component: str
+    bound_lo: float
+    bound_hi: float
+    allowed_lo: float
+    allowed_hi: float
+    may_nan: bool
+    method: str
+    index: tuple[int, ...] | None = None
+    witness: int | None = None
+    witness_value: float | None = None
+    unsafe_components: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)
+    """Confirmed overflow sites upstream of this one (an open site there is usually their consequence)."""
+
+    @property
+    def magnitude(self) -> float:
+        return max(abs(self.bound_lo), abs(self.bound_hi))
+
+    @property
+    def margin(self) -> float:
+        """How far inside the allowed range the bound is, as a ratio (> 1: safe with room)."""
+        limit = max(abs(self.allowed_lo), abs(self.allowed_hi))
+        if self.may_nan or not math.isfinite(self.magnitude):
+            return 0.0
+        if self.magnitude == 0:
+            return math.inf
+        return limit / self.magnitude
+
+
+@dataclass
+class Boundary:
+    """``safe_scale``: every site proved for inputs in ``s x`` the box; ``witness_scale``: smallest
+    scale tried at which a witness was confirmed (None: none found within the limits)."""
+
+    safe_scale: float | None = None
+    witness_scale: float | None = None
+    unproved_scale: float | None = None
+    unconfirmed_scale: float | None = None
+    bisection_steps: int = 0
+    note: str = ""
+
+
+@dataclass
+class ProbeReport:
+    precision: str
+    ranges: dict[str, tuple[float, float]]
+    sites: list[SiteResult]
+    witnesses: list[Witness]
+    boundary: Boundary
+    timings: dict[str, float]
+    threshold: str
+    program: Program
+
+    def count(self, verdict: str) -> int:
+        return sum(s.verdict == verdict for s in self.sites)
+
+    @property
+    def exit_code(self) -> int:
+        if self.count(OVERFLOW):
+            return EXIT_OVERFLOW
+        if self.count(OPEN):
+            return EXIT_OPEN
+        return EXIT_SAFE
+
+
+# --------------------------------------------------------------------------------------
+# analysis
+
+
+def _boxes(program: Program, ranges: Mapping[str, tuple[Any, Any]], scale: float = 1.0) -> dict[str, tuple[Any, Any]]:
+    out = {}
+    for p in program.function.params:
+        if p.name not in ranges:
+            raise InputError(f"no range for input {p.name!r}", location=p.name,
+                             hint=f"pass --range {p.name}=LO:HI (or --calibrate DIR)")
+        lo, hi = (np.asarray(x, dtype=np.float64) for x in ranges[p.name])
+        if np.any(lo > hi):
+            raise InputError(f"the range of {p.name!r} is empty (low > high)", location=p.name)
+        if p.dtype.is_float and scale != 1.0:
+            lo, hi = lo * scale, hi * scale
+        out[p.name] = (lo, hi)
+    return out
+
+
+class Analysis:
+    """Bounds for a program at any box scale, with linear refinement where intervals fail."""
+
+    def __init__(self, program: Program, ranges: Mapping[str, tuple[Any, Any]], options: ProbeOptions) -> None:
+        self.program = program
+        self.ranges = ranges
+        self.options = options
+        self.engine = BoundsEngine(program.function, program.module.constants, SiteWatch(program))
+        self.refiner = LinearRefiner(program.function, self.engine) if options.refine else None
+
+    def bounds(self, scale: float = 1.0, *, deadline: float | None = None,
+               refine: bool = True) -> tuple[Bounds, set[Value]]:
+        """Bounds at ``scale`` and the values whose bound came from linear refinement."""
+        boxes = _boxes(self.program, self.ranges, scale)
+        b = self.engine.run(boxes)
+        unsafe = [v for v, ob in b.ops.items() if ob.records and not ob.safe]
+        if not unsafe or self.refiner is None or not refine:
+            return b, set()
+        pins = self.refiner.refine(b, unsafe, deadline)
+        if not pins:
+            return b, set()
+        refined = self.engine.run(boxes, pinned=pins)
+        return refined, set(pins)
+
+    def proved(self, scale: float, deadline: float | None = None, rounds: int = 4) -> bool:
+        """Whether every site is proved at ``scale``: intervals up to the first failing site, which
+        linear refinement then gets a chance to prove (repeated for the next failing site)."""
+        boxes = _boxes(self.program, self.ranges, scale)
+        pins: dict[Value, Interval] = {}
+        last: Value | None = None
+        for _ in range(rounds):
+            failing: list[Value] = []
+
+            def stop(v: Value, ob: OpBounds, failing: list[Value] = failing) -> bool:
+                if ob.records and not ob.safe:
+                    failing.append(v)
+                    return True
+                return False
+
+            b = self.engine.run(boxes, pinned=pins, stop=stop)
+            if not failing:
+                return True
+            v = failing[0]
+            if self.refiner is None or v is last or (deadline is not None and time.monotonic() > deadline):
+                return False
+            new = self.refiner.refine(b, [v], deadline)
+            if v not in new:
+                return False
+            pins.update(new)
+            last = v
+        return False
+
+
+def _worst(ob: OpBounds) -> NodeRecord:
+    return max(ob.records.values(), key=lambda r: (not r.safe, r.excess if math.isfinite(r.excess) else 1e308))
+
+
+def probe(module: Module, ranges: Mapping[str, tuple[Any, Any]], options: ProbeOptions | None = None, *,
+          names: Mapping[Value, str] | None = None) -> ProbeReport:
+    """Probe ``module`` for inputs in ``ranges`` (``name -> (lo, hi)``, scalars or arrays)."""
+    options = options or ProbeOptions()
+    start = time.monotonic()
+    deadline = start + options.time_limit
+    timings: dict[str, float] = {}
+    program = reduced_program(module, options.precision, keep_ops=options.keep_ops)
+    analysis = Analysis(program, ranges, options)
+    t = time.monotonic()
+    bounds, refined = analysis.bounds(1.0, deadline=start + 0.35 * options.time_limit)
+    timings["bounds"] = time.monotonic() - t
+    sites = {v: ob for v, ob in bounds.ops.items() if ob.records}
+    targets = [Target.of(v, r) for v, ob in sites.items() for r in ob.records.values() if not r.safe]
+    witnesses: list[Witness] = []
+    best: dict[tuple[Value, int], float] = {}
+    confirmed: dict[tuple[Value, int], int] = {}
+    t = time.monotonic()
+    if targets and options.search:
+        boxes = _boxes(program, ranges)
+        searcher = Searcher(program, analysis.engine, boxes, seed=options.seed)
+        budget = start + (0.6 if options.boundary else 0.95) * options.time_limit
+        result = searcher.search(targets, deadline=budget, restarts=options.restarts, steps=options.steps,
+                                 samples=options.samples)
+        witnesses = result.witnesses
+        best = result.best
+        for k, w in enumerate(witnesses):
+            for key in w.confirmed:
+                confirmed.setdefault(key, k)
+    timings["witnesses"] = time.monotonic() - t
+    ssa = ssa_names(program.function)
+    source_ssa = ssa_names(module.main)
+    results = [_site_result(v, ob, program, ssa, source_ssa, names or {}, refined, confirmed, best)
+               for v, ob in sites.items()]
+    _mark_downstream(results)
+    t = time.monotonic()
+    boundary = Boundary(note="not computed")
+    if options.boundary:
+        proofs_until = time.monotonic() + 0.6 * max(0.0, deadline - time.monotonic())
+        boundary = _boundary(analysis, options, proofs_until, deadline - 0.02 * options.time_limit,
+                             bool(confirmed), _excess_ratio(bounds))
+    timings["boundary"] = time.monotonic() - t
+    timings["total"] = time.monotonic() - start
+    threshold = _threshold_text(program)
+    return ProbeReport(options.precision, {k: (_num(v[0]), _num(v[1])) for k, v in ranges.items()}, results,
+                       witnesses, boundary, timings, threshold, program)
+
+
+def _num(x: Any) -> float:
+    a = np.asarray(x, dtype=np.float64)
+    return float(a) if a.ndim == 0 else float(a.min() if a.size else 0.0)
+
+
+def _threshold_text(program: Program) -> str:
+    if program.narrow is not None:
+        m = max_finite(program.narrow)
+        from verify.probe.interval import overflow_at
+
+        return (f"{program.narrow} sites are proved safe when every value is within +-{m:g} (the largest finite "
+                f"value); a value rounds to infinity only at |v| >= {overflow_at(program.narrow):g}")
+    return ("integer sites are proved safe when every requantized value stays inside its type's range before the "
+            "saturating clamp and every accumulator inside its integer type; where the zero point is the type's "
+            "minimum, clamping below it is the ReLU the quantizer folded in, not saturation")
+
+
+def _site_result(v: Value, ob: OpBounds, program: Program, ssa: Mapping[Value, str], source_ssa: Mapping[Value, str],
+                 names: Mapping[Value, str], refined: set[Value], confirmed: Mapping[tuple[Value, int], int],
+                 best: Mapping[tuple[Value, int], float]) -> SiteResult:
+    worst = _worst(ob)
+    hits = [k for (val, k) in confirmed if val is v]
+    if hits:
+        verdict = OVERFLOW
+        node = max(hits)  # the innermost confirmed node: where the overflow starts
+        rec = ob.records[node]
+        witness = confirmed[(v, node)]
+    else:
+        verdict = SAFE if ob.safe else OPEN
+        rec = worst
+        witness = None
+    origin_value = program.origin.get(v)
+    origin = describe_origin(origin_value, names, source_ssa)
+    unsafe = [r.label if r.node else "result" for r in ob.records.values() if not r.safe]
+    return SiteResult(
+        value=v, name=ssa.get(v, "?"), op=v.op, dtype=str(v.dtype), origin=origin, verdict=verdict,
+        rule=rec.spec.rule, component="result" if rec.node == 0 else rec.label,
+        bound_lo=rec.lo, bound_hi=rec.hi, allowed_lo=rec.spec.lo, allowed_hi=rec.spec.hi, may_nan=rec.nan,
+        method="linear" if v in refined else ("bilinear" if ob.method == "bilinear" else "interval"),
+        index=rec.worst, witness=witness, witness_value=best.get((v, rec.node)), unsafe_components=unsafe)
+
+
+def _mark_downstream(results: list[SiteResult]) -> None:
+    """For each site not proved safe: the confirmed overflows among the sites it depends on."""
+    by_value = {r.value: r for r in results}
+    upstream: dict[Value, set[str]] = {}
+    for r in results:
+        found: set[str] = set()
+        stack = list(r.value.operands)
+        seen: set[Value] = set()
+        while stack:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            site = by_value.get(u)
+            if site is not None:
+                if site.verdict == OVERFLOW:
+                    found.add(site.name)
+                found |= upstream.get(u, set())
+                continue
+            stack.extend(u.operands)
+        upstream[r.value] = found
+        if r.verdict != SAFE:
+            r.after = sorted(found)
+
+
+def _excess_ratio(bounds: Bounds) -> float | None:
+    """How far (as a factor) the worst site's bound is past its limit at scale 1 (None: no finite measure)."""
+    worst = 1.0
+    for ob in bounds.ops.values():
+        for r in ob.records.values():
+            if r.safe:
+                continue
+            if r.nan or not (math.isfinite(r.lo) and math.isfinite(r.hi)):
+                return None
+            limit = max(abs(r.spec.lo), abs(r.spec.hi))
+            if math.isfinite(limit) and limit > 0:
+                worst = max(worst, max(abs(r.lo), abs(r.hi)) / limit)
+    return worst
+
+
+def _boundary(analysis: Analysis, options: ProbeOptions, deadline: float, witness_deadline: float,
+              confirmed_at_one: bool, excess: float | None = None) -> Boundary:
+    """Bisection on the proofs (log scale) until ``deadline``, then a witness search above the proved
+    scale until ``witness_deadline``."""
+    out = Boundary()
+    if not any(p.dtype.is_float for p in analysis.program.function.params):
+        out.note = "every input is an integer (ids, indices): the boundary scale applies to float inputs only"
+        return out
+    lo_s: float | None = None  # proved
+    hi_s: float | None = None  # not proved
+    s = 1.0
+    steps = 0
+    try:
+        if analysis.proved(1.0, deadline):
+            lo_s = 1.0
+            s = 2.0
+            while s <= options.max_scale and time.monotonic() < deadline:
+                steps += 1
+                if analysis.proved(s, deadline):
+                    lo_s = s
+                    s *= 4
+                else:
+                    hi_s = s
+                    break
+        else:
+            hi_s = 1.0
+            # bounds grow about linearly with the scale: start just under the excess factor
+            s = min(0.5, 0.9 / excess) if excess else 0.5
+            while s >= 2.0 ** -40 and time.monotonic() < deadline:
+                steps += 1
+                if analysis.proved(s, deadline):
+                    lo_s = s
+                    break
+                hi_s = s
+                s /= 4
+        while lo_s is not None and hi_s is not None and hi_s / lo_s > 1.05 and time.monotonic() < deadline:
+            mid = math.sqrt(lo_s * hi_s)
+            steps += 1
+            if analysis.proved(mid, deadline):
+                lo_s = mid
+            else:
+                hi_s = mid
+    except MemoryError:
+        out.note = "bisection stopped: out of memory"
+    out.safe_scale, out.unproved_scale, out.bisection_steps = lo_s, hi_s, steps
+    if not options.search or hi_s is None:
+        if hi_s is None:
+            out.note = f"every site is proved safe up to {lo_s:g} x the box (the largest scale tried)"
+        return out
+    _witness_scale(analysis, options, witness_deadline, out, confirmed_at_one)
+    return out
+
+
+def _witness_scale(analysis: Analysis, options: ProbeOptions, deadline: float, out: Boundary,
+                   confirmed_at_one: bool) -> None:
+    """The smallest scale (found) with a confirmed witness: doubling from the proved scale, then bisection."""
+    def witness_at(s: float) -> bool:
+        b, _ = analysis.bounds(s, deadline=deadline, refine=False)
+        targets = [Target.of(v, r) for v, ob in b.ops.items() if ob.records for r in ob.records.values()
+                   if not r.safe]
+        if not targets:
+            return False
+        boxes = _boxes(analysis.program, analysis.ranges, s)
+        searcher = Searcher(analysis.program, analysis.engine, boxes, seed=options.seed + 1)
+        share = max(0.5, (deadline - time.monotonic()) / 4)
+        res = searcher.search(targets, deadline=min(deadline, time.monotonic() + share),
+                              restarts=1, steps=max(10, options.steps // 2), samples=4, scale=s)
+        return bool(res.witnesses)
+
+    low = out.safe_scale or 0.0
+    high: float | None = 1.0 if confirmed_at_one else None
+    s = max(out.unproved_scale or 1.0, 1e-30)
+    if high is None:
+        while s <= options.max_scale * 4 and time.monotonic() < deadline - 1:
+            if witness_at(s):
+                high = s
+                break
+            low = s
+            s *= 4
+    if high is None:
+        out.note = "no witness confirmed within the scales and time tried"
+        out.unconfirmed_scale = low or None
+        return
+    for _ in range(6):
+        if time.monotonic() >= deadline - 1 or (low and high / low < 1.05):
+            break
+        mid = math.sqrt(max(low, high / 64) * high)
+        if witness_at(mid):
+            high = mid
+        else:
+            low = mid
+    out.witness_scale = high
+    out.unconfirmed_scale = low or None
+
+
+def save_witnesses(report: ProbeReport, folder: str | Path) -> list[dict[str, str]]:
+    """Each witness in ``folder/wN/<input>.npy``."""
+    root = Path(folder)
+    return [w.save(root / f"w{k + 1}") for k, w in enumerate(report.witnesses)]
