@@ -115,7 +115,8 @@ class Confirmer:
 
     def observe(self, inputs: Mapping[str, np.ndarray],
                 targets: Sequence[Target]) -> dict[tuple[Value, int], Observation]:
-        values = evaluate_values(self.fn, self.program.module.constants, dict(inputs))
+        with np.errstate(all="ignore"):  # overflowing is what a witness is for
+            values = evaluate_values(self.fn, self.program.module.constants, dict(inputs))
         by_value: dict[Value, list[Target]] = {}
         for t in targets:
             by_value.setdefault(t.value, []).append(t)
