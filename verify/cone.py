@@ -173,28 +173,31 @@ class LeafTable:
         return self.leaves.get(v)
 
     def opened(self, roots: Iterable[Value], levels: int = 2) -> Callable[[Value], Leaf | None]:
-        """A leaf lookup that looks through shared values up to ``levels`` deep from ``roots``' cones.
-        Cutting at every shared value loses how they relate: one side may read a shared ``x`` where
-        the other reads a shared ``reshape(x)``."""
+        """A leaf lookup that looks through shared values and cut points up to ``levels`` deep below
+        ``roots``' cones. Cutting at every shared value loses how they relate: one side may read
+        a shared ``x`` where the other reads a shared ``reshape(x)``."""
         opened: set[Value] = set()
-        frontier = [leaf.before for root in roots for leaf in self.cone(root)[1]
-                    if leaf.kind == "shared" and leaf.before is not None]
+        frontier: list[Value] = []
+        for root in roots:
+            order, _ = self.cone(root)
+            frontier.extend(o for v in [root, *order] for o in v.operands if self._openable(o))
         for _ in range(levels):
             nxt: list[Value] = []
             for v in frontier:
                 if v in opened:
                     continue
                 opened.add(v)
-                for o in v.operands:
-                    leaf = self.leaves.get(o)
-                    if leaf is not None and leaf.kind == "shared":
-                        nxt.append(o)
+                nxt.extend(o for o in v.operands if self._openable(o))
             frontier = nxt
 
         def lookup(v: Value) -> Leaf | None:
             return None if v in opened else self.leaves.get(v)
 
         return lookup
+
+    def _openable(self, v: Value) -> bool:
+        leaf = self.leaves.get(v)
+        return leaf is not None and leaf.kind in ("shared", "cut")
 
     def cone(self, root: Value, leaf_of: Callable[[Value], Leaf | None] | None = None
              ) -> tuple[list[Value], list[Leaf]]:
