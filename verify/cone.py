@@ -172,28 +172,40 @@ class LeafTable:
     def leaf_of(self, v: Value) -> Leaf | None:
         return self.leaves.get(v)
 
-    def opened(self, roots: Iterable[Value], levels: int = 2) -> Callable[[Value], Leaf | None]:
-        """A leaf lookup that looks through shared values and cut points up to ``levels`` deep below
-        ``roots``' cones. Cutting at every shared value loses how they relate: one side may read
-        a shared ``x`` where the other reads a shared ``reshape(x)``."""
+    def opened(self, before: Value, after: Value, rounds: int = 4) -> Callable[[Value], Leaf | None]:
+        """A leaf lookup that looks through the shared values and cut points only one side reads.
+        Cutting at every shared value loses how they relate: one side may read a shared ``x``
+        where the other reads a shared ``reshape(x)``; opening the latter exposes ``x`` to both."""
         opened: set[Value] = set()
-        frontier: list[Value] = []
-        for root in roots:
-            order, _ = self.cone(root)
-            frontier.extend(o for v in [root, *order] for o in v.operands if self._openable(o))
-        for _ in range(levels):
-            nxt: list[Value] = []
-            for v in frontier:
-                if v in opened:
-                    continue
-                opened.add(v)
-                nxt.extend(o for o in v.operands if self._openable(o))
-            frontier = nxt
 
         def lookup(v: Value) -> Leaf | None:
             return None if v in opened else self.leaves.get(v)
 
+        for _ in range(rounds):
+            lb, la = self._leaf_values(before, lookup), self._leaf_values(after, lookup)
+            one_sided = [v for k, vs in lb.items() if k not in la for v in vs]
+            one_sided += [v for k, vs in la.items() if k not in lb for v in vs]
+            one_sided = [v for v in one_sided if self._openable(v)]
+            if not one_sided:
+                break
+            opened.update(one_sided)
         return lookup
+
+    def _leaf_values(self, root: Value, lookup: Callable[[Value], Leaf | None]) -> dict[str, list[Value]]:
+        out: dict[str, list[Value]] = {}
+        seen: set[Value] = set()
+        stack = [root]
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            leaf = lookup(v)
+            if leaf is not None:
+                out.setdefault(leaf.key, []).append(v)
+                continue
+            stack.extend(v.operands)
+        return out
 
     def _openable(self, v: Value) -> bool:
         leaf = self.leaves.get(v)

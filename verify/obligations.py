@@ -190,7 +190,7 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
     decode = inputs if encoder == "real" else ()
     attempt = prove(vb, va, cut_table.leaf_of, encoder, fb.constraints, timeout=timeout, decode=())
     if attempt.status == "sat":
-        opened = prove(vb, va, cut_table.opened((vb, va)), encoder, fb.constraints, timeout=timeout, decode=())
+        opened = prove(vb, va, cut_table.opened(vb, va), encoder, fb.constraints, timeout=timeout, decode=())
         if opened.status == "proved":
             attempt = opened
     if attempt.status != "proved" and used:
@@ -306,7 +306,7 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, constants: dict, encode
                 continue
             attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, ctx=ctx)
             if attempt.status == "sat":
-                attempt = prove(vb, va, table.opened((vb, va)), encoder, fb.constraints, timeout=timeout, ctx=ctx)
+                attempt = prove(vb, va, table.opened(vb, va), encoder, fb.constraints, timeout=timeout, ctx=ctx)
             lemmas.append(Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds))
             if attempt.status == "proved":
                 table.add_cut(vb, va)
