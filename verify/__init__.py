@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cuvil.ir.module import Module
-from cuvil.passes.base import Pass
+from cuvil.passes.base import Contract, Pass
 from verify.certificate import Report, module_hash
 from verify.errors import ProofFailure, ProofIncomplete, VerifierInconsistency
 from verify.gate import Gate, GateDecision, make_gate
@@ -25,6 +25,17 @@ def check_pass(pass_: Pass, module: Module, *, timeout: float = DEFAULT_TIMEOUT,
     report = Report(module_hash(module), [pass_.name])
     if out.changed:
         report.applications.append(check_application(pass_, module, out.module, timeout=timeout, seed=seed))
+    return report
+
+
+def check_rewrite(before: Module, after: Module, contract: Contract | str = Contract.EXACT, *, name: str = "rewrite",
+                  timeout: float = DEFAULT_TIMEOUT, seed: int = 0) -> Report:
+    """Check ``before -> after`` under ``contract`` as if a pass called ``name`` had made it
+    (rewrites written by hand, before/after pairs from a corpus)."""
+    contract = Contract(contract) if isinstance(contract, str) else contract
+    rewrite = type("Rewrite", (Pass,), {"name": name, "contract": contract})()
+    report = Report(module_hash(before), [name])
+    report.applications.append(check_application(rewrite, before, after, timeout=timeout, seed=seed))
     return report
 
 
@@ -44,4 +55,5 @@ def check_pipeline(module: Module, pipeline: str | Sequence[str | Pass], *, poli
 
 __all__ = ["DEFAULT_TIMEOUT", "Application", "Counterexample", "Gate", "GateDecision", "ObligationRecord",
            "ProofFailure", "ProofIncomplete", "Proved", "Refuted", "Report", "Unknown", "Verdict",
-           "VerifierInconsistency", "check_application", "check_pass", "check_pipeline", "make_gate", "module_hash"]
+           "VerifierInconsistency", "check_application", "check_pass", "check_pipeline", "check_rewrite", "make_gate",
+           "module_hash"]

@@ -172,10 +172,12 @@ class LeafTable:
     def leaf_of(self, v: Value) -> Leaf | None:
         return self.leaves.get(v)
 
-    def opened(self, before: Value, after: Value, rounds: int = 4) -> Callable[[Value], Leaf | None]:
+    def opened(self, before: Value, after: Value, rounds: int = 4, eager: int = 0) -> Callable[[Value], Leaf | None]:
         """A leaf lookup that looks through the shared values and cut points only one side reads.
         Cutting at every shared value loses how they relate: one side may read a shared ``x``
-        where the other reads a shared ``reshape(x)``; opening the latter exposes ``x`` to both."""
+        where the other reads a shared ``reshape(x)``; opening the latter exposes ``x`` to both.
+        ``eager`` then opens every remaining shared leaf that many levels deep (``relu(s)`` against
+        ``s`` where ``s = relu(x)`` is shared)."""
         opened: set[Value] = set()
 
         def lookup(v: Value) -> Leaf | None:
@@ -183,13 +185,31 @@ class LeafTable:
 
         for _ in range(rounds):
             lb, la = self._leaf_values(before, lookup), self._leaf_values(after, lookup)
-            one_sided = [v for k, vs in lb.items() if k not in la for v in vs]
-            one_sided += [v for k, vs in la.items() if k not in lb for v in vs]
-            one_sided = [v for v in one_sided if self._openable(v)]
-            if not one_sided:
+            useful: list[Value] = []
+            for mine, theirs in ((lb, la), (la, lb)):
+                for key, vs in mine.items():
+                    if key in theirs:
+                        continue
+                    for v in vs:
+                        # open only what exposes a leaf the other side reads
+                        if self._openable(v) and any(k in theirs for k in self._exposed(v, lookup)):
+                            useful.append(v)
+            if not useful:
                 break
-            opened.update(one_sided)
+            opened.update(useful)
+        for _ in range(eager):  # open everything one more level on both sides
+            layer = [v for vs in (*self._leaf_values(before, lookup).values(),
+                                  *self._leaf_values(after, lookup).values()) for v in vs if self._openable(v)]
+            if not layer:
+                break
+            opened.update(layer)
         return lookup
+
+    def _exposed(self, v: Value, lookup: Callable[[Value], Leaf | None]) -> set[str]:
+        out: set[str] = set()
+        for o in v.operands:
+            out.update(self._leaf_values(o, lookup))
+        return out
 
     def _leaf_values(self, root: Value, lookup: Callable[[Value], Leaf | None]) -> dict[str, list[Value]]:
         out: dict[str, list[Value]] = {}

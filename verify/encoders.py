@@ -305,6 +305,9 @@ class Semantics:
         for n, v in enumerate(free_terms):
             sub.append((v, z3.Int(f"__a{n}", self.ctx)))
         canon = z3.substitute(body, *sub) if sub else body
+        # the simplifier orders the arguments of + and * among the renamed variables, which index
+        # expressions were built in AST-id order of the original (binder-specific) variables
+        canon = z3.simplify(canon, sort_sums=True)
         sym_extents = [e for e in extents if not isinstance(e, int)]
         ext_key = ",".join(str(e) if isinstance(e, int) else "?" for e in extents)
         key = (kind, ext_key, canon.sexpr(), sort.sexpr())

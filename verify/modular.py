@@ -72,7 +72,8 @@ def centered(a: np.ndarray) -> np.ndarray:
 
 
 def _mulmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.mod(a.astype(np.int64) * b.astype(np.int64), P)
+    out = np.multiply(a.astype(np.int64, copy=False), b.astype(np.int64, copy=False))
+    return np.mod(out, P, out=out)
 
 
 def _inverse(a: np.ndarray) -> np.ndarray:
@@ -85,6 +86,18 @@ def _inverse(a: np.ndarray) -> np.ndarray:
         base = _mulmod(base, base)
         e >>= 1
     return out
+
+
+def work(fn: Function, dims: Mapping[str, int]) -> int:
+    """Element operations a Z_p evaluation of ``fn`` costs (output points times reduction extents)."""
+    total = 0
+    for v in fn.values():
+        if v.is_param or v.is_const:
+            continue
+        rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
+        total += int(np.prod([evaluate_dim(d, dims) for d in v.type.shape], dtype=np.int64)) * _reduce_extent(rule,
+                                                                                                              dims)
+    return total
 
 
 class ModularEvaluator:
@@ -115,15 +128,23 @@ class ModularEvaluator:
 
     # functions --------------------------------------------------------------------------
     def run(self, fn: Function, constants: Mapping[str, np.ndarray], inputs: Sequence[np.ndarray],
-            dims: Mapping[str, int]) -> dict[Value, np.ndarray]:
-        """Every value of ``fn``; float inputs are residues, others plain arrays."""
+            dims: Mapping[str, int], preset: Mapping[Value, np.ndarray] | None = None,
+            free_constants: Mapping[str, np.ndarray] | None = None) -> dict[Value, np.ndarray]:
+        """Every value of ``fn``; float inputs are residues, others plain arrays. ``preset`` fixes
+        values (a folded constant takes its expression's value); ``free_constants`` gives
+        constants, by content hash, random values instead of their data."""
         memo: dict[Value, np.ndarray] = dict(zip(fn.params, inputs, strict=True))
+        memo.update(preset or {})
+        free = free_constants or {}
         for v in fn.values():
             if v in memo:
                 continue
             if v.is_const:
                 data = np.asarray(constants[v.const_hash])
-                memo[v] = to_residues(data) if v.dtype.is_float else data
+                if v.const_hash in free:
+                    memo[v] = free[v.const_hash]
+                else:
+                    memo[v] = to_residues(data) if v.dtype.is_float else data
                 continue
             memo[v] = self.op(v, [memo[o] for o in v.operands], dims)
         return memo
@@ -242,8 +263,8 @@ class _Chunk:
         return self._float(fn, args)
 
     def _float(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
-        a = args[0].astype(np.int64)
-        b = args[1].astype(np.int64) if len(args) > 1 else a
+        a = args[0].astype(np.int64, copy=False)
+        b = args[1].astype(np.int64, copy=False) if len(args) > 1 else a
         if fn in _ORDER_OPS:
             self.ev.trace.order = True
         if fn == "add":
@@ -322,7 +343,7 @@ class _Chunk:
             c = centered(full)
             r = np.max(c, axis=axes) if e.kind == "max" else np.min(c, axis=axes)
             return np.mod(r, P)
-        flat = full.reshape(full.shape[:base] + (-1,))
+        flat = full.reshape((*full.shape[:base], -1))
         out = flat[..., 0]
         for j in range(1, flat.shape[-1]):
             out = _mulmod(out, flat[..., j])

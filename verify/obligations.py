@@ -129,7 +129,7 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         if fb.param_types != fa.param_types or [p.name for p in fb.params] != [p.name for p in fa.params] \
                 or len(fb.results) != len(fa.results):
             ce = Counterexample("*", (), "", "; ".join(str(t) for t in fb.param_types),
-                                "; ".join(str(t) for t in fa.param_types), [], "signature check",
+                                "; ".join(str(t) for t in fa.param_types), [], "signature check", replayed=False,
                                 note="the pass changed the function's signature")
             app.obligations.append(_record(pass_, fb.name, "*", Refuted(ce)))
             continue
@@ -145,7 +145,7 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         table = LeafTable.build(fb, fa, before.constants, after.constants)
         constants = {**before.constants, **after.constants}
         cut_table = table.copy()
-        lemmas = _sweep(fb, fa, cut_table, constants, ENCODER_FOR[pass_.contract], min(timeout, LEMMA_TIMEOUT), seed)
+        lemmas = _sweep(fb, fa, cut_table, constants, ENCODER_FOR[pass_.contract], timeout, seed)
         for r in diffs:
             app.obligations.append(_output_obligation(pass_, fb, fa, r, table, cut_table, lemmas, constants,
                                                       timeout, seed))
@@ -181,18 +181,14 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
     if used:
         notes.append(f"{len(used)} cut-point lemmas proved ({sum(lm.seconds for lm in lemmas):.3f} s)")
     if vb.type != va.type:
-        ce = Counterexample(name, (), "", str(vb.type), str(va.type), [], "type check",
+        ce = Counterexample(name, (), "", str(vb.type), str(va.type), [], "type check", replayed=False,
                             note="the pass changed the result's type")
         return ObligationRecord(pass_.name, str(contract), fb.name, name, size, "-", Refuted(ce),
                                 time.perf_counter() - start)
     encoder = ENCODER_FOR[contract]
     inputs = _inputs(table, (vb, va))
     decode = inputs if encoder == "real" else ()
-    attempt = prove(vb, va, cut_table.leaf_of, encoder, fb.constraints, timeout=timeout, decode=())
-    if attempt.status == "sat":
-        opened = prove(vb, va, cut_table.opened(vb, va), encoder, fb.constraints, timeout=timeout, decode=())
-        if opened.status == "proved":
-            attempt = opened
+    attempt = _prove_opening(vb, va, cut_table, encoder, fb, timeout)
     if attempt.status != "proved" and used:
         # without the lemmas: a direct attempt can decode a model over the original cut
         attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, decode=decode)
@@ -208,7 +204,8 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
     model_source = attempt if attempt.model_inputs is not None else fallback
     search = Refuter(case, seed).search(model_source, full=not proved)
     enc_name = encoder if attempt.has_float else "int"
-    shapes = (f"{name}: {vb.type}", *(f"{leaf.label}: {leaf.type}" for leaf in inputs[:8]))
+    shapes = (f"{name}: {vb.type}", *(f"{leaf.label}: {leaf.type}" for leaf in inputs[:8]),
+              *(str(c) for c in fb.constraints))
     verdict = _combine(attempt, fallback, search, contract, enc_name, shapes, notes)
     if search.rit_differs is not None:
         notes.append("randomized identity test over Z_p: " + ("the cones differ" if search.rit_differs else "agree"))
@@ -219,8 +216,9 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
                             tuple(notes))
 
 
-LEMMA_TIMEOUT = 2.0
-"""Time limit of one cut-point lemma (an unproved lemma only costs a larger later obligation)."""
+LEMMA_RLIMIT = 20_000_000
+"""z3 resource limit of one cut-point lemma (deterministic, unlike a time limit; an unproved
+lemma only costs a larger later obligation). The obligation's time limit still applies."""
 
 SWEEP_MIN_OPS = 6
 """Functions with fewer ops are proved in one obligation, without cut points."""
@@ -304,9 +302,7 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, constants: dict, encode
         for vb in sorted(by_type.get(va.type, []), key=lambda u: u.op != va.op):
             if not _close(sig_b[vb], arr, rtol):
                 continue
-            attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, ctx=ctx)
-            if attempt.status == "sat":
-                attempt = prove(vb, va, table.opened(vb, va), encoder, fb.constraints, timeout=timeout, ctx=ctx)
+            attempt = _prove_opening(vb, va, table, encoder, fb, timeout, ctx=ctx, rlimit=LEMMA_RLIMIT)
             lemmas.append(Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds))
             if attempt.status == "proved":
                 table.add_cut(vb, va)
@@ -315,6 +311,21 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, constants: dict, encode
             if tries >= 2:
                 break
     return lemmas
+
+
+def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Function, timeout: float,
+                   ctx: z3.Context | None = None, rlimit: int | None = None) -> Attempt:
+    """Prove with the cut as it is; when the encodings can differ, again looking through the
+    shared values only one side reads, then through every shared value one and two levels deep."""
+    attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, ctx=ctx, rlimit=rlimit)
+    for eager in (0, 1, 2):
+        if attempt.status != "sat":
+            return attempt
+        retry = prove(vb, va, table.opened(vb, va, eager=eager), encoder, fb.constraints, timeout=timeout, ctx=ctx,
+                      rlimit=rlimit)
+        if retry.status == "proved":
+            return retry
+    return attempt
 
 
 def _float_only(ce: Counterexample) -> bool:

@@ -38,8 +38,10 @@ class Attempt:
 
 def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], encoder: str,
           constraints: Sequence[DimConstraint] = (), *, timeout: float = 10.0,
-          decode: Sequence[Leaf] = (), ctx: z3.Context | None = None) -> Attempt:
-    """``ctx``: a context to reuse (cut-point lemmas share one); by default a fresh one."""
+          decode: Sequence[Leaf] = (), ctx: z3.Context | None = None, rlimit: int | None = None) -> Attempt:
+    """``ctx``: a context to reuse (cut-point lemmas share one); by default a fresh one.
+    ``rlimit``: a deterministic z3 resource limit besides the time limit (results then do not
+    depend on the machine's load)."""
     start = time.perf_counter()
     ctx = ctx if ctx is not None else z3.Context()
     try:
@@ -56,6 +58,8 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
                        encodings=enc.count, reason="both sides encode to the same term")
     solver = z3.Solver(ctx=ctx)
     solver.set("timeout", max(1, int(timeout * 1000)))
+    if rlimit is not None:
+        solver.set("rlimit", rlimit)
     solver.add(*enc.facts())
     solver.add(neq)
     res = solver.check()
@@ -66,7 +70,8 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
         return out
     if res == z3.unknown:
         why = solver.reason_unknown()
-        out.reason = "solver timeout" if "timeout" in why or "canceled" in why else f"solver gave up: {why}"
+        limited = "timeout" in why or "canceled" in why or "resource" in why
+        out.reason = "solver timeout" if limited else f"solver gave up: {why}"
         return out
     out.status = "sat"
     out.reason = "the encodings can differ"

@@ -58,6 +58,9 @@ class Counterexample:
     replayed: bool = True
     model_constants: bool = True
     note: str = ""
+    function_inputs: dict[str, np.ndarray] | None = None
+    """The whole function's inputs (by parameter name) the cut tensors were computed from, when
+    the search started from them: the counterexample replays on the complete model too."""
 
     def table(self) -> str:
         """An aligned table: inputs, then the two values at the index."""
@@ -71,7 +74,8 @@ class Counterexample:
         w1 = max(len(r[1]) for r in rows)
         lines = [f"  {a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
         lines.insert(1, "  " + "-" * (w0 + w1 + 12))
-        head = f"counterexample (found by {self.found_by}; replayed on the reference interpreter)"
+        replay = "replayed on the reference interpreter" if self.replayed else "a structural difference"
+        head = f"counterexample (found by {self.found_by}; {replay})"
         if not self.model_constants:
             head += "; constants were free in this search"
         if self.note:
