@@ -6,8 +6,7 @@ ops may carry a numpy fast path, which the test suite checks against the rule.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,72 +14,12 @@ import numpy as np
 from cuvil.errors import ConstraintError, InputError, IRError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, cast
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
 from cuvil.ir.symbolic import Sym, evaluate_dim
 from cuvil.ir.types import TensorType, bind_symbols
 from cuvil.ir.values import Value
-
-# --------------------------------------------------------------------------------------
-# scalar primitives over numpy arrays
-
-_erf_obj = np.frompyfunc(math.erf, 1, 1)
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    return _erf_obj(x.astype(np.float64)).astype(x.dtype)
-
-
-def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C-style truncating integer division (division by zero yields 0)."""
-    safe = np.where(b == 0, 1, b)
-    q = np.floor_divide(a, safe)
-    fix = (np.mod(a, safe) != 0) & ((a < 0) != (safe < 0))
-    return np.where(b == 0, 0, q + fix.astype(q.dtype)).astype(a.dtype)
-
-
-def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "iu":
-        return _int_div(a, b)
-    return np.true_divide(a, b).astype(a.dtype)
-
-
-def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "iu":
-        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
-    return np.power(a, b)
-
-
-def _cast(x: np.ndarray, to: DType) -> np.ndarray:
-    if to is DType.bool:
-        return x != 0
-    if to.is_int and x.dtype.kind == "f":
-        x = np.trunc(x)
-        x = np.where(np.isfinite(x), x, 0)
-    return x.astype(to.np)
-
-
-def _shr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.right_shift(a, b)
-
-
-NUMPY_PRIMITIVES: dict[str, Callable[..., np.ndarray]] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div,
-    "min": np.minimum, "max": np.maximum, "pow": _pow, "fmod": np.fmod, "mod": np.mod,
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "tanh": np.tanh, "erf": _erf, "sin": np.sin, "cos": np.cos, "tan": np.tan,
-    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
-    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
-    "floor": np.floor, "ceil": np.ceil, "round_even": np.round,
-    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-    "gt": np.greater, "ge": np.greater_equal,
-    "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor, "not": np.logical_not,
-    "isnan": np.isnan, "isinf": np.isinf,
-    "bit_and": np.bitwise_and, "bit_or": np.bitwise_or, "bit_xor": np.bitwise_xor,
-    "bit_not": np.invert, "shl": np.left_shift, "shr": _shr,
-    "select": np.where,
-}
-
 
 # --------------------------------------------------------------------------------------
 # rule evaluation
@@ -144,7 +83,7 @@ class _RuleEvaluator:
         if isinstance(e, Call):
             args = [self.expr(a) for a in e.args]
             if e.fn == "cast":
-                return _cast(args[0], dict(e.attrs)["to"])
+                return cast(args[0], dict(e.attrs)["to"])
             out = NUMPY_PRIMITIVES[e.fn](*args)
             return self.lift(np.asarray(out).astype(e.dtype.np, copy=False))
         if isinstance(e, Reduce):

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import OpDefinitionError
+from cuvil.ir import numpy_prims
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import REQUIRED, broadcast_shapes, define
@@ -85,42 +86,16 @@ def _wide_np(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     return run
 
 
-_erf_obj = np.frompyfunc(math.erf, 1, 1)
-
-
-def _np_erf(x: np.ndarray) -> np.ndarray:
-    return _erf_obj(x.astype(np.float64)).astype(x.dtype)
-
-
-def _np_int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Truncating integer division; division by zero yields 0 (CIR's definition of the C UB)."""
-    a, b = np.broadcast_arrays(a, b)
-    safe = np.where(b == 0, np.ones((), b.dtype), b)
-    q = np.floor_divide(a, safe)
-    fix = (np.mod(a, safe) != 0) & ((a < 0) != (safe < 0))
-    return np.where(b == 0, np.zeros((), a.dtype), q + fix.astype(q.dtype)).astype(a.dtype)
-
-
 def _np_div(xs: list[np.ndarray], out: TensorType) -> np.ndarray:
-    a, b = xs
-    return _np_int_div(a, b) if a.dtype.kind in "iu" else np.true_divide(a, b)
+    return numpy_prims.div(*xs)
 
 
 def _np_pow(xs: list[np.ndarray], out: TensorType) -> np.ndarray:
-    a, b = xs
-    if a.dtype.kind in "iu":
-        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
-    return np.power(a, b)
+    return numpy_prims.pow_(*xs)
 
 
 def _np_cast(xs: list[np.ndarray], out: TensorType, to: DType) -> np.ndarray:
-    x = xs[0]
-    if to is DType.bool:
-        return x != 0
-    if to.is_int and x.dtype.kind not in "iub":
-        x = np.trunc(x)
-        x = np.where(np.isfinite(x), x, np.zeros((), x.dtype))
-    return x.astype(to.np)
+    return numpy_prims.cast(xs[0], to)
 
 
 def _np_clip(xs: list[np.ndarray], out: TensorType, min: float | None, max: float | None) -> np.ndarray:
@@ -148,7 +123,7 @@ def _np_hardsigmoid(x: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.
 def _np_gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
-    return 0.5 * x * (1 + _np_erf(x * (1.0 / math.sqrt(2.0))))
+    return 0.5 * x * (1 + numpy_prims.erf(x * (1.0 / math.sqrt(2.0))))
 
 
 # --------------------------------------------------------------------------------------
@@ -346,7 +321,7 @@ _unary("rsqrt", _wide(R.rsqrt), _wide_np(lambda x: 1 / np.sqrt(x)), "float", "1 
 for _name, _np_fn, _doc in [
         ("exp", np.exp, "e ** x"), ("log", np.log, "natural log; log(0) = -inf, log(x < 0) = NaN"),
         ("sqrt", np.sqrt, "square root; NaN for x < 0"), ("tanh", np.tanh, "hyperbolic tangent"),
-        ("erf", _np_erf, "Gauss error function"),
+        ("erf", numpy_prims.erf, "Gauss error function"),
         ("sin", np.sin, "sine"), ("cos", np.cos, "cosine"), ("tan", np.tan, "tangent"),
         ("asin", np.arcsin, "arc sine; NaN outside [-1, 1]"), ("acos", np.arccos, "arc cosine; NaN outside [-1, 1]"),
         ("atan", np.arctan, "arc tangent"), ("sinh", np.sinh, "hyperbolic sine"),
