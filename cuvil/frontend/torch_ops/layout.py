@@ -1,0 +1,324 @@
+"""aten layout ops (view, permute, cat, slice, index, ...) -> CIR."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cuvil.frontend.torch_import import AtenCtx, aten_op
+from cuvil.frontend.torch_ops.helpers import axis_of, clamp_index, python_scalar, reshape_to, slice_axis
+from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import Dim, Sym
+from cuvil.ir.values import Value
+
+
+@aten_op("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default",
+         "unsqueeze.default", "squeeze.default", "squeeze.dim", "squeeze.dims", "flatten.using_ints",
+         "unflatten.int", emits=("reshape",))
+def _view(ctx: AtenCtx) -> Value:
+    return reshape_to(ctx, ctx.tensor("self"), ctx.out_shape())
+
+
+@aten_op("permute.default", "permute_copy.default", emits=("transpose",))
+def _permute(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    perm = tuple(axis_of(ctx, d, x.type.rank) for d in ctx["dims"])
+    return x if perm == tuple(range(x.type.rank)) else ctx.b.transpose(x, perm=perm)
+
+
+@aten_op("transpose.int", "t.default", emits=("transpose",))
+def _transpose(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    r = x.type.rank
+    if r < 2:
+        return x
+    d0, d1 = (axis_of(ctx, ctx["dim0"], r), axis_of(ctx, ctx["dim1"], r)) if "dim0" in ctx.args else (0, 1)
+    perm = list(range(r))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return x if d0 == d1 else ctx.b.transpose(x, perm=tuple(perm))
+
+
+@aten_op("expand.default", "expand_copy.default", emits=("expand",))
+def _expand(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    shape = ctx.out_shape()
+    return x if tuple(x.shape) == shape else ctx.b.expand(x, shape=shape)
+
+
+@aten_op("repeat.default", emits=("tile", "reshape"))
+def _repeat(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    reps = [int(r) for r in ctx["repeats"]]
+    if len(reps) > x.type.rank:
+        x = reshape_to(ctx, x, (1,) * (len(reps) - x.type.rank) + tuple(x.shape))
+    return x if all(r == 1 for r in reps) else ctx.b.tile(x, repeats=tuple(reps))
+
+
+@aten_op("cat.default", emits=("concat", "cast"))
+def _cat(ctx: AtenCtx) -> Value:
+    dtype = ctx.out_dtype()
+    xs = [ctx.imp.as_value(t, dtype, ctx.location) for t in ctx["tensors"]]
+    rank = len(ctx.out_shape())
+    axis = axis_of(ctx, ctx.get("dim", 0), rank)
+    # torch skips legacy empty 1-D tensors; pieces empty along the axis add nothing
+    kept = [x for x in xs if x.type.rank == rank and x.shape[axis] != 0] or [x for x in xs if x.type.rank == rank]
+    if len(kept) == 1:
+        return kept[0]
+    return ctx.b.concat(*kept, axis=axis)
+
+
+@aten_op("stack.default", emits=("concat", "reshape", "cast"))
+def _stack(ctx: AtenCtx) -> Value:
+    dtype = ctx.out_dtype()
+    shape = ctx.out_shape()
+    axis = axis_of(ctx, ctx.get("dim", 0), len(shape))
+    xs = []
+    for t in ctx["tensors"]:
+        x = ctx.imp.as_value(t, dtype, ctx.location)
+        xs.append(reshape_to(ctx, x, (*x.shape[:axis], 1, *x.shape[axis:])))
+    return xs[0] if len(xs) == 1 else ctx.b.concat(*xs, axis=axis)
+
+
+@aten_op("slice.Tensor", "slice_copy.Tensor", emits=("slice",))
+def _slice(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    axis = axis_of(ctx, ctx.get("dim", 0), x.type.rank)
+    size = x.shape[axis]
+    step = int(ctx.get("step", 1))
+    start = clamp_index(ctx.get("start"), size, 0)
+    end = clamp_index(ctx.get("end"), size, size)
+    if isinstance(start, int) and isinstance(end, int):
+        end = max(start, end)
+    if start == 0 and end == size and step == 1:
+        return x
+    return slice_axis(ctx.b, x, axis, start, end, step)
+
+
+def _select(ctx: AtenCtx, x: Value, axis: int, index: Any) -> Value:
+    size = x.shape[axis]
+    if isinstance(index, Sym):
+        i: Dim = index
+    else:
+        i = int(index)
+        if i < 0:
+            i = size + i
+    piece = slice_axis(ctx.b, x, axis, i, i + 1, 1)
+    return reshape_to(ctx, piece, tuple(x.shape[:axis]) + tuple(x.shape[axis + 1:]))
+
+
+@aten_op("select.int", "select_copy.int", emits=("slice", "reshape"))
+def _select_int(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    return _select(ctx, x, axis_of(ctx, ctx["dim"], x.type.rank), ctx["index"])
+
+
+@aten_op("unbind.int", emits=("slice", "reshape"))
+def _unbind(ctx: AtenCtx) -> list[Value]:
+    x = ctx.tensor("self")
+    axis = axis_of(ctx, ctx.get("dim", 0), x.type.rank)
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise ctx.unsupported("unbind along a symbolic dim")
+    return [_select(ctx, x, axis, i) for i in range(n)]
+
+
+@aten_op("split_with_sizes.default", "split.Tensor", "split_with_sizes_copy.default", "split_copy.Tensor",
+         emits=("slice",))
+def _split(ctx: AtenCtx) -> list[Value]:
+    x = ctx.tensor("self")
+    axis = axis_of(ctx, ctx.get("dim", 0), x.type.rank)
+    out: list[Value] = []
+    start: Dim = 0
+    for k in range(len(ctx.meta)):
+        size = ctx.out_shape(k)[axis]
+        end = start + size
+        out.append(x if start == 0 and end == x.shape[axis] else slice_axis(ctx.b, x, axis, start, end, 1))
+        start = end
+    return out
+
+
+@aten_op("index_select.default", emits=("gather", "cast"))
+def _index_select(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    idx = ctx.tensor("index", DType.i64)
+    return ctx.b.gather(x, idx, axis=axis_of(ctx, ctx["dim"], x.type.rank))
+
+
+@aten_op("gather.default", emits=("gather_elements", "cast"))
+def _gather(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    idx = ctx.tensor("index", DType.i64)
+    return ctx.b.gather_elements(x, idx, axis=axis_of(ctx, ctx["dim"], x.type.rank))
+
+
+_SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+@aten_op("scatter.src", "scatter.value", "scatter_add.default", "scatter_reduce.two",
+         emits=("scatter_elements", "fill", "expand", "cast"))
+def _scatter(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    idx = ctx.tensor("index", DType.i64)
+    if "src" in ctx.args:
+        src = ctx.tensor("src", x.dtype)
+    else:
+        value = ctx["value"]
+        src = ctx.imp.as_value(value, x.dtype, ctx.location) if isinstance(value, (Value, Sym)) else None
+        if src is None:
+            src = ctx.b.fill(shape=tuple(idx.shape), value=python_scalar(value, x.dtype), dtype=x.dtype)
+        elif tuple(src.shape) != tuple(idx.shape):
+            src = ctx.b.expand(src, shape=tuple(idx.shape))
+    reduction = "none"
+    if ctx.op_name == "aten.scatter_add.default":
+        reduction = "add"
+    elif ctx.op_name == "aten.scatter_reduce.two":
+        kind = str(ctx["reduce"])
+        if kind not in _SCATTER_REDUCE or not ctx.get("include_self", True):
+            raise ctx.unsupported(f"reduce={kind!r} include_self={ctx.get('include_self', True)}")
+        reduction = _SCATTER_REDUCE[kind]
+    elif ctx.args.get("reduce") is not None:
+        raise ctx.unsupported(f"reduce={ctx['reduce']!r}")
+    return ctx.b.scatter_elements(x, idx, src, axis=axis_of(ctx, ctx["dim"], x.type.rank), reduction=reduction)
+
+
+@aten_op("embedding.default", emits=("embedding", "cast"))
+def _embedding(ctx: AtenCtx) -> Value:
+    ids = ctx.tensor("indices")
+    if ids.dtype not in (DType.i64, DType.i32):
+        ids = ctx.cast(ids, DType.i64)
+    return ctx.b.embedding(ctx.tensor("weight"), ids)
+
+
+@aten_op("index.Tensor", "_unsafe_index.Tensor", emits=("gather", "gather_nd", "transpose", "reshape", "expand",
+                                                          "concat", "cast"))
+def _index(ctx: AtenCtx) -> Value:
+    """Advanced indexing ``x[i0, i1, ...]``: the indexed axes move to the front, their broadcast
+    indices are stacked into one gather_nd, and the result axes go where numpy puts them."""
+    x = ctx.tensor("self")
+    b = ctx.b
+    raw = list(ctx["indices"])
+    axes = [k for k, t in enumerate(raw) if t is not None]
+    idxs = []
+    for k in axes:
+        t = ctx.imp.as_value(raw[k], None, ctx.location)
+        if t.dtype is DType.bool:
+            raise ctx.unsupported("boolean mask indexing (data-dependent shape)")
+        idxs.append(ctx.cast(t, DType.i64))
+    if len(idxs) == 1:
+        out = b.gather(x, idxs[0], axis=axes[0])
+        return out
+    from cuvil.ir.opdef import broadcast_shapes
+
+    bshape = broadcast_shapes(*(t.shape for t in idxs))
+    stacked = []
+    for t in idxs:
+        t = t if tuple(t.shape) == bshape else b.expand(t, shape=bshape)
+        stacked.append(b.reshape(t, shape=(*bshape, 1)))
+    index = b.concat(*stacked, axis=len(bshape))
+    rest = [k for k in range(x.type.rank) if k not in axes]
+    front = axes + rest
+    xt = x if front == list(range(x.type.rank)) else b.transpose(x, perm=tuple(front))
+    g = b.gather_nd(xt, index, batch_dims=0)
+    consecutive = axes == list(range(axes[0], axes[0] + len(axes)))
+    if consecutive and axes[0] > 0:
+        nb = len(bshape)
+        leading = list(range(nb, nb + axes[0]))
+        perm = leading + list(range(nb)) + list(range(nb + axes[0], g.type.rank))
+        g = b.transpose(g, perm=tuple(perm))
+    return g
+
+
+@aten_op("flip.default", emits=("slice",))
+def _flip(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    axes = {axis_of(ctx, d, x.type.rank) for d in ctx["dims"]}
+    if not axes:
+        return x
+    starts = [x.shape[k] - 1 if k in axes else 0 for k in range(x.type.rank)]
+    ends = [-1 if k in axes else x.shape[k] for k in range(x.type.rank)]
+    steps = [-1 if k in axes else 1 for k in range(x.type.rank)]
+    return ctx.b.slice(x, starts=tuple(starts), ends=tuple(ends), steps=tuple(steps))
+
+
+@aten_op("topk.default", emits=("topk",))
+def _topk(ctx: AtenCtx) -> tuple[Value, Value]:
+    x = ctx.tensor("self")
+    k = ctx["k"]
+    if not isinstance(k, int):
+        raise ctx.unsupported("symbolic k")
+    axis = axis_of(ctx, ctx.get("dim", -1), x.type.rank)
+    largest, ordered = bool(ctx.get("largest", True)), bool(ctx.get("sorted", True))
+    return tuple(ctx.b.topk(x, k=k, axis=axis, largest=largest, sorted=ordered, output=o)  # type: ignore[return-value]
+                 for o in ("values", "indices"))
+
+
+@aten_op("sort.default", emits=("topk",))
+def _sort(ctx: AtenCtx) -> tuple[Value, Value]:
+    """A full sort is a top-k with k = the axis length (ties may come out in another order)."""
+    x = ctx.tensor("self")
+    axis = axis_of(ctx, ctx.get("dim", -1), x.type.rank)
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise ctx.unsupported("sorting along a symbolic dim")
+    largest = bool(ctx.get("descending", False))
+    return tuple(ctx.b.topk(x, k=n, axis=axis, largest=largest, sorted=True, output=o)  # type: ignore[return-value]
+                 for o in ("values", "indices"))
+
+
+def _resize(ctx: AtenCtx, mode: str, transform: str) -> Value:
+    x = ctx.tensor("input")
+    out = ctx.out_shape()
+    # torch maps coordinates with the given scale factors, except under align_corners (sizes only)
+    factors = ctx.args.get("scale_factors") if transform != "align_corners" else None
+    n = x.type.rank - 2
+    if factors is not None:
+        scales = (1.0, 1.0, *(float(f) for f in _spatial_floats(factors, n)))
+    else:
+        if not all(isinstance(d, int) for d in (*x.shape[2:], *out[2:])):
+            raise ctx.unsupported("resizing between symbolic sizes")
+        scales = (1.0, 1.0, *(int(o) / int(i) for o, i in zip(out[2:], x.shape[2:], strict=True)))
+    return ctx.b.resize(x, sizes=out, scales=scales, mode=mode, coordinate_transformation_mode=transform,
+                        nearest_mode="floor")
+
+
+def _spatial_floats(values: Sequence[float], n: int) -> tuple[float, ...]:
+    vals = [float(v) for v in values]
+    return tuple(vals * n) if len(vals) == 1 else tuple(vals)
+
+
+@aten_op("upsample_nearest2d.vec", "upsample_nearest1d.vec", "upsample_nearest3d.vec", emits=("resize",))
+def _upsample_nearest(ctx: AtenCtx) -> Value:
+    return _resize(ctx, "nearest", "asymmetric")
+
+
+@aten_op("upsample_bilinear2d.vec", "upsample_linear1d.vec", "upsample_trilinear3d.vec", emits=("resize",))
+def _upsample_linear(ctx: AtenCtx) -> Value:
+    return _resize(ctx, "linear", "align_corners" if ctx.get("align_corners", False) else "pytorch_half_pixel")
+
+
+@aten_op("constant_pad_nd.default", emits=("pad",))
+def _constant_pad(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    pad = [int(p) for p in ctx["pad"]]
+    r = x.type.rank
+    begins, ends = [0] * r, [0] * r
+    for k in range(len(pad) // 2):
+        axis = r - 1 - k
+        begins[axis], ends[axis] = pad[2 * k], pad[2 * k + 1]
+    if any(p < 0 for p in pad):
+        raise ctx.unsupported("negative padding")
+    if not any(pad):
+        return x
+    return ctx.b.pad(x, pads=tuple(begins + ends), mode="constant", value=float(ctx.get("value", 0.0)))
+
+
+@aten_op("tril.default", "triu.default", emits=("trilu",))
+def _trilu(ctx: AtenCtx) -> Value:
+    return ctx.b.trilu(ctx.tensor("self"), upper=ctx.op_name.startswith("aten.triu"),
+                       k=int(ctx.get("diagonal", 0)))
+
+
+@aten_op("cumsum.default", emits=("cumsum", "cast"))
+def _cumsum(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self", ctx.out_dtype())
+    return ctx.b.cumsum(x, axis=axis_of(ctx, ctx["dim"], x.type.rank), exclusive=False, reverse=False)

@@ -1,0 +1,230 @@
+"""aten linear algebra and nn ops (mm, convolution, pooling, norms, softmax, ...) -> CIR."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import UnsupportedOpError
+from cuvil.frontend.torch_import import AtenCtx, aten_op
+from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to
+from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import Dim
+from cuvil.ir.values import Value
+
+
+@aten_op("mm.default", "bmm.default", emits=("matmul",))
+def _mm(ctx: AtenCtx) -> Value:
+    return ctx.b.matmul(ctx.tensor("self"), ctx.tensor("mat2"))
+
+
+def _scaled(ctx: AtenCtx, v: Value, factor: Any) -> Value:
+    if factor is None or factor == 1:
+        return v
+    return ctx.b.mul(v, ctx.b.scalar(factor, v.dtype))
+
+
+@aten_op("addmm.default", "baddbmm.default", emits=("matmul", "add", "mul"))
+def _addmm(ctx: AtenCtx) -> Value:
+    lhs, rhs = ("mat1", "mat2") if "mat1" in ctx.args else ("batch1", "batch2")
+    prod = _scaled(ctx, ctx.b.matmul(ctx.tensor(lhs), ctx.tensor(rhs)), ctx.get("alpha", 1))
+    beta = ctx.get("beta", 1)
+    if beta == 0:
+        return prod
+    return ctx.b.add(prod, _scaled(ctx, ctx.tensor("self"), beta))
+
+
+@aten_op("linear.default", emits=("matmul", "add"))
+def _linear(ctx: AtenCtx) -> Value:
+    y = ctx.b.matmul(ctx.tensor("input"), ctx.tensor("weight"), transpose_b=True)
+    bias = ctx.args.get("bias")
+    return y if bias is None else ctx.b.add(y, ctx.tensor("bias"))
+
+
+def _channel_bias(ctx: AtenCtx, y: Value, bias: Value) -> Value:
+    return ctx.b.add(y, reshape_to(ctx, bias, (bias.shape[0],) + (1,) * (y.type.rank - 2)))
+
+
+def _spatial(values: Sequence[int], n: int) -> tuple[int, ...]:
+    vals = [int(v) for v in values]
+    return tuple(vals * n) if len(vals) == 1 else tuple(vals)
+
+
+@aten_op("convolution.default", emits=("conv", "conv_transpose", "add", "reshape"))
+def _convolution(ctx: AtenCtx) -> Value:
+    x, w = ctx.tensor("input"), ctx.tensor("weight")
+    n = x.type.rank - 2
+    strides = _spatial(ctx["stride"], n)
+    padding = _spatial(ctx["padding"], n)
+    dilations = _spatial(ctx["dilation"], n)
+    groups = int(ctx["groups"])
+    if ctx["transposed"]:
+        y = ctx.b.conv_transpose(x, w, strides=strides, pads=padding + padding, dilations=dilations, groups=groups,
+                                 output_padding=_spatial(ctx["output_padding"], n))
+    else:
+        y = ctx.b.conv(x, w, strides=strides, pads=padding + padding, dilations=dilations, groups=groups)
+    bias = ctx.args.get("bias")
+    return y if bias is None else _channel_bias(ctx, y, ctx.tensor("bias"))
+
+
+def _ones_or(ctx: AtenCtx, name: str, n: Dim, fill: float, dtype: DType) -> Value:
+    v = ctx.args.get(name)
+    if v is not None:
+        return ctx.tensor(name)
+    if not isinstance(n, int):
+        raise ctx.unsupported(f"missing {name} over a symbolic dim")
+    return ctx.b.const(np.full((n,), fill, dtype=dtype.np))
+
+
+def _batch_norm(ctx: AtenCtx) -> tuple[Value, None, None]:
+    x = ctx.tensor("input")
+    c = x.shape[1]
+    if ctx.args.get("running_mean") is None or ctx.args.get("running_var") is None:
+        raise ctx.unsupported("batch norm without running statistics (training mode)")
+    if ctx.args.get("training"):
+        raise UnsupportedOpError("batch norm in training mode is not supported", location=ctx.location,
+                                 hint="export the model in eval mode (model.eval())")
+    scale = _ones_or(ctx, "weight", c, 1.0, x.dtype)
+    bias = _ones_or(ctx, "bias", c, 0.0, x.dtype)
+    y = ctx.b.batch_norm(x, scale, bias, ctx.tensor("running_mean"), ctx.tensor("running_var"),
+                         epsilon=float(ctx["eps"]))
+    return y, None, None
+
+
+aten_op("_native_batch_norm_legit_no_training.default", "native_batch_norm.default",
+        emits=("batch_norm", "const"))(_batch_norm)
+
+
+@aten_op("native_layer_norm.default", emits=("layer_norm", "const"))
+def _layer_norm(ctx: AtenCtx) -> tuple[Value, None, None]:
+    x = ctx.tensor("input")
+    k = len(ctx["normalized_shape"])
+    norm_shape = tuple(x.shape[-k:])
+    scale = ctx.tensor("weight") if ctx.args.get("weight") is not None else None
+    bias = ctx.tensor("bias") if ctx.args.get("bias") is not None else None
+    if scale is None or bias is None:
+        if not all(isinstance(d, int) for d in norm_shape):
+            raise ctx.unsupported("layer norm without affine parameters over symbolic dims")
+        if scale is None:
+            scale = ctx.b.const(np.ones(norm_shape, dtype=x.dtype.np))
+        if bias is None:
+            bias = ctx.b.const(np.zeros(norm_shape, dtype=x.dtype.np))
+    y = ctx.b.layer_norm(x, scale, bias, axis=-k, epsilon=float(ctx["eps"]))
+    return y, None, None
+
+
+@aten_op("native_group_norm.default", emits=("reshape", "layer_norm", "mul", "add", "const"))
+def _group_norm(ctx: AtenCtx) -> tuple[Value, None, None]:
+    """Group norm as a layer norm over each group's elements, then the per-channel affine map."""
+    x = ctx.tensor("input")
+    b = ctx.b
+    groups = int(ctx["group"])
+    n, c = x.shape[0], x.shape[1]
+    if not isinstance(c, int):
+        raise ctx.unsupported("group norm over a symbolic channel count")
+    rest: Dim = 1
+    for d in x.shape[2:]:
+        rest = rest * d
+    grouped = b.reshape(x, shape=(n, groups, (c // groups) * rest))
+    one, zero = b.scalar(1, x.dtype), b.scalar(0, x.dtype)
+    y = b.reshape(b.layer_norm(grouped, one, zero, axis=-1, epsilon=float(ctx["eps"])), shape=tuple(x.shape))
+    per_channel = (c,) + (1,) * (x.type.rank - 2)
+    if ctx.args.get("weight") is not None:
+        y = b.mul(y, reshape_to(ctx, ctx.tensor("weight"), per_channel))
+    if ctx.args.get("bias") is not None:
+        y = b.add(y, reshape_to(ctx, ctx.tensor("bias"), per_channel))
+    return y, None, None
+
+
+@aten_op("_softmax.default", "softmax.int", emits=("softmax", "cast"))
+def _softmax(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self", ctx.out_dtype())
+    return ctx.b.softmax(x, axis=axis_of(ctx, ctx["dim"], x.type.rank))
+
+
+@aten_op("_log_softmax.default", "log_softmax.int", emits=("log_softmax", "cast"))
+def _log_softmax(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self", ctx.out_dtype())
+    return ctx.b.log_softmax(x, axis=axis_of(ctx, ctx["dim"], x.type.rank))
+
+
+def _max_pool(ctx: AtenCtx) -> Value | tuple[Value, None]:
+    x = ctx.tensor("self")
+    n = len(ctx["kernel_size"]) if len(ctx["kernel_size"]) > 1 else x.type.rank - 2
+    kernel = _spatial(ctx["kernel_size"], n)
+    strides = _spatial(ctx.get("stride") or kernel, n)
+    padding = _spatial(ctx.get("padding", [0]), n)
+    dilations = _spatial(ctx.get("dilation", [1]), n)
+    y = ctx.b.max_pool(x, kernel=kernel, strides=strides, pads=padding + padding, dilations=dilations,
+                       ceil_mode=bool(ctx.get("ceil_mode", False)))
+    return (y, None) if "with_indices" in ctx.op_name else y
+
+
+aten_op("max_pool2d_with_indices.default", "max_pool3d_with_indices.default", "max_pool2d.default",
+        emits=("max_pool",))(_max_pool)
+
+
+@aten_op("avg_pool2d.default", "avg_pool3d.default", "avg_pool1d.default", emits=("avg_pool",))
+def _avg_pool(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    n = x.type.rank - 2
+    if ctx.args.get("divisor_override") is not None:
+        raise ctx.unsupported("divisor_override")
+    kernel = _spatial(ctx["kernel_size"], n)
+    strides = _spatial(ctx.get("stride") or kernel, n)
+    padding = _spatial(ctx.get("padding", [0]), n)
+    return ctx.b.avg_pool(x, kernel=kernel, strides=strides, pads=padding + padding,
+                          ceil_mode=bool(ctx.get("ceil_mode", False)),
+                          count_include_pad=bool(ctx.get("count_include_pad", True)))
+
+
+@aten_op("_adaptive_avg_pool2d.default", "adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default",
+         "adaptive_avg_pool1d.default", emits=("reduce_mean", "avg_pool"))
+def _adaptive_avg_pool(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self")
+    n = x.type.rank - 2
+    out = _spatial(ctx["output_size"], n)
+    spatial = tuple(x.shape[2:])
+    if all(o == 1 for o in out):
+        return ctx.b.reduce_mean(x, axes=tuple(range(2, 2 + n)), keepdims=True)
+    if not all(isinstance(s, int) and s % o == 0 for s, o in zip(spatial, out, strict=True)):
+        raise ctx.unsupported(f"output size {list(out)} does not divide input size {list(spatial)}")
+    kernel = tuple(int(s) // o for s, o in zip(spatial, out, strict=True))
+    return ctx.b.avg_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), ceil_mode=False,
+                          count_include_pad=True)
+
+
+@aten_op("scaled_dot_product_attention.default", "_scaled_dot_product_flash_attention_for_cpu.default",
+         emits=("matmul", "mul", "softmax", "add", "where", "trilu", "fill", "cast"))
+def _sdpa(ctx: AtenCtx) -> Value | tuple[Value, None]:
+    """Attention as its definition: softmax(q k^T * scale + mask) v."""
+    b = ctx.b
+    q, k, v = ctx.tensor("query"), ctx.tensor("key"), ctx.tensor("value")
+    if ctx.get("dropout_p", 0.0):
+        raise ctx.unsupported("dropout in attention")
+    if ctx.get("enable_gqa", False):
+        raise ctx.unsupported("grouped-query attention")
+    scale = ctx.get("scale")
+    d = q.shape[-1]
+    if scale is None:
+        if not isinstance(d, int):
+            raise ctx.unsupported("default scale over a symbolic head size")
+        scale = 1.0 / math.sqrt(d)
+    scores = b.mul(b.matmul(q, k, transpose_b=True), b.scalar(float(scale), q.dtype))
+    mask = ctx.args.get("attn_mask")
+    if mask is not None:
+        m = ctx.tensor("attn_mask")
+        if m.dtype is DType.bool:
+            scores = b.where(m, scores, b.scalar(-math.inf, q.dtype))
+        else:
+            scores = b.add(scores, ctx.cast(m, q.dtype))
+    if ctx.get("is_causal", False):
+        lq, lk = q.shape[-2], k.shape[-2]
+        ones = b.fill(shape=(lq, lk), value=1, dtype=DType.bool)
+        causal = b.trilu(ones, upper=False, k=0)
+        scores = b.where(causal, scores, b.scalar(-math.inf, q.dtype))
+    out = b.matmul(b.softmax(scores, axis=-1), v)
+    return (out, None) if "flash" in ctx.op_name else out

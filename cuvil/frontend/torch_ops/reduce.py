@@ -1,0 +1,107 @@
+"""aten reductions -> CIR."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuvil.frontend.torch_import import AtenConverter, AtenCtx, aten_op
+from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to
+from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import Dim
+from cuvil.ir.values import Value
+
+
+def _reduce_axes(ctx: AtenCtx, x: Value, dims: Any) -> tuple[int, ...]:
+    if dims is None:
+        return ()
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({axis_of(ctx, d, x.type.rank) for d in dims}))
+
+
+def _reduce(cir: str) -> AtenConverter:
+    def conv(ctx: AtenCtx) -> Value:
+        x = ctx.tensor("self", ctx.out_dtype())
+        axes = _reduce_axes(ctx, x, ctx.get("dim"))
+        if x.type.rank == 0:
+            return x
+        return ctx.b.op(cir, x, axes=axes, keepdims=bool(ctx.get("keepdim", False)))
+
+    return conv
+
+
+aten_op("mean.dim", "mean.default", emits=("reduce_mean", "cast"))(_reduce("reduce_mean"))
+aten_op("sum.dim_IntList", "sum.default", emits=("reduce_sum", "cast"))(_reduce("reduce_sum"))
+aten_op("amax.default", emits=("reduce_max",))(_reduce("reduce_max"))
+aten_op("amin.default", emits=("reduce_min",))(_reduce("reduce_min"))
+aten_op("prod.dim_int", "prod.default", emits=("reduce_prod", "cast"))(_reduce("reduce_prod"))
+
+
+def _bool_reduce(kind: str) -> AtenConverter:
+    def conv(ctx: AtenCtx) -> Value:
+        x = ctx.cast(ctx.tensor("self", DType.bool), DType.u8)
+        axes = _reduce_axes(ctx, x, ctx.get("dim"))
+        r = ctx.b.op(kind, x, axes=axes, keepdims=bool(ctx.get("keepdim", False))) if x.type.rank else x
+        return ctx.cast(r, DType.bool)
+
+    return conv
+
+
+aten_op("any.default", "any.dim", "any.dims", emits=("reduce_max", "cast"))(_bool_reduce("reduce_max"))
+aten_op("all.default", "all.dim", "all.dims", emits=("reduce_min", "cast"))(_bool_reduce("reduce_min"))
+
+
+def _minmax_dim(kind: str) -> AtenConverter:
+    def conv(ctx: AtenCtx) -> tuple[Value, Value]:
+        x = ctx.tensor("self")
+        axis = axis_of(ctx, ctx["dim"], x.type.rank)
+        keep = bool(ctx.get("keepdim", False))
+        values = ctx.b.op(f"reduce_{kind}", x, axes=(axis,), keepdims=keep)
+        indices = ctx.b.op(f"arg{kind}", x, axis=axis, keepdims=keep, select_last_index=False)
+        return values, indices
+
+    return conv
+
+
+aten_op("max.dim", emits=("reduce_max", "argmax"))(_minmax_dim("max"))
+aten_op("min.dim", emits=("reduce_min", "argmin"))(_minmax_dim("min"))
+
+
+def _arg(kind: str) -> AtenConverter:
+    def conv(ctx: AtenCtx) -> Value:
+        x = ctx.tensor("self")
+        dim = ctx.get("dim")
+        keep = bool(ctx.get("keepdim", False))
+        if dim is None:
+            flat = ctx.b.reshape(x, shape=(x.type.numel(),))
+            out = ctx.b.op(kind, flat, axis=0, keepdims=False, select_last_index=False)
+            return reshape_to(ctx, out, ctx.out_shape())
+        return ctx.b.op(kind, x, axis=axis_of(ctx, dim, x.type.rank), keepdims=keep, select_last_index=False)
+
+    return conv
+
+
+aten_op("argmax.default", emits=("argmax", "reshape"))(_arg("argmax"))
+aten_op("argmin.default", emits=("argmin", "reshape"))(_arg("argmin"))
+
+
+@aten_op("var.correction", "var.dim", "std.correction", "std.dim",
+         emits=("reduce_mean", "reduce_sum", "sub", "mul", "div", "sqrt"))
+def _var(ctx: AtenCtx) -> Value:
+    x = ctx.tensor("self", ctx.out_dtype())
+    b = ctx.b
+    axes = _reduce_axes(ctx, x, ctx.get("dim"))
+    keep = bool(ctx.get("keepdim", False))
+    if ctx.op_name.endswith(".dim"):
+        correction = 1 if ctx.get("unbiased", True) else 0
+    else:
+        c = ctx.args.get("correction")
+        correction = 1 if c is None else c
+    mean = b.reduce_mean(x, axes=axes, keepdims=True)
+    d = b.sub(x, mean)
+    ss = b.reduce_sum(b.mul(d, d), axes=axes, keepdims=keep)
+    n: Dim = 1
+    for a in (axes or tuple(range(x.type.rank))):
+        n = n * x.shape[a]
+    var = b.div(ss, ctx.imp.as_value(n - correction, x.dtype, ctx.location))
+    return b.sqrt(var) if ctx.op_name.startswith("aten.std") else var
