@@ -1,3 +1,25 @@
-"""ONNX converters, one module per op family. Importing this package registers them all."""
+"""ONNX converters, one module per op family. Importing this package registers them all.
 
-from cuvil.frontend.onnx_ops import elementwise, index, linalg, misc, nn, quant, reduce, shape  # noqa: F401
+The composite families (attention, recurrent, training, spectral, grid, control, composites)
+add no catalogue op: they spell ONNX ops out in matmul/softmax/where/reshape/..., so the
+verifier and the code generator see only ops they already understand. Not supported:
+Bernoulli, Multinomial and Random* (their results are random), and sequence/optional values
+(CIR values are tensors).
+"""
+
+from cuvil.frontend.onnx_ops import (  # noqa: F401
+    attention,
+    composites,
+    control,
+    elementwise,
+    grid,
+    index,
+    linalg,
+    nn,
+    quant,
+    recurrent,
+    reduce,
+    shape,
+    spectral,
+    training,
+)

@@ -1,0 +1,243 @@
+"""ONNX RNN, GRU and LSTM unrolled over their static sequence length."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, fill, reshape_to, scalar, split_equal, stack, take
+from cuvil.ir.values import Value
+
+_ALPHA_DEFAULT = {"LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "ScaledTanh": 1.0, "HardSigmoid": 0.2,
+                  "Elu": 1.0, "Affine": 1.0}
+_BETA_DEFAULT = {"ScaledTanh": 1.0, "HardSigmoid": 0.5, "Affine": 0.0}
+
+Activation = Callable[[Value], Value]
+_RECURRENT_EMITS = ("matmul", "add", "mul", "sub", "gather", "split", "where", "less", "concat", "reshape", "fill",
+                    "relu", "sigmoid", "tanh", "leaky_relu", "thresholded_relu", "elu", "softsign", "softplus",
+                    "hardsigmoid", "clip")
+
+
+def _activation(ctx: NodeCtx, name: str, alpha: float | None, beta: float | None) -> Activation:
+    b = ctx.b
+    key = {n.lower(): n for n in ("Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu",
+                                  "ScaledTanh", "HardSigmoid", "Elu", "Softsign", "Softplus")}.get(name.lower())
+    if key is None:
+        raise ctx.unsupported(f"activation {name!r}")
+    a = alpha if alpha is not None else _ALPHA_DEFAULT.get(key, 0.0)
+    be = beta if beta is not None else _BETA_DEFAULT.get(key, 0.0)
+    simple = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softsign": "softsign", "Softplus": "softplus"}
+    if key in simple:
+        return lambda x: b.op(simple[key], x)
+    if key == "LeakyRelu":
+        return lambda x: b.leaky_relu(x, alpha=a)
+    if key == "ThresholdedRelu":
+        return lambda x: b.thresholded_relu(x, alpha=a)
+    if key == "Elu":
+        return lambda x: b.elu(x, alpha=a)
+    if key == "HardSigmoid":
+        return lambda x: b.hardsigmoid(x, alpha=a, beta=be)
+    if key == "Affine":
+        return lambda x: b.add(b.mul(x, scalar(b, a, x.dtype)), scalar(b, be, x.dtype))
+    return lambda x: b.mul(b.tanh(b.mul(x, scalar(b, be, x.dtype))), scalar(b, a, x.dtype))  # ScaledTanh
+
+
+class _Recurrence:
+    """What RNN, GRU and LSTM share: layout, directions, weights per direction, masks, outputs."""
+
+    def __init__(self, ctx: NodeCtx, default_acts: Sequence[str]) -> None:
+        b = self.b = ctx.b
+        self.ctx = ctx
+        x = ctx.input(0)
+        self.layout = ctx.attr_int("layout", 0)
+        if self.layout:
+            x = b.transpose(x, perm=[1, 0, 2])
+        self.x = x
+        self.w, self.r = ctx.input(1), ctx.input(2)
+        self.dirs = self.w.shape[0]
+        direction = ctx.attr_str("direction", "forward")
+        if direction not in ("forward", "reverse", "bidirectional"):
+            raise ctx.unsupported(f"direction {direction!r}")
+        if (self.dirs == 2) != (direction == "bidirectional"):
+            raise ctx.unsupported(f"direction {direction!r} with {self.dirs} weight sets")
+        self.reverse = [False, True] if self.dirs == 2 else [direction == "reverse"]
+        self.hidden = ctx.attr_int("hidden_size", None) or self.r.shape[-1]
+        seq = x.shape[0]
+        if not isinstance(seq, int):
+            raise ctx.unsupported("a symbolic sequence length cannot be unrolled")
+        if seq > MAX_UNROLL:
+            raise ctx.unsupported(f"more than {MAX_UNROLL} time steps cannot be unrolled")
+        self.seq = seq
+        self.batch = x.shape[1]
+        self.dt = x.dtype
+        clip = ctx.attr_float("clip", None)
+        self.clip = clip
+        names = ctx.attr("activations", None)
+        per_dir = len(default_acts)
+        if names is None:
+            names = list(default_acts) * self.dirs
+        if len(names) != per_dir * self.dirs:
+            raise ctx.unsupported(f"expected {per_dir * self.dirs} activations, got {len(names)}")
+        alphas = list(ctx.attr_floats("activation_alpha", []))
+        betas = list(ctx.attr_floats("activation_beta", []))
+        acts = [_activation(ctx, n, alphas[k] if k < len(alphas) else None, betas[k] if k < len(betas) else None)
+                for k, n in enumerate(names)]
+        self.acts = [acts[d * per_dir:(d + 1) * per_dir] for d in range(self.dirs)]
+        self.lens = ctx.input(4) if ctx.has_input(4) else None
+
+    def initial(self, index: int, d: int) -> Value:
+        if self.ctx.has_input(index):
+            h0 = self.ctx.input(index)
+            if self.layout:
+                h0 = self.b.transpose(h0, perm=[1, 0, 2])
+            return take(self.b, h0, 0, d)
+        return fill(self.b, [self.batch, self.hidden], 0.0, self.dt)
+
+    def weights(self, d: int) -> tuple[Value, Value, Value | None, Value | None]:
+        """W_d [G*H, in], R_d [G*H, H], and the input/recurrent biases [G*H] (None when absent)."""
+        b = self.b
+        w, r = take(b, self.w, 0, d), take(b, self.r, 0, d)
+        if not self.ctx.has_input(3):
+            return w, r, None, None
+        wb, rb = split_equal(b, take(b, self.ctx.input(3), 0, d), 0, 2)
+        return w, r, wb, rb
+
+    def projected_inputs(self, w: Value, wb: Value | None) -> Value:
+        """X W^T (+ Wb) for every step at once: [seq, batch, G*H]."""
+        xw = self.b.matmul(self.x, w, transpose_b=True)
+        return self.b.add(xw, wb) if wb is not None else xw
+
+    def clipped(self, x: Value) -> Value:
+        return self.b.clip(x, min=-self.clip, max=self.clip) if self.clip is not None else x
+
+    def steps(self, d: int) -> list[int]:
+        return list(reversed(range(self.seq))) if self.reverse[d] else list(range(self.seq))
+
+    def mask(self, t: int) -> Value | None:
+        """[batch, 1]: whether step t is inside each sequence (None when all are full length)."""
+        if self.lens is None:
+            return None
+        b = self.b
+        inside = b.less(scalar(b, t, self.lens.dtype), self.lens)
+        return reshape_to(b, inside, [self.batch, 1])
+
+    def keep(self, mask: Value | None, new: Value, old: Value) -> Value:
+        return new if mask is None else self.b.where(mask, new, old)
+
+    def outputs(self, ys: list[list[Value]], finals: list[list[Value]]) -> list[Value | None]:
+        """Y [seq, dirs, batch, H] plus one [dirs, batch, H] per final state (layout 1 swaps batch first)."""
+        b = self.b
+        y = stack(b, [stack(b, per_t, 0) for per_t in ys], 1)
+        states = [stack(b, list(f), 0) for f in zip(*finals, strict=True)]
+        if self.layout:
+            y = b.transpose(y, perm=[2, 0, 1, 3])
+            states = [b.transpose(s, perm=[1, 0, 2]) for s in states]
+        outs: list[Value | None] = [y, *states]
+        return outs[:max(1, self.ctx.num_outputs)]
+
+    def zero_out(self, mask: Value | None, h: Value) -> Value:
+        if mask is None:
+            return h
+        return self.b.where(mask, h, scalar(self.b, 0.0, self.dt))
+
+
+@onnx_op("RNN", emits=_RECURRENT_EMITS)
+def rnn(ctx: NodeCtx) -> list[Value | None]:
+    rec = _Recurrence(ctx, ["Tanh"])
+    b = ctx.b
+    ys, finals = [], []
+    for d in range(rec.dirs):
+        w, r, wb, rb = rec.weights(d)
+        xw = rec.projected_inputs(w, wb)
+        (f,) = rec.acts[d]
+        h = rec.initial(5, d)
+        per_t: list[Value | None] = [None] * rec.seq
+        for t in rec.steps(d):
+            pre = b.add(take(b, xw, 0, t), b.matmul(h, r, transpose_b=True))
+            if rb is not None:
+                pre = b.add(pre, rb)
+            h_new = f(rec.clipped(pre))
+            m = rec.mask(t)
+            per_t[t] = rec.zero_out(m, h_new)
+            h = rec.keep(m, h_new, h)
+        ys.append(per_t)
+        finals.append([h])
+    return rec.outputs(ys, finals)  # type: ignore[arg-type]
+
+
+@onnx_op("GRU", emits=_RECURRENT_EMITS)
+def gru(ctx: NodeCtx) -> list[Value | None]:
+    rec = _Recurrence(ctx, ["Sigmoid", "Tanh"])
+    b = ctx.b
+    linear_before_reset = bool(ctx.attr_int("linear_before_reset", 0))
+    ys, finals = [], []
+    for d in range(rec.dirs):
+        w, r, wb, rb = rec.weights(d)
+        xw = rec.projected_inputs(w, wb)
+        rz, rr, rh = split_equal(b, r, 0, 3)
+        rbz, rbr, rbh = split_equal(b, rb, 0, 3) if rb is not None else (None, None, None)
+        f, g = rec.acts[d]
+        h = rec.initial(5, d)
+        one = scalar(b, 1.0, rec.dt)
+        per_t: list[Value | None] = [None] * rec.seq
+        for t in rec.steps(d):
+            xz, xr, xh = split_equal(b, take(b, xw, 0, t), 1, 3)
+
+            def gate(xg: Value, rg: Value, bg: Value | None, state: Value) -> Value:
+                pre = b.add(xg, b.matmul(state, rg, transpose_b=True))
+                return b.add(pre, bg) if bg is not None else pre
+
+            z = f(rec.clipped(gate(xz, rz, rbz, h)))
+            rt = f(rec.clipped(gate(xr, rr, rbr, h)))
+            if linear_before_reset:
+                hr = b.matmul(h, rh, transpose_b=True)
+                if rbh is not None:
+                    hr = b.add(hr, rbh)
+                pre_h = b.add(xh, b.mul(rt, hr))
+            else:
+                pre_h = gate(xh, rh, rbh, b.mul(rt, h))
+            cand = g(rec.clipped(pre_h))
+            h_new = b.add(b.mul(b.sub(one, z), cand), b.mul(z, h))
+            m = rec.mask(t)
+            per_t[t] = rec.zero_out(m, h_new)
+            h = rec.keep(m, h_new, h)
+        ys.append(per_t)
+        finals.append([h])
+    return rec.outputs(ys, finals)  # type: ignore[arg-type]
+
+
+@onnx_op("LSTM", emits=_RECURRENT_EMITS)
+def lstm(ctx: NodeCtx) -> list[Value | None]:
+    rec = _Recurrence(ctx, ["Sigmoid", "Tanh", "Tanh"])
+    b = ctx.b
+    input_forget = bool(ctx.attr_int("input_forget", 0))
+    ys, finals = [], []
+    for d in range(rec.dirs):
+        w, r, wb, rb = rec.weights(d)
+        xw = rec.projected_inputs(w, wb)
+        if rb is not None:
+            xw = b.add(xw, rb)
+        peep = split_equal(b, take(b, ctx.input(7), 0, d), 0, 3) if ctx.has_input(7) else None
+        f, g, hact = rec.acts[d]
+        h, c = rec.initial(5, d), rec.initial(6, d)
+        one = scalar(b, 1.0, rec.dt)
+        per_t: list[Value | None] = [None] * rec.seq
+        for t in rec.steps(d):
+            pre = b.add(take(b, xw, 0, t), b.matmul(h, r, transpose_b=True))
+            pi, po, pf, pc = split_equal(b, pre, 1, 4)
+            if peep is not None:
+                pi, pf = b.add(pi, b.mul(peep[0], c)), b.add(pf, b.mul(peep[2], c))
+            it = f(rec.clipped(pi))
+            ft = b.sub(one, it) if input_forget else f(rec.clipped(pf))
+            ct = g(rec.clipped(pc))
+            c_new = b.add(b.mul(ft, c), b.mul(it, ct))
+            if peep is not None:
+                po = b.add(po, b.mul(peep[1], c_new))
+            ot = f(rec.clipped(po))
+            h_new = b.mul(ot, hact(c_new))
+            m = rec.mask(t)
+            per_t[t] = rec.zero_out(m, h_new)
+            h, c = rec.keep(m, h_new, h), rec.keep(m, c_new, c)
+        ys.append(per_t)
+        finals.append([h, c])
+    return rec.outputs(ys, finals)  # type: ignore[arg-type]
