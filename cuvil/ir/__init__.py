@@ -1,5 +1,6 @@
 """CIR: Cuvil's SSA IR. Types, values, op definitions, modules and the text format."""
 
+from cuvil.ir import ops  # noqa: F401  (registers every op family)
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module

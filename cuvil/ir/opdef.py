@@ -199,7 +199,6 @@ def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callab
 
 
 def get_op(name: str) -> OpDef:
-    _load_catalogue()
     try:
         return OPS[name]
     except KeyError:
@@ -209,12 +208,7 @@ def get_op(name: str) -> OpDef:
 
 
 def all_ops() -> list[OpDef]:
-    _load_catalogue()
     return sorted(OPS.values(), key=lambda o: (o.family, o.name))
-
-
-def _load_catalogue() -> None:
-    import cuvil.ir.ops  # noqa: F401  (registers every op family)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Importing this module registers every built-in pass and the O0..O3 pipelines."""
+"""The built-in passes (importing this module registers them) and the O0..O3 pipelines."""
 
 from cuvil.passes import (  # noqa: F401
     canonicalize,
@@ -14,7 +14,6 @@ from cuvil.passes import (  # noqa: F401
     plan_memory,
     quantize_int8,
 )
-from cuvil.passes.manager import PIPELINES
 
 _O1 = ("canonicalize", "cse", "dce")
 # fold-constants follows every pass that emits constant expressions (fold-batchnorm, and the
@@ -25,9 +24,9 @@ _O2 = ("canonicalize", "cse", "fold-batchnorm", "eliminate-layout-ops", "fold-co
 # layout-nchwc records a plan only when the module has a conv; plan-memory runs last, on the final values
 _O3 = (*_O2, "layout-nchwc", "plan-memory")
 
-PIPELINES.update({
+PIPELINES: dict[str, tuple[str, ...]] = {
     "O0": (),
     "O1": _O1,
     "O2": _O2,
     "O3": _O3,
-})
+}

@@ -12,6 +12,7 @@ from cuvil.errors import CuvilError
 from cuvil.ir.module import Module
 from cuvil.log import logger
 from cuvil.passes.base import PASS_REGISTRY, Contract, Pass
+from cuvil.passes.catalogue import PIPELINES
 
 
 class PipelineError(CuvilError):
@@ -100,13 +101,8 @@ class PassManager:
         return result
 
 
-PIPELINES: dict[str, tuple[str, ...]] = {}
-
-
 def parse_pipeline(spec: str | Sequence[str | Pass]) -> list[Pass]:
     """``"O2"``, ``"fold-batchnorm,fuse-elementwise"`` or a list of names / Pass objects."""
-    import cuvil.passes.catalogue  # noqa: F401  (registers the built-in passes)
-
     items: list[str | Pass]
     if isinstance(spec, str):
         if spec.upper() in PIPELINES:
