@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from cuvil.errors import (
-    AttributeTypeError,
     CuvilError,
     ExternalDataError,
     IRError,
@@ -30,6 +28,8 @@ from cuvil.errors import (
     UnsupportedOpError,
     UnsupportedOpsetError,
 )
+from cuvil.frontend import onnx_ops  # noqa: F401  (registers the converter families)
+from cuvil.frontend.onnx_node import NodeCtx, StaticInputRequired, converters, onnx_dtype
 from cuvil.frontend.registry import ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
@@ -41,182 +41,6 @@ from cuvil.ir.values import Value
 
 MIN_OPSET = 7
 MAX_ELEMENTS = 2**40  # per declared input: beyond any real tensor, so a bogus shape fails at import
-
-ONNX_DTYPES: dict[int, DType] = {
-    onnx.TensorProto.FLOAT: DType.f32, onnx.TensorProto.DOUBLE: DType.f64, onnx.TensorProto.FLOAT16: DType.f16,
-    onnx.TensorProto.BFLOAT16: DType.bf16, onnx.TensorProto.INT64: DType.i64, onnx.TensorProto.INT32: DType.i32,
-    onnx.TensorProto.INT16: DType.i16, onnx.TensorProto.INT8: DType.i8, onnx.TensorProto.UINT64: DType.u64,
-    onnx.TensorProto.UINT32: DType.u32, onnx.TensorProto.UINT16: DType.u16, onnx.TensorProto.UINT8: DType.u8,
-    onnx.TensorProto.BOOL: DType.bool,
-    onnx.TensorProto.FLOAT8E4M3FN: DType.f8e4m3fn, onnx.TensorProto.FLOAT8E4M3FNUZ: DType.f8e4m3fnuz,
-    onnx.TensorProto.FLOAT8E5M2: DType.f8e5m2, onnx.TensorProto.FLOAT8E5M2FNUZ: DType.f8e5m2fnuz,
-    onnx.TensorProto.FLOAT8E8M0: DType.f8e8m0, onnx.TensorProto.FLOAT4E2M1: DType.f4e2m1,
-    onnx.TensorProto.INT4: DType.i4, onnx.TensorProto.UINT4: DType.u4,
-    onnx.TensorProto.INT2: DType.i2, onnx.TensorProto.UINT2: DType.u2,
-}
-DTYPE_TO_ONNX = {v: k for k, v in ONNX_DTYPES.items()}
-
-
-def onnx_dtype(code: int, where: str) -> DType:
-    try:
-        return ONNX_DTYPES[code]
-    except KeyError:
-        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() else code
-        raise UnsupportedOpError(f"element type {name} is not supported", location=where,
-                                 hint="supported: " + ", ".join(d.value for d in DType)) from None
-
-
-# --------------------------------------------------------------------------------------
-# converter registry
-
-Converter = Callable[["NodeCtx"], "Value | Sequence[Value | None]"]
-
-CONVERTERS: dict[tuple[str, str], ConverterEntry] = {}
-
-
-def onnx_op(*op_types: str, domain: str = "",
-            emits: Sequence[str] | Mapping[str, str | Sequence[str]] = ()) -> Callable[[Converter], Converter]:
-    """Register a converter for one or more ONNX op types. ``emits`` names the CIR ops it builds:
-    one list for all the types, or a mapping from op type to its own CIR op(s)."""
-
-    def deco(fn: Converter) -> Converter:
-        for t in op_types:
-            key = (domain, t)
-            if key in CONVERTERS:
-                raise RuntimeError(f"ONNX converter for {domain or 'ai.onnx'}::{t} registered twice")
-            own = emits.get(t, ()) if isinstance(emits, Mapping) else emits
-            CONVERTERS[key] = ConverterEntry(t, domain, fn, (own,) if isinstance(own, str) else tuple(own))
-        return fn
-
-    return deco
-
-
-def converters() -> dict[tuple[str, str], ConverterEntry]:
-    import cuvil.frontend.onnx_ops  # noqa: F401  (registers the converter families)
-
-    return CONVERTERS
-
-
-class StaticInputRequired(UnsupportedOpError):
-    """A converter needs the value of a graph input (e.g. a Reshape shape fed as input)."""
-
-    code = "CUVIL-DYNAMIC-INPUT"
-
-    def __init__(self, param_name: str, location: str) -> None:
-        self.param_name = param_name
-        super().__init__(f"input {param_name!r} is used where a compile-time value is required",
-                         location=location,
-                         hint="make it an initializer, or pass its value via static_inputs=")
-
-
-# --------------------------------------------------------------------------------------
-# node context
-
-
-_MISSING: Any = object()
-
-
-class NodeCtx:
-    """What a converter sees: the node, its CIR inputs, typed attribute access, the builder."""
-
-    def __init__(self, imp: OnnxImporter, node: onnx.NodeProto, inputs: list[Value | None]) -> None:
-        self.imp = imp
-        self.node = node
-        self.inputs = inputs
-        self.b = imp.b
-        self.opset = imp.opset_for(node.domain)
-        self._attrs = {a.name: a for a in node.attribute}
-
-    @property
-    def location(self) -> str:
-        return f"node {self.node.name or '<unnamed>'} ({self.node.op_type})"
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self.node.output)
-
-    def has_input(self, i: int) -> bool:
-        return i < len(self.inputs) and self.inputs[i] is not None
-
-    def input(self, i: int) -> Value:
-        if not self.has_input(i):
-            raise AttributeTypeError(f"input {i} is required", location=self.location)
-        v = self.inputs[i]
-        assert v is not None
-        return v
-
-    def has_attr(self, name: str) -> bool:
-        return name in self._attrs
-
-    def attr(self, name: str, default: Any = _MISSING) -> Any:
-        """The attribute as a python value (ints, floats, strings, lists, tensors as numpy)."""
-        a = self._attrs.get(name)
-        if a is None:
-            if default is _MISSING:
-                raise AttributeTypeError(f"required attribute {name!r} is missing", location=self.location)
-            return default
-        if a.ref_attr_name:
-            raise UnsupportedOpError("attribute references (functions) are not supported", location=self.location)
-        t = a.type
-        A = onnx.AttributeProto
-        if t == A.INT:
-            return int(a.i)
-        if t == A.FLOAT:
-            return float(a.f)
-        if t == A.STRING:
-            return a.s.decode("utf-8", errors="replace")
-        if t == A.INTS:
-            return [int(x) for x in a.ints]
-        if t == A.FLOATS:
-            return [float(x) for x in a.floats]
-        if t == A.STRINGS:
-            return [s.decode("utf-8", errors="replace") for s in a.strings]
-        if t == A.TENSOR:
-            return self.imp.tensor_to_numpy(a.t, self.location)
-        if t == A.GRAPH:
-            return a.g
-        raise AttributeTypeError(f"attribute {name!r} has unsupported type "
-                                 f"{A.AttributeType.Name(t)}", location=self.location)
-
-    def _typed(self, name: str, default: Any, check: Callable[[Any], bool], what: str) -> Any:
-        v = self.attr(name, default)
-        if v is default and default is not _MISSING:
-            return v
-        if not check(v):
-            raise AttributeTypeError(f"attribute {name!r} must be {what}, got {type(v).__name__} {v!r}",
-                                     location=self.location)
-        return v
-
-    def attr_int(self, name: str, default: Any = _MISSING) -> int:
-        return self._typed(name, default, lambda v: isinstance(v, int), "an int")
-
-    def attr_float(self, name: str, default: Any = _MISSING) -> float:
-        v = self._typed(name, default, lambda v: isinstance(v, (int, float)), "a float")
-        return float(v) if v is not None else v
-
-    def attr_str(self, name: str, default: Any = _MISSING) -> str:
-        return self._typed(name, default, lambda v: isinstance(v, str), "a string")
-
-    def attr_ints(self, name: str, default: Any = _MISSING) -> list[int]:
-        return self._typed(name, default, lambda v: isinstance(v, list) and all(isinstance(x, int) for x in v),
-                           "a list of ints")
-
-    def attr_floats(self, name: str, default: Any = _MISSING) -> list[float]:
-        return self._typed(name, default,
-                           lambda v: isinstance(v, list) and all(isinstance(x, (int, float)) for x in v),
-                           "a list of floats")
-
-    def static(self, i: int) -> np.ndarray:
-        """The compile-time value of input ``i``: a constant, or derived from shapes.
-        Elements may be symbolic dims (object array) when derived from a symbolic shape."""
-        return self.imp.static_value(self.input(i), self.location)
-
-    def static_or_none(self, i: int) -> np.ndarray | None:
-        return self.static(i) if self.has_input(i) else None
-
-    def unsupported(self, what: str) -> UnsupportedOpError:
-        return UnsupportedOpError(f"{self.node.op_type}: {what}", location=self.location)
-
 
 # --------------------------------------------------------------------------------------
 # the importer

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_dtype, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
 from cuvil.frontend.onnx_ops.blocks import (
     cast_to,
     concat,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import NodeCtx
+from cuvil.frontend.onnx_node import NodeCtx
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis

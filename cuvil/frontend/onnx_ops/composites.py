@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import fill, static_dims, take
 from cuvil.ir.values import Value
 

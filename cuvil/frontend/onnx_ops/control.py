@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, fill, index_const, scalar, stack, static_scalar, take
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from cuvil.errors import UnsupportedOpError
-from cuvil.frontend.onnx_import import NodeCtx, onnx_dtype, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
 

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import ONNX_DTYPES, NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import ONNX_DTYPES, NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import cast_to, fill, reshape_to, scalar, static_dims, static_scalar, take
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil.errors import ShapeError
-from cuvil.frontend.onnx_import import NodeCtx, onnx_dtype, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
 from cuvil.frontend.onnx_ops.shape import norm_axes, static_dims, static_scalar
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim, Sym

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.ir.values import Value
 
 

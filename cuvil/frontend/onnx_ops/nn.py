@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.values import Value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_dtype, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
 from cuvil.frontend.onnx_ops.nn import _window_attrs
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, fill, reshape_to, scalar, split_equal, stack, take
 from cuvil.ir.values import Value
 

@@ -7,7 +7,7 @@ into the identity instead of a reduction over all axes.
 
 from __future__ import annotations
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.ir.values import Value
 
 _SIMPLE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",

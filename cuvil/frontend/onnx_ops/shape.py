@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cuvil.errors import ShapeError
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.ir.symbolic import Dim, Sym
 from cuvil.ir.values import Value
 

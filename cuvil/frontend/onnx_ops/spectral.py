@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cuvil.frontend.onnx_import import ONNX_DTYPES, NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import ONNX_DTYPES, NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import (
     cast_to,
     fill,

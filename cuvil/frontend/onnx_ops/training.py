@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cuvil.frontend.onnx_import import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import cast_to, reshape_to, scalar, unsqueeze
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.frontend.torch_import import AtenCtx, Unavailable, aten_op
+from cuvil.frontend.aten_node import AtenCtx, Unavailable, aten_op
 from cuvil.frontend.torch_ops.helpers import python_scalar
 from cuvil.ir.symbolic import Sym
 from cuvil.ir.values import Value

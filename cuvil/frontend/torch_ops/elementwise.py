@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cuvil.frontend.torch_import import AtenConverter, AtenCtx, aten_op
+from cuvil.frontend.aten_node import AtenConverter, AtenCtx, aten_op
 from cuvil.frontend.torch_ops.helpers import binary_operands, first_two
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value

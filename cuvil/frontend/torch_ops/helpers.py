@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cuvil.frontend.torch_import import INT64_MAX, AtenCtx
+from cuvil.frontend.aten_node import INT64_MAX, AtenCtx
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis

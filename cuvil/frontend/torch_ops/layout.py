@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cuvil.frontend.torch_import import AtenCtx, aten_op
+from cuvil.frontend.aten_node import AtenCtx, aten_op
 from cuvil.frontend.torch_ops.helpers import axis_of, clamp_index, python_scalar, reshape_to, slice_axis
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim, Sym

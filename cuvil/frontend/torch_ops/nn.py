@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import UnsupportedOpError
-from cuvil.frontend.torch_import import AtenCtx, aten_op
+from cuvil.frontend.aten_node import AtenCtx, aten_op
 from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil.frontend.torch_import import AtenConverter, AtenCtx, aten_op
+from cuvil.frontend.aten_node import AtenConverter, AtenCtx, aten_op
 from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
