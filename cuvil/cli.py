@@ -37,7 +37,7 @@ NOT_YET = "not yet"
 TORCH_MISSING = "torch not installed"
 
 # Commands other packages of the distribution contribute: each module has `register(subparsers)`.
-COMMAND_MODULES = ("cuvil.cli_opt", "verify.probe.cli")
+COMMAND_MODULES = ("cuvil.cli_opt", "verify.probe.cli", "verify.cli")
 
 # Later readers of the compute rules publish which ops they handle as
 # `supported_ops() -> Mapping[op, note] | Iterable[op]` (or a SUPPORTED_OPS constant).

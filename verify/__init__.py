@@ -40,12 +40,19 @@ def check_rewrite(before: Module, after: Module, contract: Contract | str = Cont
 
 
 def check_pipeline(module: Module, pipeline: str | Sequence[str | Pass], *, policy: str = "audit",
-                   timeout: float = DEFAULT_TIMEOUT, seed: int = 0) -> Report:
+                   timeout: float = DEFAULT_TIMEOUT, seed: int = 0, jobs: int = 1) -> Report:
     """Run a pipeline with every application checked. ``audit`` (the default) keeps every pass and
-    reports; ``strict`` / ``degrade`` behave as the gate does."""
+    reports; ``strict`` / ``degrade`` behave as the gate does. Under ``audit``, ``jobs > 1`` checks
+    the applications in that many worker processes (same verdicts as ``jobs=1``)."""
     from cuvil.passes.manager import PassManager, parse_pipeline
 
     passes = parse_pipeline(pipeline)
+    if policy == "audit" and jobs != 1:
+        from verify.batch import check_all, collect
+
+        pending, _ = collect(module, passes)
+        apps = check_all(pending, timeout=timeout, seed=seed, jobs=jobs)
+        return Report(module_hash(module), [p.name for p in passes], apps, policy="audit")
     gate = make_gate(policy, timeout, seed=seed)
     PassManager(passes, gate=gate).run(module)
     report = gate.report([p.name for p in passes])

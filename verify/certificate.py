@@ -52,6 +52,9 @@ class Report:
     pipeline: list[str]
     applications: list[Application] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)
+    """Per rolled-back application: ``pass``, ``application`` (its index here) and ``reason``."""
+    policy: str = "audit"
 
     @property
     def obligations(self) -> list[ObligationRecord]:
@@ -69,17 +72,27 @@ class Report:
     def seconds(self) -> float:
         return sum(a.seconds for a in self.applications)
 
+    def rolled_back_at(self, index: int) -> bool:
+        return any(r.get("application") == index for r in self.rollbacks)
+
     def certificate(self) -> dict[str, Any]:
+        apps = []
+        for k, a in enumerate(self.applications):
+            entry = a.to_json()
+            entry["rolled_back"] = self.rolled_back_at(k)
+            apps.append(entry)
         return {
             "format": "cuvil-certificate/1",
             "model_hash": self.module,
             "versions": _versions(),
             "pipeline": list(self.pipeline),
+            "policy": self.policy,
             "tiers": TIERS,
             "summary": {"obligations": len(self.obligations), "proved": self.count("proved"),
                         "refuted": self.count("refuted"), "unknown": self.count("unknown"),
                         "rolled_back": list(self.rolled_back), "seconds": round(self.seconds, 3)},
-            "applications": [a.to_json() for a in self.applications],
+            "rollbacks": [dict(r) for r in self.rollbacks],
+            "applications": apps,
         }
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -109,14 +109,15 @@ class LeafTable:
                                        value_range=_finite_range(data), before=v, after=v)
             elif h in table.common:
                 table.leaves[v] = Leaf(f"s_{h}", f"%{v.op}#{h[:6]}", v.type, "shared", before=v, after=v)
-        table._match_folded(vb, va)
-        table._match_folded(va, vb)
+        table._match_folded(vb, va, exprs_before=True)
+        table._match_folded(va, vb, exprs_before=False)
         return table
 
-    def _match_folded(self, exprs_side: list[Value], consts_side: list[Value]) -> None:
-        """Pair constant expressions of one side with constants of the other holding the same bytes."""
-        targets = {v.const_hash: v for v in consts_side
-                   if v.is_const and structural_hash(v) not in self.common}
+    def _match_folded(self, exprs_side: list[Value], consts_side: list[Value], *, exprs_before: bool) -> None:
+        """Pair constant expressions of one side with constants of the other holding the same bytes
+        (a folded result may coincide with a constant both sides read: a bias quantized to the
+        very integers it was dequantized from)."""
+        targets = {v.const_hash: v for v in consts_side if v.is_const}
         if not targets:
             return
         dependent = param_dependent(exprs_side)
@@ -146,7 +147,7 @@ class LeafTable:
             existing = self.leaves.get(const)
             if existing is not None and existing.kind == "folded":
                 leaf = existing
-            leaf.before, leaf.after = (v, const) if const in set(self.after.values()) else (const, v)
+            leaf.before, leaf.after = (v, const) if exprs_before else (const, v)
             self.leaves[v] = leaf
             self.leaves[const] = leaf
             self.notes.append(f"@{key[:9]} equals its constant expression {v.op}(...) bit for bit (re-evaluated)")

@@ -378,9 +378,10 @@ class ConeEncoder:
         lo = 0 if lo is None else max(lo, 0)
         hi = flat_data.size - 1 if hi is None else min(hi, flat_data.size - 1)
         t = self.space.term(flat)
-        out = self._lit(flat_data[hi].item(), dt)
+        # integer literals are index forms; a select needs them as bit-vectors
+        out = self._scalar(self._lit(flat_data[hi].item(), dt), dt)
         for p in range(hi - 1, lo - 1, -1):
-            out = self.sem.select(t == p, self._lit(flat_data[p].item(), dt), out, dt)
+            out = self.sem.select(t == p, self._scalar(self._lit(flat_data[p].item(), dt), dt), out, dt)
         return out
 
     def _lit(self, value: Any, dt: DType) -> Any:

@@ -21,18 +21,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cuvil.interp import NUMPY_PRIMITIVES
+from cuvil.interp import NUMPY_PRIMITIVES, bind_attr
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import evaluate_dim
+from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 
 P = 2_147_483_647
 _HALF = P // 2
 CHUNK_ELEMENTS = 1 << 22
 """Output points times reduction extent evaluated at once."""
+
+BILINEAR = ("matmul", "conv")
+"""Ops linear in each float operand: over Z_p they run as float64 products of 16-bit limbs through
+the op's fast path (im2col and BLAS), exact while a reduction sums fewer than 2^20 terms."""
+_LIMB = 1 << 16
+_LIMB_TERMS = 1 << 20
+BILINEAR_SPEEDUP = 16
+"""How much cheaper an element operation of a limb product is than one of the rule reader
+(for the work estimate only)."""
 
 _FIELD_OPS = ("add", "sub", "mul", "div", "neg")
 _ORDER_OPS = ("min", "max", "abs", "lt", "le", "gt", "ge")
@@ -95,9 +105,15 @@ def work(fn: Function, dims: Mapping[str, int]) -> int:
         if v.is_param or v.is_const:
             continue
         rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
-        total += int(np.prod([evaluate_dim(d, dims) for d in v.type.shape], dtype=np.int64)) * _reduce_extent(rule,
-                                                                                                              dims)
+        extent = _reduce_extent(rule, dims)
+        cost = int(np.prod([evaluate_dim(d, dims) for d in v.type.shape], dtype=np.int64)) * extent
+        total += -(-cost // BILINEAR_SPEEDUP) if _limb_product_applies(v, extent) else cost
     return total
+
+
+def _limb_product_applies(v: Value, extent: int) -> bool:
+    return (v.op in BILINEAR and get_op(v.op).numpy is not None and v.dtype.is_float
+            and all(o.dtype.is_float for o in v.operands) and extent < _LIMB_TERMS)
 
 
 class ModularEvaluator:
@@ -152,6 +168,8 @@ class ModularEvaluator:
     def op(self, v: Value, arrays: list[np.ndarray], dims: Mapping[str, int]) -> np.ndarray:
         rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
         shape = tuple(evaluate_dim(d, dims) for d in v.type.shape)
+        if _limb_product_applies(v, _reduce_extent(rule, dims)):
+            return self._limb_product(v, arrays, shape, dims)
         total = int(np.prod(shape, dtype=np.int64))
         out_dt = np.int64 if v.dtype.is_float else v.dtype.np
         out = np.empty(total, dtype=out_dt)
@@ -165,15 +183,64 @@ class ModularEvaluator:
         return out.reshape(shape)
 
 
-def _reduce_extent(e: R.Expr, dims: Mapping[str, int]) -> int:
+    @staticmethod
+    def _limb_product(v: Value, arrays: list[np.ndarray], shape: tuple[int, ...], dims: Mapping[str, int]
+                      ) -> np.ndarray:
+        """``v`` over Z_p for residues ``a = a1 * 2^16 + a0``: four float64 products of limbs (each
+        an integer below 2^52, so exact), recombined with 2^32 = 2 (mod p)."""
+        opdef = get_op(v.op)
+        attrs = {k: bind_attr(a, dims) for k, a in v.attr_dict.items()}
+        out_type = TensorType(DType.f64, shape)
+        (a1, a0), (b1, b0) = (np.divmod(np.asarray(x, dtype=np.int64), _LIMB) for x in arrays[:2])
+
+        def prod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            r = np.asarray(opdef.numpy([x.astype(np.float64), y.astype(np.float64)], out_type, **attrs))
+            return np.mod(r.astype(np.int64), P)
+
+        hi = prod(a1, b1)
+        mid = np.mod(prod(a1, b0) + prod(a0, b1), P)
+        lo = prod(a0, b0)
+        return np.mod(2 * hi + _LIMB * mid + lo, P).reshape(shape)
+
+
+def _reduce_extent(e: R.Expr, dims: Mapping[str, int], binders: Mapping[str, int] | None = None) -> int:
+    """Elements per output point of the largest array evaluating ``e`` builds: a reduction's
+    array spans its own axes and the enclosing reduction axes its body reads (a mean inside a
+    variance does not read the variance's axis, so it is not recomputed per element)."""
+    binders = binders or {}
     if isinstance(e, R.Reduce):
-        n = int(np.prod([evaluate_dim(d, dims) for _, d in e.axes], dtype=np.int64))
-        return max(1, n) * _reduce_extent(e.body, dims)
+        inner = {**binders, **{name: max(1, evaluate_dim(d, dims)) for name, d in e.axes}}
+        reads = _rule_vars(e.body)
+        here = int(np.prod([n for name, n in inner.items() if name in reads], dtype=np.int64))
+        return max(here, _reduce_extent(e.body, dims, inner))
     if isinstance(e, R.Call):
-        return max((_reduce_extent(a, dims) for a in e.args), default=1)
+        return max((_reduce_extent(a, dims, binders) for a in e.args), default=1)
     if isinstance(e, R.Load):
-        return max((_reduce_extent(i.args[0], dims) for i in e.index if i.kind == "dyn"), default=1)
+        return max((_reduce_extent(i.args[0], dims, binders) for i in e.index if i.kind == "dyn"), default=1)
     return 1
+
+
+def _ix_vars(ix: R.Ix) -> set[str]:
+    if ix.kind == "var":
+        return {ix.args[0]}
+    if ix.kind == "lit":
+        return set()
+    if ix.kind == "dyn":
+        return _rule_vars(ix.args[0])
+    return set().union(*(_ix_vars(a) for a in ix.args))
+
+
+def _rule_vars(e: R.Expr) -> set[str]:
+    """Every index variable ``e`` mentions, bound inside it or not."""
+    if isinstance(e, R.Load):
+        return set().union(*(_ix_vars(i) for i in e.index))
+    if isinstance(e, R.IndexValue):
+        return _ix_vars(e.ix)
+    if isinstance(e, R.Call):
+        return set().union(*(_rule_vars(a) for a in e.args))
+    if isinstance(e, R.Reduce):
+        return _rule_vars(e.body)
+    return set()
 
 
 class _Chunk:

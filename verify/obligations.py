@@ -19,17 +19,15 @@ from typing import Any
 import numpy as np
 import z3
 
-from cuvil.errors import CuvilError
-from cuvil.interp import evaluate_values
 from cuvil.ir.hashing import structural_hash
 from cuvil.ir.module import Function, Module
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
-from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, float64_values, param_dependent
+from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, param_dependent
 from verify.encode import Leaf
 from verify.errors import VerifierInconsistency
 from verify.prove import Attempt, prove
-from verify.refute import ObligationCase, Refuter, Search, concrete_dims, generate
+from verify.refute import Evaluations, ObligationCase, Refuter, Search
 from verify.verdict import Counterexample, Proved, Refuted, Unknown, Verdict
 
 DEFAULT_TIMEOUT = 10.0
@@ -145,10 +143,11 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         table = LeafTable.build(fb, fa, before.constants, after.constants)
         constants = {**before.constants, **after.constants}
         cut_table = table.copy()
-        lemmas = _sweep(fb, fa, cut_table, constants, ENCODER_FOR[pass_.contract], timeout, seed)
+        runs = Evaluations(fb, fa, constants, seed)
+        lemmas = _sweep(fb, fa, cut_table, runs, ENCODER_FOR[pass_.contract], timeout)
         for r in diffs:
             app.obligations.append(_output_obligation(pass_, fb, fa, r, table, cut_table, lemmas, constants,
-                                                      timeout, seed))
+                                                      timeout, seed, runs))
     app.seconds = time.perf_counter() - start
     return app
 
@@ -168,7 +167,8 @@ def _inputs(table: LeafTable, roots: Sequence[Value]) -> list[Leaf]:
 
 
 def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: LeafTable, cut_table: LeafTable,
-                       lemmas: list[Lemma], constants: dict, timeout: float, seed: int) -> ObligationRecord:
+                       lemmas: list[Lemma], constants: dict, timeout: float, seed: int,
+                       runs: Evaluations | None = None) -> ObligationRecord:
     start = time.perf_counter()
     vb, va = fb.results[r], fa.results[r]
     name = fb.result_names[r]
@@ -202,7 +202,7 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
     case = ObligationCase(fb, fa, r, constants, cones, contract, name)
     proved = attempt.status == "proved"
     model_source = attempt if attempt.model_inputs is not None else fallback
-    search = Refuter(case, seed).search(model_source, full=not proved)
+    search = Refuter(case, seed, runs).search(model_source, full=not proved)
     enc_name = encoder if attempt.has_float else "int"
     shapes = (f"{name}: {vb.type}", *(f"{leaf.label}: {leaf.type}" for leaf in inputs[:8]),
               *(str(c) for c in fb.constraints))
@@ -234,28 +234,6 @@ class Lemma:
     seconds: float
 
 
-def _signatures(fn: Function, constants: dict, inputs: list[np.ndarray], wide: bool
-                ) -> tuple[dict[Value, np.ndarray], bool]:
-    """Every value of ``fn`` on ``inputs``; in float64 when ``wide`` and the function admits it
-    (real contracts: rounding would hide real agreement). Exact contracts use the real dtypes,
-    where a folded constant equals its expression bit for bit."""
-    conv = float64_values(fn, constants) if wide else None
-    if conv is not None:
-        mapping, consts = conv
-        wide = Function(fn.name, tuple(mapping[p] for p in fn.params), tuple(mapping[r] for r in fn.results),
-                        fn.result_names, fn.constraints)
-        xs = [np.asarray(x).astype(mapping[p].type.dtype.np) for x, p in zip(inputs, fn.params, strict=True)]
-        try:
-            memo = evaluate_values(wide, consts, xs)
-            return {v: memo[mapping[v]] for v in fn.values() if mapping.get(v) in memo}, True
-        except (CuvilError, ValueError, IndexError, TypeError):
-            pass
-    try:
-        return evaluate_values(fn, constants, inputs), False
-    except (CuvilError, ValueError, IndexError, TypeError):
-        return {}, False
-
-
 def _close(x: np.ndarray, y: np.ndarray, rtol: float) -> bool:
     if x.shape != y.shape or x.dtype != y.dtype:
         return False
@@ -271,8 +249,50 @@ def _close(x: np.ndarray, y: np.ndarray, rtol: float) -> bool:
         return bool(np.all(np.abs(a - b) <= rtol * scale + 1e-300))
 
 
-def _sweep(fb: Function, fa: Function, table: LeafTable, constants: dict, encoder: str, timeout: float,
-           seed: int) -> list[Lemma]:
+_SAMPLES = 32
+
+
+def _sample(x: np.ndarray) -> np.ndarray:
+    flat = np.asarray(x).reshape(-1)
+    pick = flat[np.linspace(0, flat.size - 1, min(_SAMPLES, flat.size)).astype(np.int64)] if flat.size else flat
+    return pick.astype(np.float64) if pick.dtype.kind in "fc" or pick.dtype.name == "bfloat16" else pick
+
+
+def _scale(x: np.ndarray) -> float:
+    if x.dtype.kind not in "fc":
+        return 0.0
+    with np.errstate(all="ignore"):
+        a = np.abs(x.astype(np.float64))
+        return float(np.max(np.where(np.isnan(a), 0.0, a), initial=0.0))
+
+
+def _maybe_close(sb: np.ndarray, scale_b: float, sa: np.ndarray, rtol: float) -> bool:
+    """A necessary condition of ``_close`` read at a few fixed positions (``scale_b``: the whole
+    before tensor's), so most pairs are rejected without a pass over whole tensors."""
+    if sb.shape != sa.shape:
+        return False
+    if sb.dtype.kind != "f":
+        return bool(np.array_equal(sb, sa))
+    with np.errstate(all="ignore"):
+        nb, na = np.isnan(sb), np.isnan(sa)
+        if np.any(nb != na):
+            return False
+        return bool(np.all(np.abs(np.where(nb, 0.0, sb) - np.where(na, 0.0, sa)) <= rtol * scale_b + 1e-300))
+
+
+def _signatures(runs: Evaluations, side: str, wide: bool) -> tuple[dict[Value, np.ndarray], bool]:
+    """Every value of one side on the random inputs; in float64 when ``wide`` and the function
+    admits it (real contracts: rounding would hide real agreement). Exact contracts use the real
+    dtypes, where a folded constant equals its expression bit for bit."""
+    if wide:
+        memo = runs.values(side, "random", wide=True)
+        if memo is not None:
+            return memo, True
+    return runs.values(side, "random") or {}, False
+
+
+def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, encoder: str, timeout: float
+           ) -> list[Lemma]:
     """Cut points: pairs of values that agree on a random input are proved equal bottom-up (each
     given the pairs below it); proved pairs become shared leaves, so every later obligation,
     the outputs' included, only spans the ops between two cuts."""
@@ -281,12 +301,9 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, constants: dict, encode
     cand_a = [v for v in fa.values() if v in dep_a and not v.is_param and table.leaf_of(v) is None]
     if len(cand_a) + len(cand_b) < SWEEP_MIN_OPS:
         return []
-    rng = np.random.default_rng(seed)
-    dims = concrete_dims(fb)
-    inputs = [generate(p.type, dims, "random", rng) for p in fb.params]
     wide = encoder == "real"
-    sig_b, wide_b = _signatures(fb, constants, inputs, wide)
-    sig_a, wide_a = _signatures(fa, constants, inputs, wide)
+    sig_b, wide_b = _signatures(runs, "before", wide)
+    sig_a, wide_a = _signatures(runs, "after", wide)
     rtol = 1e-9 if wide_b and wide_a else 1e-5
     by_type: dict[object, list[Value]] = {}
     for v in cand_b:
@@ -294,13 +311,17 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, constants: dict, encode
             by_type.setdefault(v.type, []).append(v)
     lemmas: list[Lemma] = []
     ctx = z3.Context()
+    quick: dict[Value, tuple[np.ndarray, float]] = {}
     for va in cand_a:
         arr = sig_a.get(va)
         if arr is None:
             continue
         tries = 0
+        sample_a = _sample(arr)
         for vb in sorted(by_type.get(va.type, []), key=lambda u: u.op != va.op):
-            if not _close(sig_b[vb], arr, rtol):
+            if vb not in quick:
+                quick[vb] = (_sample(sig_b[vb]), _scale(np.asarray(sig_b[vb])))
+            if not _maybe_close(*quick[vb], sample_a, rtol) or not _close(sig_b[vb], arr, rtol):
                 continue
             attempt = _prove_opening(vb, va, table, encoder, fb, timeout, ctx=ctx, rlimit=LEMMA_RLIMIT)
             lemmas.append(Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds))

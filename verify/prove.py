@@ -112,6 +112,8 @@ def _decode(out: Attempt, model: z3.ModelRef, enc: ConeEncoder, root: Value, lea
         val = model.eval(z3.Int(f"__i{k}", enc.ctx), model_completion=True)
         index.append(int(val.as_long()) if z3.is_int_value(val) else 0)
     out.model_index = tuple(index)
+    if not leaves:
+        return  # nothing to decode: no model inputs (an empty dict would hide a fallback's model)
     tensors: dict[str, np.ndarray] = {}
     decls = {d.name(): d for d in model.decls()}
     for leaf in leaves:

@@ -20,6 +20,8 @@ gap that float64 confirms and that exceeds the rounding noise of both sides.
 from __future__ import annotations
 
 import time
+import zlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -31,10 +33,11 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value
 from cuvil.passes.base import Contract
 from verify.axioms import same_bits
-from verify.cone import ConeFunctions, to_float64
-from verify.modular import ModularEvaluator, Trace, random_residues, work
+from verify.cone import ConeFunctions, float64_values, to_float64
+from verify.modular import ModularEvaluator, Trace, random_residues, to_residues, work
 from verify.prove import Attempt
 from verify.verdict import Counterexample, TensorInput
 
@@ -45,7 +48,10 @@ FREE_KINDS = ("param", "constant", "folded")
 MODES_REAL = ("random", "tiny", "huge", "negative", "near-one", "zeros", "random-wide")
 
 RIT_WORK_LIMIT = 200_000_000
-"""Element operations beyond which the Z_p evaluation is skipped (full-size CNNs)."""
+"""Element operations (``verify.modular.work``) beyond which the Z_p evaluation is skipped."""
+RIT_CHECK_LIMIT = 20_000_000
+"""The same limit when the obligation is already proved and the Z_p evaluation is only a
+cross-check of the proof (a full-size ResNet or BERT-style encoder costs seconds per side)."""
 
 _TINY = {DType.f16: 1e-6, DType.bf16: 1e-30, DType.f32: 1e-30, DType.f64: 1e-200}
 _HUGE = {DType.f16: 300.0, DType.bf16: 1e15, DType.f32: 1e15, DType.f64: 1e150}
@@ -148,6 +154,72 @@ def _first(mask: np.ndarray) -> tuple[int, ...] | None:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
+_EVAL_ERRORS = (CuvilError, ValueError, IndexError, TypeError, FloatingPointError)
+
+RECENT_RUNS = 6
+"""Whole-function evaluations kept across applications: in a pipeline one pass's ``after`` is the
+next pass's ``before``. Values are interned, so a function's params and results identify it;
+a hit only saves time (the interpreter is deterministic), so no verdict depends on what ran
+earlier in the process."""
+_recent: OrderedDict[tuple, dict[Value, np.ndarray] | None] = OrderedDict()
+
+
+class Evaluations:
+    """Whole-function evaluations of one pass application on the search inputs, made once and
+    shared by the cut-point sweep and every obligation's float search (at full model size an
+    interpreter run dominates the cost of a check). A mode's inputs depend only on the seed and
+    the mode, so an application's checks do not depend on what ran before them."""
+
+    def __init__(self, before: Function, after: Function, constants: Mapping[str, np.ndarray],
+                 seed: int = 0) -> None:
+        self.fns = {"before": before, "after": after}
+        self.constants = constants
+        self.seed = seed
+        self.dims = concrete_dims(before)
+        self._inputs: dict[str, list[np.ndarray]] = {}
+        self._values: dict[tuple[str, str, bool], dict[Value, np.ndarray] | None] = {}
+
+    def inputs(self, mode: str) -> list[np.ndarray]:
+        found = self._inputs.get(mode)
+        if found is None:
+            rng = np.random.default_rng([self.seed, zlib.crc32(mode.encode())])
+            found = [generate(p.type, self.dims, mode, rng) for p in self.fns["before"].params]
+            self._inputs[mode] = found
+        return found
+
+    def values(self, side: str, mode: str, wide: bool = False) -> dict[Value, np.ndarray] | None:
+        """Every value of one side on ``mode``'s inputs (None when the interpreter rejects them);
+        ``wide``: computed in float64 throughout, keyed by the original values."""
+        key = (side, mode, wide)
+        if key not in self._values:
+            fn = self.fns[side]
+            shared = (fn.params, fn.results, mode, wide, self.seed, tuple(sorted(self.dims.items())))
+            if shared in _recent:
+                _recent.move_to_end(shared)
+                self._values[key] = _recent[shared]
+            else:
+                self._values[key] = _recent[shared] = self._evaluate(fn, self.inputs(mode), wide)
+                while len(_recent) > RECENT_RUNS:
+                    _recent.popitem(last=False)
+        return self._values[key]
+
+    def _evaluate(self, fn: Function, inputs: list[np.ndarray], wide: bool) -> dict[Value, np.ndarray] | None:
+        try:
+            if not wide:
+                return evaluate_values(fn, self.constants, inputs)
+            conv = float64_values(fn, self.constants)
+            if conv is None:
+                return None
+            mapping, consts = conv
+            fn64 = Function(fn.name, tuple(mapping[p] for p in fn.params), tuple(mapping[r] for r in fn.results),
+                            fn.result_names, fn.constraints)
+            xs = [np.asarray(x).astype(mapping[p].type.dtype.np) for x, p in zip(inputs, fn.params, strict=True)]
+            memo = evaluate_values(fn64, consts, xs)
+            return {v: memo[mapping[v]] for v in fn.values() if mapping.get(v) in memo}
+        except _EVAL_ERRORS:
+            return None
+
+
 @dataclass
 class ObligationCase:
     """What the refuter needs about one obligation."""
@@ -174,11 +246,12 @@ class Search:
 class Refuter:
     """Searches one obligation; float64 versions of the functions are built once."""
 
-    def __init__(self, case: ObligationCase, seed: int = 0) -> None:
+    def __init__(self, case: ObligationCase, seed: int = 0, runs: Evaluations | None = None) -> None:
         self.case = case
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.dims = concrete_dims(case.before_fn)
+        self.runs = runs if runs is not None else Evaluations(case.before_fn, case.after_fn, case.constants, seed)
         self._f64: dict[str, tuple[Function, dict[str, np.ndarray]] | None] = {}
 
     def _wide(self, name: str, fn: Function) -> tuple[Function, dict[str, np.ndarray]] | None:
@@ -197,7 +270,7 @@ class Refuter:
             fn64, consts64 = conv
             xs = [np.asarray(x).astype(p.type.dtype.np) for x, p in zip(inputs, fn64.params, strict=True)]
             return run_function(fn64, consts64, xs)[0]
-        except (CuvilError, ValueError, IndexError, TypeError, FloatingPointError):
+        except _EVAL_ERRORS:
             return None
 
     # the searches ---------------------------------------------------------------------------
@@ -207,7 +280,7 @@ class Refuter:
         modes = MODES_EXACT if self.case.contract is Contract.EXACT else MODES_REAL
         if not full and self.case.contract is Contract.EXACT:
             modes = modes[:2]  # a cross-check of an exact proof; real proofs keep every extreme (overflow)
-        self._rit(out)
+        self._rit(out, RIT_WORK_LIMIT if full else RIT_CHECK_LIMIT)
         for mode in modes:
             if out.counterexample is not None or time.perf_counter() - start > budget:
                 break
@@ -230,11 +303,10 @@ class Refuter:
     def _model_inputs(self, mode: str) -> Counterexample | None:
         """Random/extreme inputs for the whole function, the model's constants as they are."""
         case = self.case
-        inputs = [generate(p.type, self.dims, mode, self.rng) for p in case.before_fn.params]
-        try:
-            memo = evaluate_values(case.before_fn, case.constants, inputs)
-        except (CuvilError, ValueError, IndexError, TypeError):
+        memo = self.runs.values("before", mode)
+        if memo is None:
             return None
+        inputs = self.runs.inputs(mode)
         by_param = dict(zip(case.before_fn.params, inputs, strict=True))
         cut: dict[str, np.ndarray] = {}
         for leaf in case.cones.inputs:
@@ -242,7 +314,15 @@ class Refuter:
             if v is None or (v not in memo and v not in by_param):
                 return None
             cut[leaf.key] = by_param[v] if v in by_param else memo[v]
-        ce = self._try_cut_values(cut, f"float evaluation ({mode} inputs)", free=False)
+        # the cones on values the functions computed are the functions' results (the interpreter is
+        # deterministic, and both sides compute each cut value alike, folded constants included):
+        # results equal bit for bit differ under no contract, and leave nothing to replay
+        before = memo.get(case.before_fn.results[case.position])
+        memo_a = self.runs.values("after", mode)
+        after = None if memo_a is None else memo_a.get(case.after_fn.results[case.position])
+        if before is not None and after is not None and _identical(before, after):
+            return None
+        ce = self._try_cut_values(cut, f"float evaluation ({mode} inputs)", free=False, before=before, after=after)
         if ce is not None:
             ce.function_inputs = {p.name: x for p, x in zip(case.before_fn.params, inputs, strict=True)}
         return ce
@@ -256,8 +336,10 @@ class Refuter:
         return self._try_cut_values(cut, f"free cut values ({mode})", free=True)
 
     def _try_cut_values(self, cut: Mapping[str, np.ndarray], found_by: str, *, free: bool,
-                        index: tuple[int, ...] | None = None) -> Counterexample | None:
-        """Evaluate both cones on ``cut``; a difference is replayed and returned."""
+                        index: tuple[int, ...] | None = None, before: np.ndarray | None = None,
+                        after: np.ndarray | None = None) -> Counterexample | None:
+        """Evaluate both cones on ``cut``; a difference is replayed and returned. ``before`` /
+        ``after``: a cone's result on ``cut`` when already known (a whole function computed it)."""
         cones = self.case.cones
         xs: list[np.ndarray] = []
         for leaf in cones.inputs:
@@ -265,12 +347,16 @@ class Refuter:
             if arr is None:
                 arr = generate(leaf.type, self.dims, "random", self.rng, leaf.value_range)
             xs.append(np.asarray(arr).astype(leaf.type.dtype.np))
-        b = self._run(cones.before, xs, "cone-before", wide=False)
-        a = self._run(cones.after, xs, "cone-after", wide=False)
+        b = before if before is not None else self._run(cones.before, xs, "cone-before", wide=False)
+        a = after if after is not None else self._run(cones.after, xs, "cone-after", wide=False)
         if b is None or a is None:
             return None
-        b64 = self._run(cones.before, xs, "cone-before", wide=True)
-        a64 = self._run(cones.after, xs, "cone-after", wide=True)
+        b64 = a64 = None
+        if self.case.contract is not Contract.EXACT:  # exact contracts compare bits: float64 plays no part
+            if not _candidates(b, a):  # a real difference needs a gap above 8 ulps, or a non-finite side
+                return None
+            b64 = self._run(cones.before, xs, "cone-before", wide=True)
+            a64 = self._run(cones.after, xs, "cone-after", wide=True)
         mask = differences(b, a, b64, a64, self.case.contract)
         at = index if index is not None and mask.shape and _in(mask, index) and mask[index] else _first(mask)
         if at is None:
@@ -287,12 +373,12 @@ class Refuter:
         return Counterexample(self.case.output, at, str(cones.before.results[0].dtype), rb[at].item(),
                               ra[at].item(), inputs, found_by, model_constants=not free, note=note)
 
-    def _rit(self, out: Search) -> None:
+    def _rit(self, out: Search, limit: int = RIT_WORK_LIMIT) -> None:
         """Both functions over Z_p at one random point: parameters and the constants both sides
         share are random; a folded constant takes the value its expression computes. Shared
         computed values are not free symbols: they are evaluated from these."""
         case = self.case
-        if work(case.before_fn, self.dims) + work(case.after_fn, self.dims) > RIT_WORK_LIMIT:
+        if work(case.before_fn, self.dims) + work(case.after_fn, self.dims) > limit:
             out.tried.append("randomized identity test (skipped: the functions are too large)")
             return
         ev = ModularEvaluator(self.seed)
@@ -304,13 +390,20 @@ class Refuter:
             v = leaf.before
             if leaf.kind == "constant" and v is not None and v.dtype.is_float:
                 free[v.const_hash] = random_residues(tuple(int(d) for d in v.type.shape), self.rng)
+        # a folded leaf is its bytes on both sides: the expression it was matched with, on its side,
+        # takes the constant's image instead of its own Z_p value (which oracles such as round()
+        # would make differ from the image of the float result)
+        preset_b: dict[Value, np.ndarray] = {}
+        preset_a: dict[Value, np.ndarray] = {}
+        for leaf in case.cones.inputs:
+            if leaf.kind == "folded" and leaf.data is not None:
+                image = to_residues(leaf.data) if leaf.type.dtype.is_float else np.asarray(leaf.data)
+                for v, preset in ((leaf.before, preset_b), (leaf.after, preset_a)):
+                    if v is not None and not v.is_const:
+                        preset[v] = image
         try:
-            mb = ev.run(case.before_fn, case.constants, xs, self.dims, free_constants=free)
-            preset = {}
-            for leaf in case.cones.inputs:
-                if leaf.kind == "folded" and leaf.before is not None and leaf.after is not None:
-                    preset[leaf.after] = mb[leaf.before]
-            ma = ev.run(case.after_fn, case.constants, xs, self.dims, preset=preset, free_constants=free)
+            mb = ev.run(case.before_fn, case.constants, xs, self.dims, preset=preset_b, free_constants=free)
+            ma = ev.run(case.after_fn, case.constants, xs, self.dims, preset=preset_a, free_constants=free)
             rb = mb[case.before_fn.results[case.position]]
             ra = ma[case.after_fn.results[case.position]]
         except (CuvilError, ValueError, IndexError, TypeError, KeyError, MemoryError):
@@ -324,6 +417,31 @@ class Refuter:
         mask = rb != ra
         out.rit_differs = bool(np.any(mask))
         out.rit_index = _first(mask)
+
+
+def _candidates(b: np.ndarray, a: np.ndarray) -> bool:
+    """Whether ``differences`` can flag anything under a ``real`` contract, whatever float64 says
+    (its tolerance is at least 8 ulps of the larger side)."""
+    if b.shape != a.shape or b.dtype != a.dtype or (b.dtype.kind != "f" and b.dtype.name != "bfloat16"):
+        return True
+    with np.errstate(all="ignore"):
+        B, A = b.astype(np.float64), a.astype(np.float64)
+        if np.any(np.isnan(B) != np.isnan(A)) or np.any(np.isinf(B) != np.isinf(A)):
+            return True
+        if np.any(np.isinf(B) & np.isinf(A) & (np.sign(B) != np.sign(A))):
+            return True
+        eps = float(np.finfo(np.float32).eps) * 2 if b.dtype.name == "bfloat16" else float(np.finfo(b.dtype).eps)
+        finite = np.isfinite(B) & np.isfinite(A)
+        return bool(np.any(finite & (np.abs(B - A) > 8 * eps * np.maximum(np.abs(B), np.abs(A)) + 1e-300)))
+
+
+def _identical(b: np.ndarray, a: np.ndarray) -> bool:
+    """Same shape, dtype and bits (NaNs identified): no contract sees a difference."""
+    if b.shape != a.shape or b.dtype != a.dtype:
+        return False
+    if b.dtype.kind != "f" and b.dtype.name != "bfloat16":
+        return bool(np.array_equal(b, a))
+    return bool(np.all(same_bits(b, a)))
 
 
 def _in(mask: np.ndarray, index: tuple[int, ...]) -> bool:

@@ -41,3 +41,16 @@ def test_corpus_pair_gets_its_expected_verdict(path):
     assert o.status == expect, str(o.verdict)
     if expect == "refuted":
         assert o.verdict.counterexample.replayed
+
+
+@pytest.mark.parametrize("stem", ["int8-saturation-dropped", "requantize-shift-folded-overflow"])
+def test_integer_bug_outside_the_random_range_is_refuted_by_a_bit_vector_model(stem):
+    """Random integer inputs stay small; the wrap-around these rewrites miss needs large values,
+    which the bit-vector model of the difference supplies."""
+    before, after, _, contract = _pair(CORPUS / f"{stem}.cir")
+    (o,) = check_rewrite(before, after, contract, name=stem).obligations
+    assert o.encoder == "int" and o.status == "refuted"
+    ce = o.verdict.counterexample
+    assert "z3 model" in ce.found_by and ce.replayed
+    (x,) = (t.value for t in ce.inputs)
+    assert abs(int(x[ce.index])) > 127  # elementwise: the differing output's own input

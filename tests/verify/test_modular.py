@@ -9,7 +9,7 @@ import pytest
 
 from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType
-from verify.modular import ModularEvaluator, P, random_residues, to_residues
+from verify.modular import ModularEvaluator, P, random_residues, to_residues, work
 
 
 def _residue(x: float) -> int:
@@ -86,3 +86,58 @@ def test_order_operations_use_centered_representatives():
     a, c = (memo[v] for v in m.main.results)
     np.testing.assert_array_equal(a, c)
     assert ev.trace.order
+
+
+def _conv_oracle(x, w, stride, pad, groups):
+    """Direct 2-d grouped convolution over Python integers, reduced mod p (the oracle)."""
+    n, _, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow), dtype=object)
+    for b, oc, i, j in np.ndindex(n, o, oh, ow):
+        base = (oc // (o // groups)) * cg
+        acc = 0
+        for ci, a, e in np.ndindex(cg, kh, kw):
+            y, z = i * stride + a - pad, j * stride + e - pad
+            if 0 <= y < h and 0 <= z < wd:
+                acc += int(x[b, base + ci, y, z]) * int(w[oc, ci, a, e])
+        out[b, oc, i, j] = acc % P
+    return out.astype(np.int64)
+
+
+@pytest.mark.parametrize(("stride", "pad", "groups"), [(1, 1, 1), (2, 0, 1), (1, 1, 3)])
+def test_limb_products_of_conv_are_exact_over_z_p(stride, pad, groups):
+    """conv over Z_p runs as float64 products of 16-bit limbs: residues near p must not round."""
+    b = Builder()
+    x = b.param("x", DType.f32, (2, 3, 5, 4))
+    w = b.param("w", DType.f32, (6, 3 // groups, 3, 2))
+    y = b.conv(x, w, strides=(stride, stride), pads=(pad, pad, pad, pad), groups=groups)
+    m = b.module(b.function("main", [x, w], [y]))
+    rng = np.random.default_rng(1)
+    xs = [P - 1 - random_residues((2, 3, 5, 4), rng) % 1000, random_residues((6, 3 // groups, 3, 2), rng)]
+    got = ModularEvaluator().run(m.main, m.constants, xs, {})[m.main.results[0]]
+    np.testing.assert_array_equal(got, _conv_oracle(xs[0], xs[1], stride, pad, groups))
+
+
+def test_limb_products_of_batched_matmul_are_exact_over_z_p():
+    b = Builder()
+    x = b.param("x", DType.f32, (2, 3, 7))
+    w = b.param("w", DType.f32, (7, 4))
+    m = b.module(b.function("main", [x, w], [b.matmul(x, w)]))
+    rng = np.random.default_rng(2)
+    xs = [random_residues((2, 3, 7), rng), P - 1 - random_residues((7, 4), rng) % 7]
+    got = ModularEvaluator().run(m.main, m.constants, xs, {})[m.main.results[0]]
+    exact = np.matmul(xs[0].astype(object), xs[1].astype(object)) % P
+    np.testing.assert_array_equal(got, exact.astype(np.int64))
+
+
+def test_work_counts_a_mean_inside_a_variance_once_per_element():
+    """layer_norm reads its mean inside the variance's sum; the mean is not recomputed per term of
+    that sum, so the work is (output points) x (axis length): 4x for a doubled axis, not 8x."""
+    def norm_work(n):
+        b = Builder()
+        x = b.param("x", DType.f32, (4, n))
+        s = b.const(np.ones(n, dtype=np.float32))
+        m = b.module(b.function("main", [x], [b.layer_norm(x, s, s)]))
+        return work(m.main, {})
+    assert norm_work(512) <= 4 * norm_work(256)

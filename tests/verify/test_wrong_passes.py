@@ -2,6 +2,7 @@
 replays on the reference interpreter when the before and after modules are run on the
 counterexample's inputs."""
 
+import functools
 import math
 
 import numpy as np
@@ -10,7 +11,16 @@ from wrong_passes import CORPUS
 
 from cuvil.interp import run_reference
 from cuvil.passes.base import Contract
-from verify import Refuted, check_pass
+from verify import Refuted, Report, check_pass
+
+MIN_CORPUS = 20
+
+
+@functools.cache
+def _report(name: str) -> Report:
+    """One check per corpus entry and process: the per-entry test and the summary share it."""
+    pass_, make = CORPUS[name]
+    return check_pass(pass_, make())
 
 
 def _differs(before: float, after: float, contract: Contract) -> bool:
@@ -26,7 +36,7 @@ def _differs(before: float, after: float, contract: Contract) -> bool:
 def test_wrong_pass_is_refuted_with_a_replayable_counterexample(name):
     pass_, make = CORPUS[name]
     module = make()
-    report = check_pass(pass_, module)
+    report = _report(name)
     assert report.obligations, "the seeded bug must change the module"
     refuted = [o for o in report.obligations if o.status == "refuted"]
     assert refuted, [str(o.verdict) for o in report.obligations]
@@ -51,8 +61,7 @@ def _same(x, y) -> bool:
 
 
 def test_counterexample_table_is_aligned_and_names_the_inputs():
-    pass_, make = CORPUS["bn-fold-without-eps"]
-    (o,) = check_pass(pass_, make()).obligations
+    (o,) = _report("bn-fold-without-eps").obligations
     table = o.verdict.counterexample.table()
     lines = table.splitlines()
     assert any(line.strip().startswith("%x") for line in lines)
@@ -63,8 +72,7 @@ def test_counterexample_table_is_aligned_and_names_the_inputs():
 
 
 def test_signed_zero_bug_is_caught_by_bitwise_comparison():
-    pass_, make = CORPUS["x-plus-zero-removed"]
-    (o,) = check_pass(pass_, make()).obligations
+    (o,) = _report("x-plus-zero-removed").obligations
     ce = o.verdict.counterexample
     assert float(ce.before) == 0.0 == float(ce.after)
     assert np.signbit(ce.before) != np.signbit(ce.after)
@@ -72,7 +80,23 @@ def test_signed_zero_bug_is_caught_by_bitwise_comparison():
 
 def test_real_identity_that_overflows_in_floats_is_refuted():
     """exp(x) / sum(exp(x)) equals the shifted softmax over the reals, but not for large x."""
-    pass_, make = CORPUS["softmax-without-max-shift"]
-    (o,) = check_pass(pass_, make()).obligations
+    (o,) = _report("softmax-without-max-shift").obligations
     ce = o.verdict.counterexample
     assert math.isfinite(float(ce.before)) and not math.isfinite(float(ce.after))
+
+
+def test_every_seeded_bug_in_the_corpus_is_caught():
+    assert len(CORPUS) >= MIN_CORPUS
+    missed = {name: [str(o.verdict) for o in _report(name).obligations] for name in sorted(CORPUS)
+              if not any(o.status == "refuted" for o in _report(name).obligations)}
+    caught = len(CORPUS) - len(missed)
+    assert not missed, f"caught {caught}/{len(CORPUS)}; missed: {missed}"
+
+
+@pytest.mark.parametrize("name", ["int8-saturation-dropped", "requantize-shift-inverted"])
+def test_integer_only_bugs_are_checked_on_bit_vectors(name):
+    """An INT8 path with no float in it is encoded at its real widths (wrap-around included)."""
+    (o,) = _report(name).obligations
+    assert o.encoder == "int" and o.status == "refuted"
+    ce = o.verdict.counterexample
+    assert isinstance(ce.before, int) and -128 <= ce.before <= 127 and -128 <= ce.after <= 127
