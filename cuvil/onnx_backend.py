@@ -1,5 +1,11 @@
 """``onnx.backend.base.Backend`` over Cuvil, so ONNX's conformance suite runs against it.
 
+Two modes: ``"interpreter"`` (alias ``"reference"``, the default) evaluates the imported
+module with the reference interpreter; ``"compiled"`` compiles it with :func:`cuvil.compile`
+(the LLVM backend) and runs the native library, so results come from generated code.
+``prepare(model, mode="compiled", opt_level=..., passes=..., cache=...)`` passes the
+compile options through.
+
 Models that feed attribute-like operands (Reshape shapes, Slice bounds, an If
 condition, ...) through graph inputs are specialized on those inputs' values at
 run time, since CIR needs them at compile time; each specialization is imported
@@ -21,6 +27,12 @@ from cuvil.frontend.onnx_import import StaticInputRequired, import_onnx, load_on
 from cuvil.interp import run_reference, to_numpy
 from cuvil.ir.module import Module
 
+MODES = ("interpreter", "compiled")
+_MODE_ALIASES = {"interpreter": "interpreter", "reference": "interpreter", "interp": "interpreter",
+                 "compiled": "compiled", "compile": "compiled", "llvm": "compiled"}
+# what cuvil.compile accepts besides the model (the backend passes these through in compiled mode)
+COMPILE_OPTIONS = ("opt_level", "passes", "cache", "threads", "gate", "name", "keep_ir")
+
 # a model whose every import asks for one more bound input cannot need more than it has inputs;
 # this only guards against a converter that keeps asking for the same one
 _MAX_SPECIALIZATIONS = 64
@@ -41,10 +53,28 @@ def _key(bound: Mapping[str, np.ndarray]) -> bytes:
     return b"\0".join(parts)
 
 
-class CuvilRep(BackendRep):
-    """A prepared model: imported once, or once per set of values of its attribute-like inputs."""
+def resolve_mode(mode: str) -> str:
+    """The canonical name of an execution mode (``"interpreter"`` or ``"compiled"``)."""
+    found = _MODE_ALIASES.get(str(mode).lower())
+    if found is None:
+        raise InputError(f"unknown backend mode {mode!r}", location="mode",
+                         hint="modes: compiled, interpreter (or its alias reference)")
+    return found
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+
+class CuvilRep(BackendRep):
+    """A prepared model: imported once, or once per set of values of its attribute-like inputs;
+    in compiled mode each imported module is compiled once (cuvil.compile caches the library)."""
+
+    def __init__(self, model: onnx.ModelProto, mode: str = "interpreter",
+                 compile_options: Mapping[str, Any] | None = None) -> None:
+        self.mode = resolve_mode(mode)
+        unknown = sorted(set(compile_options or {}) - set(COMPILE_OPTIONS))
+        if unknown:
+            raise InputError(f"unknown compile options {unknown}", location="prepare",
+                             hint="compile options: " + ", ".join(COMPILE_OPTIONS))
+        self.compile_options = dict(compile_options or {})
+        self._compiled: dict[int, tuple[Module, Any]] = {}
         self.model = model
         initializers = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in initializers]
@@ -104,27 +134,54 @@ class CuvilRep(BackendRep):
                              hint="inputs: " + ", ".join(self.input_names))
         return {n: _array(a) for n, a in zip(self.input_names, arrays, strict=False)}
 
-    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+    def _bind(self, inputs: Any) -> tuple[Module, dict[str, np.ndarray]]:
         feeds = self.feeds(inputs)
         module = self._module_for(feeds)
         params = [p.name for p in module.main.params]
         missing = [n for n in params if n not in feeds]
         if missing:
             raise InputError(f"missing inputs {missing}", hint="inputs: " + ", ".join(self.input_names))
-        outs = run_reference(module, {n: feeds[n] for n in params})
+        return module, {n: feeds[n] for n in params}
+
+    def compiled(self, module: Module) -> Any:
+        """The :class:`cuvil.runtime.loader.CompiledModel` of ``module`` (compiled on first use)."""
+        found = self._compiled.get(id(module))
+        if found is not None:
+            return found[1]
+        from cuvil.compiler import compile as cuvil_compile
+
+        model = cuvil_compile(module, **self.compile_options)
+        self._compiled[id(module)] = (module, model)  # the module is kept so its id stays unique
+        return model
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        module, feeds = self._bind(inputs)
+        if self.mode == "compiled":
+            outs = self.compiled(module).run(feeds)
+        else:
+            outs = run_reference(module, feeds)
         return self._outputs_type(*outs)
+
+    def run_reference(self, inputs: Any) -> tuple[np.ndarray, ...]:
+        """The interpreter's outputs for ``inputs`` (whatever the mode): the oracle compiled runs are
+        compared with."""
+        module, feeds = self._bind(inputs)
+        return self._outputs_type(*run_reference(module, feeds))
 
 
 class CuvilBackend(Backend):
-    """Interpreter-backed for now; compiled execution comes with the LLVM backend."""
+    """Runs models on the reference interpreter (``mode="interpreter"``, the default) or as
+    native code compiled by the LLVM backend (``mode="compiled"``)."""
 
     @classmethod
-    def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> CuvilRep:
-        """Import the model once (a ModelProto, serialized bytes or a path)."""
+    def prepare(cls, model: Any, device: str = "CPU", mode: str = "interpreter", **kwargs: Any) -> CuvilRep:
+        """Import the model once (a ModelProto, serialized bytes or a path); in compiled mode,
+        ``kwargs`` may hold :func:`cuvil.compile` options (``opt_level``, ``passes``, ``cache``, ...)."""
         if not cls.supports_device(device):
             raise ModelLoadError(f"device {device!r} is not supported", hint="use device='CPU'")
+        options = {k: v for k, v in kwargs.items() if k in COMPILE_OPTIONS}
         proto, _ = load_onnx(model)
-        return CuvilRep(proto)
+        return CuvilRep(proto, mode, options)
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:
@@ -148,7 +205,8 @@ class CuvilBackend(Backend):
         domains = {"": opset} if not node.domain or node.domain == "ai.onnx" else {"": opset, node.domain: 1}
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v)
                                                              for d, v in domains.items()])
-        return cls.prepare(model, device).run(dict(zip(names, arrays, strict=True)))
+        options = {k: v for k, v in kwargs.items() if k == "mode" or k in COMPILE_OPTIONS}
+        return cls.prepare(model, device, **options).run(dict(zip(names, arrays, strict=True)))
 
     @classmethod
     def supports_device(cls, device: str) -> bool:

@@ -98,6 +98,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     thread pool tuned kernels run on (None: the CPUs the process may use)."""
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
+    _check_element_types(fn)
     inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
     outputs = tuple(TensorSpec(n, r.dtype, static_shape(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
@@ -147,6 +148,17 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), function_digest or function_hash(fn, constants),
                            tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps))
+
+
+def _check_element_types(fn: Function) -> None:
+    """Refuse element types the code generator has no storage layout for (float8, float4, int4, int2)."""
+    for v in fn.values():
+        if v.dtype not in abi.DTYPE_CODES:
+            where = f"input {v.name!r}" if v.is_param else ("a constant" if v.is_const else f"{v.op}")
+            raise CodegenError(f"element type {v.dtype.value} is not supported by the LLVM backend ({where})",
+                               location=where,
+                               hint="compiled code handles f64 f32 f16 bf16, 8..64-bit integers and bool; "
+                                    "float8/float4/int4/int2 models run on the reference interpreter")
 
 
 # --------------------------------------------------------------------------------------
