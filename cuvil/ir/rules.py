@@ -324,6 +324,15 @@ def cast(x: Expr, to: DType) -> Expr:
     return x if x.dtype is to else call("cast", x, to=to)
 
 
+HALF_DTYPES = (DType.f16, DType.bf16)
+
+
+def widen(x: Expr) -> Expr:
+    """A half-precision value as f32: products and sums of halves accumulate in f32 and are
+    rounded once at the end (what ONNX's reference and every fast GEMM compute)."""
+    return cast(x, DType.f32) if x.dtype in HALF_DTYPES else x
+
+
 def smax(a: ExprLike, b: ExprLike) -> Expr:
     return call("max", a, b)
 

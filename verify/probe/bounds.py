@@ -448,12 +448,25 @@ def _operand_shape(info: RuleInfo, k: int) -> tuple[int, ...] | None:
     return None if shapes is None or k >= len(shapes) else shapes[k]
 
 
+def _uncast(e: Expr) -> Expr:
+    """``e`` without a cast on top (halves widened to f32, or the sum rounded back)."""
+    return e.args[0] if isinstance(e, Call) and e.fn == "cast" else e
+
+
+def summed_products(info: RuleInfo) -> Reduce:
+    """The sum of a bilinear rule, under the cast that rounds an f32 accumulation of halves."""
+    r = _uncast(info.rule)
+    assert isinstance(r, Reduce)
+    return r
+
+
 def bilinear(info: RuleInfo) -> tuple[Load, Load] | None:
-    """``sum_k a[g(i, k)] * b[h(i, k)]`` (zero padding allowed): the two loads, else None."""
-    r = info.rule
+    """``sum_k a[g(i, k)] * b[h(i, k)]`` (zero padding allowed; halves may be widened to f32 and the
+    sum rounded once): the two loads, else None."""
+    r = _uncast(info.rule)
     if not (isinstance(r, Reduce) and r.kind == "sum" and isinstance(r.body, Call) and r.body.fn == "mul"):
         return None
-    a, b = r.body.args
+    a, b = (_uncast(x) for x in r.body.args)
     if not (isinstance(a, Load) and isinstance(b, Load)):
         return None
     if any(x.oob not in (None, 0, 0.0) for x in (a, b)):
@@ -603,8 +616,7 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
     else:
         mag = F(mag_a, mag_b)
     dt = ctx.out_type.dtype
-    rule = ctx.info.rule
-    assert isinstance(rule, Reduce)
+    rule = summed_products(ctx.info)
     n = math.prod(int(x) for _, x in rule.axes)
     out = Interval(center - rad, center + rad)
     prod_bound = float(np.max(mag_a)) * float(np.max(mag_b)) if mag_a.size and mag_b.size else 0.0
@@ -625,7 +637,7 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
     for node, spec in ctx.watch.items():
         e = ctx.info.nodes[node]
         rec = NodeRecord(node, ctx.info.label(e), spec)
-        if e is rule:
+        if e is rule or e is ctx.info.rule:
             rec.lo, rec.hi = float(np.min(pre.lo)), float(np.max(pre.hi))
             score = np.maximum(spec.lo - pre.lo, pre.hi - spec.hi)
             flat = int(np.argmax(score))

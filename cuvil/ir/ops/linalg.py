@@ -38,9 +38,9 @@ def _matmul_rule(c: R.RuleCtx) -> R.Expr:
     def body(k: R.Ix) -> R.Expr:
         x = a.at(*ab, k, i) if ta else a.at(*ab, i, k)
         y = b.at(*bb, j, k) if tb else b.at(*bb, k, j)
-        return x * y
+        return R.widen(x) * R.widen(y)
 
-    return R.reduce("sum", [k_ext], body)
+    return R.cast(R.reduce("sum", [k_ext], body), c.out_type.dtype)
 
 
 def _matmul_numpy(xs: list[np.ndarray], out: TensorType, transpose_a: bool, transpose_b: bool) -> np.ndarray:
@@ -49,6 +49,8 @@ def _matmul_numpy(xs: list[np.ndarray], out: TensorType, transpose_a: bool, tran
         a = np.swapaxes(a, -1, -2)
     if transpose_b:
         b = np.swapaxes(b, -1, -2)
+    if a.dtype in (np.dtype(np.float16), DType.bf16.np):  # the rule accumulates halves in f32
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
     return np.matmul(a, b)
 
 
@@ -150,14 +152,14 @@ def _einsum_rule(c: R.RuleCtx) -> R.Expr:
         for labels, t in zip(ins, c.inputs, strict=True):
             idx = [R.Ix.lit(0) if (d == 1 and dims[ch] != 1) else env[ch]
                    for ch, d in zip(labels, t.shape, strict=True)]
-            v = t.at(*idx)
+            v = R.widen(t.at(*idx))
             prod = v if prod is None else prod * v
         assert prod is not None
         return prod
 
     if not summed:
-        return body()
-    return R.reduce("sum", [dims[ch] for ch in summed], body)
+        return R.cast(body(), c.out_type.dtype)
+    return R.cast(R.reduce("sum", [dims[ch] for ch in summed], body), c.out_type.dtype)
 
 
 def _einsum_numpy(xs: list[np.ndarray], out: TensorType, equation: str) -> np.ndarray:

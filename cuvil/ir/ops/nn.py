@@ -142,9 +142,9 @@ def _conv_rule(c: R.RuleCtx) -> R.Expr:
 
     def body(ci: R.Ix, *ks: R.Ix) -> R.Expr:
         pos = [sp[j] * s[j] + ks[j] * d[j] - pb[j] for j in range(nsp)]
-        return x.at(n, base + ci, *pos, oob=0) * w.at(o, ci, *ks)
+        return R.widen(x.at(n, base + ci, *pos, oob=0)) * R.widen(w.at(o, ci, *ks))
 
-    return R.reduce("sum", [cg, *w.shape[2:]], body)
+    return R.cast(R.reduce("sum", [cg, *w.shape[2:]], body), c.out_type.dtype)
 
 
 def _conv_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...], pads: tuple[int, ...],
@@ -237,9 +237,9 @@ def _conv_transpose_rule(c: R.RuleCtx) -> R.Expr:
         exact = _all([R.call("eq", R.IndexValue(DType.i64, num[j] % s[j]), 0) for j in range(nsp) if s[j] > 1])
         if exact is not None:
             xv = R.select(exact, xv, 0)
-        return xv * w.at(base + ci, oo, *ks)
+        return R.widen(xv) * R.widen(w.at(base + ci, oo, *ks))
 
-    return R.reduce("sum", [cg, *w.shape[2:]], body)
+    return R.cast(R.reduce("sum", [cg, *w.shape[2:]], body), c.out_type.dtype)
 
 
 def _conv_transpose_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...], pads: tuple[int, ...],
