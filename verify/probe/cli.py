@@ -123,7 +123,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise InputError(f"no range for input(s) {', '.join(missing)}",
                          hint="give --range NAME=LO:HI for each input, or --calibrate DIR")
     options = ProbeOptions(precision=args.precision, keep_ops=args.keep_fp32, time_limit=args.time_limit,
-                           boundary=not args.no_boundary, seed=args.seed)
+                           boundary=not args.no_boundary, seed=args.seed, z3_witness=not args.no_z3_witness)
     node_names = onnx_node_names(args.model) if str(args.model).endswith(".onnx") else {}
     rep = probe(module, ranges, options, names=node_names)
     files: list[dict[str, str]] = []
@@ -170,6 +170,8 @@ def register(sub: Any) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds for the whole probe")
     p.add_argument("--no-boundary", action="store_true", help="skip the boundary-scale search")
     p.add_argument("--seed", type=int, default=0, help="seed of the witness search")
+    p.add_argument("--no-z3-witness", action="store_true",
+                   help="skip the z3 witness search on sites with small cones (after the gradient search)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
                    help="bind a symbolic dim (others are bound to 1)")
     p.add_argument("--static-input", action="append", default=[], metavar="NAME=FILE.npy",

@@ -2,9 +2,10 @@
 
 1. Bounds: interval propagation over every op's rule (:mod:`.bounds`), then linear
    back-substitution (:mod:`.linear`) for sites the intervals leave unsafe.
-2. Witnesses: for every site still unsafe, a search over the input box; a witness counts
-   only when the reduced-precision program run on it shows inf/NaN/saturation/wrap-around
-   at that site (:mod:`.witness`).
+2. Witnesses: for every site still unsafe, a search over the input box (corners, random
+   points, gradient ascent, then z3 on small cones); a witness counts only when the
+   reduced-precision program run on it shows inf/NaN/saturation/wrap-around at that site
+   (:mod:`.witness`, :mod:`.z3_witness`).
 3. Boundary: the largest scale ``s`` of the input box at which every site is proved safe
    (bisection on the sound bounds), and the smallest scale at which a witness is confirmed.
 
@@ -32,6 +33,7 @@ from verify.probe.linear import LinearRefiner
 from verify.probe.names import describe_origin, ssa_names
 from verify.probe.program import Program, SiteWatch, max_finite, reduced_program
 from verify.probe.witness import Searcher, Target, Witness
+from verify.probe.z3_witness import QUERY_TIMEOUT_S, Outcome
 
 SAFE, OVERFLOW, OPEN = "safe", "overflow", "open"
 
@@ -40,7 +42,8 @@ EXIT_SAFE, EXIT_OVERFLOW, EXIT_OPEN = 0, 1, 3
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """How hard to look. ``time_limit`` bounds the whole probe (seconds)."""
+    """How hard to look. ``time_limit`` bounds the whole probe (seconds); ``z3_witness`` asks z3 for
+    witnesses of the sites with small cones the gradient search leaves open."""
 
     precision: str = "fp16"
     keep_ops: str | tuple[str, ...] = "none"
@@ -53,6 +56,8 @@ class ProbeOptions:
     steps: int = 40
     samples: int = 8
     max_scale: float = 2.0 ** 20
+    z3_witness: bool = True
+    z3_timeout: float = QUERY_TIMEOUT_S
 
 
 @dataclass
@@ -79,6 +84,10 @@ class SiteResult:
     unsafe_components: list[str] = field(default_factory=list)
     after: list[str] = field(default_factory=list)
     """Confirmed overflow sites upstream of this one (an open site there is usually their consequence)."""
+    witness_method: str | None = None
+    """How the confirmed witness was found: center, corner, random, gradient or z3."""
+    z3: Outcome | None = None
+    """The z3 attempt on the site's worst node, when one was made or considered."""
 
     @property
     def magnitude(self) -> float:
@@ -224,23 +233,26 @@ def probe(module: Module, ranges: Mapping[str, tuple[Any, Any]], options: ProbeO
     witnesses: list[Witness] = []
     best: dict[tuple[Value, int], float] = {}
     confirmed: dict[tuple[Value, int], int] = {}
+    outcomes: dict[tuple[Value, int], Outcome] = {}
     t = time.monotonic()
     if targets and options.search:
         boxes = _boxes(program, ranges)
-        searcher = Searcher(program, analysis.engine, boxes, seed=options.seed)
+        searcher = Searcher(program, analysis.engine, boxes, seed=options.seed, z3_witness=options.z3_witness,
+                            z3_timeout=options.z3_timeout)
         budget = start + (0.6 if options.boundary else 0.95) * options.time_limit
         result = searcher.search(targets, deadline=budget, restarts=options.restarts, steps=options.steps,
                                  samples=options.samples)
         witnesses = result.witnesses
         best = result.best
+        outcomes = result.z3
         for k, w in enumerate(witnesses):
             for key in w.confirmed:
                 confirmed.setdefault(key, k)
     timings["witnesses"] = time.monotonic() - t
     ssa = ssa_names(program.function)
     source_ssa = ssa_names(module.main)
-    results = [_site_result(v, ob, program, ssa, source_ssa, names or {}, refined, confirmed, best)
-               for v, ob in sites.items()]
+    results = [_site_result(v, ob, program, ssa, source_ssa, names or {}, refined, confirmed, best, witnesses,
+                            outcomes) for v, ob in sites.items()]
     _mark_downstream(results)
     t = time.monotonic()
     boundary = Boundary(note="not computed")
@@ -274,7 +286,8 @@ def _threshold_text(program: Program) -> str:
 
 def _site_result(v: Value, ob: OpBounds, program: Program, ssa: Mapping[Value, str], source_ssa: Mapping[Value, str],
                  names: Mapping[Value, str], refined: set[Value], confirmed: Mapping[tuple[Value, int], int],
-                 best: Mapping[tuple[Value, int], float]) -> SiteResult:
+                 best: Mapping[tuple[Value, int], float], witnesses: list[Witness] | None = None,
+                 outcomes: Mapping[tuple[Value, int], Outcome] | None = None) -> SiteResult:
     worst = _worst(ob)
     hits = [k for (val, k) in confirmed if val is v]
     if hits:
@@ -294,7 +307,9 @@ def _site_result(v: Value, ob: OpBounds, program: Program, ssa: Mapping[Value, s
         rule=rec.spec.rule, component="result" if rec.node == 0 else rec.label,
         bound_lo=rec.lo, bound_hi=rec.hi, allowed_lo=rec.spec.lo, allowed_hi=rec.spec.hi, may_nan=rec.nan,
         method="linear" if v in refined else ("bilinear" if ob.method == "bilinear" else "interval"),
-        index=rec.worst, witness=witness, witness_value=best.get((v, rec.node)), unsafe_components=unsafe)
+        index=rec.worst, witness=witness, witness_value=best.get((v, rec.node)), unsafe_components=unsafe,
+        witness_method=witnesses[witness].method if witness is not None and witnesses else None,
+        z3=(outcomes or {}).get((v, rec.node)))
 
 
 def _mark_downstream(results: list[SiteResult]) -> None:

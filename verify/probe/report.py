@@ -42,8 +42,9 @@ def site_message(s: SiteResult) -> str:
         return f"proved safe: bound {bound} within the limit {limit:g}{room} [{s.method}]"
     if s.verdict == OVERFLOW:
         seen = "inf/NaN" if s.rule.endswith("overflow") else f"{s.witness_value:g}"
+        found = f" (found by {s.witness_method})" if s.witness_method else ""
         return (f"overflow confirmed{where}: the reduced-precision program computes {seen} on witness "
-                f"w{(s.witness or 0) + 1}; bound {bound}")
+                f"w{(s.witness or 0) + 1}{found}; bound {bound}")
     parts = [f"not proved{where}: bound {bound} exceeds the limit {limit:g}" if not s.may_nan
              else f"not proved{where}: may be NaN or infinite (bound {bound})"]
     if s.witness_value is not None:
@@ -69,6 +70,8 @@ def to_report(rep: ProbeReport, *, model: str | None = None, model_hash: str | N
                 metrics["gap"] = _f(max(abs(s.bound_lo), abs(s.bound_hi)) / abs(s.witness_value))
         if s.after:
             metrics["after"] = ", ".join(s.after)
+        if s.witness_method:
+            metrics["witness_method"] = s.witness_method
         evidence = []
         if s.witness is not None:
             files = witness_files[s.witness] if witness_files and s.witness < len(witness_files) else {}

@@ -3,7 +3,8 @@
 Search: box corners and random points, then projected sign-gradient ascent (torch autograd on
 the program read from its rules, in float64) on the watched node's value, jointly over all
 open sites (the objective is the largest normalized excess, so the gradient follows whichever
-site is closest to its limit). Confirmation: the candidate input is run through the
+site is closest to its limit), then z3 on the small cones of the sites still open
+(:mod:`.z3_witness`). Confirmation: the candidate input is run through the
 reduced-precision program on the reference interpreter; a site is confirmed when, with
 finite operands, a watched node of its rule computes inf/NaN (narrow floats), leaves the
 integer range before its clamp (saturation) or leaves its integer type (wrap-around).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from verify.probe.bounds import BoundsEngine, NodeRecord
 from verify.probe.concrete import NumpyWalker, Observed
 from verify.probe.interval import overflow_at
 from verify.probe.program import Program, SiteSpec
+from verify.probe.z3_witness import QUERY_TIMEOUT_S, ConeSolver, Outcome
 
 Box = tuple[np.ndarray, np.ndarray]
 
@@ -42,6 +44,8 @@ class Target:
     node: int
     spec: SiteSpec
     side: int
+    index: tuple[int, ...] | None = field(default=None, compare=False)
+    """The output element whose bound is worst (where a z3 attempt looks)."""
 
     @property
     def key(self) -> tuple[Value, int]:
@@ -61,7 +65,7 @@ class Target:
     @staticmethod
     def of(value: Value, rec: NodeRecord) -> Target:
         side = 1 if rec.hi - rec.spec.hi >= rec.spec.lo - rec.lo else -1
-        return Target(value, rec.node, rec.spec, side)
+        return Target(value, rec.node, rec.spec, side, rec.worst)
 
 
 @dataclass
@@ -79,6 +83,8 @@ class Witness:
     scale: float
     observations: dict[tuple[Value, int], Observation] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    method: str = ""
+    """How the input was found: center, corner, random, gradient or z3."""
 
     @property
     def confirmed(self) -> list[tuple[Value, int]]:
@@ -187,12 +193,14 @@ class SearchResult:
     best: dict[tuple[Value, int], float]  # the most extreme value reached per target (real arithmetic)
     evaluations: int = 0
     points: list[dict[str, np.ndarray]] = field(default_factory=list)  # every input tried
+    z3: dict[tuple[Value, int], Outcome] = field(default_factory=dict)  # the z3 attempt per target
 
 
 class Searcher:
     """Finds inputs in a box that push targets past their limits."""
 
-    def __init__(self, program: Program, engine: BoundsEngine, boxes: Mapping[str, Box], *, seed: int = 0) -> None:
+    def __init__(self, program: Program, engine: BoundsEngine, boxes: Mapping[str, Box], *, seed: int = 0,
+                 z3_witness: bool = False, z3_timeout: float = QUERY_TIMEOUT_S) -> None:
         self.program = program
         self.engine = engine
         self.fn = program.function
@@ -204,6 +212,8 @@ class Searcher:
         self.torch_program = torch_eval.TorchProgram(self.fn, engine.constant_value, engine.live,
                                                      lambda v: engine.context(v).info) \
             if torch_eval.available() else None
+        self.z3 = ConeSolver(program, engine, self.boxes, query_timeout=z3_timeout) \
+            if z3_witness else None
 
     # inputs -------------------------------------------------------------------------
     def _shape(self, p: Value) -> tuple[int, ...]:
@@ -265,14 +275,16 @@ class Searcher:
 
     def search(self, targets: Sequence[Target], *, deadline: float, restarts: int = 3, steps: int = 40,
                samples: int = 8, scale: float = 1.0) -> SearchResult:
-        """Random and corner samples, then sign-gradient ascent; every promising input is confirmed."""
+        """Random and corner samples, sign-gradient ascent, then z3 on the small cones of the targets
+        still open; every promising input is confirmed."""
         best: dict[tuple[Value, int], float] = {}
         witnesses: list[Witness] = []
         confirmed: set[tuple[Value, int]] = set()
         points: list[dict[str, np.ndarray]] = []
         evals = 0
+        outcomes: dict[tuple[Value, int], Outcome] = {}
 
-        def try_input(x: Mapping[str, np.ndarray]) -> None:
+        def try_input(x: Mapping[str, np.ndarray], method: str) -> None:
             nonlocal evals
             inputs = self._typed(x)
             points.append(inputs)
@@ -287,15 +299,21 @@ class Searcher:
             new = [k for k, o in obs.items() if o.confirmed and k not in confirmed]
             if new:
                 confirmed.update(new)
-                witnesses.append(Witness(inputs, scale, {k: o for k, o in obs.items() if o.confirmed}))
+                witnesses.append(Witness(inputs, scale, {k: o for k, o in obs.items() if o.confirmed},
+                                         method=method))
+
+        def done() -> SearchResult:
+            if self.z3 is not None:
+                self._z3_stage(targets, deadline, confirmed, outcomes, try_input)
+            return SearchResult(witnesses, best, evals, points, outcomes)
 
         kinds = ["center"] + ["corner", "random"] * max(1, samples // 2)
         for kind in kinds[:max(1, samples)]:
             if time.monotonic() > deadline or len(confirmed) == len(targets):
                 break
-            try_input(self._draw(kind))
+            try_input(self._draw(kind), kind)
         if self.torch_program is None:
-            return SearchResult(witnesses, best, evals, points)
+            return done()
         for r in range(restarts):
             if time.monotonic() > deadline or len(confirmed) == len(targets):
                 break
@@ -305,8 +323,30 @@ class Searcher:
             start = self._draw(("center", "random", "corner")[r % 3])
             x = self._ascend(start, open_targets, steps, deadline, best)
             if x is not None:
-                try_input(x)
-        return SearchResult(witnesses, best, evals, points)
+                try_input(x, "gradient")
+        return done()
+
+    def _z3_stage(self, targets: Sequence[Target], deadline: float, confirmed: set[tuple[Value, int]],
+                  outcomes: dict[tuple[Value, int], Outcome],
+                  try_input: Callable[[Mapping[str, np.ndarray], str], None]) -> None:
+        """z3 on each root target still open whose cone is small (see :mod:`.z3_witness`); its
+        candidates go through the same confirmation as the others."""
+        assert self.z3 is not None
+        for t in targets:
+            if time.monotonic() > deadline:
+                break
+            if t.key in confirmed or t.key in outcomes:
+                continue
+            out = outcomes[t.key] = Outcome("skipped")
+            if t.node != 0 or t.index is None:
+                out.detail = "inner rule node" if t.node != 0 else "no worst index"
+                continue
+            for x in self.z3.candidates(t.value, t.index, t.side, t.limit, deadline, out):
+                try_input(x, "z3")
+                if t.key in confirmed:
+                    break
+            if out.status == "sat":
+                out.detail = "confirmed" if t.key in confirmed else "no candidate confirmed"
 
     @staticmethod
     def _hopeless(targets: Sequence[Target], best: Mapping[tuple[Value, int], float],
