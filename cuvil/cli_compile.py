@@ -10,6 +10,7 @@ neither the model nor any framework.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -23,10 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.cli import EXIT_CODES, EXIT_OK, _file_name, _read_bindings
-from cuvil.errors import CodegenError, InputError, ModelLoadError
+from cuvil.cli import EXIT_CODES, EXIT_OK, _file_name, _read_bindings, report_error
+from cuvil.errors import CodegenError, CuvilError, InputError, ModelLoadError
 
 OPT_LEVELS = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
+# a gated compile that stops on a proof writes nothing and exits with these
+EXIT_REFUTED = 1
+EXIT_UNPROVED = 3
+PROOF_EXITS = {"CUVIL-PROOF-REFUTED": EXIT_REFUTED, "CUVIL-PROOF-UNKNOWN": EXIT_UNPROVED,
+               "CUVIL-FP16-UNPROVED": EXIT_UNPROVED}
+COMPILE_EXIT_CODES = EXIT_CODES + f"""with --gate:
+  {EXIT_REFUTED}  a pass application was refuted (the counterexample is printed); nothing is written
+  {EXIT_UNPROVED}  a pass application could not be proved (the reason is printed); nothing is written
+     (with --enable-fp16: also an op whose float16 sites are not proved safe for the --range box)
+"""
 MODEL_SUFFIXES = (".onnx", ".pt2", ".cir")
 _DIMS = re.compile(r"^\d+(?:[x,]\d+)*$|^$")
 
@@ -129,6 +140,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if positional:
             raise InputError("--static-input values must be named", hint="write --static-input NAME=FILE.npy")
         options["static_inputs"] = named
+    options.update(_fp16_options(args, model_path, options))
+    gate = _make_gate(args)
+    passes: Any = args.passes
+    if args.pass_plugin:
+        from cuvil.plugins import load_pass_plugin, resolve_pipeline
+
+        passes = resolve_pipeline(args.passes, [load_pass_plugin(s) for s in args.pass_plugin],
+                                  default=f"O{opt_level}")
     staging: Path | None = None
     if args.no_cache:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -136,11 +155,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         model = compile_model(model_path, target=args.target, opt_level=opt_level, threads=args.threads,
-                              input_shapes=shapes or None, passes=args.passes, name=args.name or
+                              input_shapes=shapes or None, passes=passes, gate=gate, name=args.name or
                               _symbol_name(model_path), cache=not args.no_cache, output_dir=staging,
                               dynamic=False, **options)
         assert model.library_path is not None and model.manifest is not None
         header, manifest_path = _install(model.library_path, model.manifest, output)
+    except CuvilError as e:
+        if e.code not in PROOF_EXITS or gate is None:
+            raise
+        report_error(e)
+        sys.stderr.write(f"no library written: the gate stopped code generation ({output} left as it was)\n")
+        return PROOF_EXITS[e.code]
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -158,7 +183,86 @@ def cmd_compile(args: argparse.Namespace) -> int:
             out.write(f"  {label:<9} {e['name']}: {e['dtype']}[{', '.join(map(str, e['shape']))}]\n")
     if man.get("specialized_dims"):
         out.write("  dims      " + ", ".join(f"{k}={v}" for k, v in man["specialized_dims"].items()) + "\n")
+    _print_verification(man.get("verification"))
+    _print_precision(man.get("precision"))
     return EXIT_OK
+
+
+def _make_gate(args: argparse.Namespace) -> Any:
+    """The verifier's gate for --verify (audit: record, keep everything) or --gate (strict/degrade)."""
+    gated = args.gate or args.on_proof_failure is not None
+    if not (args.verify or gated):
+        return None
+    if args.verify and gated:
+        raise InputError("--verify records proofs without stopping; --gate stops on them: give one",
+                         location="--verify")
+    if importlib.util.find_spec("verify") is None:
+        raise InputError("the verifier is not installed", location="--gate" if gated else "--verify",
+                         hint="install cuvil with its verifier (z3-solver)")
+    from verify.gate import make_gate
+
+    policy = "audit" if args.verify else (args.on_proof_failure or "strict")
+    return make_gate(policy, roll_back_refuted=policy == "degrade")
+
+
+def _fp16_options(args: argparse.Namespace, model_path: Path, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``fp16``/``ranges`` for compile() from --enable-fp16, --range and --calibrate (empty without FP16)."""
+    if not args.enable_fp16:
+        if args.range or args.calibrate:
+            raise InputError("--range and --calibrate declare input ranges for --enable-fp16", location="--range",
+                             hint="add --enable-fp16, or drop them")
+        return {}
+    if importlib.util.find_spec("verify") is None:
+        raise InputError("--enable-fp16 needs the overflow prober, which is not installed", location="--enable-fp16",
+                         hint="install cuvil with its verifier")
+    from verify.probe.cli import calibration_ranges, parse_range
+
+    ranges: dict[str, tuple[float, float]] = {}
+    if args.calibrate:
+        from cuvil.frontend.dispatch import import_model
+
+        names = [p.name for p in import_model(model_path, **options).main.params]
+        ranges.update(calibration_ranges(args.calibrate, names))
+    given: set[str] = set()
+    for spec in args.range:
+        name, r = parse_range(spec)
+        if name in given:
+            raise InputError(f"--range gives input {name!r} twice", location="--range")
+        given.add(name)
+        ranges[name] = r
+    if not ranges:
+        raise InputError("--enable-fp16 needs the declared range of every input: only ops proved safe for those "
+                         "ranges run in float16", location="--enable-fp16",
+                         hint="add --range NAME=LO:HI per input (e.g. --range x=-1:1; token ids: --range "
+                              "input_ids=0:VOCAB-1), or --calibrate DIR of NAME.npy samples")
+    return {"fp16": True, "ranges": ranges}
+
+
+def _print_precision(entry: Any) -> None:
+    if not isinstance(entry, dict):
+        return
+    sys.stdout.write(f"  fp16      {entry.get('fp16_ops')} ops in float16, {entry.get('fp32_ops')} kept float32 "
+                     f"({entry.get('unproved')} not proved safe); `precision` in the manifest lists them\n")
+    unproved = [k for k in entry.get("kept_fp32", []) if k.get("cause") != "type"]
+    for k in unproved[:10]:
+        sys.stdout.write(f"    {k.get('value')} {k.get('op')}: {k.get('reason')}\n")
+    if len(unproved) > 10:
+        sys.stdout.write(f"    ... and {len(unproved) - 10} more\n")
+
+
+def _print_verification(cert: Any) -> None:
+    if not isinstance(cert, dict):
+        return
+    s = cert.get("summary", {})
+    sys.stdout.write(f"  verified  {s.get('obligations')} obligations ({cert.get('policy')}): {s.get('proved')} "
+                     f"proved, {s.get('refuted')} refuted, {s.get('unknown')} unknown; certificate in the manifest\n")
+    for r in cert.get("rollbacks", []):
+        sys.stdout.write(f"  rolled back  {r.get('pass')}: {r.get('reason')}\n")
+    kept = [o for a in cert.get("applications", []) if not a.get("rolled_back")
+            for o in a.get("obligations", []) if o.get("verdict") != "proved"]
+    if kept:
+        sys.stderr.write(f"warning: the library includes {len(kept)} pass result(s) that were not proved "
+                         f"(see `verification` in the manifest); compile with --gate to stop on them\n")
 
 
 # --------------------------------------------------------------------------------------
@@ -232,7 +336,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def add_subcommands(sub: Any) -> None:
     """Add ``compile`` and ``run`` to the ``cuvil`` command's subparsers."""
     p = sub.add_parser("compile", help="compile a model to a native shared library (+ C header, manifest)",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=COMPILE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", help="the model (.onnx, .pt2 or .cir); or use --input")
     p.add_argument("--input", "-i", metavar="MODEL", help="the model: .onnx, .pt2 or .cir")
     p.add_argument("--output", "-o", metavar="LIB.so",
@@ -250,6 +354,25 @@ def add_subcommands(sub: Any) -> None:
                                                             "the artifact cache")
     p.add_argument("--static-input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="bind a graph input to a compile-time value (for inputs used as shapes); repeatable")
+    p.add_argument("--pass-plugin", action="append", default=[], metavar="pkg.module:PassClass",
+                   help="import a Pass subclass and run it (where --passes names it, else at the end); repeatable")
+    p.add_argument("--verify", action="store_true",
+                   help="prove every pass application and embed the certificate in the manifest (never stops)")
+    p.add_argument("--gate", action="store_true",
+                   help="prove every pass application; a refuted or unproved one stops code generation")
+    p.add_argument("--on-proof-failure", choices=("strict", "degrade"), default=None,
+                   help="with --gate (implied): strict stops (default); degrade rolls the application back, "
+                        "continues, and records the rollback in the certificate")
+    p.add_argument("--enable-fp16", action="store_true",
+                   help="run in float16 every op the overflow prober proves safe for the --range box; the rest "
+                        "stays float32 (listed with the reason in the manifest's `precision`); with --gate, any "
+                        "op not proved refuses the build")
+    p.add_argument("--range", action="append", default=[], metavar="NAME=LO:HI",
+                   help="with --enable-fp16: the declared range of an input (every element in [LO, HI]); one per "
+                        "input, integer inputs such as token ids included; repeatable")
+    p.add_argument("--calibrate", metavar="DIR",
+                   help="with --enable-fp16: take the ranges not given by --range from .npy/.npz samples in DIR "
+                        "(NAME.npy, NAME_*.npy, or .npz with named arrays)")
     p.set_defaults(handler=cmd_compile)
 
     p = sub.add_parser("run", help="run a compiled library on .npy inputs and print output summaries",

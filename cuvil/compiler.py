@@ -67,7 +67,9 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
             threads: int | None = None, example_inputs: Any = None, input_shapes: Shapes | None = None,
             passes: str | Sequence[Any] | None = None, gate: Any = None, function: str | None = None,
             output_dir: str | Path | None = None, name: str | None = None, keep_ir: bool = False,
-            cache: bool = True, dynamic: bool | None = None, **import_options: Any) -> CompiledModel:
+            cache: bool = True, dynamic: bool | None = None, fp16: bool = False,
+            ranges: Mapping[str, tuple[float, float]] | None = None, fp16_strict: bool | None = None,
+            **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
     The optimization pipeline is ``O<opt_level>`` unless ``passes`` names one (``"O2"``,
@@ -80,7 +82,15 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     ``cache=False``) bypasses it: the library, header and manifest go to ``output_dir`` (default
     a fresh temporary folder). ``dynamic`` (default: true unless ``output_dir`` is given) makes a
     function with symbolic dims specialize per shape signature at call time.
+
+    ``fp16=True`` runs in float16 every float32 op whose float16 sites the overflow prober proves
+    finite for inputs in ``ranges`` (``{"x": (-1.0, 1.0)}``, one ``(lo, hi)`` per input, integer
+    inputs such as token ids included); every other op stays float32, and the manifest's
+    ``precision`` entry lists them with the reason. ``fp16_strict=True`` (default: whether
+    ``gate`` is a strict gate) refuses instead (``CUVIL-FP16-UNPROVED``, nothing emitted) when any
+    op float16 applies to is not proved.
     """
+    fp16_request = _fp16_request(fp16, ranges, fp16_strict, gate)
     if backend not in BACKENDS:
         raise CodegenError(f"unknown backend {backend!r}", hint="backends: " + ", ".join(BACKENDS))
     if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
@@ -92,7 +102,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     job = _CompileJob(model, example_inputs=example_inputs, import_options=import_options, function=function,
                       passes=passes if passes is not None else f"O{opt_level}", gate=gate, opt_level=opt_level,
                       name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
-                      output_dir=Path(output_dir) if output_dir is not None else None)
+                      output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request)
     sig = job.signature()
     if sig.is_static:
         lib = job.library({})
@@ -117,6 +127,47 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     if shapes is not None:
         compiled.specialize(sig.bind(shapes))
     return compiled
+
+
+def _fp16_request(fp16: bool, ranges: Mapping[str, Any] | None, strict: bool | None, gate: Any
+                  ) -> dict[str, Any] | None:
+    """What an FP16 compile asks for (part of the cache key): the declared ranges and whether an
+    unproved op refuses the build. The ranges are checked against the inputs when the plan is made."""
+    if not fp16:
+        if ranges:
+            raise InputError("input ranges only apply to an FP16 compile", location="ranges",
+                             hint="pass fp16=True (on the command line: --enable-fp16) or drop the ranges")
+        return None
+    if not ranges:
+        raise InputError("an FP16 compile needs the declared range of every input: only ops proved safe for "
+                         "those ranges run in float16", location="ranges",
+                         hint="pass ranges={'x': (-1.0, 1.0)} (on the command line: --range x=-1:1, repeatable, "
+                              "or --calibrate DIR of .npy samples)")
+    box: dict[str, list[float]] = {}
+    for k, r in sorted(ranges.items(), key=lambda kv: str(kv[0])):
+        try:
+            lo, hi = (float(x) for x in r)
+        except (TypeError, ValueError):
+            raise InputError(f"the range of {k!r} must be a pair (lo, hi) of numbers, got {r!r}",
+                             location="ranges") from None
+        box[str(k)] = [lo, hi]
+    return {"ranges": box, "strict": bool(strict) if strict is not None else getattr(gate, "policy", None) == "strict",
+            "prober": _prober_digest()}
+
+
+@functools.cache
+def _prober_digest() -> str:
+    """A digest of the overflow prober's sources: its proofs decide an FP16 build, so they key the cache."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("verify.probe")
+    if spec is None or spec.origin is None:
+        raise InputError("an FP16 compile needs the overflow prober (verify.probe), which is not installed",
+                         location="fp16", hint="install cuvil with its verifier")
+    h = hashlib.sha256()
+    for path in sorted(Path(spec.origin).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------
@@ -213,6 +264,11 @@ def _stable(obj: Any) -> Any:
     if " at 0x" in text:
         raise _Unkeyable(text)
     return f"{type(obj).__module__}.{type(obj).__qualname__}:{text}"
+
+
+def _certifies(gate: Any) -> bool:
+    """A gate that records what it checked (the verifier's): its certificate goes into the manifest."""
+    return callable(getattr(gate, "mark", None)) and callable(getattr(gate, "report", None))
 
 
 def _callable_key(obj: Any) -> str | None:
@@ -316,8 +372,10 @@ class _CompileJob:
     def __init__(self, model: Any, *, example_inputs: Any, import_options: Mapping[str, Any], function: str | None,
                  passes: str | Sequence[Any], gate: Any, opt_level: int, name: str | None, keep_ir: bool,
                  threads: int | None, target: HostTarget, store: ArtifactCache | None,
-                 output_dir: Path | None) -> None:
+                 output_dir: Path | None, fp16: Mapping[str, Any] | None = None) -> None:
         self.model = model
+        self.fp16 = fp16  # {"ranges": ..., "strict": ...}: lower to float16 where proved (see _fp16_plan)
+        self._fp16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
         self.example_inputs = example_inputs
         self.import_options = dict(import_options)
         self.function_name = function
@@ -362,7 +420,8 @@ class _CompileJob:
         pipeline = self.passes if isinstance(self.passes, str) else [str(p) for p in self.passes]
         return {"backend": "llvm", "opt_level": self.opt_level, "pipeline_spec": pipeline,
                 "pipeline": pipeline_key(self.passes), "gate": _callable_key(self.gate), "name": self.name,
-                "keep_ir": self.keep_ir, "threads": self.threads}
+                "keep_ir": self.keep_ir, "threads": self.threads,
+                **({"fp16": dict(self.fp16)} if self.fp16 is not None else {})}
 
     # -- the model -----------------------------------------------------------------------
     def module(self) -> Module:
@@ -413,13 +472,43 @@ class _CompileJob:
                 fn = specialize_dims(fn, env)
         label = self.passes if isinstance(self.passes, str) else "custom pipeline"
         module = self.module()
+        start = Module((fn,), module.constants, module.metadata)
+        if self.fp16 is not None:
+            start = self._fp16_plan(start, env).module
         with stage(f"optimize ({label})"):
-            return run_pipeline(Module((fn,), module.constants, module.metadata), self.passes, gate=self.gate).module
+            return run_pipeline(start, self.passes, gate=self.gate).module
+
+    def _fp16_plan(self, module: Module, env: Mapping[str, int] | None) -> Any:
+        """The float16 program of ``module`` (float16 exactly where the prober proves it safe), planned
+        once per specialization; under a strict request, an unproved op stops the compile here."""
+        assert self.fp16 is not None
+        key = tuple(sorted((env or {}).items()))
+        if key not in self._fp16_plans:
+            if not all(p.type.is_static for p in module.main.params):
+                raise InputError("FP16 is planned per specialization (the prober needs static shapes)",
+                                 location=module.main.name, hint="give the dims to export the IR of")
+            from verify.probe.fp16_policy import plan_fp16
+
+            with stage("fp16 policy"):
+                plan = plan_fp16(module, self.fp16["ranges"])
+            logger.debug("fp16: %d ops in float16, %d kept float32 (%d unproved) in %.2f s", len(plan.fp16_ops),
+                         len(plan.fp32_ops), len(plan.unproved), plan.seconds)
+            self._fp16_plans[key] = plan
+        plan = self._fp16_plans[key]
+        if self.fp16["strict"]:
+            plan.require_all_proved()
+        return plan
 
     def _build(self, env: Mapping[str, int], out_dir: Path, cache_key: str | None) -> Artifact:
+        mark = self.gate.mark() if _certifies(self.gate) else None
         optimized = self.optimized(env)
         extra: dict[str, Any] = {"specialized_dims": dict(env)} if env else {}
         extra["pipeline"] = self._options["pipeline_spec"]
+        if self.fp16 is not None:
+            extra["precision"] = {**self._fp16_plans[tuple(sorted(env.items()))].manifest(),
+                                  "strict": self.fp16["strict"]}
+        if mark is not None:
+            extra["verification"] = self._certificate(mark, optimized)
         if cache_key is not None:
             extra["cache_key"] = cache_key
         kwargs: dict[str, Any] = {}
@@ -437,6 +526,19 @@ class _CompileJob:
                          seconds)
         return artifact
 
+    def _certificate(self, mark: int, optimized: Module) -> dict[str, Any]:
+        """The gate's certificate for the applications since ``mark``, bound to the function compiled."""
+        from cuvil.codegen.module import function_hash
+
+        names = [p.name for p in parse_pipeline(self.passes)]
+        cert = self.gate.report(names, since=mark).certificate()
+        cert["function_hash"] = function_hash(optimized.main, optimized.constants)
+        return cert
+
+    def _usable(self, entry: Any) -> bool:
+        """A cached artifact serves a verified request only if it carries a certificate."""
+        return entry is not None and (not _certifies(self.gate) or "verification" in entry.manifest)
+
     def library(self, env: Mapping[str, int]) -> NativeLibrary:
         """The loaded library of the specialization at ``env``: from the cache, or built now."""
         if self.store is None:
@@ -445,12 +547,12 @@ class _CompileJob:
         key = key_of(self.material(env))
         start = time.perf_counter()
         entry = store.lookup(key)
-        if entry is not None:
+        if self._usable(entry):
             return self._load_entry(entry.library_path, entry.manifest, key, start, "hit")
         logger.debug("cache miss %s", key[:16])
         with store.lock(key) as waited:
             entry = store.lookup(key)
-            if entry is not None:  # built by the process we waited for
+            if self._usable(entry):  # built by the process we waited for
                 return self._load_entry(entry.library_path, entry.manifest, key, start, "hit", waited=waited)
             build_dir = store.new_build_dir(key)
             try:

@@ -7,6 +7,10 @@ results are cast back up). Constants used by fp16 ops are cast as constant expre
 not fit float16's range stays float32. The contract is ``bounded``: the verifier proves
 overflow freedom over the declared input domain, and :attr:`Fp16.tolerance` is the error
 budget the differential tests hold it to.
+
+This pass decides by op kind alone. ``cuvil.compile(..., fp16=True, ranges=...)`` decides per op
+instead: it builds the same program with exactly the ops the overflow prober cannot prove safe for
+the declared ranges kept float32 (``verify.probe.fp16_policy``), before the pipeline runs.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cuvil.interp import NUMPY_PRIMITIVES, _cast, _identity
+from cuvil.interp import NUMPY_PRIMITIVES, _identity
+from cuvil.ir.numpy_prims import cast as _cast
 from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce
 from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker
 
