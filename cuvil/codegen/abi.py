@@ -16,6 +16,9 @@ DTYPE_CODES: dict[DType, int] = {
     DType.i8: 5, DType.i16: 6, DType.i32: 7, DType.i64: 8,
     DType.u8: 9, DType.u16: 10, DType.u32: 11, DType.u64: 12,
     DType.bool: 13,
+    # narrow storage types: one byte per element, the bytes of the ml_dtypes array
+    DType.f8e4m3fn: 14, DType.f8e4m3fnuz: 15, DType.f8e5m2: 16, DType.f8e5m2fnuz: 17, DType.f8e8m0: 18,
+    DType.f4e2m1: 19, DType.i4: 20, DType.u4: 21, DType.i2: 22, DType.u2: 23,
 }
 
 # return codes of the entry points (stable; never renumber)

@@ -10,6 +10,11 @@ _C_TYPES = {
     "bf16": "uint16_t /* bfloat16 bits */", "i8": "int8_t", "i16": "int16_t", "i32": "int32_t",
     "i64": "int64_t", "u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "u64": "uint64_t",
     "bool": "uint8_t /* 0 or 1 */",
+    "f8e4m3fn": "uint8_t /* float8 e4m3fn bits */", "f8e4m3fnuz": "uint8_t /* float8 e4m3fnuz bits */",
+    "f8e5m2": "uint8_t /* float8 e5m2 bits */", "f8e5m2fnuz": "uint8_t /* float8 e5m2fnuz bits */",
+    "f8e8m0": "uint8_t /* float8 e8m0fnu bits */", "f4e2m1": "uint8_t /* float4 e2m1fn in the low nibble */",
+    "i4": "uint8_t /* int4 two's complement in the low nibble */", "u4": "uint8_t /* uint4 in the low nibble */",
+    "i2": "uint8_t /* int2 two's complement in the low 2 bits */", "u2": "uint8_t /* uint2 in the low 2 bits */",
 }
 
 

@@ -424,7 +424,7 @@ class RuleKernel:
 
         level(0)
         out = self.b.load(acc, typ=ct)
-        if dt in (DType.f16, DType.bf16):  # f16/bf16 accumulate in f32, rounded once at the end
+        if dt in (DType.f16, DType.bf16) or (dt.is_float and dt.is_narrow):  # accumulated in f32, rounded once
             out = self.s.round_to(out, dt)
         return out
 

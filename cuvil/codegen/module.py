@@ -151,14 +151,13 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
 
 
 def _check_element_types(fn: Function) -> None:
-    """Refuse element types the code generator has no storage layout for (float8, float4, int4, int2)."""
+    """Refuse element types the code generator has no storage layout (ABI dtype code) for."""
     for v in fn.values():
         if v.dtype not in abi.DTYPE_CODES:
             where = f"input {v.name!r}" if v.is_param else ("a constant" if v.is_const else f"{v.op}")
             raise CodegenError(f"element type {v.dtype.value} is not supported by the LLVM backend ({where})",
                                location=where,
-                               hint="compiled code handles f64 f32 f16 bf16, 8..64-bit integers and bool; "
-                                    "float8/float4/int4/int2 models run on the reference interpreter")
+                               hint="compiled code handles: " + ", ".join(d.value for d in abi.DTYPE_CODES))
 
 
 # --------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 from llvmlite import ir
 
+from cuvil.codegen.narrow import emit_narrow, emit_widen
 from cuvil.errors import CodegenError
 from cuvil.ir.dtypes import DType
 
@@ -39,7 +40,7 @@ def storage_type(dt: DType) -> ir.Type:
         return F16
     if dt is DType.bf16:
         return I16
-    if dt is DType.bool:
+    if dt is DType.bool or dt.is_narrow:  # narrow types: one byte per element, as ml_dtypes stores them
         return I8
     return ir.IntType(dt.bits)
 
@@ -72,11 +73,13 @@ def literal(value: float | int | bool, dt: DType) -> ir.Constant:
         return ir.Constant(F32, float(np.array(value, dtype=np.float32).astype(ml_dtypes.bfloat16)))
     if dt is DType.f32:
         return ir.Constant(F32, float(np.float32(value)))
+    if dt.is_narrow:
+        return ir.Constant(F32, float(np.array(value, dtype=dt.np).astype(np.float32)))
     return ir.Constant(F64, float(value))
 
 
-_INT_MIN = {bits: -(1 << (bits - 1)) for bits in (8, 16, 32, 64)}
-_INT_MAX = {bits: (1 << (bits - 1)) - 1 for bits in (8, 16, 32, 64)}
+_INT_MIN = {bits: -(1 << (bits - 1)) for bits in (2, 4, 8, 16, 32, 64)}
+_INT_MAX = {bits: (1 << (bits - 1)) - 1 for bits in (2, 4, 8, 16, 32, 64)}
 
 
 def identity(kind: str, dt: DType) -> ir.Constant:
@@ -85,6 +88,8 @@ def identity(kind: str, dt: DType) -> ir.Constant:
         return literal(False if dt is DType.bool else 0, dt)
     if kind == "prod":
         return literal(True if dt is DType.bool else 1, dt)
+    if dt.is_float and dt.is_narrow:  # accumulated in f32
+        return ir.Constant(F32, -np.inf if kind == "max" else np.inf)
     if dt.is_float:
         return literal(-np.inf if kind == "max" else np.inf, dt)
     if dt is DType.bool:
@@ -127,6 +132,8 @@ class ScalarEmitter:
         if dt is DType.bf16:
             bits = self.b.shl(self.b.zext(v, I32), ir.Constant(I32, 16))
             return self.b.bitcast(bits, F32)
+        if dt.is_narrow:  # floats widen through a table; ints keep their low bits
+            return emit_widen(self.b, v, dt) if dt.is_float else self.b.trunc(v, compute_type(dt))
         return v
 
     def to_storage(self, v: ir.Value, dt: DType) -> ir.Value:
@@ -136,6 +143,8 @@ class ScalarEmitter:
             return self.b.fptrunc(v, F16)
         if dt is DType.bf16:
             return self._bf16_bits(v)
+        if dt.is_narrow:
+            return emit_narrow(self.b, v, dt) if dt.is_float else self.b.zext(v, I8)
         return v
 
     def _bf16_bits(self, v: ir.Value) -> ir.Value:
@@ -157,6 +166,8 @@ class ScalarEmitter:
             return self.b.fpext(self.b.fptrunc(v, F16), F32)
         if dt is DType.bf16:
             return self.from_storage(self._bf16_bits(v), dt)
+        if dt.is_narrow:
+            return self.from_storage(self.to_storage(v, dt), dt)
         target = compute_type(dt)
         if v.type == target:
             return v
@@ -394,7 +405,7 @@ class ScalarEmitter:
         if dst.is_float:
             if src.is_float:
                 return self.round_to(v, dst)
-            wide = F64 if dst is DType.f64 else F32
+            wide = F64 if dst is DType.f64 or dst.is_narrow else F32  # narrow: one rounding of the exact value
             f = b.sitofp(v, wide) if src.is_signed and src is not DType.bool else b.uitofp(v, wide)
             return self.round_to(f, dst)
         if src is DType.bool:
