@@ -10,7 +10,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,19 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import CuvilError, InputError, ModelLoadError
-
-EXIT_OK = 0
-EXIT_INTERNAL = 1
-EXIT_USAGE = 2
-
-EXIT_CODES = f"""exit codes:
-  {EXIT_OK}  success
-  {EXIT_INTERNAL}  internal error: a bug in cuvil (the traceback is printed; please report it)
-  {EXIT_USAGE}  usage or input error: bad arguments, a missing/malformed/unsupported model,
-     malformed .cir, inputs that do not match the model (the message names the code,
-     the location and a hint)
-"""
+from cuvil.cli_common import (
+    EXIT_CODES,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    file_name,
+    import_model_file,
+    read_bindings,
+    report_error,
+)
+from cuvil.errors import CuvilError
 
 NOT_YET = "not yet"
 TORCH_MISSING = "torch not installed"
@@ -174,78 +171,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
 # models and inputs
 
 
-def _load_array(path: str, what: str) -> np.ndarray | dict[str, np.ndarray]:
-    """Read .npy/.npz without unpickling (a data file never runs code)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{what} file {p} does not exist", location=str(p))
-    try:
-        data = np.load(p, allow_pickle=False)
-    except ValueError as e:
-        raise InputError(f"cannot read {what} file {p}: {e}", location=str(p),
-                         hint="save arrays with numpy.save (.npy) or numpy.savez (.npz); object arrays "
-                              "are not accepted") from None
-    except OSError as e:
-        raise InputError(f"cannot read {what} file {p}: {e}", location=str(p)) from None
-    if isinstance(data, np.lib.npyio.NpzFile):
-        with data:
-            return {k: data[k] for k in data.files}
-    return data
-
-
-def _key_value(spec: str, flag: str) -> tuple[str | None, str]:
-    if "=" in spec:
-        name, _, path = spec.partition("=")
-        if not name or not path:
-            raise InputError(f"{flag} {spec!r} is malformed", hint=f"write {flag} NAME=FILE.npy")
-        return name, path
-    return None, spec
-
-
-def _read_bindings(specs: Sequence[str], flag: str) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-    named: dict[str, np.ndarray] = {}
-    positional: list[np.ndarray] = []
-    for spec in specs:
-        name, path = _key_value(spec, flag)
-        data = _load_array(path, "input")
-        if isinstance(data, dict):
-            if name is not None:
-                raise InputError(f"{flag} {spec!r}: an .npz file holds named arrays already",
-                                 hint=f"write {flag} FILE.npz")
-            named.update(data)
-        elif name is None:
-            positional.append(data)
-        else:
-            named[name] = data
-    if named and positional:
-        raise InputError(f"mix of named and positional {flag} values", hint=f"name them all: {flag} NAME=FILE.npy")
-    return named, positional
-
-
-def _import(path: str, static_specs: Sequence[str] = ()) -> Any:
-    from cuvil.frontend.dispatch import import_model
-
-    options: dict[str, Any] = {}
-    if static_specs:
-        named, positional = _read_bindings(static_specs, "--static-input")
-        if positional:
-            raise InputError("--static-input values must be named", hint="write --static-input NAME=FILE.npy")
-        options["static_inputs"] = named
-    p = Path(path)
-    if not p.exists():
-        raise ModelLoadError(f"model file {p} does not exist", location=str(p))
-    try:
-        return import_model(p, **options)
-    except ModuleNotFoundError as e:
-        raise ModelLoadError(f"cannot import {p}: {e}", location=str(p),
-                             hint="the torch frontend needs `pip install cuvil[torch]`") from None
-
-
 def cmd_ir(args: argparse.Namespace) -> int:
     from cuvil.ir.printer import export_ir, print_module
     from cuvil.ir.wellformed import check_module
 
-    module = _import(args.model, args.static_input)
+    module = import_model_file(args.model, args.static_input)
     check_module(module)
     if args.output:
         export_ir(module, args.output)
@@ -255,16 +185,12 @@ def cmd_ir(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _file_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "output"
-
-
 def cmd_run_reference(args: argparse.Namespace) -> int:
     from cuvil.interp import run_reference
 
-    module = _import(args.model, args.static_input)
+    module = import_model_file(args.model, args.static_input)
     fn = module.function(args.function) if args.function else module.main
-    named, positional = _read_bindings(args.input, "--input")
+    named, positional = read_bindings(args.input, "--input")
     inputs: Mapping[str, np.ndarray] | list[np.ndarray] = named if named or not positional else positional
     outputs = run_reference(module, inputs, function=fn.name)
     out_dir = Path(args.output_dir) if args.output_dir else None
@@ -276,7 +202,7 @@ def cmd_run_reference(args: argparse.Namespace) -> int:
             sys.stdout.write(f"{name}: {arr.dtype}{list(arr.shape)}\n{arr}\n")
             if out_dir is None:
                 continue
-            stem = _file_name(name)
+            stem = file_name(name)
             stem = stem if stem not in used else f"{stem}_{k}"  # names that sanitize alike stay apart
             used.add(stem)
             np.save(out_dir / f"{stem}.npy", arr, allow_pickle=False)
@@ -333,16 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(name.rpartition(".")[0]) is not None:
             importlib.import_module(name).register(sub)
     return parser
-
-
-def report_error(e: CuvilError) -> None:
-    """One clear message: code, what happened, where, and what to do."""
-    lines = [f"error[{e.code}]: {e.message}"]
-    if e.location:
-        lines.append(f"  at: {e.location}")
-    if e.hint:
-        lines.append(f"  hint: {e.hint}")
-    sys.stderr.write("\n".join(lines) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

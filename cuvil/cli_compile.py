@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.cli import EXIT_CODES, EXIT_OK, _file_name, _read_bindings, report_error
+from cuvil.cli_common import EXIT_CODES, EXIT_OK, file_name, read_bindings, report_error
 from cuvil.errors import CodegenError, CuvilError, InputError, ModelLoadError
 
 OPT_LEVELS = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
@@ -136,7 +136,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                          hint="give the library's file name, e.g. --output out/libmodel.so")
     options: dict[str, Any] = {}
     if args.static_input:
-        named, positional = _read_bindings(args.static_input, "--static-input")
+        named, positional = read_bindings(args.static_input, "--static-input")
         if positional:
             raise InputError("--static-input values must be named", hint="write --static-input NAME=FILE.npy")
         options["static_inputs"] = named
@@ -301,7 +301,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InputError(f"library {library} does not exist", location=str(library),
                          hint="compile one with `cuvil compile --input MODEL --output libmodel.so`")
     model = load(library)
-    named, positional = _read_bindings(args.input, "--input")
+    named, positional = read_bindings(args.input, "--input")
     if args.cast:
         specs = {s.name: s for s in model.inputs}
         named = {k: (v.astype(specs[k].dtype.np) if k in specs else v) for k, v in named.items()}
@@ -319,7 +319,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(summarize(spec.name, arr, args.first) + "\n")
         if out_dir is None:
             continue
-        stem = _file_name(spec.name)
+        stem = file_name(spec.name)
         stem = stem if stem not in used else f"{stem}_{k}"
         used.add(stem)
         np.save(out_dir / f"{stem}.npy", arr, allow_pickle=False)

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Column, Table
 
-from cuvil.cli import EXIT_CODES, EXIT_OK, _import
+from cuvil.cli_common import EXIT_CODES, EXIT_OK, import_model_file
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not args.model:
         raise SystemExit("cuvil opt: a MODEL is required (or --list-passes)")
-    module = _import(args.model)
+    module = import_model_file(args.model)
     manager = PassManager(parse_pipeline(args.pipeline), print_after=args.print_after,
                           printer=lambda text: sys.stderr.write(text + "\n"))
     result = manager.run(module)

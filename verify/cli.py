@@ -176,7 +176,7 @@ def _write_outputs(report: Any, args: argparse.Namespace, model: str, timings: M
 
 
 def verify_model(args: argparse.Namespace) -> int:
-    from cuvil.cli import _import
+    from cuvil.cli_common import import_model_file
     from cuvil.plugins import load_pass_plugin, resolve_pipeline
     from verify.batch import check_all, collect
     from verify.certificate import Report, module_hash
@@ -186,7 +186,7 @@ def verify_model(args: argparse.Namespace) -> int:
     plugins = [load_pass_plugin(s) for s in args.pass_plugin]
     passes = resolve_pipeline(args.passes, plugins, default=f"O{args.opt_level or 3}")
     start = time.perf_counter()
-    module = _import(args.model, args.static_input)
+    module = import_model_file(args.model, args.static_input)
     if args.shape:
         module = _specialize(module, args.shape)
     imported = time.perf_counter()

@@ -95,7 +95,7 @@ def _specialize(module: Any, dims: Mapping[str, int]) -> Any:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from cuvil import __version__
-    from cuvil.cli import _import
+    from cuvil.cli_common import import_model_file
     from reports import render_terminal, write_html, write_json, write_sarif
     from verify.probe.names import onnx_node_names
     from verify.probe.probe import ProbeOptions, probe, save_witnesses
@@ -107,7 +107,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         if not name or not value.strip().isdigit():
             raise InputError(f"--dim {spec!r} is malformed", hint="write --dim NAME=VALUE, e.g. --dim batch=1")
         dims[name.strip()] = int(value)
-    module = _specialize(_import(args.model, args.static_input), dims)
+    module = _specialize(import_model_file(args.model, args.static_input), dims)
     names = [p.name for p in module.main.params]
     ranges: dict[str, tuple[float, float]] = {}
     if args.calibrate:
