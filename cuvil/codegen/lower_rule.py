@@ -25,6 +25,10 @@ from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
 
+WIDE_SUM_MIN = 2048
+"""f32 sums of at least this many terms accumulate in f64: a sequential f32 sum's error grows
+with its length, and numpy's pairwise sum (the interpreter) stays within 1e-7 relative."""
+
 Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a reduction at that depth
 
 
@@ -396,20 +400,26 @@ class RuleKernel:
         if e.kind not in ("sum", "prod", "max", "min"):
             raise CodegenError(f"unknown reduction {e.kind!r}", location=self.op)
         dt = e.dtype
-        ct = compute_type(dt)
+        extents = [_static_int(n, self.op) for _, n in e.axes]
+        terms = 1
+        for n in extents:
+            terms *= n
+        wide = dt is DType.f32 and e.kind == "sum" and terms >= WIDE_SUM_MIN
+        ct = ir.DoubleType() if wide else compute_type(dt)
         acc = self.alloca_builder.alloca(ct, name=f"acc.{e.kind}")
-        self.b.store(identity(e.kind, dt), acc)
+        self.b.store(ir.Constant(ct, 0.0) if wide else identity(e.kind, dt), acc)
         inner = dict(env)
         tokens = []
         for k, (name, _) in enumerate(e.axes):
             inner[name] = ("b", depth + 1, k)
             tokens.append(inner[name])
-        extents = [_static_int(n, self.op) for _, n in e.axes]
 
         def level(pos: int) -> None:
             if pos == len(extents):
                 v = self.lower(e.body, inner, depth + 1)
                 cur = self.b.load(acc, typ=ct)
+                if wide:
+                    v = self.b.fpext(v, ct)
                 self.b.store(self._combine(e.kind, cur, v, dt), acc)
                 return
 
@@ -424,6 +434,8 @@ class RuleKernel:
 
         level(0)
         out = self.b.load(acc, typ=ct)
+        if wide:
+            out = self.b.fptrunc(out, compute_type(dt))
         if dt in (DType.f16, DType.bf16) or (dt.is_float and dt.is_narrow):  # accumulated in f32, rounded once
             out = self.s.round_to(out, dt)
         return out
