@@ -9,39 +9,25 @@ import numpy as np
 import pytest
 
 from bench.models import ZOO, ZOO_SMALL
-from cuvil.errors import UnsupportedOpError
 from cuvil.interp import run_reference
 from cuvil.passes import run_pipeline
 from cuvil.passes.fp16 import Fp16
 from cuvil.passes.quantize_int8 import QuantizeInt8
+from tests.zoo_cases import import_zoo, zoo_cases
 
 
 @functools.cache
 def _import_small(name, frontend):
     """Reduced-size models are imported once per session (several tests read them; modules are immutable)."""
-    return _import(ZOO_SMALL[name], frontend)
+    return import_zoo(ZOO_SMALL[name], frontend)
 
 
-def _import(zm, frontend):
-    if frontend == "torch":
-        from cuvil.frontend.torch_import import import_torch
-
-        return import_torch(zm.build(), zm.example_inputs())
-    from cuvil.frontend.onnx_import import import_onnx
-
-    try:
-        return import_onnx(zm.to_onnx())
-    except UnsupportedOpError as e:  # the frontend's coverage is tested elsewhere
-        pytest.skip(f"ONNX frontend: {e.message}")
 
 
-def _cases(table):
-    return [pytest.param(name, fe, id=f"{name}-{fe}") for name, zm in table.items()
-            for fe in (("onnx", "torch") if zm.has_torch_reference else ("onnx",))]
 
 
 def _check(zm, frontend):
-    before = _import_small(zm.name, frontend) if zm.small else _import(zm, frontend)
+    before = _import_small(zm.name, frontend) if zm.small else import_zoo(zm, frontend)
     xs = zm.example_inputs_numpy()
     res = run_pipeline(before, "O3")
     ref, got = run_reference(before, xs), run_reference(res.module, xs)
@@ -61,7 +47,7 @@ def _fired(res, name):
     return collections.Counter(n for r in res.records if r.name == name for n in r.notes)
 
 
-@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO_SMALL))
+@pytest.mark.parametrize(("name", "frontend"), zoo_cases(ZOO_SMALL))
 def test_zoo_model_through_o3_matches_the_interpreter(name, frontend):
     zm = ZOO_SMALL[name]
     before, res = _check(zm, frontend)
@@ -74,7 +60,7 @@ def test_zoo_model_through_o3_matches_the_interpreter(name, frontend):
 
 
 @pytest.mark.slow  # full-size models: the interpreter runs ResNet-18 / BERT at benchmark shapes (minutes)
-@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO))
+@pytest.mark.parametrize(("name", "frontend"), zoo_cases(ZOO))
 def test_full_size_zoo_model_through_o3(name, frontend):
     _check(ZOO[name], frontend)
 
@@ -123,7 +109,7 @@ def _edge_inputs(zm):
     return {"zeros": zeros, "large": large}
 
 
-@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO_SMALL))
+@pytest.mark.parametrize(("name", "frontend"), zoo_cases(ZOO_SMALL))
 def test_zoo_model_through_o3_on_edge_inputs(name, frontend):
     zm = ZOO_SMALL[name]
     before = _import_small(name, frontend)

@@ -4,37 +4,20 @@ the reduced sizes everything is proved."""
 import pytest
 
 from bench.models import ZOO, ZOO_SMALL
-from cuvil.errors import UnsupportedOpError
 from cuvil.passes import run_pipeline
+from tests.zoo_cases import import_zoo, zoo_cases
 from verify import make_gate
-
-
-def _import(zm, frontend):
-    if frontend == "torch":
-        from cuvil.frontend.torch_import import import_torch
-
-        return import_torch(zm.build(), zm.example_inputs())
-    from cuvil.frontend.onnx_import import import_onnx
-
-    try:
-        return import_onnx(zm.to_onnx())
-    except UnsupportedOpError as e:  # the frontend's coverage is tested elsewhere
-        pytest.skip(f"ONNX frontend: {e.message}")
-
 
 LOADED_MACHINE_TIMEOUT = 60.0
 
 
-def _cases(table):
-    return [pytest.param(name, fe, id=f"{name}-{fe}") for name, zm in table.items()
-            for fe in (("onnx", "torch") if zm.has_torch_reference else ("onnx",))]
 
 
-@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO_SMALL))
+@pytest.mark.parametrize(("name", "frontend"), zoo_cases(ZOO_SMALL))
 def test_o3_on_the_small_zoo_is_proved(name, frontend):
     # a generous per-query limit: the verdict under test must not depend on how loaded the machine is
     gate = make_gate("degrade", timeout=LOADED_MACHINE_TIMEOUT)
-    run_pipeline(_import(ZOO_SMALL[name], frontend), "O3", gate=gate)
+    run_pipeline(import_zoo(ZOO_SMALL[name], frontend), "O3", gate=gate)
     report = gate.report()
     assert report.count("refuted") == 0
     assert report.obligations and report.proved, report.summary()
@@ -42,10 +25,10 @@ def test_o3_on_the_small_zoo_is_proved(name, frontend):
 
 
 @pytest.mark.slow  # full-size models: the interpreter runs at benchmark shapes (5-30 s per model, 2 min in all)
-@pytest.mark.parametrize(("name", "frontend"), _cases(ZOO))
+@pytest.mark.parametrize(("name", "frontend"), zoo_cases(ZOO))
 def test_o3_on_the_full_zoo_refutes_nothing(name, frontend):
     gate = make_gate("degrade")
-    run_pipeline(_import(ZOO[name], frontend), "O3", gate=gate)
+    run_pipeline(import_zoo(ZOO[name], frontend), "O3", gate=gate)
     assert gate.report().count("refuted") == 0
 
 
@@ -61,7 +44,7 @@ def test_reduced_precision_pipelines_prove_every_exact_application(name, pipelin
     them must still be proved, folded quantized biases equal to an existing constant included."""
     from verify import check_pipeline
 
-    report = check_pipeline(_import(ZOO_SMALL[name], "onnx"), pipeline, timeout=LOADED_MACHINE_TIMEOUT)
+    report = check_pipeline(import_zoo(ZOO_SMALL[name], "onnx"), pipeline, timeout=LOADED_MACHINE_TIMEOUT)
     obligations = [o for a in report.applications for o in a.obligations]
     assert report.count("refuted") == 0
     assert any(o.pass_name in ("fp16", "quantize-int8") for o in obligations)
