@@ -140,6 +140,14 @@ class _PoolEmitter:
         if self.pause is not None:
             b.call(self.pause, [])
 
+    def _back_off(self, b: ir.IRBuilder, spins: ir.Value, spin: ir.Block, sleep: ir.Block) -> None:
+        """One pause, then spin again until SPIN_PAUSES pauses have passed, then go to sleep (so an
+        oversubscribed machine is not burnt by waiters)."""
+        self._spin(b)
+        n = b.add(b.load(spins, typ=I32), ir.Constant(I32, 1))
+        b.store(n, spins)
+        b.cbranch(b.icmp_signed("<", n, ir.Constant(I32, SPIN_PAUSES)), spin, sleep)
+
     def _load(self, b: ir.IRBuilder, g: ir.Value, ty: ir.Type) -> ir.Value:
         return b.load_atomic(g, _SEQ, 8 if ty == I64 else 4, typ=ty)
 
@@ -245,10 +253,7 @@ class _PoolEmitter:
         b.cbranch(b.or_(changed, stop), woke, spin_next)
 
         b.position_at_end(spin_next)
-        self._spin(b)
-        n = b.add(b.load(spins, typ=I32), ir.Constant(I32, 1))
-        b.store(n, spins)
-        b.cbranch(b.icmp_signed("<", n, ir.Constant(I32, SPIN_PAUSES)), spin, sleep)
+        self._back_off(b, spins, spin, sleep)
 
         b.position_at_end(sleep)
         b.call(self.lock, [self.mutex])
@@ -464,10 +469,7 @@ class _PoolEmitter:
         all_done = b.icmp_unsigned("==", self._load(b, self.done, I64), nchunks)
         b.cbranch(all_done, finished, spin_next)
         b.position_at_end(spin_next)
-        self._spin(b)
-        n = b.add(b.load(spins, typ=I32), ir.Constant(I32, 1))
-        b.store(n, spins)
-        b.cbranch(b.icmp_signed("<", n, ir.Constant(I32, SPIN_PAUSES)), spin, sleep)
+        self._back_off(b, spins, spin, sleep)
         b.position_at_end(sleep)
         b.call(self.lock, [self.mutex])
         b.branch(sleep_check)
