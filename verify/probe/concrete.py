@@ -11,7 +11,7 @@ import numpy as np
 from cuvil.interp import NUMPY_PRIMITIVES, _identity
 from cuvil.ir.numpy_prims import cast as _cast
 from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce
-from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker
+from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, read_masked
 
 
 @dataclass
@@ -51,17 +51,7 @@ class NumpyWalker(RuleWalker[np.ndarray]):
     def load(self, e: Load, idx: list[IxVal]) -> np.ndarray:
         arr = self.operands[e.operand]
         assert arr is not None, "the rule read an operand that was not given"
-        ix = [i.lo for i in idx]
-        if not ix:
-            return self.lift_array(np.asarray(arr))
-        inb = np.ones((1,) * self.depth, dtype=bool)
-        for k, i in enumerate(ix):
-            inb = inb & (i >= 0) & (i < arr.shape[k])
-        clipped = tuple(np.clip(i, 0, max(arr.shape[k] - 1, 0)) for k, i in enumerate(ix))
-        vals = arr[clipped] if arr.size else np.zeros(np.broadcast_shapes(*(i.shape for i in ix)), arr.dtype)
-        if e.oob is not None:
-            vals = np.where(inb, vals, np.array(e.oob, dtype=arr.dtype))
-        return self.lift_array(np.asarray(vals))
+        return self.lift_array(read_masked(arr, [i.lo for i in idx], e.oob))
 
     def literal(self, e: Lit) -> np.ndarray:
         return self.lift_array(np.array(e.value, dtype=e.dtype.np))

@@ -34,7 +34,7 @@ from cuvil.ir.values import Value
 from verify.probe import interval as I
 from verify.probe.bounds import Bounds, BoundsEngine
 from verify.probe.interval import Interval
-from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, dyn_exprs
+from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, dyn_exprs, read_masked
 
 DENSE_BUDGET = 1 << 23
 """Largest dense coefficient matrix (target elements x value elements) back-substitution builds."""
@@ -150,15 +150,7 @@ class _Concrete(RuleWalker[np.ndarray]):
     def load(self, e: Load, idx: list[IxVal]) -> np.ndarray:
         arr = self.operands[e.operand]
         assert arr is not None, "a constant part read a non-constant operand"
-        ix = [i.lo for i in idx]
-        inb = np.ones((1,) * self.depth, dtype=bool)
-        for k, i in enumerate(ix):
-            inb = inb & (i >= 0) & (i < arr.shape[k])
-        clipped = tuple(np.clip(i, 0, max(arr.shape[k] - 1, 0)) for k, i in enumerate(ix))
-        vals = arr[clipped] if ix else arr
-        if e.oob is not None:
-            vals = np.where(inb, vals, e.oob)
-        return self.lift_array(np.asarray(vals))
+        return self.lift_array(read_masked(arr, [i.lo for i in idx], e.oob))
 
     def literal(self, e: Lit) -> np.ndarray:
         return self.lift_array(np.array(e.value, dtype=e.dtype.np))

@@ -386,3 +386,18 @@ def run_chunked(info: RuleInfo, make: Callable[[tuple[int, int, int] | None], Ru
         w = make(ch)
         out.append((ch, w.expr(info.rule), w))
     return out
+
+
+def read_masked(arr: np.ndarray, ix: Sequence[np.ndarray], oob: Any) -> np.ndarray:
+    """``arr`` read at integer index grids ``ix``; out-of-bounds elements take ``oob`` (or an
+    arbitrary in-bounds element when the load has no padding value, as the rule says)."""
+    if not ix:
+        return np.asarray(arr)
+    inb = np.ones((1,) * ix[0].ndim, dtype=bool)
+    for k, i in enumerate(ix):
+        inb = inb & (i >= 0) & (i < arr.shape[k])
+    clipped = tuple(np.clip(i, 0, max(arr.shape[k] - 1, 0)) for k, i in enumerate(ix))
+    vals = arr[clipped] if arr.size else np.zeros(np.broadcast_shapes(*(i.shape for i in ix)), arr.dtype)
+    if oob is not None:
+        vals = np.where(inb, vals, np.array(oob, dtype=arr.dtype))
+    return np.asarray(vals)
