@@ -7,9 +7,8 @@ every other case must pass.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from case_params import case_params
 
 from bench.onnx_conformance import load_cases, read_expected_failures, run_case
 
@@ -20,20 +19,7 @@ _CASES = {c.name: c for c in load_cases()}
 _EXPECTED = read_expected_failures()
 
 
-def _params() -> list[Any]:
-    params = []
-    for name in _CASES:
-        reason = _EXPECTED.get(name)
-        if reason is None:
-            params.append(pytest.param(name, id=name))
-            continue
-        # a case known to overrun its limit is not worth the wait; the others run, so a fix shows as XPASS
-        mark = pytest.mark.xfail(reason=reason, strict=False, run=reason != "timeout")
-        params.append(pytest.param(name, id=name, marks=mark))
-    return params
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", case_params(_CASES, _EXPECTED))
 def test_onnx_node_case(name: str) -> None:
     outcome = run_case(_CASES[name], timeout=CASE_TIME_LIMIT_S)
     if outcome.status == "skipped":

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from case_params import case_params
 
 from bench.onnx_conformance import (
     EXPECTED_COMPILED_FAILURES,
@@ -71,26 +72,14 @@ def _check(name: str) -> None:
     assert not outcome.mismatch, f"{name}: compiled outputs differ from the interpreter's: {outcome.mismatch}"
 
 
-def _params(names: list[str]) -> list[Any]:
-    params = []
-    for name in names:
-        reason = _EXPECTED.get(name)
-        if reason is None:
-            params.append(pytest.param(name, id=name))
-            continue
-        mark = pytest.mark.xfail(reason=reason, strict=False, run=reason != "timeout")
-        params.append(pytest.param(name, id=name, marks=mark))
-    return params
-
-
-@pytest.mark.parametrize("name", _params(representative_cases()))
+@pytest.mark.parametrize("name", case_params(representative_cases(), _EXPECTED))
 def test_compiled_case_per_op_type(name: str) -> None:
     _check(name)
 
 
 # every case compiled (about 1880 compiles): several minutes on two cores
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _params(sorted(_CASES)))
+@pytest.mark.parametrize("name", case_params(sorted(_CASES), _EXPECTED))
 def test_compiled_case(name: str) -> None:
     _check(name)
 
