@@ -14,7 +14,7 @@ import numpy as np
 from cuvil.errors import ConstraintError, InputError, IRError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
-from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, cast
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, cast, literal
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
 from cuvil.ir.symbolic import Sym, evaluate_dim
@@ -77,7 +77,7 @@ class _RuleEvaluator:
         if isinstance(e, Load):
             return self._load(e)
         if isinstance(e, Lit):
-            return self.lift(np.array(e.value, dtype=e.dtype.np))
+            return self.lift(literal(e.value, e.dtype))
         if isinstance(e, IndexValue):
             return self.ix(e.ix)
         if isinstance(e, Call):

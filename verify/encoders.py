@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -26,6 +27,9 @@ import z3
 from z3 import z3core as Z3C
 
 from cuvil.ir.dtypes import DType
+from cuvil.ir.narrow import values as narrow_values
+from cuvil.ir.numpy_prims import cast, literal
+from verify.narrow_bits import float_to_int, narrow_float_code
 from verify.poly import AtomTable, Poly
 
 VAR_PREFIXES = ("__i", "__d_", "__k")
@@ -109,19 +113,20 @@ class VarScan:
 
 def float_value(value: float | int | bool, dtype: DType) -> float:
     """A literal rounded to ``dtype``, as the interpreter stores it."""
-    return float(np.array(value, dtype=dtype.np).astype(np.float64))
+    return float(cast(literal(value, dtype), DType.f64))
 
 
 def _bits_key(x: float, dtype: DType) -> str:
     if math.isnan(x):
         return "nan"
-    return np.array(x, dtype=dtype.np).tobytes().hex()
+    return literal(x, dtype).tobytes().hex()
 
 
 class Semantics:
     """Shared parts: sorts, uninterpreted functions, integers, booleans and named reductions."""
 
     name = "base"
+    models_rounding = False  # whether float values are bit patterns (casts round) or reals
 
     def __init__(self, ctx: z3.Context) -> None:
         self.ctx = ctx
@@ -131,6 +136,7 @@ class Semantics:
         self._ufs: dict[str, z3.FuncDeclRef] = {}
         self._reductions: dict[tuple, str] = {}
         self.int_sort = z3.IntSort(ctx)
+        self._narrow_terms: dict[tuple[DType, str], tuple[z3.BitVecRef, z3.BitVecRef]] = {}
 
     # sorts and functions ----------------------------------------------------------
     def float_sort(self, dtype: DType) -> z3.SortRef:
@@ -255,6 +261,10 @@ class Semantics:
     def cast(self, x: Any, src: DType, dst: DType) -> Any:
         if src is dst:
             return x
+        if src.is_narrow or dst.is_narrow:
+            folded = self._fold_narrow(x, src, dst)
+            if folded is not None:
+                return folded
         if src is DType.bool:
             return self.select(x, self.lit(1, dst), self.lit(0, dst), dst)
         if dst is DType.bool:
@@ -272,6 +282,46 @@ class Semantics:
         if dst.is_int:
             return self.float_to_int(x, src, dst)
         return self.float_to_float(x, src, dst)
+
+    def literal_value(self, x: Any, dtype: DType) -> float | None:
+        """The value of ``x`` when it is a known float literal of ``dtype`` (only tiers that
+        model rounding know one: under ``real`` casts are the identity)."""
+        return None
+
+    def _fold_narrow(self, x: Any, src: DType, dst: DType) -> Any:
+        """A conversion into or out of a narrow type of a known value, evaluated through the z3
+        reading of the narrow rule (``verify.narrow_bits``); None when ``x`` is not known."""
+        if not self.models_rounding:
+            return None
+        if src.is_float:
+            v = self.literal_value(x, src)
+        elif src is not DType.bool and z3.is_bv_value(x):
+            v = float(x.as_signed_long() if src.is_signed else x.as_long())
+        else:
+            return None
+        if v is None:
+            return None
+        if src.is_narrow and dst.is_float and not dst.is_narrow:
+            return self.lit(v, dst)  # a narrow value is exact in f32; f16/bf16 round it once
+        pattern = struct.unpack("<Q", struct.pack("<d", v))[0]
+        if dst.is_float and dst.is_narrow:
+            code = self._narrow_term(dst, "code", pattern).as_long()
+            return self.lit(float(narrow_values(dst)[code]), dst)
+        if dst.is_narrow and src.is_float:
+            return self._narrow_term(dst, "int", pattern)
+        return None
+
+    def _narrow_term(self, dst: DType, kind: str, pattern: int) -> z3.BitVecRef:
+        """The narrow conversion of the f64 bit pattern ``pattern``: one symbolic term per target
+        and kind, evaluated by substitution."""
+        key = (dst, kind)
+        found = self._narrow_terms.get(key)
+        if found is None:
+            var = z3.BitVec(f"__narrow_{dst.value}_{kind}", 64, self.ctx)
+            found = (var, narrow_float_code(var, dst) if kind == "code" else float_to_int(var, dst))
+            self._narrow_terms[key] = found
+        var, term = found
+        return z3.simplify(z3.substitute(term, (var, z3.BitVecVal(pattern, 64, self.ctx))))
 
     def float_nonzero(self, x: Any, dtype: DType) -> z3.BoolRef:
         raise NotImplementedError
@@ -539,6 +589,7 @@ class AbstractFPSemantics(Semantics):
     """Opaque floats: operations are uninterpreted functions normalized only by IEEE-valid laws."""
 
     name = "abstract-fp"
+    models_rounding = True
 
     def __init__(self, ctx: z3.Context) -> None:
         super().__init__(ctx)
@@ -565,6 +616,10 @@ class AbstractFPSemantics(Semantics):
         table[key] = c
         self.literals[c.get_id()] = (dtype, x)
         return c
+
+    def literal_value(self, x: Any, dtype: DType) -> float | None:
+        found = self.literals.get(x.get_id()) if isinstance(x, z3.ExprRef) else None
+        return None if found is None or found[0] is not dtype else found[1]
 
     def literal_facts(self) -> list[z3.BoolRef]:
         """Distinct literals are distinct values (different bit patterns)."""

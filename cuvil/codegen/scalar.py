@@ -4,7 +4,7 @@ Every value lives in registers in its *compute type*: f16 and bf16 are computed 
 f32 and rounded back to their storage precision after each primitive, which is what
 numpy does for float16 and ml_dtypes for bfloat16, so results match the interpreter.
 Integer and cast semantics follow ``cuvil/interp.py`` (truncating ``div``, floored
-``mod``, C ``fmod``, numpy's shift and float->int conversions on x86).
+``mod``, C ``fmod``, numpy's shift; float->int conversions as ``numpy_prims.float_to_int`` writes them).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from llvmlite import ir
 
 from cuvil.codegen.narrow import emit_narrow, emit_widen
 from cuvil.errors import CodegenError
+from cuvil.ir import numpy_prims
 from cuvil.ir.dtypes import DType
+from cuvil.ir.narrow import INT_RANGES
 
 F16 = ir.HalfType()
 F32 = ir.FloatType()
@@ -74,7 +76,7 @@ def literal(value: float | int | bool, dt: DType) -> ir.Constant:
     if dt is DType.f32:
         return ir.Constant(F32, float(np.float32(value)))
     if dt.is_narrow:
-        return ir.Constant(F32, float(np.array(value, dtype=dt.np).astype(np.float32)))
+        return ir.Constant(F32, float(numpy_prims.cast(numpy_prims.literal(value, dt), DType.f32)))
     return ir.Constant(F64, float(value))
 
 
@@ -374,9 +376,16 @@ class ScalarEmitter:
         return b.select(high, b.xor(r, top), r)
 
     def float_to_int(self, v: ir.Value, dt: DType) -> ir.Value:
-        """``v.astype(dt)`` for a float register, with numpy's x86 behaviour out of range."""
+        """A truncated float register as ``dt`` (``numpy_prims.float_to_int``; narrow integers as
+        ``cuvil.ir.narrow`` defines them: 0 out of range)."""
         b = self.b
         target = ir.IntType(dt.bits)
+        if dt.is_narrow:
+            lo, hi = INT_RANGES[dt]
+            ok = b.and_(b.fcmp_ordered(">=", v, ir.Constant(v.type, float(lo))),
+                        b.fcmp_ordered("<=", v, ir.Constant(v.type, float(hi))))
+            safe = b.select(ok, v, ir.Constant(v.type, 0.0))
+            return b.trunc(b.fptosi(safe, I32), target)
         if dt in (DType.i64, DType.i32):
             return self._float_to_signed(v, dt.bits)
         if dt in (DType.u64, DType.u32):

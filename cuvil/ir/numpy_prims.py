@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cuvil.ir import narrow
 from cuvil.ir.dtypes import DType
 
 _erf_obj = np.frompyfunc(math.erf, 1, 1)
@@ -44,14 +45,50 @@ def pow_(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.power(a, b)
 
 
+def float_to_int(x: np.ndarray, to: DType) -> np.ndarray:
+    """Float to a standard integer type: truncate toward zero, NaN and +-inf give 0; out of range,
+    i32/i64 give their minimum, i8/i16/u8/u16 keep the low bits of the i32 conversion, and
+    u32/u64 convert values >= 2**(bits-1) shifted down by that much (the x86 conversions, written
+    out so the meaning does not depend on the machine numpy runs on)."""
+    with np.errstate(invalid="ignore"):
+        t = np.trunc(x.astype(np.float64))
+        t = np.where(np.isfinite(t), t, 0.0)
+
+    def signed(v: np.ndarray, bits: int) -> np.ndarray:
+        lo, hi = -(2.0 ** (bits - 1)), 2.0 ** (bits - 1)
+        ok = (v >= lo) & (v < hi)
+        return np.where(ok, np.where(ok, v, 0.0).astype(np.int64), np.int64(-(1 << (bits - 1))))
+
+    bits = to.bits
+    if to in (DType.i32, DType.i64):
+        return signed(t, bits).astype(to.np)
+    if to in (DType.u32, DType.u64):
+        half = 2.0 ** (bits - 1)
+        high = t >= half
+        r = signed(np.where(high, t - half, t), bits).astype(np.dtype(f"i{bits // 8}"))
+        top = np.array(-(1 << (bits - 1)), dtype=r.dtype)
+        return np.where(high, r ^ top, r).view(to.np)
+    return signed(t, 32).astype(np.int32).astype(to.np)  # i8/i16/u8/u16 keep the low bits
+
+
 def cast(x: np.ndarray, to: DType) -> np.ndarray:
-    """Float to int truncates toward zero, and NaN/inf become 0; any nonzero is true."""
+    """Convert to ``to``: to bool is != 0; float to int as :func:`float_to_int`; narrow types as
+    ``cuvil.ir.narrow`` defines them (a narrow source is widened exactly first)."""
+    x = np.asarray(x)
+    if DType.from_numpy(x.dtype).is_narrow:
+        x = narrow.decode(x)
     if to is DType.bool:
         return x != 0
-    if to.is_int and x.dtype.kind not in "iub":
-        x = np.trunc(x)
-        x = np.where(np.isfinite(x), x, np.zeros((), x.dtype))
+    if to.is_narrow:
+        return narrow.encode(to, x).view(to.np)
+    if to.is_int and DType.from_numpy(x.dtype).is_float:
+        return float_to_int(x, to)
     return x.astype(to.np)
+
+
+def literal(value: float | int | bool, to: DType) -> np.ndarray:
+    """A scalar of the rule language as a rank-0 array of ``to``, rounded by :func:`cast`."""
+    return cast(np.asarray(value), to)
 
 
 NUMPY_PRIMITIVES: dict[str, Callable[..., np.ndarray]] = {
