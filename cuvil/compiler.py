@@ -37,11 +37,12 @@ from cuvil.codegen.link import HostTarget, host_target
 from cuvil.errors import CodegenError, ConstraintError, InputError
 from cuvil.frontend.dispatch import import_model
 from cuvil.interp import to_numpy
+from cuvil.ir import hashing
 from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Sym, evaluate_dim
 from cuvil.ir.types import TensorType, bind_symbols
-from cuvil.ir.values import Value, attr_key, param, walk
+from cuvil.ir.values import Value, param, walk
 from cuvil.log import stage
 from cuvil.passes import parse_pipeline, run_pipeline
 from cuvil.runtime.cache import ArtifactCache, key_of
@@ -215,33 +216,10 @@ def toolchain_fingerprint() -> dict[str, str]:
             "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
 
 
-def _attr_text(a: Any) -> object:
-    from cuvil.ir.region import Region
-
-    if isinstance(a, Region):
-        return ("region", _values_digest(list(walk([a.result, *a.params])), [a.result], list(a.params)))
-    if isinstance(a, tuple):
-        return ("t", tuple(_attr_text(x) for x in a))
-    return attr_key(a)
-
-
-def _values_digest(values: list[Value], results: Sequence[Value], params: Sequence[Value] = ()) -> str:
-    h = hashlib.sha256()
-    position: dict[Value, int] = {}
-    for k, v in enumerate(values):
-        position[v] = k
-        h.update(repr((v.op, str(v.type), tuple((n, _attr_text(a)) for n, a in v.attrs),
-                       tuple(position[o] for o in v.operands))).encode())
-    h.update(repr(([position[r] for r in results], [position.get(p, -1) for p in params])).encode())
-    return h.hexdigest()
-
-
-def module_hash(fn: Function) -> str:
-    """A structural hash of ``fn``: ops, attributes, types, wiring, names, constraints, and its
-    constants by their content hashes (the keys the module stores them under)."""
-    h = hashlib.sha256(_values_digest(fn.values(), fn.results, fn.params).encode())
-    h.update(repr((fn.name, fn.result_names, [p.name for p in fn.params], [str(c) for c in fn.constraints])).encode())
-    return h.hexdigest()
+def module_hash(fn: Function, constants: Mapping[str, np.ndarray] | None = None) -> str:
+    """The content hash of ``fn`` with the bytes of the constants it uses (``cuvil.ir.hashing``)."""
+    used = {v.const_hash for v in fn.values() if v.is_const}
+    return hashing.module_hash(Module((fn,), {k: a for k, a in (constants or {}).items() if k in used}))
 
 
 class _Unkeyable(Exception):
@@ -445,7 +423,8 @@ class _CompileJob:
     def _ensure_record(self) -> dict[str, Any]:
         if self._record is None:
             fn = self.function()
-            self._record = {"module_hash": module_hash(fn), "signature": Signature.of(fn).to_json()}
+            self._record = {"module_hash": module_hash(fn, self.module().constants),
+                            "signature": Signature.of(fn).to_json()}
             if self._alias is not None and self.store is not None:
                 self.store.write_alias(self._alias, self._record)
         return self._record

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cuvil.ir.hashing import module_hash
 from cuvil.ir.module import Module
 from cuvil.passes.base import Contract, Pass
-from verify.certificate import Report, module_hash
+from verify.certificate import Report
 from verify.errors import ProofFailure, ProofIncomplete, VerifierInconsistency
 from verify.gate import Gate, GateDecision, make_gate
 from verify.obligations import DEFAULT_TIMEOUT, Application, ObligationRecord, check_application
@@ -21,9 +22,11 @@ from verify.verdict import Counterexample, Proved, Refuted, Unknown, Verdict
 
 def check_pass(pass_: Pass, module: Module, *, timeout: float = DEFAULT_TIMEOUT, seed: int = 0) -> Report:
     """Run ``pass_`` on ``module`` and check that application."""
+    from cuvil.passes.manager import content_changed
+
     out = pass_.run(module)
     report = Report(module_hash(module), [pass_.name])
-    if out.changed:
+    if content_changed(module, out.module):
         report.applications.append(check_application(pass_, module, out.module, timeout=timeout, seed=seed))
     return report
 

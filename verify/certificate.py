@@ -3,7 +3,6 @@ long, over which shapes, and the counterexample for anything refuted."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from dataclasses import dataclass, field
@@ -11,8 +10,6 @@ from typing import Any
 
 import z3
 
-from cuvil.ir.hashing import structural_hash
-from cuvil.ir.module import Module
 from verify.obligations import Application, ObligationRecord
 
 TIERS = {
@@ -20,22 +17,6 @@ TIERS = {
     "exact": "opaque float operations: bit-identical results",
     "fast-math": "proved over the reals by reassociation, with a numeric error budget",
 }
-
-
-def module_hash(module: Module) -> str:
-    """A content hash of a module: signatures, result computations (constants by content)."""
-    h = hashlib.sha256()
-    for fn in module.functions:
-        h.update(fn.name.encode())
-        for p in fn.params:
-            h.update(f"{p.name}:{p.type}".encode())
-        for r in fn.results:
-            h.update(structural_hash(r).encode())
-        for c in fn.constraints:
-            h.update(str(c).encode())
-    for k in sorted(module.constants):
-        h.update(k.encode())
-    return h.hexdigest()[:32]
 
 
 def _versions() -> dict[str, str]:
@@ -69,6 +50,11 @@ class Report:
         return all(o.status == "proved" for o in self.obligations)
 
     @property
+    def vacuous(self) -> list[Application]:
+        """Applications that changed the module but carry no obligation (never counted as proved)."""
+        return [a for a in self.applications if a.vacuous]
+
+    @property
     def seconds(self) -> float:
         return sum(a.seconds for a in self.applications)
 
@@ -90,6 +76,7 @@ class Report:
             "tiers": TIERS,
             "summary": {"obligations": len(self.obligations), "proved": self.count("proved"),
                         "refuted": self.count("refuted"), "unknown": self.count("unknown"),
+                        "vacuous_applications": len(self.vacuous),
                         "rolled_back": list(self.rolled_back), "seconds": round(self.seconds, 3)},
             "rollbacks": [dict(r) for r in self.rollbacks],
             "applications": apps,
@@ -109,4 +96,6 @@ class Report:
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
         lines.append(f"{len(self.obligations)} obligations: {self.count('proved')} proved, "
                      f"{self.count('refuted')} refuted, {self.count('unknown')} unknown; {self.seconds:.2f} s")
+        for a in self.vacuous:
+            lines.append(f"{a.pass_name}: no obligation ({a.vacuous})")
         return "\n".join(lines)

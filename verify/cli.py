@@ -101,18 +101,19 @@ def _per_pass_rows(report: Any) -> list[tuple[str, ...]]:
     """One row per pass name (a pass that runs twice in the pipeline sums over both runs)."""
     rows: dict[str, list[Any]] = {}
     for name in report.pipeline:
-        rows.setdefault(name, [name, "", 0, 0, 0, 0, 0, 0, 0.0])
+        rows.setdefault(name, [name, "", 0, 0, 0, 0, 0, 0, 0, 0.0])
     for app in report.applications:
-        r = rows.setdefault(app.pass_name, [app.pass_name, "", 0, 0, 0, 0, 0, 0, 0.0])
+        r = rows.setdefault(app.pass_name, [app.pass_name, "", 0, 0, 0, 0, 0, 0, 0, 0.0])
         r[1] = app.contract
         r[2] += 1
         r[3] += len(app.obligations)
         r[4] += app.count("proved")
         r[5] += app.count("refuted")
         r[6] += app.count("unknown")
-        r[7] += app.identical_outputs
-        r[8] += app.seconds
-    return [(r[0], r[1] or "-", *(str(x) for x in r[2:8]), f"{r[8]:.2f}") for r in rows.values()]
+        r[7] += 1 if app.vacuous else 0
+        r[8] += app.identical_outputs
+        r[9] += app.seconds
+    return [(r[0], r[1] or "-", *(str(x) for x in r[2:9]), f"{r[9]:.2f}") for r in rows.values()]
 
 
 def _console(out: Any) -> Any:
@@ -133,7 +134,8 @@ def print_summary(report: Any, out: Any = None) -> None:
     console = _console(out)
     out.write(f"pipeline: {', '.join(report.pipeline) or '(empty)'}\n")
     t = Table()
-    for col in ("pass", "contract", "applied", "obligations", "proved", "refuted", "unknown", "unchanged", "seconds"):
+    for col in ("pass", "contract", "applied", "obligations", "proved", "refuted", "unknown", "vacuous", "unchanged",
+                "seconds"):
         t.add_column(col, justify="left" if col in ("pass", "contract") else "right", no_wrap=True)
     for row in _per_pass_rows(report):
         style = "bold red" if row[5] != "0" else ("yellow" if row[6] != "0" else None)  # refuted / unknown
@@ -148,10 +150,12 @@ def print_summary(report: Any, out: Any = None) -> None:
             elif o.status == "unknown":
                 out.write(f"\nUNKNOWN  pass {o.pass_name} ({o.contract}), application {k}{rolled}, "
                           f"result @{o.function}:{o.output}: {o.verdict.reason}\n")  # type: ignore[union-attr]
+    for a in report.vacuous:
+        out.write(f"\nNO OBLIGATION  pass {a.pass_name}: {a.vacuous} (not counted as proved)\n")
     n = len(report.obligations)
     out.write(f"\n{n} obligations in {len(report.applications)} pass applications: {report.count('proved')} "
-              f"proved, {report.count('refuted')} refuted, {report.count('unknown')} unknown "
-              f"({report.seconds:.2f} s of proof time)\n")
+              f"proved, {report.count('refuted')} refuted, {report.count('unknown')} unknown, "
+              f"{len(report.vacuous)} applications without obligations ({report.seconds:.2f} s of proof time)\n")
 
 
 def _write_outputs(report: Any, args: argparse.Namespace, model: str, timings: Mapping[str, float]) -> None:
@@ -177,9 +181,10 @@ def _write_outputs(report: Any, args: argparse.Namespace, model: str, timings: M
 
 def verify_model(args: argparse.Namespace) -> int:
     from cuvil.cli_common import import_model_file
+    from cuvil.ir.hashing import module_hash
     from cuvil.plugins import load_pass_plugin, resolve_pipeline
     from verify.batch import check_all, collect
-    from verify.certificate import Report, module_hash
+    from verify.certificate import Report
 
     if args.opt_level is not None and args.passes:
         raise InputError("give either -O<level> or -p PIPELINE, not both", location="-p")

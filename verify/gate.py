@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuvil.ir.hashing import module_hash
 from cuvil.ir.module import Module
 from cuvil.passes.base import Pass
-from verify.certificate import Report, module_hash
+from verify.certificate import Report
 from verify.errors import ProofFailure, ProofIncomplete
 from verify.obligations import DEFAULT_TIMEOUT, Application, check_application
 from verify.verdict import Refuted

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import z3
 
-from cuvil.ir.hashing import structural_hash
-from cuvil.ir.module import Function, Module
+from cuvil.ir.hashing import constant_conflicts, structural_hash
+from cuvil.ir.module import Function, Module, content_hash
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
 from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, param_dependent
@@ -93,6 +93,9 @@ class Application:
     obligations: list[ObligationRecord] = field(default_factory=list)
     identical_outputs: int = 0
     seconds: float = 0.0
+    vacuous: str = ""
+    """Why the application has no obligation although it changed the module (metadata only,
+    every result identical); such an application is reported, never counted as proved."""
 
     def count(self, kind: str) -> int:
         return sum(1 for o in self.obligations if o.status == kind)
@@ -107,11 +110,15 @@ class Application:
 
     @property
     def proved(self) -> bool:
-        return all(o.status == "proved" for o in self.obligations)
+        """Every obligation proved, and there is at least one (a vacuous application proves nothing)."""
+        return bool(self.obligations) and all(o.status == "proved" for o in self.obligations)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pass": self.pass_name, "contract": self.contract, "identical_outputs": self.identical_outputs,
-                "seconds": round(self.seconds, 4), "obligations": [o.to_json() for o in self.obligations]}
+        out = {"pass": self.pass_name, "contract": self.contract, "identical_outputs": self.identical_outputs,
+               "seconds": round(self.seconds, 4), "obligations": [o.to_json() for o in self.obligations]}
+        if self.vacuous:
+            out["vacuous"] = self.vacuous
+        return out
 
 
 def check_application(pass_: Pass, before: Module, after: Module, *, timeout: float = DEFAULT_TIMEOUT,
@@ -119,6 +126,10 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
     """Every obligation of ``before -> after`` under ``pass_``'s contract."""
     start = time.perf_counter()
     app = Application(pass_.name, str(pass_.contract))
+    for key in constant_conflicts(after.constants):
+        app.obligations.append(_structural(pass_, "*", f"@{key}", "constant check", key,
+                                           content_hash(after.constants[key]),
+                                           "the pass stored other bytes under an existing constant key"))
     for fb in before.functions:
         fa = next((f for f in after.functions if f.name == fb.name), None)
         if fa is None:
@@ -126,10 +137,20 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
             continue
         if fb.param_types != fa.param_types or [p.name for p in fb.params] != [p.name for p in fa.params] \
                 or len(fb.results) != len(fa.results):
-            ce = Counterexample("*", (), "", "; ".join(str(t) for t in fb.param_types),
-                                "; ".join(str(t) for t in fa.param_types), [], "signature check", replayed=False,
-                                note="the pass changed the function's signature")
-            app.obligations.append(_record(pass_, fb.name, "*", Refuted(ce)))
+            app.obligations.append(_structural(pass_, fb.name, "*", "signature check",
+                                               "; ".join(str(t) for t in fb.param_types),
+                                               "; ".join(str(t) for t in fa.param_types),
+                                               "the pass changed the function's signature"))
+            continue
+        if fb.result_names != fa.result_names:
+            app.obligations.append(_structural(pass_, fb.name, "*", "output names", ", ".join(fb.result_names),
+                                               ", ".join(fa.result_names), "the pass renamed or reordered outputs"))
+            continue
+        if fb.constraints != fa.constraints:
+            app.obligations.append(_structural(pass_, fb.name, "*", "dim constraints",
+                                               "; ".join(map(str, fb.constraints)) or "(none)",
+                                               "; ".join(map(str, fa.constraints)) or "(none)",
+                                               "the pass changed the dims the function accepts"))
             continue
         diffs = [r for r in range(len(fb.results))
                  if structural_hash(fb.results[r]) != structural_hash(fa.results[r])]
@@ -148,8 +169,28 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         for r in diffs:
             app.obligations.append(_output_obligation(pass_, fb, fa, r, table, cut_table, lemmas, constants,
                                                       timeout, seed, runs))
+    if not app.obligations:
+        app.vacuous = _vacuous_reason(before, after)
     app.seconds = time.perf_counter() - start
     return app
+
+
+def _vacuous_reason(before: Module, after: Module) -> str:
+    """What an application without obligations changed (nothing that carries meaning)."""
+    changed = sorted(k for k in {*before.metadata, *after.metadata}
+                     if before.metadata.get(k) != after.metadata.get(k))
+    if changed:
+        return ("only module metadata changed (" + ", ".join(changed) + "); code generation does not read it")
+    if {f.name for f in after.functions} - {f.name for f in before.functions}:
+        return "only functions were added; every existing result is identical"
+    return "every result is structurally identical"
+
+
+def _structural(pass_: Pass, function: str, output: str, check: str, before: str, after: str,
+                note: str) -> ObligationRecord:
+    """A refutation by a difference in the module's structure (no inputs to replay)."""
+    ce = Counterexample(output, (), "", before, after, [], check, replayed=False, note=note)
+    return _record(pass_, function, output, Refuted(ce))
 
 
 def _record(pass_: Pass, function: str, output: str, verdict: Verdict) -> ObligationRecord:

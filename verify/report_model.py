@@ -89,6 +89,7 @@ def to_report(rep: VerifyReport, *, model: str | None = None, settings: Mapping[
     cert = rep.certificate()
     sections: dict[str, Any] = {
         "verification": {"policy": rep.policy, "applications": len(rep.applications),
+                         "vacuous_applications": len(rep.vacuous),
                          "obligations": len(rep.obligations), "rolled_back": len(rep.rollbacks),
                          "seconds": round(rep.seconds, 3)},
         "versions": cert["versions"],

@@ -88,7 +88,8 @@ class Module:
 
     def __post_init__(self) -> None:
         used = self.used_constants()
-        consts = {k: v for k, v in self.constants.items() if k in used}
+        consts = {k: v if isinstance(v, np.ndarray) and not v.flags.writeable else frozen_array(v)
+                  for k, v in self.constants.items() if k in used}
         object.__setattr__(self, "functions", tuple(self.functions))
         object.__setattr__(self, "constants", MappingProxyType(consts))
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))

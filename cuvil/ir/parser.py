@@ -80,6 +80,7 @@ class _Parser:
         self.i = 0
         self.constants: dict[str, np.ndarray] = {}
         self.const_types: dict[str, TensorType] = {}
+        self.const_names: dict[str, str] = {}
         self.locations: dict[Value, str] = {}
 
     # positions and errors ------------------------------------------------------------
@@ -285,7 +286,7 @@ class _Parser:
         start = self.expect("const")
         self.expect("@")
         key, tok = self.name("a constant name")
-        if key in self.constants:
+        if key in self.const_names:
             self.fail(tok, f"constant @{key} is declared twice", "constant names are unique in a module",
                       found=False)
         self.expect(":", "a constant is `const @name : f32[2] = [1.0, 2.0]`")
@@ -305,8 +306,12 @@ class _Parser:
                              f"({content_hash(arr)})", location=self.where(start.pos),
                              hint="the file was edited or corrupted; constants named k<hash> are checked "
                                   "against their data (use another name for hand-written constants)")
-        self.constants[key] = frozen_array(arr)
-        self.const_types[key] = t
+        # a module stores constants under their content hash (cuvil.ir.hashing relies on it), so a
+        # hand-written name is an alias for that key
+        stored = content_hash(arr)
+        self.constants[stored] = frozen_array(arr)
+        self.const_types[stored] = t
+        self.const_names[key] = stored
 
     def _decode_base64(self, tok: Token, t: TensorType, key: str) -> np.ndarray:
         try:
@@ -389,6 +394,7 @@ class _Parser:
             return scope[name]
         if tok.kind == "punct" and tok.text == "@":
             key, ktok = self.name("a constant name")
+            key = self.const_names.get(key, key)
             t = self.const_types.get(key)
             if t is None:
                 self.fail(ktok, f"constant @{key} is not declared",

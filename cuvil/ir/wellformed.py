@@ -15,7 +15,8 @@ import numpy as np
 
 from cuvil.errors import CuvilError, IRError
 from cuvil.ir.dtypes import DType
-from cuvil.ir.module import Function, Module
+from cuvil.ir.hashing import constant_conflicts
+from cuvil.ir.module import Function, Module, content_hash
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.printer import value_names
 from cuvil.ir.region import Region
@@ -233,6 +234,10 @@ def check_module(module: Module, *, locations: Mapping[Value, str] | None = None
                           hint="function names must be unique within a module")
         names.add(fn.name)
         check_function(module, fn, locations=locations)
+    for key in constant_conflicts(module.constants):
+        raise IRError(f"constant @{key} holds data whose content hash is {content_hash(module.constants[key])}",
+                      location=f"@{key}", hint="a constant is stored under the hash of its dtype, shape and bytes; "
+                      "new data needs its own key (Builder.const computes it)")
 
 
 __all__ = ["check_function", "check_module"]

@@ -27,7 +27,8 @@ class Contract(enum.Enum):
 
 @dataclass(frozen=True)
 class PassResult:
-    """The new module and whether anything changed (``changed=False`` means ``module is`` the input)."""
+    """The new module and whether the pass thinks it changed anything. The pass manager and the
+    verifier decide that by comparing content (``cuvil.ir.hashing.module_hash``), not by this flag."""
 
     module: Module
     changed: bool

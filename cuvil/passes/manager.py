@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cuvil.errors import CuvilError
+from cuvil.ir.hashing import module_hash
 from cuvil.ir.module import Module
 from cuvil.log import logger
 from cuvil.passes.base import PASS_REGISTRY, Contract, Pass
@@ -53,6 +54,12 @@ class PipelineResult:
         return [(r.name, r.changed, r.seconds, r.ops_before, r.ops_after) for r in self.records]
 
 
+def content_changed(before: Module, after: Module) -> bool:
+    """Whether ``after`` differs from ``before`` in content (``cuvil.ir.hashing.module_hash``):
+    a pass's own ``changed`` flag is never trusted."""
+    return after is not before and module_hash(after) != module_hash(before)
+
+
 def op_count(module: Module) -> int:
     return sum(len(f.ops()) for f in module.functions)
 
@@ -77,21 +84,24 @@ class PassManager:
             start = time.perf_counter()
             out = p.run(current)
             seconds = time.perf_counter() - start
-            if self.check and out.changed:
+            changed = content_changed(current, out.module)
+            if changed != out.changed:
+                logger.debug("pass %s said changed=%s; its output's content says %s", p.name, out.changed, changed)
+            if self.check and changed:
                 try:
                     check_module(out.module)
                 except CuvilError as e:
                     raise PipelineError(f"pass {p.name} produced malformed IR: {e.message}",
                                         location=f"pass {p.name}: {e.location or ''}",
                                         hint="this is a bug in the pass") from e
-            rec = PassRecord(p.name, p.contract, out.changed, seconds, op_count(current), op_count(out.module),
-                             current, out.module, notes=out.notes)
-            if out.changed and self.gate is not None:
+            rec = PassRecord(p.name, p.contract, changed, seconds, op_count(current), op_count(out.module),
+                             current, out.module if changed else current, notes=out.notes)
+            if changed and self.gate is not None:
                 rec.gate = self.gate(p, current, out.module)
                 if not rec.gate.accept:
                     rec.rolled_back = True
                     rec.after = current
-            logger.debug("pass %-22s %s %.3f s ops %d -> %d%s", p.name, "changed" if out.changed else "no-op",
+            logger.debug("pass %-22s %s %.3f s ops %d -> %d%s", p.name, "changed" if changed else "no-op",
                          seconds, rec.ops_before, rec.ops_after, " (rolled back)" if rec.rolled_back else "")
             current = rec.after
             result.records.append(rec)
