@@ -14,7 +14,7 @@ import numpy as np
 from cuvil.errors import ConstraintError, InputError, IRError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
-from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, cast, literal
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, cast, literal, sequential_reduce
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
 from cuvil.ir.symbolic import Sym, evaluate_dim
@@ -118,32 +118,9 @@ class _RuleEvaluator:
             self.env[name] = self._axis(n, base + k)
         body = self.lift(self.expr(e.body))
         full = np.broadcast_to(body, body.shape[:base] + tuple(extents))
-        axes = tuple(range(base, base + len(extents)))
-        dt = body.dtype
-        if e.kind == "sum":
-            out = np.sum(full, axis=axes, dtype=dt)
-        elif e.kind == "prod":
-            out = np.prod(full, axis=axes, dtype=dt)
-        elif e.kind in ("max", "min"):
-            if full.size == 0 or 0 in extents:
-                init = _identity(e.kind, dt)
-                out = (np.max if e.kind == "max" else np.min)(full, axis=axes, initial=init)
-            else:
-                out = (np.max if e.kind == "max" else np.min)(full, axis=axes)
-        else:
-            raise IRError(f"unknown reduction {e.kind!r}", location=self.op)
         self.env = saved
         self.depth = base
-        return self.lift(np.asarray(out, dtype=dt))
-
-
-def _identity(kind: str, dt: np.dtype) -> Any:
-    if dt.kind == "b":
-        return kind != "max"
-    d = DType.from_numpy(dt)
-    if d.is_float:
-        return -np.inf if kind == "max" else np.inf
-    return d.min_value if kind == "max" else d.max_value
+        return self.lift(sequential_reduce(e.kind, full, base))
 
 
 def evaluate_rule(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],

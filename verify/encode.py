@@ -34,6 +34,11 @@ UNROLL_LIMIT = 16
 ENCODING_BUDGET = 200_000
 """Value-at-index encodings one obligation may create before it is given up as too large."""
 
+DIM_LIMIT = 1 << 40
+"""The largest value of a symbolic dim without an upper constraint: no tensor has 2^40 elements
+along one axis (it would not fit in memory). Certificates state this assumption; integer
+arithmetic on indices is exact below it and wraps as the interpreter does above its type."""
+
 
 @dataclass
 class Leaf:
@@ -218,8 +223,9 @@ class IndexSpace:
 
 @dataclass(frozen=True)
 class IndexInt:
-    """An integer scalar computed from indices (iota, masks, offsets): kept as a linear form
-    in unbounded integers, which is exact while it stays in its dtype's range (indices do)."""
+    """An integer scalar computed from indices (iota, masks, offsets): kept as a linear form in
+    unbounded integers only while its bounds prove it inside its dtype's range (where unbounded
+    and wrapping arithmetic agree); anything that may leave the range becomes a bit-vector."""
 
     lin: Lin
 
@@ -288,12 +294,12 @@ class ConeEncoder:
             if found is None:
                 c = self.constraints.get(f, DimConstraint(f))
                 v = z3.Int(f"__d_{f}", self.ctx)
+                hi = c.hi if c.hi is not None else DIM_LIMIT
                 self.bound_facts.append(v >= c.lo)
-                if c.hi is not None:
-                    self.bound_facts.append(v <= c.hi)
+                self.bound_facts.append(v <= hi)
                 if c.multiple_of != 1:
                     self.bound_facts.append(v % c.multiple_of == 0)
-                found = self.space.atom(v, c.lo, c.hi)
+                found = self.space.atom(v, c.lo, hi)
                 self._dims[f] = found
             return found
         args = [self.dim(a) for a in f.args]
@@ -389,6 +395,15 @@ class ConeEncoder:
             return IndexInt(IndexSpace.const(int(value)))
         return self.sem.lit(value, dt)
 
+    def _index_int(self, lin: Lin, dtype: DType) -> IndexInt | None:
+        """``lin`` as an integer of ``dtype`` when its bounds keep it in range, else None."""
+        if not dtype.is_int:
+            return None
+        lo, hi = self.space.interval(lin)
+        if lo is None or hi is None or lo < int(dtype.min_value) or hi > int(dtype.max_value):
+            return None
+        return IndexInt(lin)
+
     # index expressions ------------------------------------------------------------------
     def ix(self, e: R.Ix, env: _Env, owner: Value) -> Lin:
         k = e.kind
@@ -433,11 +448,11 @@ class ConeEncoder:
             return self._true if c else self._false
         return c
 
-    def _as_index(self, v: Any) -> Lin | None:
+    def _as_index(self, v: Any, dtype: DType) -> Lin | None:
         if isinstance(v, IndexInt):
             return v.lin
         if isinstance(v, z3.BitVecNumRef):
-            return IndexSpace.const(v.as_signed_long())
+            return IndexSpace.const(v.as_signed_long() if dtype.is_signed else v.as_long())
         return None
 
     def expr(self, e: R.Expr, env: _Env, owner: Value) -> Any:
@@ -446,7 +461,13 @@ class ConeEncoder:
         if isinstance(e, R.Lit):
             return self._lit(e.value, e.dtype)
         if isinstance(e, R.IndexValue):
-            return IndexInt(self.ix(e.ix, env, owner))
+            lin = self.ix(e.ix, env, owner)
+            if e.dtype.is_float:
+                return self.sem.index_to_float(self.space.term(lin), e.dtype)
+            exact = self._index_int(lin, e.dtype)
+            if exact is not None or e.dtype is DType.bool:
+                return exact if exact is not None else self._bool(self.space.compare("ne", lin, IndexSpace.const(0)))
+            return z3.Int2BV(self.space.term(lin), e.dtype.bits)  # wraps, as the interpreter's astype does
         key = (id(e), tuple(env.vars[n] for n in self._uses(e)))
         found = self._expr_memo.get(key)
         if found is not None:
@@ -505,7 +526,7 @@ class ConeEncoder:
         """Integer arithmetic on index-derived values stays in linear forms."""
         if not dtypes or not dtypes[-1].is_int:
             if fn == "select" and out.is_int:
-                a, b = self._as_index(args[1]), self._as_index(args[2])
+                a, b = self._as_index(args[1], out), self._as_index(args[2], out)
                 if a is not None and b is not None and (isinstance(args[1], IndexInt) or isinstance(args[2], IndexInt)):
                     c = self._scalar(args[0], DType.bool)
                     if z3.is_true(c):
@@ -517,7 +538,7 @@ class ConeEncoder:
                     hi = None if ahi is None or bhi is None else max(ahi, bhi)
                     return IndexInt(self.space.atom(z3.If(c, self.space.term(a), self.space.term(b)), lo, hi))
             return None
-        lins = [self._as_index(a) for a in args]
+        lins = [self._as_index(a, d) for a, d in zip(args, dtypes, strict=True)]
         if any(x is None for x in lins) or not any(isinstance(a, IndexInt) for a in args):
             return None
         ls: list[Lin] = lins  # type: ignore[assignment]
@@ -526,23 +547,25 @@ class ConeEncoder:
                 return self.sem.index_to_float(self.space.term(ls[0]), out)
             if out is DType.bool:
                 return self._bool(self.space.compare("ne", ls[0], IndexSpace.const(0)))
-            return IndexInt(ls[0]) if out.bits >= 32 else None
-        if fn == "add":
-            return IndexInt(self.space.add(ls[0], ls[1]))
-        if fn == "sub":
-            return IndexInt(self.space.add(ls[0], ls[1], -1))
-        if fn == "mul":
-            return IndexInt(self.space.mul(ls[0], ls[1]))
-        if fn == "neg":
-            return IndexInt(self.space.scale(ls[0], -1))
-        if fn in ("min", "max"):
-            return IndexInt(self.space.minmax(ls[0], ls[1], fn))
+            return self._index_int(ls[0], out)
         if fn in _INDEX_CMP:
             return self._bool(self.space.compare(fn, ls[0], ls[1]))
+        # the result stays an index form only while it provably fits ``out`` (else: bit-vectors)
+        if fn == "add":
+            return self._index_int(self.space.add(ls[0], ls[1]), out)
+        if fn == "sub":
+            return self._index_int(self.space.add(ls[0], ls[1], -1), out)
+        if fn == "mul":
+            return self._index_int(self.space.mul(ls[0], ls[1]), out)
+        if fn == "neg":
+            return self._index_int(self.space.scale(ls[0], -1), out)
+        if fn in ("min", "max"):
+            return self._index_int(self.space.minmax(ls[0], ls[1], fn), out)
         if fn in ("div", "mod") and ls[1].is_const and ls[1].const > 0:
             lo, _ = self.space.interval(ls[0])
             if fn == "mod" or (lo is not None and lo >= 0):  # floored modulo / truncation of non-negatives
-                return IndexInt(self.space.mod(ls[0], ls[1]) if fn == "mod" else self.space.floordiv(ls[0], ls[1]))
+                lin = self.space.mod(ls[0], ls[1]) if fn == "mod" else self.space.floordiv(ls[0], ls[1])
+                return self._index_int(lin, out)
         return None
 
     def _reduce(self, e: R.Reduce, env: _Env, owner: Value) -> Any:
@@ -574,7 +597,13 @@ class ConeEncoder:
             bind[name] = self.space.atom(b, 0, None if hi is None else hi - 1)
             ext_values.append(ext.const if ext.is_const else self.space.term(ext))
         body = self._scalar(self.expr(e.body, env.bind(bind), owner), dt)
-        return self.sem.reduce_symbolic(e.kind, body, dt, binders, ext_values)
+        out = self.sem.reduce_symbolic(e.kind, body, dt, binders, ext_values)
+        maybe_empty = [x for x in extents if (self.space.interval(x)[0] or 0) < 1]
+        if not maybe_empty:
+            return out
+        # an extent the constraints let be 0: the reduction is then its identity
+        empty = z3.Or(*[self.space.term(x) <= 0 for x in maybe_empty])
+        return self.sem.select(empty, self._scalar(self.sem.reduce_identity(e.kind, dt), dt), out, dt)
 
 
 def _ix_vars(ix: R.Ix) -> set[str]:

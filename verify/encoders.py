@@ -226,7 +226,7 @@ class Semantics:
         if fn == "div":
             return z3.If(b == zero, zero, a / b if signed else z3.UDiv(a, b))
         if fn == "mod":
-            return z3.If(b == zero, zero, z3.SMod(a, b) if signed else z3.URem(a, b))
+            return z3.If(b == zero, zero, a % b if signed else z3.URem(a, b))  # z3py's % is bvsmod (floored)
         if fn == "fmod":
             return z3.If(b == zero, zero, z3.SRem(a, b) if signed else z3.URem(a, b))
         if fn in ("min", "max"):

@@ -76,11 +76,49 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
     out.status = "sat"
     out.reason = "the encodings can differ"
     model = solver.model()
+    if _too_large(model, decode):
+        # look for a difference at dims small enough to replay (a model of 2^40 elements cannot be)
+        dims = [z3.Int(d.name(), ctx) for d in model.decls() if d.name().startswith("__d_")]
+        solver.push()
+        solver.add(*[d <= SMALL_DIM for d in dims])
+        if solver.check() == z3.sat:
+            model = solver.model()
+        solver.pop()
     _decode(out, model, enc, before, decode)
     return out
 
 
-def _model_value(v: z3.ExprRef) -> float | int | bool | None:
+DECODE_LIMIT = 1 << 22
+"""Largest number of elements of one decoded counterexample tensor."""
+
+SMALL_DIM = 1 << 16
+"""When a model's dims make a tensor too large to replay, the search is repeated with every
+symbolic dim at most this."""
+
+
+def _leaf_elements(leaf: Leaf, dims: dict[str, int]) -> int:
+    try:
+        return int(np.prod([evaluate_dim(d, dims) for d in leaf.type.shape], dtype=np.float64))
+    except KeyError:
+        return 0
+
+
+def _model_dims(model: z3.ModelRef) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for d in model.decls():
+        if d.name().startswith("__d_"):
+            val = _model_value(model[d])
+            if isinstance(val, int):
+                dims[d.name()[4:]] = val
+    return dims
+
+
+def _too_large(model: z3.ModelRef, leaves: Sequence[Leaf]) -> bool:
+    dims = _model_dims(model)
+    return any(_leaf_elements(leaf, dims) > DECODE_LIMIT for leaf in leaves)
+
+
+def _model_value(v: z3.ExprRef, signed: bool = True) -> float | int | bool | None:
     if z3.is_true(v):
         return True
     if z3.is_false(v):
@@ -90,7 +128,7 @@ def _model_value(v: z3.ExprRef) -> float | int | bool | None:
     if z3.is_algebraic_value(v):
         return float(v.approx(20).as_fraction())
     if z3.is_bv_value(v):
-        return v.as_signed_long()
+        return v.as_signed_long() if signed else v.as_long()
     if z3.is_int_value(v):
         return v.as_long()
     return None
@@ -99,13 +137,7 @@ def _model_value(v: z3.ExprRef) -> float | int | bool | None:
 def _decode(out: Attempt, model: z3.ModelRef, enc: ConeEncoder, root: Value, leaves: Sequence[Leaf]) -> None:
     """Concrete tensors for ``leaves`` and the output index from a z3 model, when every leaf's
     sort has concrete values (opaque float sorts do not)."""
-    dims: dict[str, int] = {}
-    for d in model.decls():
-        name = d.name()
-        if name.startswith("__d_"):
-            val = _model_value(model[d])
-            if isinstance(val, int):
-                dims[name[4:]] = val
+    dims = _model_dims(model)
     out.model_dims = dims
     index: list[int] = []
     for k in range(root.type.rank):
@@ -123,29 +155,31 @@ def _decode(out: Attempt, model: z3.ModelRef, enc: ConeEncoder, root: Value, lea
             shape = tuple(evaluate_dim(d, dims) for d in leaf.type.shape)
         except KeyError:
             return
+        if _leaf_elements(leaf, dims) > DECODE_LIMIT:
+            return  # too large to replay: no model inputs
         arr = np.zeros(shape, dtype=np.float64)
         decl = decls.get(f"t_{leaf.key}")
         if decl is not None:
             try:
-                _fill(arr, model[decl], shape)
+                _fill(arr, model[decl], shape, leaf.type.dtype.is_signed)
             except z3.Z3Exception:
                 pass
         tensors[leaf.key] = arr.astype(leaf.type.dtype.np)
     out.model_inputs = tensors
 
 
-def _fill(arr: np.ndarray, interp: object, shape: tuple[int, ...]) -> None:
+def _fill(arr: np.ndarray, interp: object, shape: tuple[int, ...], signed: bool = True) -> None:
     """Write a model's interpretation of a leaf function into ``arr``."""
     if not isinstance(interp, z3.FuncInterp):
-        val = _model_value(interp) if isinstance(interp, z3.ExprRef) else None
+        val = _model_value(interp, signed) if isinstance(interp, z3.ExprRef) else None
         if val is not None:
             arr[...] = val
         return
-    els = _model_value(interp.else_value())
+    els = _model_value(interp.else_value(), signed)
     arr[...] = 0 if els is None else els
     for entry in interp.as_list()[:-1]:
         pos = [_model_value(x) for x in entry[:-1]]
-        val = _model_value(entry[-1])
+        val = _model_value(entry[-1], signed)
         if val is None or any(not isinstance(p, int) for p in pos):
             continue
         if all(0 <= p < s for p, s in zip(pos, shape, strict=True)):  # type: ignore[operator]

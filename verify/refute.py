@@ -53,6 +53,9 @@ RIT_CHECK_LIMIT = 20_000_000
 """The same limit when the obligation is already proved and the Z_p evaluation is only a
 cross-check of the proof (a full-size ResNet or BERT-style encoder costs seconds per side)."""
 
+MODEL_DIMS_ELEMENTS = 1 << 22
+"""Largest tensor the search at a z3 model's dims generates."""
+
 _TINY = {DType.f16: 1e-6, DType.bf16: 1e-30, DType.f32: 1e-30, DType.f64: 1e-200}
 _HUGE = {DType.f16: 300.0, DType.bf16: 1e15, DType.f32: 1e15, DType.f64: 1e150}
 
@@ -154,7 +157,7 @@ def _first(mask: np.ndarray) -> tuple[int, ...] | None:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
-_EVAL_ERRORS = (CuvilError, ValueError, IndexError, TypeError, FloatingPointError)
+_EVAL_ERRORS = (CuvilError, ValueError, IndexError, TypeError, FloatingPointError, KeyError)
 
 RECENT_RUNS = 6
 """Whole-function evaluations kept across applications: in a pipeline one pass's ``after`` is the
@@ -171,11 +174,11 @@ class Evaluations:
     the mode, so an application's checks do not depend on what ran before them."""
 
     def __init__(self, before: Function, after: Function, constants: Mapping[str, np.ndarray],
-                 seed: int = 0) -> None:
+                 seed: int = 0, dims: Mapping[str, int] | None = None) -> None:
         self.fns = {"before": before, "after": after}
         self.constants = constants
         self.seed = seed
-        self.dims = concrete_dims(before)
+        self.dims = dict(dims) if dims is not None else concrete_dims(before)
         self._inputs: dict[str, list[np.ndarray]] = {}
         self._values: dict[tuple[str, str, bool], dict[Value, np.ndarray] | None] = {}
 
@@ -259,11 +262,11 @@ class Refuter:
             self._f64[name] = to_float64(fn, self.case.constants)
         return self._f64[name]
 
-    def _run(self, fn: Function, inputs: Sequence[np.ndarray], name: str, wide: bool
+    def _run(self, fn: Function, inputs: Sequence[np.ndarray], name: str, wide: bool, position: int = 0
              ) -> np.ndarray | None:
         try:
             if not wide:
-                return run_function(fn, self.case.constants, list(inputs))[0]
+                return run_function(fn, self.case.constants, list(inputs))[position]
             conv = self._wide(name, fn)
             if conv is None:
                 return None
@@ -291,6 +294,8 @@ class Refuter:
             out.tried.append("z3 model")
             out.counterexample = self._try_cut_values(attempt.model_inputs, "a z3 model", free=True,
                                                       index=attempt.model_index)
+        if out.counterexample is None and attempt is not None and attempt.model_dims:
+            out.counterexample = self._at_model_dims(attempt, out, independent)
         if full and independent:
             for mode in ("random", "range-ends", "tiny", "huge", "negative-zeros"):
                 if out.counterexample is not None or time.perf_counter() - start > budget:
@@ -323,9 +328,65 @@ class Refuter:
         if before is not None and after is not None and _identical(before, after):
             return None
         ce = self._try_cut_values(cut, f"float evaluation ({mode} inputs)", free=False, before=before, after=after)
+        if ce is None and before is not None and after is not None:
+            ce = self._whole_function(inputs, f"float evaluation ({mode} inputs)")
         if ce is not None:
             ce.function_inputs = {p.name: x for p, x in zip(case.before_fn.params, inputs, strict=True)}
         return ce
+
+    def _whole_function(self, inputs: Sequence[np.ndarray], found_by: str) -> Counterexample | None:
+        """A difference of the whole functions, replayed on them (when the cones cannot be run
+        alone: a dim only an attribute names, at an extent the cut leaves do not show)."""
+        case = self.case
+        rb = self._run(case.before_fn, inputs, "before", wide=False, position=case.position)
+        ra = self._run(case.after_fn, inputs, "after", wide=False, position=case.position)
+        if rb is None or ra is None or self.case.contract is not Contract.EXACT:
+            return None
+        at = _first(differences(rb, ra, None, None, case.contract))
+        if at is None:
+            return None
+        params = [TensorInput(f"%{p.name}", p.type, "param", np.asarray(x))
+                  for p, x in zip(case.before_fn.params, inputs, strict=True)]
+        return Counterexample(case.output, at, str(rb.dtype), rb[at].item(), ra[at].item(), params, found_by,
+                              note="replayed on the whole function")
+
+    def _at_model_dims(self, attempt: Attempt, out: Search, independent: bool) -> Counterexample | None:
+        """A z3 model names dims where the sides can differ (an empty extent, one specific size),
+        even when its values cannot be decoded or do not replay: search there."""
+        dims = self._model_dims(attempt)
+        if dims is None:
+            return None
+        case = self.case
+        runs = Evaluations(case.before_fn, case.after_fn, case.constants, self.seed, dims)
+        saved_dims, saved_runs = self.dims, self.runs
+        self.dims, self.runs = dims, runs
+        try:
+            for mode in ("random", "specials", "signed-zeros"):
+                out.tried.append(f"float {mode} at the z3 model's dims")
+                found = self._model_inputs(mode)
+                if found is None and independent:
+                    out.tried.append(f"free cut {mode} at the z3 model's dims")
+                    found = self._free_cut(mode)
+                if found is not None:
+                    shown = ", ".join(f"{k}={v}" for k, v in sorted(dims.items()))
+                    found.found_by += f" at the z3 model's dims ({shown})"
+                    return found
+        finally:
+            self.dims, self.runs = saved_dims, saved_runs
+        return None
+
+    def _model_dims(self, attempt: Attempt) -> dict[str, int] | None:
+        """The dims of a z3 model, when they differ from the search's and keep tensors small."""
+        symbols = set(self.case.before_fn.symbols())
+        dims = {**self.dims, **{k: v for k, v in attempt.model_dims.items() if k in symbols}}
+        if dims == self.dims:
+            return None
+        try:
+            sizes = [int(np.prod([evaluate_dim(d, dims) for d in leaf.type.shape], dtype=np.float64))
+                     for leaf in self.case.cones.inputs]
+        except (KeyError, ValueError):
+            return None
+        return dims if all(0 <= n <= MODEL_DIMS_ELEMENTS for n in sizes) else None
 
     def _free_cut(self, mode: str) -> Counterexample | None:
         cut: dict[str, np.ndarray] = {}

@@ -25,10 +25,6 @@ from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
 
-WIDE_SUM_MIN = 2048
-"""f32 sums of at least this many terms accumulate in f64: a sequential f32 sum's error grows
-with its length, and numpy's pairwise sum (the interpreter) stays within 1e-7 relative."""
-
 Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a reduction at that depth
 
 
@@ -404,10 +400,13 @@ class RuleKernel:
         terms = 1
         for n in extents:
             terms *= n
-        wide = dt is DType.f32 and e.kind == "sum" and terms >= WIDE_SUM_MIN
-        ct = ir.DoubleType() if wide else compute_type(dt)
+        ct = compute_type(dt)
         acc = self.alloca_builder.alloca(ct, name=f"acc.{e.kind}")
-        self.b.store(ir.Constant(ct, 0.0) if wide else identity(e.kind, dt), acc)
+        # the rule folds from the first term; a float sum folded from -0.0 is the same bit for bit
+        # (x + -0.0 is x), and a sum over nothing is +0.0
+        start = ir.Constant(ct, -0.0) if e.kind == "sum" and dt.is_float and terms else identity(e.kind, dt)
+        self.b.store(start, acc)
+        rounds = dt in (DType.f16, DType.bf16) or (dt.is_float and dt.is_narrow)
         inner = dict(env)
         tokens = []
         for k, (name, _) in enumerate(e.axes):
@@ -418,9 +417,8 @@ class RuleKernel:
             if pos == len(extents):
                 v = self.lower(e.body, inner, depth + 1)
                 cur = self.b.load(acc, typ=ct)
-                if wide:
-                    v = self.b.fpext(v, ct)
-                self.b.store(self._combine(e.kind, cur, v, dt), acc)
+                step = self._combine(e.kind, cur, v, dt)
+                self.b.store(self.s.round_to(step, dt) if rounds else step, acc)  # each step in the dtype
                 return
 
             def body(i: ir.Value) -> None:
@@ -434,18 +432,14 @@ class RuleKernel:
 
         level(0)
         out = self.b.load(acc, typ=ct)
-        if wide:
-            out = self.b.fptrunc(out, compute_type(dt))
-        if dt in (DType.f16, DType.bf16) or (dt.is_float and dt.is_narrow):  # accumulated in f32, rounded once
-            out = self.s.round_to(out, dt)
         return out
 
     def _combine(self, kind: str, acc: ir.Value, v: ir.Value, dt: DType) -> ir.Value:
         b = self.b
-        if dt.is_float and kind == "sum":  # numpy sums pairwise: the order is not part of the meaning
-            return b.fadd(acc, v, flags=("reassoc",))
+        if dt.is_float and kind == "sum":  # in the rule's order: no reassociation
+            return b.fadd(acc, v)
         if dt.is_float and kind == "prod":
-            return b.fmul(acc, v, flags=("reassoc",))
+            return b.fmul(acc, v)
         fn = {"sum": "add", "prod": "mul", "max": "max", "min": "min"}[kind]
         if dt is DType.bool:
             return self.s.call({"sum": "or", "prod": "and", "max": "or", "min": "and"}[kind], [acc, v],

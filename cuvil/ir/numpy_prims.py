@@ -8,7 +8,8 @@ of NaN) cannot drift between the two.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,6 +90,75 @@ def cast(x: np.ndarray, to: DType) -> np.ndarray:
 def literal(value: float | int | bool, to: DType) -> np.ndarray:
     """A scalar of the rule language as a rank-0 array of ``to``, rounded by :func:`cast`."""
     return cast(np.asarray(value), to)
+
+
+def reduction_identity(kind: str, dt: np.dtype) -> Any:
+    """What a reduction over nothing gives: 0 for sum, 1 for prod, the lowest value for max and
+    the highest for min (-inf / +inf for floats)."""
+    if kind == "sum":
+        return False if dt.kind == "b" else 0
+    if kind == "prod":
+        return True if dt.kind == "b" else 1
+    d = DType.from_numpy(dt)
+    if d is DType.bool:
+        return kind == "min"
+    if d.is_int:
+        return d.min_value if kind == "max" else d.max_value
+    return -np.inf if kind == "max" else np.inf
+
+
+_REDUCE_UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def sequential_reduce(kind: str, full: np.ndarray, first_axis: int) -> np.ndarray:
+    """``kind`` over the axes from ``first_axis`` on, in the order a rule fixes: one left fold over
+    the row-major enumeration of those axes (``((x0 op x1) op x2) ...``, each step rounded to the
+    dtype), whatever the array's memory layout; an empty range gives the identity. The
+    interpreter reads every ``Reduce`` this way, and fast paths that reduce call it too."""
+    dt = full.dtype
+    lead = full.shape[:first_axis]
+    n = int(np.prod(full.shape[first_axis:], dtype=np.int64))
+    if n == 0:
+        return np.full(lead, reduction_identity(kind, dt), dtype=dt)
+    flat = np.ascontiguousarray(full).reshape((*lead, n))
+    if dt.kind == "b":
+        return (np.logical_or if kind in ("sum", "max") else np.logical_and).reduce(flat, axis=-1)
+    if n == 1:
+        return flat[..., 0].copy()
+    return _REDUCE_UFUNC[kind].accumulate(flat, axis=-1, dtype=dt)[..., -1]
+
+
+def reduce_axes(kind: str, x: np.ndarray, axes: Sequence[int], keepdims: bool = False) -> np.ndarray:
+    """:func:`sequential_reduce` over ``axes`` (sorted ascending: the order reduction rules use)."""
+    axes = sorted(a % x.ndim for a in axes) if x.ndim else []
+    moved = np.moveaxis(x, axes, range(x.ndim - len(axes), x.ndim)) if axes else x
+    out = sequential_reduce(kind, moved, x.ndim - len(axes))
+    if keepdims:
+        out = out.reshape([1 if k in axes else d for k, d in enumerate(x.shape)])
+    return out
+
+
+def sequential_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` (batch dims broadcast) as the matmul rule computes it: each product rounded, the
+    products summed over k in ascending order (float16/bfloat16 widened to f32 and rounded once
+    at the end). Integers use numpy's matmul: wrapping sums do not depend on the order."""
+    half = a.dtype in (np.dtype(np.float16), DType.bf16.np)
+    if a.dtype.kind in "iub" and not half:
+        return np.matmul(a, b)
+    out_dtype = a.dtype
+    if half:
+        a, b = a.astype(np.float32), b.astype(np.float32)
+    k = a.shape[-1]
+    shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    if k == 0:
+        return np.zeros(shape, dtype=out_dtype)
+    acc = np.empty(shape, dtype=a.dtype)
+    np.multiply(a[..., :, 0:1], b[..., 0:1, :], out=acc)
+    term = np.empty_like(acc)
+    for j in range(1, k):
+        np.multiply(a[..., :, j:j + 1], b[..., j:j + 1, :], out=term)
+        np.add(acc, term, out=acc)
+    return acc.astype(out_dtype, copy=False)
 
 
 NUMPY_PRIMITIVES: dict[str, Callable[..., np.ndarray]] = {

@@ -52,14 +52,20 @@ def _softmax_parts(b: Builder, x: Value, axis: int) -> tuple[Value, tuple[int, .
 
 
 def _softmax(m: Match, b: Builder) -> Value | None:
-    shifted, axes = _softmax_parts(b, m["x"], m.root.attr("axis"))
-    e = b.exp(shifted)
-    return b.div(e, b.reduce_sum(e, axes=axes, keepdims=True))
+    def build(x: Value) -> Value:
+        shifted, axes = _softmax_parts(b, x, m.root.attr("axis"))
+        e = b.exp(shifted)
+        return b.div(e, b.reduce_sum(e, axes=axes, keepdims=True))
+
+    return _widened(b, m["x"], build)
 
 
 def _log_softmax(m: Match, b: Builder) -> Value | None:
-    shifted, axes = _softmax_parts(b, m["x"], m.root.attr("axis"))
-    return b.sub(shifted, b.log(b.reduce_sum(b.exp(shifted), axes=axes, keepdims=True)))
+    def build(x: Value) -> Value:
+        shifted, axes = _softmax_parts(b, x, m.root.attr("axis"))
+        return b.sub(shifted, b.log(b.reduce_sum(b.exp(shifted), axes=axes, keepdims=True)))
+
+    return _widened(b, m["x"], build)
 
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -297,7 +303,7 @@ def _recognize_silu(m: Match, b: Builder) -> Value | None:
     return None
 
 
-_WIDE_COMPOSITES = ("gelu", "silu", "sigmoid")
+_WIDE_COMPOSITES = ("gelu", "silu", "sigmoid", "softmax", "log_softmax")
 
 
 def _narrow_composite(m: Match, b: Builder) -> Value | None:

@@ -298,7 +298,7 @@ class IntervalWalker(RuleWalker[Interval]):
         j = max_shift(inner, self.info)
         if j is None:
             return False
-        a = inner.args[0]
+        a = _exact_load(inner.args[0])
         assert isinstance(a, Load)
         return a.index[j] == Ix.var(e.axes[0][0])
 
@@ -373,14 +373,22 @@ def _same_operand(a: Load, b: Load) -> bool:
     return a.operand == b.operand and a.oob == b.oob and len(a.index) == len(b.index)
 
 
+def _exact_load(e: Expr) -> Expr:
+    """``e`` with a widening cast of a half-precision load removed (exact: the facts about the
+    load hold for its widened value)."""
+    if isinstance(e, Call) and e.fn == "cast" and e.dtype is DType.f32 and e.args[0].dtype in (DType.f16, DType.bf16):
+        return e.args[0]
+    return e
+
+
 def max_shift(e: Call, info: RuleInfo) -> int | None:
     """``x[.., i, ..] - max_k x[.., k, ..]`` over a whole axis: the axis position, else None."""
     if e.fn != "sub" or len(e.args) != 2:
         return None
-    a, m = e.args
+    a, m = _exact_load(e.args[0]), e.args[1]
     if not isinstance(a, Load) or not isinstance(m, Reduce) or m.kind != "max" or len(m.axes) != 1:
         return None
-    b = m.body
+    b = _exact_load(m.body)
     if not isinstance(b, Load) or not _same_operand(a, b) or a.oob is not None:
         return None
     r = Ix.var(m.axes[0][0])

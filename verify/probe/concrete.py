@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cuvil.interp import NUMPY_PRIMITIVES, _identity
+from cuvil.interp import NUMPY_PRIMITIVES
 from cuvil.ir.numpy_prims import cast as _cast
+from cuvil.ir.numpy_prims import reduce_axes
 from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce
 from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, read_masked
 
@@ -75,16 +76,8 @@ class NumpyWalker(RuleWalker[np.ndarray]):
         for ax, n in zip(axes, extents, strict=True):
             shape[ax] = n
         full = np.broadcast_to(body, shape)
-        dt = body.dtype
         with np.errstate(all="ignore"):
-            if e.kind == "sum":
-                out = np.sum(full, axis=axes, dtype=dt)
-            elif e.kind == "prod":
-                out = np.prod(full, axis=axes, dtype=dt)
-            else:
-                f = np.max if e.kind == "max" else np.min
-                out = f(full, axis=axes, initial=_identity(e.kind, dt)) if 0 in extents else f(full, axis=axes)
-        return np.asarray(out, dtype=dt)
+            return np.asarray(reduce_axes(e.kind, full, axes), dtype=body.dtype)
 
     def observe(self, e: Expr, value: np.ndarray) -> None:
         k = self.info.index.get(id(e))

@@ -314,7 +314,8 @@ def _np_unary(f: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray
 
 _unary("neg", lambda x: -x, _np_unary(np.negative), "num", "-x (integers wrap: -min is min)")
 _unary("abs", lambda x: R.call("abs", x), _np_unary(np.abs), "num", "|x| (integers wrap: |min| is min)")
-_unary("sign", R.sign, _np_unary(np.sign), "num", "-1, 0 or 1; zeros keep their sign and NaN stays NaN")
+_unary("sign", R.sign, _np_unary(lambda x: np.where(x > 0, 1, np.where(x < 0, -1, x)).astype(x.dtype)), "num",
+       "-1, 0 or 1; zeros keep their sign and NaN stays NaN")
 _unary("reciprocal", R.reciprocal, _np_unary(np.reciprocal), "float", "1 / x")
 _unary("rsqrt", _wide(R.rsqrt), _wide_np(lambda x: 1 / np.sqrt(x)), "float", "1 / sqrt(x)")
 
@@ -341,9 +342,11 @@ define("relu", ("x",), shape=_typed("num"), rule=R.elementwise(R.relu),
 
 _unary("sigmoid", _wide(R.sigmoid), _wide_np(_np_sigmoid), "float", "1 / (1 + exp(-x))")
 _unary("silu", _wide(R.silu), _wide_np(lambda x: x * _np_sigmoid(x)), "float", "x * sigmoid(x) (swish)")
-_unary("softplus", _wide(R.softplus), _wide_np(_np_softplus), "float",
+# the composites below have no fast path: the rule (with its accurate expm1/log1p forms) is
+# evaluated, so the interpreter computes exactly what the rule says
+_unary("softplus", _wide(R.softplus), None, "float",
        "log(1 + exp(x)), computed without overflow for large x")
-_unary("mish", _wide(R.mish), _wide_np(lambda x: x * np.tanh(_np_softplus(x))), "float",
+_unary("mish", _wide(R.mish), None, "float",
        "x * tanh(softplus(x))")
 _unary("softsign", _wide(R.softsign), _wide_np(lambda x: x / (1 + np.abs(x))), "float", "x / (1 + |x|)")
 _unary("hardsigmoid", _wide(R.hardsigmoid), _wide_np(_np_hardsigmoid), "float",
@@ -356,15 +359,13 @@ _unary("leaky_relu", _wide(R.leaky_relu), _wide_np(lambda x, alpha: np.where(x <
 _unary("thresholded_relu", _wide(R.thresholded_relu),
        _wide_np(lambda x, alpha: np.where(x > alpha, x, np.zeros((), x.dtype))), "float",
        "x > alpha ? x : 0", attrs={"alpha": ("float", 1.0)}, variants=({"alpha": -0.5}, {"alpha": 0.0}))
-_unary("elu", _wide(R.elu), _wide_np(lambda x, alpha: np.where(x < 0, np.expm1(x) * alpha, x)), "float",
+_unary("elu", _wide(R.elu), None, "float",
        "x < 0 ? alpha * (exp(x) - 1) : x", attrs={"alpha": ("float", 1.0)}, variants=({"alpha": 0.5},))
-_unary("selu", _wide(R.selu),
-       _wide_np(lambda x, alpha, gamma: np.where(x > 0, x, np.expm1(x) * alpha) * gamma), "float",
+_unary("selu", _wide(R.selu), None, "float",
        "gamma * (x > 0 ? x : alpha * (exp(x) - 1)); defaults are ONNX's constants",
        attrs={"alpha": ("float", 1.67326319217681884765625), "gamma": ("float", 1.05070102214813232421875)},
        variants=({"alpha": 2.0, "gamma": 3.0},))
-_unary("celu", _wide(R.celu),
-       _wide_np(lambda x, alpha: np.maximum(x, 0) + np.minimum(np.expm1(x / alpha) * alpha, 0)), "float",
+_unary("celu", _wide(R.celu), None, "float",
        "max(0, x) + min(0, alpha * (exp(x / alpha) - 1))", attrs={"alpha": ("float", 1.0)},
        variants=({"alpha": 2.0}, {"alpha": 0.25}))
 

@@ -245,20 +245,29 @@ def _highest(dtype: DType) -> float | int | bool:
 def _combine(kind: str, x: R.Expr, extents: Sequence[Dim], match: Any, update: Any, position: Any) -> R.Expr:
     """x combined with the updates whose index matches this output element.
     ``match(ks)``: does update ks target it; ``position(ks)``: ks flattened (i64);
-    ``update(ks, None)`` / ``update(None, flat)``: the update at ks or at a flattened position."""
+    ``update(ks, None)`` / ``update(None, flat)``: the update at ks or at a flattened position.
+    A combining reduction folds x first, then the updates in row-major order (``((x + u0) + u1)``,
+    as applying them one after the other does); an update elsewhere contributes a term that
+    changes nothing bit for bit (-0.0 to a float sum, 1 to a product, the extreme to max/min)."""
     dt = x.dtype
     if kind == "none":
         last = R.reduce("max", extents, lambda *ks: R.select(match(ks), position(ks), R.lit(-1, DType.i64)))
         return R.select(last >= 0, update(None, last), x)
-    if kind == "add":
-        return x + R.reduce("sum", extents, lambda *ks: R.select(match(ks), update(ks, None), R.lit(0, dt)))
-    if kind == "mul":
-        return x * R.reduce("prod", extents, lambda *ks: R.select(match(ks), update(ks, None), R.lit(1, dt)))
-    if kind == "max":
-        return R.smax(x, R.reduce("max", extents,
-                                  lambda *ks: R.select(match(ks), update(ks, None), R.lit(_lowest(dt), dt))))
-    return R.smin(x, R.reduce("min", extents,
-                              lambda *ks: R.select(match(ks), update(ks, None), R.lit(_highest(dt), dt))))
+    red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
+    neutral = {"add": -0.0 if dt.is_float else 0, "mul": 1, "max": _lowest(dt), "min": _highest(dt)}[kind]
+    strides: list[Dim] = []
+    total: Dim = 1
+    for d in reversed(list(extents)):
+        strides.insert(0, total)
+        total = total * d
+
+    def term(f: R.Ix) -> R.Expr:
+        g = f - 1  # term 0 is x itself; term g + 1 is update g
+        ks = tuple((g // s) % d for s, d in zip(strides, extents, strict=True))
+        first = R.call("eq", R.IndexValue(DType.i64, f), R.lit(0, DType.i64))
+        return R.select(first, x, R.select(match(ks), update(ks, None), R.lit(neutral, dt)))
+
+    return R.reduce(red, [total + 1], term)
 
 
 def _scatter_elements_type(types: list[TensorType], axis: int, reduction: str) -> TensorType:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.ir import rules as R
-from cuvil.ir.dtypes import DType
+from cuvil.ir.numpy_prims import sequential_matmul
 from cuvil.ir.opdef import REQUIRED, broadcast_shapes, define
 from cuvil.ir.types import TensorType
 
@@ -49,9 +49,7 @@ def _matmul_numpy(xs: list[np.ndarray], out: TensorType, transpose_a: bool, tran
         a = np.swapaxes(a, -1, -2)
     if transpose_b:
         b = np.swapaxes(b, -1, -2)
-    if a.dtype in (np.dtype(np.float16), DType.bf16.np):  # the rule accumulates halves in f32
-        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-    return np.matmul(a, b)
+    return sequential_matmul(a, b)
 
 
 define("matmul", ("lhs", "rhs"), attrs={"transpose_a": ("bool", False), "transpose_b": ("bool", False)},
@@ -162,13 +160,6 @@ def _einsum_rule(c: R.RuleCtx) -> R.Expr:
     return R.cast(R.reduce("sum", [dims[ch] for ch in summed], body), c.out_type.dtype)
 
 
-def _einsum_numpy(xs: list[np.ndarray], out: TensorType, equation: str) -> np.ndarray:
-    dt = xs[0].dtype
-    half = dt in (np.dtype(np.float16), DType.bf16.np)
-    work = [x.astype(np.float32) for x in xs] if half else xs
-    return np.einsum(equation.replace(" ", ""), *work, optimize=len(xs) > 1).astype(dt, copy=False)
-
-
 def _einsum_examples(rng: np.random.Generator) -> list:
     f = lambda *sh: rng.standard_normal(sh).astype(np.float32)
     return [([f(2, 3), f(3, 4)], {"equation": "ij,jk->ik"}),
@@ -182,5 +173,5 @@ def _einsum_examples(rng: np.random.Generator) -> list:
 
 
 define("einsum", ("*xs",), attrs={"equation": ("str", REQUIRED)}, shape=_einsum_type, rule=_einsum_rule,
-       numpy=_einsum_numpy, family="linalg", examples=_einsum_examples,
+       numpy=None, family="linalg", examples=_einsum_examples,
        doc="Einstein summation (numpy/ONNX equation syntax, '...' broadcasts, implicit output allowed)")

@@ -16,6 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
+from cuvil.ir.numpy_prims import reduce_axes, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
 from cuvil.ir.symbolic import Dim, sym_min
 from cuvil.ir.types import TensorType
@@ -149,7 +150,8 @@ def _conv_rule(c: R.RuleCtx) -> R.Expr:
 
 def _conv_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...], pads: tuple[int, ...],
                 dilations: tuple[int, ...], groups: int) -> np.ndarray:
-    """im2col as a strided view, then one batched GEMM per group."""
+    """im2col as a strided view, then one batched product per group, summed over (channel, taps)
+    in the rule's order (``sequential_matmul``)."""
     x, w = xs
     acc = _acc_dtype(x.dtype)
     x, w = x.astype(acc, copy=False), w.astype(acc, copy=False)
@@ -167,8 +169,8 @@ def _conv_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...],
     taps = math.prod(k)
     cols = view.reshape(n, groups, (c_in // groups) * taps, math.prod(out_sp))
     wm = w.reshape(groups, c_out // groups, (c_in // groups) * taps)
-    y = np.matmul(wm, cols)
-    return y.reshape(n, c_out, *out_sp)
+    y = sequential_matmul(wm, cols)
+    return y.reshape(n, c_out, *out_sp).astype(out.dtype.np, copy=False)
 
 
 def _conv_examples(rng: np.random.Generator) -> list:
@@ -233,39 +235,16 @@ def _conv_transpose_rule(c: R.RuleCtx) -> R.Expr:
 
     def body(ci: R.Ix, *ks: R.Ix) -> R.Expr:
         num = [sp[j] + pb[j] - ks[j] * d[j] for j in range(nsp)]
-        xv: R.Expr = x.at(n, base + ci, *(num[j] // s[j] for j in range(nsp)), oob=0)
-        exact = _all([R.call("eq", R.IndexValue(DType.i64, num[j] % s[j]), 0) for j in range(nsp) if s[j] > 1])
-        if exact is not None:
-            xv = R.select(exact, xv, 0)
-        return R.widen(xv) * R.widen(w.at(base + ci, oo, *ks))
+        pos = [num[j] // s[j] for j in range(nsp)]
+        term = R.widen(x.at(n, base + ci, *pos, oob=0)) * R.widen(w.at(base + ci, oo, *ks))
+        # a tap that no input position reaches contributes nothing (-0.0 leaves any sum as it is)
+        hits = [_index_in(pos[j], 0, x.shape[2 + j]) for j in range(nsp)]
+        hits += [R.call("eq", R.IndexValue(DType.i64, num[j] % s[j]), 0) for j in range(nsp) if s[j] > 1]
+        reached = _all(hits)
+        assert reached is not None
+        return R.select(reached, term, R.lit(-0.0, term.dtype))
 
     return R.cast(R.reduce("sum", [cg, *w.shape[2:]], body), c.out_type.dtype)
-
-
-def _conv_transpose_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...], pads: tuple[int, ...],
-                          dilations: tuple[int, ...], groups: int, output_padding: tuple[int, ...]) -> np.ndarray:
-    """One GEMM per group into columns, then col2im: each kernel tap adds a strided slab."""
-    x, w = xs
-    acc = _acc_dtype(x.dtype)
-    x, w = x.astype(acc, copy=False), w.astype(acc, copy=False)
-    nsp = x.ndim - 2
-    s, pb, _, d = window_params(nsp, strides, pads, dilations)
-    n, c_in, *in_sp = x.shape
-    og, *k = w.shape[1:]
-    out_sp = [int(v) for v in out.shape[2:]]
-    cg = c_in // groups
-    wm = w.reshape(groups, cg, og * math.prod(k)).transpose(0, 2, 1)
-    cols = np.matmul(wm, x.reshape(n, groups, cg, math.prod(in_sp))).reshape(n, groups * og, *k, *in_sp)
-    full = [(i - 1) * sj + (kj - 1) * dj + 1 for i, kj, sj, dj in zip(in_sp, k, s, d, strict=True)]
-    lo = [min(0, b) for b in pb]
-    hi = [max(f, b + o) for f, b, o in zip(full, pb, out_sp, strict=True)]
-    buf = np.zeros((n, groups * og, *(h - low for h, low in zip(hi, lo, strict=True))), dtype=acc)
-    for tap in np.ndindex(*k):
-        dst = (slice(None), slice(None), *(slice(t * dj - low, t * dj - low + (i - 1) * sj + 1, sj)
-                                           for t, dj, low, i, sj in zip(tap, d, lo, in_sp, s, strict=True)))
-        buf[dst] += cols[(slice(None), slice(None), *tap)]
-    crop = tuple(slice(b - low, b - low + o) for b, low, o in zip(pb, lo, out_sp, strict=True))
-    return buf[(slice(None), slice(None), *crop)]
 
 
 def _conv_transpose_examples(rng: np.random.Generator) -> list:
@@ -281,7 +260,7 @@ def _conv_transpose_examples(rng: np.random.Generator) -> list:
 define("conv_transpose", ("x", "w"),
        attrs={"strides": ("ints", ()), "pads": ("ints", ()), "dilations": ("ints", ()), "groups": ("int", 1),
               "output_padding": ("ints", ())},
-       shape=_conv_transpose_type, rule=_conv_transpose_rule, numpy=_conv_transpose_numpy, family="nn",
+       shape=_conv_transpose_type, rule=_conv_transpose_rule, numpy=None, family="nn",
        examples=_conv_transpose_examples,
        doc="N-d grouped transposed convolution (the gradient of conv), w: [C, O/groups, *k]; no bias")
 
@@ -643,9 +622,10 @@ def _prod(dims: Sequence[Dim]) -> Dim:
 def _layer_norm_numpy(xs: list[np.ndarray], out: TensorType, axis: int, epsilon: float) -> np.ndarray:
     x, scale, bias = xs
     axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
-    mean = np.mean(x, axis=axes, keepdims=True, dtype=x.dtype)
+    count = np.asarray(math.prod(x.shape[a] for a in axes)).astype(x.dtype)
+    mean = reduce_axes("sum", x, axes, keepdims=True) / count
     dev = x - mean
-    var = np.mean(dev * dev, axis=axes, keepdims=True, dtype=x.dtype)
+    var = reduce_axes("sum", dev * dev, axes, keepdims=True) / count
     return dev / np.sqrt(var + np.asarray(epsilon, dtype=x.dtype)) * scale + bias
 
 
@@ -682,33 +662,36 @@ def _softmax_parts(c: R.RuleCtx) -> tuple[R.Expr, R.Expr, R.Expr]:
     def at(k: R.Ix) -> R.Expr:
         idx = list(c.out)
         idx[ax] = k
-        return x.at(*idx)
+        return R.widen(x.at(*idx))
 
     top = R.reduce("max", [x.shape[ax]], at)
     total = R.reduce("sum", [x.shape[ax]], lambda k: R.exp(at(k) - top))
-    return x.at(*c.out), top, total
+    return R.widen(x.at(*c.out)), top, total
 
 
 def _softmax_rule(c: R.RuleCtx) -> R.Expr:
+    """Halves are computed in f32 and rounded once (a sum of many halves rounded at every step
+    loses the small terms)."""
     xi, top, total = _softmax_parts(c)
-    return R.exp(xi - top) / total
+    return R.cast(R.exp(xi - top) / total, c.out_type.dtype)
 
 
 def _log_softmax_rule(c: R.RuleCtx) -> R.Expr:
     xi, top, total = _softmax_parts(c)
-    return xi - top - R.log(total)
+    return R.cast(xi - top - R.log(total), c.out_type.dtype)
 
 
 def _softmax_numpy(xs: list[np.ndarray], out: TensorType, axis: int) -> np.ndarray:
-    x = xs[0]
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True, dtype=x.dtype)
+    x = xs[0].astype(_acc_dtype(xs[0].dtype), copy=False)
+    e = np.exp(x - reduce_axes("max", x, [axis], keepdims=True))
+    return (e / reduce_axes("sum", e, [axis], keepdims=True)).astype(xs[0].dtype, copy=False)
 
 
 def _log_softmax_numpy(xs: list[np.ndarray], out: TensorType, axis: int) -> np.ndarray:
-    x = xs[0]
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True, dtype=x.dtype))
+    x = xs[0].astype(_acc_dtype(xs[0].dtype), copy=False)
+    top = reduce_axes("max", x, [axis], keepdims=True)
+    out_ = x - top - np.log(reduce_axes("sum", np.exp(x - top), [axis], keepdims=True))
+    return out_.astype(xs[0].dtype, copy=False)
 
 
 def _softmax_examples(rng: np.random.Generator) -> list:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
+from cuvil.ir.numpy_prims import div, reduce_axes
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import TensorType
@@ -69,26 +69,10 @@ def _mean_rule(c: R.RuleCtx) -> R.Expr:
     return reduction_rule("sum")(c) / _extent([x.shape[k] for k in red], x.dtype)
 
 
-def _identity(kind: str, dt: np.dtype) -> Any:
-    if dt.kind == "b":
-        return kind == "min"
-    if dt.kind in "iu":
-        info = np.iinfo(dt)
-        return info.min if kind == "max" else info.max
-    return -np.inf if kind == "max" else np.inf
-
-
 def _np_reduce(kind: str) -> Callable[..., np.ndarray]:
-    fn = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[kind]
-
     def run(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
         x = xs[0]
-        ax = _axes(axes, x.ndim)
-        if kind in ("sum", "prod"):
-            return fn(x, axis=ax, keepdims=keepdims, dtype=x.dtype)
-        if any(x.shape[a] == 0 for a in ax):
-            return fn(x, axis=ax, keepdims=keepdims, initial=_identity(kind, x.dtype))
-        return fn(x, axis=ax, keepdims=keepdims)
+        return reduce_axes(kind, x, _axes(axes, x.ndim), keepdims)
 
     return run
 
@@ -96,13 +80,9 @@ def _np_reduce(kind: str) -> Callable[..., np.ndarray]:
 def _mean_numpy(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     x = xs[0]
     ax = _axes(axes, x.ndim)
-    total = np.sum(x, axis=ax, keepdims=keepdims, dtype=x.dtype)
+    total = reduce_axes("sum", x, ax, keepdims)
     n = int(np.prod([x.shape[a] for a in ax], dtype=np.int64))
-    if x.dtype.kind in "iu":
-        if n == 0:
-            return np.zeros_like(total)
-        return (np.sign(total) * (np.abs(total) // n)).astype(x.dtype)
-    return total / np.asarray(n, dtype=x.dtype)
+    return div(total, np.asarray(n).astype(x.dtype))
 
 
 def _reduce_examples(rng: np.random.Generator) -> list:
@@ -226,23 +206,33 @@ def _scan_type(types: list[TensorType], axis: int, exclusive: bool, reverse: boo
 
 
 def _scan_rule(kind: str) -> Callable[[R.RuleCtx], R.Expr]:
-    """out[i] = kind of x[k] along the axis over k <= i (k < i exclusive; k >= i / k > i reversed);
-    the other positions contribute the identity (0 for sum, 1 for prod)."""
-    identity = 0 if kind == "sum" else 1
+    """out[i] = kind of x[k] along the axis over k <= i (k < i exclusive), in ascending k; reversed,
+    over k >= i (k > i) in descending k. The other positions contribute a term that changes
+    nothing, bit for bit: -0.0 for a float sum (x + -0.0 is x, signed zeros included), 0 for an
+    integer sum, 1 for a product. An exclusive sum over nothing is +0."""
 
     def rule(c: R.RuleCtx) -> R.Expr:
         (x,) = c.inputs
         ax = norm_axis(c.attrs["axis"], x.rank)
-        i = R.IndexValue(DType.i64, c.out[ax])
-        cmp = {(False, False): "le", (True, False): "lt", (False, True): "ge", (True, True): "gt"}[
-            (c.attrs["exclusive"], c.attrs["reverse"])]
+        n = x.shape[ax]
+        reverse, exclusive = c.attrs["reverse"], c.attrs["exclusive"]
+        i = c.out[ax]
+        neutral = R.lit(-0.0 if kind == "sum" and x.dtype.is_float else (0 if kind == "sum" else 1), x.dtype)
 
         def body(k: R.Ix) -> R.Expr:
+            pos = R.Ix.lit(n) - R.Ix.lit(1) - k if reverse else k  # the position the k-th term reads
             idx = list(c.out)
-            idx[ax] = k
-            return R.select(R.call(cmp, R.IndexValue(DType.i64, k), i), x.at(*idx), R.lit(identity, x.dtype))
+            idx[ax] = pos
+            cmp = ("gt" if exclusive else "ge") if reverse else ("lt" if exclusive else "le")
+            keep = R.call(cmp, R.IndexValue(DType.i64, pos), R.IndexValue(DType.i64, i))
+            return R.select(keep, x.at(*idx), neutral)
 
-        return R.reduce(kind, [x.shape[ax]], body)
+        out = R.reduce(kind, [n], body)
+        if not (exclusive and kind == "sum"):
+            return out
+        first = R.Ix.lit(n) - R.Ix.lit(1) if reverse else R.Ix.lit(0)
+        empty = R.call("eq", R.IndexValue(DType.i64, i), R.IndexValue(DType.i64, first))
+        return R.select(empty, R.lit(0, x.dtype), out)
 
     return rule
 
@@ -255,7 +245,7 @@ def _scan_numpy(kind: str) -> Callable[..., np.ndarray]:
         ax = norm_axis(axis, x.ndim)
         if reverse:
             x = np.flip(x, axis=ax)
-        y = fn(x, axis=ax, dtype=x.dtype)
+        y = fn(x, axis=ax, dtype=x.dtype)  # a running fold: each element is the rule's sequential sum
         if exclusive and y.shape[ax]:
             head = fill(np.take(y, [0], axis=ax))
             y = np.concatenate([head, np.take(y, range(y.shape[ax] - 1), axis=ax)], axis=ax)
@@ -311,11 +301,21 @@ def _topk_rule(c: R.RuleCtx) -> R.Expr:
         idx[ax] = k
         return x.at(*idx)
 
+    def beat(a: R.Expr, b: R.Expr) -> R.Expr:  # NaN ranks after every number, as a stable sort puts it
+        if not x.dtype.is_float:
+            return R.call(beats, a, b)
+        return R.call("or", R.call(beats, a, b), R.call("and", R.call("isnan", b), R.call("not", R.call("isnan", a))))
+
+    def same(a: R.Expr, b: R.Expr) -> R.Expr:
+        if not x.dtype.is_float:
+            return R.call("eq", a, b)
+        return R.call("or", R.call("eq", a, b), R.call("and", R.call("isnan", a), R.call("isnan", b)))
+
     def rank(e: R.Ix) -> R.Expr:
         def counted(k: R.Ix) -> R.Expr:
-            ahead = R.call("and", R.call("eq", at(k), at(e)),
+            ahead = R.call("and", same(at(k), at(e)),
                            R.call("lt", R.IndexValue(DType.i64, k), R.IndexValue(DType.i64, e)))
-            return R.cast(R.call("or", R.call(beats, at(k), at(e)), ahead), DType.i64)
+            return R.cast(R.call("or", beat(at(k), at(e)), ahead), DType.i64)
 
         return R.reduce("sum", [n], counted)
 
@@ -355,5 +355,5 @@ def _topk_examples(rng: np.random.Generator) -> list:
 define("topk", ("x",), attrs={"k": ("int", REQUIRED), "axis": ("int", -1), "largest": ("bool", True),
                               "sorted": ("bool", True), "output": ("str", "values")},
        shape=_topk_type, rule=_topk_rule, numpy=_topk_numpy, family="reduce", examples=_topk_examples,
-       doc="the k largest (smallest) elements along `axis`, best first, ties by lower index; "
+       doc="the k largest (smallest) elements along `axis`, best first, ties by lower index, NaN last; "
            "`output` picks the values or their i64 indices")
