@@ -486,8 +486,10 @@ class _CompileJob:
         if self.fp16 is not None:
             extra["precision"] = {**self._fp16_plans[tuple(sorted(env.items()))].manifest(),
                                   "strict": self.fp16["strict"]}
+        provenance: dict[str, str] = {}
         if mark is not None:
             extra["verification"] = self._certificate(mark, optimized)
+            provenance["certificate"] = extra["verification"]["digest"]
         if cache_key is not None:
             extra["cache_key"] = cache_key
         kwargs: dict[str, Any] = {}
@@ -499,7 +501,8 @@ class _CompileJob:
                 logger.warning("threads=%d: this version's libraries run on one thread", self.threads)
         with stage("codegen"):
             artifact = build_library(optimized.main, optimized.constants, out_dir, name=self.name,
-                                     opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra, **kwargs)
+                                     opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra,
+                                     provenance=provenance, **kwargs)
         for step, seconds in artifact.manifest.get("compile_times", {}).items():
             logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
                          seconds)
@@ -510,9 +513,8 @@ class _CompileJob:
         from cuvil.codegen.module import function_hash
 
         names = [p.name for p in parse_pipeline(self.passes)]
-        cert = self.gate.report(names, since=mark).certificate()
-        cert["function_hash"] = function_hash(optimized.main, optimized.constants)
-        return cert
+        report = self.gate.report(names, since=mark)
+        return report.certificate(function_hash=function_hash(optimized.main, optimized.constants))
 
     def _usable(self, entry: Any) -> bool:
         """A cached artifact serves a verified request only if it carries a certificate."""

@@ -1,22 +1,74 @@
 """The verification report and its certificate: what was proved, with which encoder, in how
-long, over which shapes, and the counterexample for anything refuted."""
+long, over which shapes, and the counterexample for anything refuted.
+
+A certificate is what an auditor re-checks without trusting Cuvil: per proved obligation the
+SMT-LIB 2 query exactly as solved (and the cut-point lemmas it relies on), the content hashes of
+the module before and after each pass application, a hash of the semantics (the op catalogue,
+its rules and the encoders), the axioms the encodings used with how each is established, and
+a digest over all of it (``seal``), so an edited certificate no longer matches itself and a
+library that embeds the digest no longer matches an edited or transplanted one.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import platform
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import z3
 
+from verify.axioms import axiom_status
+from verify.encode import DIM_LIMIT
 from verify.obligations import Application, ObligationRecord
 
+CERTIFICATE_FORMAT = "cuvil-certificate/2"
+
 TIERS = {
-    "real": "ideal arithmetic: floats may differ by rounding",
-    "exact": "opaque float operations: bit-identical results",
-    "fast-math": "proved over the reals by reassociation, with a numeric error budget",
+    "exact": "bit-identical reference results for every input and every shape the constraints allow (any NaN equals "
+             "any NaN, signed zeros differ, reductions in the order their rules fix); floats are an opaque sort with "
+             "only IEEE-valid laws (each one proved, see `axioms`), integers wrapping bit-vectors",
+    "real": "equal over the real numbers (floats may differ by rounding); NaN, infinities and overflow are not part "
+            "of this proof: a difference in finiteness that the refuter finds refutes the rewrite, its absence is "
+            "not proved",
+    "bounded": "changes precision (FP16, INT8): not proved here; each such obligation is unknown and left to the "
+               "overflow prober (`cuvil probe`)",
 }
+
+ASSUMPTIONS = (f"a symbolic dim without an upper constraint is at most 2^{DIM_LIMIT.bit_length() - 1} "
+               "(no tensor axis can be longer)",)
+
+_SEMANTICS_SOURCES = ("cuvil/ir", "verify/encode.py", "verify/encoders.py", "verify/narrow_bits.py",
+                      "verify/poly.py", "verify/axioms.py", "verify/cone.py")
+
+
+@functools.cache
+def semantics_hash() -> str:
+    """A hash of the sources that define what a proof means: the op catalogue and its rules, the
+    rule primitives, the encoders and the axioms (a certificate is re-derived with the same)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for entry in _SEMANTICS_SOURCES:
+        path = root / entry
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def certificate_digest(cert: dict[str, Any]) -> str:
+    """sha256 over the certificate's canonical JSON, its own ``digest`` left out."""
+    body = {k: v for k, v in cert.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(cert: dict[str, Any]) -> dict[str, Any]:
+    """``cert`` with its digest (call again after adding anything)."""
+    cert["digest"] = certificate_digest(cert)
+    return cert
 
 
 def _versions() -> dict[str, str]:
@@ -61,26 +113,33 @@ class Report:
     def rolled_back_at(self, index: int) -> bool:
         return any(r.get("application") == index for r in self.rollbacks)
 
-    def certificate(self) -> dict[str, Any]:
+    def certificate(self, function_hash: str | None = None) -> dict[str, Any]:
+        """The sealed certificate; ``function_hash``: the function it vouches for (a compiled
+        library embeds it and the digest)."""
         apps = []
         for k, a in enumerate(self.applications):
             entry = a.to_json()
             entry["rolled_back"] = self.rolled_back_at(k)
             apps.append(entry)
-        return {
-            "format": "cuvil-certificate/1",
+        used = sorted({a for o in self.obligations if o.status == "proved" for a in getattr(o.verdict, "axioms", ())})
+        return seal({
+            "format": CERTIFICATE_FORMAT,
             "model_hash": self.module,
             "versions": _versions(),
+            "semantics_hash": semantics_hash(),
             "pipeline": list(self.pipeline),
             "policy": self.policy,
             "tiers": TIERS,
+            "assumptions": list(ASSUMPTIONS),
+            "axioms": {name: axiom_status(name) for name in used},
             "summary": {"obligations": len(self.obligations), "proved": self.count("proved"),
                         "refuted": self.count("refuted"), "unknown": self.count("unknown"),
                         "vacuous_applications": len(self.vacuous),
                         "rolled_back": list(self.rolled_back), "seconds": round(self.seconds, 3)},
             "rollbacks": [dict(r) for r in self.rollbacks],
             "applications": apps,
-        }
+            **({"function_hash": function_hash} if function_hash else {}),
+        })
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.certificate(), indent=indent)

@@ -22,14 +22,15 @@ EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 
 EXIT_CODES = f"""exit codes:
-  {EXIT_PROVED}  every obligation proved (--artifact: the artifact matches its manifest and certificate)
+  {EXIT_PROVED}  every obligation proved (--artifact: the artifact matches its manifest and certificate;
+     --check-certificate: every query re-proved and every hash re-derived)
   {EXIT_REFUTED}  an obligation refuted, with a counterexample replayed on the reference interpreter
-     (--artifact: the library, manifest or certificate do not match, or a kept rewrite is not proved)
+     (--artifact: the library, manifest or certificate do not match, or a kept rewrite is not proved;
+     --check-certificate: a query not unsat, an edited certificate, a hash that does not re-derive)
   {EXIT_UNKNOWN}  obligations remain unknown (neither proved nor refuted), none refuted
   {EXIT_USAGE}  usage or input error (bad arguments, a missing/malformed/unsupported model)
 """
 
-CERTIFICATE_FORMAT = "cuvil-certificate/1"
 
 
 def exit_code(statuses: Sequence[str]) -> int:
@@ -281,7 +282,8 @@ def _pipeline_names(spec: Any) -> list[str] | None:
 
 def artifact_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:
     """Every way the library, its manifest and the embedded certificate disagree."""
-    from cuvil.codegen.artifact import file_sha256
+    from cuvil.codegen.artifact import file_sha256, read_provenance
+    from verify.certificate import CERTIFICATE_FORMAT, certificate_digest
 
     problems = []
     if manifest.get("library_sha256") != file_sha256(library):
@@ -291,9 +293,16 @@ def artifact_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:
         return [*problems, "the manifest holds no verification certificate (compile with --gate or --verify)"]
     if cert.get("format") != CERTIFICATE_FORMAT:
         problems.append(f"the certificate's format is {cert.get('format')!r}, expected {CERTIFICATE_FORMAT!r}")
-    if cert.get("function_hash") != manifest.get("function_hash"):
-        problems.append(f"the certificate covers function {cert.get('function_hash')}, the library was compiled "
-                        f"from {manifest.get('function_hash')}")
+    if cert.get("digest") != certificate_digest(cert):
+        problems.append("the certificate does not match its own digest (it was edited)")
+    embedded = read_provenance(library) or {}
+    if embedded.get("certificate") != cert.get("digest"):
+        problems.append(f"{library.name} embeds certificate {embedded.get('certificate')}, the manifest carries "
+                        f"{cert.get('digest')} (a certificate of another library)")
+    if embedded.get("function") != cert.get("function_hash") or embedded.get("function") != manifest.get(
+            "function_hash"):
+        problems.append(f"{library.name} was compiled from function {embedded.get('function')}; the certificate "
+                        f"covers {cert.get('function_hash')}, the manifest names {manifest.get('function_hash')}")
     expected = _pipeline_names(manifest.get("pipeline"))
     if expected is not None and cert.get("pipeline") != expected:
         problems.append(f"the certificate's pipeline {cert.get('pipeline')} is not the manifest's {expected}")
@@ -344,6 +353,61 @@ def verify_artifact(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# cuvil verify --check-certificate
+
+
+def verify_certificate(args: argparse.Namespace) -> int:
+    from cuvil.cli_common import import_model_file
+    from verify.audit import check_certificate, load_certificate
+
+    cert, library, manifest = load_certificate(Path(args.check_certificate))
+    model = None
+    if args.model:
+        model = import_model_file(args.model, args.static_input)
+        if args.shape:
+            model = _specialize(model, args.shape)
+    bar = _QueryBar(enabled=not args.quiet, solver=args.solver)
+    try:
+        audit = check_certificate(cert, solver=args.solver, timeout=args.timeout, model=model, library=library,
+                                  manifest=manifest, progress=bar.advance)
+    finally:
+        bar.stop()
+    head = "OK  " if audit.ok else "FAIL"
+    sys.stdout.write(f"{head}  {args.check_certificate}: {audit.unsat} of {audit.queries} queries answered unsat by "
+                     f"{audit.solver} ({audit.seconds:.1f} s); digest, axioms"
+                     f"{', model hashes' if model is not None else ''}{', library binding' if library else ''} "
+                     f"{'checked' if audit.ok else 'checked with problems'}\n")
+    for note in audit.notes:
+        sys.stdout.write(f"  note: {note}\n")
+    for problem in audit.problems:
+        sys.stdout.write(f"  - {problem}\n")
+    return EXIT_PROVED if audit.ok else EXIT_REFUTED
+
+
+class _QueryBar:
+    """Progress over the queries of a certificate, on stderr."""
+
+    def __init__(self, enabled: bool, solver: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn(f"re-checking queries with {solver}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                                 disable=not enabled)
+        self.task: Any = None
+
+    def advance(self, k: int, total: int) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("queries", total=total)
+        self.progress.update(self.task, completed=k + 1)
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+
+# --------------------------------------------------------------------------------------
 # registration
 
 
@@ -353,6 +417,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise InputError(f"--timeout must be positive, got {args.timeout}", location="--timeout")
     args.jobs = args.jobs or os.cpu_count() or 1
+    if args.check_certificate:
+        if args.rules or args.artifact:
+            raise InputError("--check-certificate takes a certificate (and optionally the MODEL it covers), not "
+                             "--rules or --artifact", location="--check-certificate")
+        return verify_certificate(args)
     chosen = [name for name, on in (("MODEL", args.model), ("--rules", args.rules), ("--artifact", args.artifact))
               if on]
     if len(chosen) != 1:
@@ -390,6 +459,11 @@ def register(sub: Any) -> None:
     p.add_argument("--static-input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="bind a graph input to a compile-time value; repeatable")
     p.add_argument("--rules", action="store_true", help="prove every canonicalization rule at several shapes")
+    p.add_argument("--check-certificate", metavar="CERT", default=None,
+                   help="re-check a certificate (a JSON file, or a library whose manifest embeds one): its digest, "
+                        "every query with --solver, its axioms; with MODEL also the model's hashes")
+    p.add_argument("--solver", choices=("z3", "cvc5"), default="z3",
+                   help="the solver --check-certificate re-runs the queries with (default z3)")
     p.add_argument("--artifact", metavar="LIB.so",
                    help="check a compiled library against its manifest and embedded certificate")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -41,6 +41,12 @@ class EncodingError(Exception):
     """A rule uses something this encoder cannot express; the obligation becomes unknown."""
 
 
+def stable_hash(key: object) -> int:
+    """A hash of ``repr(key)`` that is the same in every process (Python's ``hash`` of a string
+    changes with PYTHONHASHSEED, and the order it induces would make verdicts vary)."""
+    return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+
+
 class VarScan:
     """Per z3 term: the index variables it mentions and a structural key that ignores their
     names (memoized by AST id; walks raw ASTs for speed).
@@ -73,7 +79,7 @@ class VarScan:
             if aid in self._memo:
                 continue
             if Z3C.Z3_get_ast_kind(c, a) != z3.Z3_APP_AST:
-                self._memo[aid] = (z3.AstRef(a, ctx), (), hash(Z3C.Z3_ast_to_string(c, a)))
+                self._memo[aid] = (z3.AstRef(a, ctx), (), stable_hash(Z3C.Z3_ast_to_string(c, a)))
                 continue
             app = Z3C.Z3_to_app(c, a)
             n = Z3C.Z3_get_app_num_args(c, app)
@@ -82,9 +88,9 @@ class VarScan:
                 out: tuple[str, ...] = ()
                 text = Z3C.Z3_ast_to_string(c, a)
                 if Z3C.Z3_get_decl_kind(c, decl) == z3.Z3_OP_UNINTERPRETED and text.startswith(VAR_PREFIXES):
-                    out, key = (text,), hash("<index variable>")
+                    out, key = (text,), stable_hash("<index variable>")
                 else:
-                    key = hash(("const", text))
+                    key = stable_hash(("const", text))
                 self._memo[aid] = (z3.AstRef(a, ctx), out, key)
                 continue
             args = [Z3C.Z3_get_app_arg(c, app, i) for i in range(n)]
@@ -100,7 +106,7 @@ class VarScan:
                 for nm in entry[1]:
                     seen.setdefault(nm, None)
             name = Z3C.Z3_get_symbol_string(c, Z3C.Z3_get_decl_name(c, decl))
-            self._memo[aid] = (z3.AstRef(a, ctx), tuple(seen), hash((name, tuple(keys))))
+            self._memo[aid] = (z3.AstRef(a, ctx), tuple(seen), stable_hash((name, tuple(keys))))
         return self._memo[t.get_id()]
 
     def order_key(self, t: z3.ExprRef) -> tuple[int, int]:

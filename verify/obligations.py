@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import z3
 
-from cuvil.ir.hashing import constant_conflicts, structural_hash
+from cuvil.ir.hashing import constant_conflicts, module_hash, structural_hash
 from cuvil.ir.module import Function, Module, content_hash
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
@@ -55,6 +55,8 @@ class ObligationRecord:
     shapes: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     kind: str = "output"
+    query: str = ""
+    """The proof's SMT-LIB 2 query (proved obligations): a stock solver answers ``unsat``."""
 
     @property
     def status(self) -> str:
@@ -71,6 +73,7 @@ class ObligationRecord:
         if isinstance(v, Proved):
             out["axioms"] = list(v.axioms)
             out["tier"] = _TIERS.get(v.encoder, v.encoder)
+            out["query"] = {"smt2": self.query, "answer": "unsat"}
         elif isinstance(v, Refuted):
             out["counterexample"] = v.counterexample.to_json()
         else:
@@ -96,6 +99,10 @@ class Application:
     vacuous: str = ""
     """Why the application has no obligation although it changed the module (metadata only,
     every result identical); such an application is reported, never counted as proved."""
+    before_hash: str = ""
+    after_hash: str = ""
+    lemmas: list[str] = field(default_factory=list)
+    """SMT-LIB queries of the cut-point lemmas the obligations rely on (each answered ``unsat``)."""
 
     def count(self, kind: str) -> int:
         return sum(1 for o in self.obligations if o.status == kind)
@@ -114,8 +121,10 @@ class Application:
         return bool(self.obligations) and all(o.status == "proved" for o in self.obligations)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"pass": self.pass_name, "contract": self.contract, "identical_outputs": self.identical_outputs,
-               "seconds": round(self.seconds, 4), "obligations": [o.to_json() for o in self.obligations]}
+        out = {"pass": self.pass_name, "contract": self.contract, "before_hash": self.before_hash,
+               "after_hash": self.after_hash, "identical_outputs": self.identical_outputs,
+               "seconds": round(self.seconds, 4), "obligations": [o.to_json() for o in self.obligations],
+               "lemmas": [{"smt2": q, "answer": "unsat"} for q in self.lemmas]}
         if self.vacuous:
             out["vacuous"] = self.vacuous
         return out
@@ -125,7 +134,7 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
                       seed: int = 0) -> Application:
     """Every obligation of ``before -> after`` under ``pass_``'s contract."""
     start = time.perf_counter()
-    app = Application(pass_.name, str(pass_.contract))
+    app = Application(pass_.name, str(pass_.contract), before_hash=module_hash(before), after_hash=module_hash(after))
     for key in constant_conflicts(after.constants):
         app.obligations.append(_structural(pass_, "*", f"@{key}", "constant check", key,
                                            content_hash(after.constants[key]),
@@ -166,6 +175,7 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         cut_table = table.copy()
         runs = Evaluations(fb, fa, constants, seed)
         lemmas = _sweep(fb, fa, cut_table, runs, ENCODER_FOR[pass_.contract], timeout)
+        app.lemmas += [lm.smt2 for lm in lemmas if lm.proved]
         for r in diffs:
             app.obligations.append(_output_obligation(pass_, fb, fa, r, table, cut_table, lemmas, constants,
                                                       timeout, seed, runs))
@@ -254,7 +264,7 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
     if isinstance(verdict, Proved):
         verdict = Proved(verdict.encoder, verdict.shapes, seconds, verdict.axioms, verdict.note)
     return ObligationRecord(pass_.name, str(contract), fb.name, name, size, enc_name, verdict, seconds, shapes,
-                            tuple(notes))
+                            tuple(notes), query=attempt.smt2 if isinstance(verdict, Proved) else "")
 
 
 LEMMA_RLIMIT = 20_000_000
@@ -273,6 +283,7 @@ class Lemma:
     after: str
     proved: bool
     seconds: float
+    smt2: str = ""
 
 
 def _close(x: np.ndarray, y: np.ndarray, rtol: float) -> bool:
@@ -365,7 +376,7 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
             if not _maybe_close(*quick[vb], sample_a, rtol) or not _close(sig_b[vb], arr, rtol):
                 continue
             attempt = _prove_opening(vb, va, table, encoder, fb, timeout, ctx=ctx, rlimit=LEMMA_RLIMIT)
-            lemmas.append(Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds))
+            lemmas.append(Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds, attempt.smt2))
             if attempt.status == "proved":
                 table.add_cut(vb, va)
                 break

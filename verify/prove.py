@@ -34,6 +34,8 @@ class Attempt:
     model_inputs: dict[str, np.ndarray] | None = None
     model_dims: dict[str, int] = field(default_factory=dict)
     model_index: tuple[int, ...] | None = None
+    smt2: str = ""
+    """A proved attempt's query, as solved: SMT-LIB 2 that a stock solver answers ``unsat``."""
 
 
 def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], encoder: str,
@@ -54,8 +56,11 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
         return Attempt("unknown", encoder, time.perf_counter() - start, reason=f"cannot encode: {e}")
     axioms = tuple(sorted(enc.sem.axioms))
     if neq is None:
+        # the same term on both sides: still stated as a query (trivially unsat) an auditor can re-run
+        same = enc.term(b, before.dtype)
         return Attempt("proved", encoder, time.perf_counter() - start, axioms=axioms, has_float=enc.float_seen,
-                       encodings=enc.count, reason="both sides encode to the same term")
+                       encodings=enc.count, reason="both sides encode to the same term",
+                       smt2=query_text([*enc.facts(), same != same], ctx))
     solver = z3.Solver(ctx=ctx)
     solver.set("timeout", max(1, int(timeout * 1000)))
     if rlimit is not None:
@@ -67,6 +72,7 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
     out = Attempt("unknown", encoder, seconds, axioms=axioms, has_float=enc.float_seen, encodings=enc.count)
     if res == z3.unsat:
         out.status = "proved"
+        out.smt2 = solver.to_smt2()
         return out
     if res == z3.unknown:
         why = solver.reason_unknown()
@@ -86,6 +92,13 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
         solver.pop()
     _decode(out, model, enc, before, decode)
     return out
+
+
+def query_text(assertions: Sequence[z3.BoolRef], ctx: z3.Context) -> str:
+    """SMT-LIB 2 text of ``assertions`` followed by ``(check-sat)``."""
+    solver = z3.Solver(ctx=ctx)
+    solver.add(*assertions)
+    return solver.to_smt2()
 
 
 DECODE_LIMIT = 1 << 22

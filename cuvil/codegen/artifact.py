@@ -23,7 +23,7 @@ import numpy as np
 from cuvil.codegen import abi
 from cuvil.codegen.header import render_header
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
-from cuvil.codegen.module import lower_function
+from cuvil.codegen.module import PROVENANCE_PREFIX, embed_provenance, lower_function
 from cuvil.ir.module import Function
 
 MANIFEST_FORMAT = "cuvil-artifact"
@@ -45,6 +45,19 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def read_provenance(library: Path) -> dict[str, str] | None:
+    """The provenance fields a library embeds (``embed_provenance``), read from its bytes without
+    loading it; None when it has none or more than one."""
+    data = Path(library).read_bytes()
+    at = data.find(PROVENANCE_PREFIX)
+    if at < 0 or data.find(PROVENANCE_PREFIX, at + 1) >= 0:
+        return None
+    end = data.find(b"\0", at)
+    text = data[at + len(PROVENANCE_PREFIX):end if end >= 0 else len(data)].decode("ascii", "replace")
+    fields = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
+    return fields
+
+
 def _write_atomic(path: Path, text: str) -> None:
     staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     staged.write_text(text)
@@ -53,14 +66,17 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: str | os.PathLike, *,
                   name: str | None = None, opt_level: int = 3, keep_ir: bool = False,
-                  extra_manifest: Mapping[str, Any] | None = None, threads: int | None = None) -> Artifact:
+                  extra_manifest: Mapping[str, Any] | None = None, threads: int | None = None,
+                  provenance: Mapping[str, str] | None = None) -> Artifact:
     """Compile ``fn`` (static shapes) into a shared library with its header and manifest in ``out_dir``.
-    ``threads`` is the library's default thread count (None: the CPUs it may use when it runs)."""
+    ``threads`` is the library's default thread count (None: the CPUs it may use when it runs);
+    ``provenance``: fields embedded in the library besides its function hash (a certificate digest)."""
     from cuvil import __version__
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     lowered = lower_function(fn, constants, name=name, threads=threads)
+    embed_provenance(lowered.module, lowered.prefix, {"function": lowered.function_hash, **(provenance or {})})
     times["lower_s"] = time.perf_counter() - t0
 
     target = host_target()

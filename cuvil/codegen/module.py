@@ -17,7 +17,6 @@ must not run on two threads at once; separate contexts are independent.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,10 +31,11 @@ from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
 from cuvil.codegen.plan import MemoryPlan, nbytes, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR
 from cuvil.errors import CodegenError
+from cuvil.ir import hashing
 from cuvil.ir.dtypes import DType
-from cuvil.ir.module import Function
+from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import get_op
-from cuvil.ir.values import Value, attr_key
+from cuvil.ir.values import Value
 from cuvil.log import logger
 
 # struct cuvil_tensor { void* data; const int64_t* shape; int32_t rank; int32_t dtype; }: 24 bytes
@@ -81,15 +81,24 @@ class LoweredFunction:
 
 
 def function_hash(fn: Function, constants: Mapping[str, np.ndarray]) -> str:
-    """A content hash of the function: ops, attributes, types, wiring and constant data."""
-    h = hashlib.sha256()
-    position: dict[Value, int] = {}
-    for k, v in enumerate(fn.values()):
-        position[v] = k
-        h.update(repr((v.op, str(v.type), tuple((n, attr_key(a)) for n, a in v.attrs),
-                       tuple(position[o] for o in v.operands))).encode())
-    h.update(repr((fn.name, [position[r] for r in fn.results], fn.result_names)).encode())
-    return "f" + h.hexdigest()[:32]
+    """The content hash of the function with the bytes of the constants it uses
+    (``cuvil.ir.hashing``: regions, constraints and names included)."""
+    used = {v.const_hash for v in fn.values() if v.is_const}
+    return "f" + hashing.module_hash(Module((fn,), {k: a for k, a in constants.items() if k in used}))[:32]
+
+
+PROVENANCE_PREFIX = b"cuvil-provenance;"
+
+
+def embed_provenance(mod: ir.Module, prefix: str, fields: Mapping[str, str]) -> None:
+    """A constant string in the library naming what it was compiled from and the certificate that
+    vouches for it (``cuvil-provenance;function=...;certificate=...;``), so a manifest or a
+    certificate taken from another library does not match it."""
+    text = PROVENANCE_PREFIX + "".join(f"{k}={v};" for k, v in sorted(fields.items())).encode() + b"\0"
+    arr = ir.ArrayType(ir.IntType(8), len(text))
+    g = ir.GlobalVariable(mod, arr, name=f"{prefix}_provenance")
+    g.initializer = ir.Constant(arr, bytearray(text))
+    g.global_constant = True
 
 
 def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None = None,

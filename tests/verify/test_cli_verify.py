@@ -45,7 +45,7 @@ def test_verify_proves_a_small_model_and_writes_its_certificate(capsys, tmp_path
     assert code == 0
     assert "fold-batchnorm" in out and "refuted" in out  # the per-pass table and its columns
     cert = json.loads(cert_path.read_text())
-    assert cert["format"] == "cuvil-certificate/1"
+    assert cert["format"] == "cuvil-certificate/2"
     verdicts = [v for _, vs in _verdicts(cert) for v in vs]
     assert verdicts and set(verdicts) == {"proved"}
     assert cert["summary"]["obligations"] == len(verdicts) == cert["summary"]["proved"]
