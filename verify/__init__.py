@@ -20,14 +20,17 @@ from verify.obligations import DEFAULT_TIMEOUT, Application, ObligationRecord, c
 from verify.verdict import Counterexample, Proved, Refuted, Unknown, Verdict
 
 
-def check_pass(pass_: Pass, module: Module, *, timeout: float = DEFAULT_TIMEOUT, seed: int = 0) -> Report:
-    """Run ``pass_`` on ``module`` and check that application."""
+def check_pass(pass_: Pass, module: Module, *, timeout: float = DEFAULT_TIMEOUT, seed: int = 0,
+               search: str = "both") -> Report:
+    """Run ``pass_`` on ``module`` and check that application (``search``: see
+    ``verify.obligations.SEARCH_MODES``)."""
     from cuvil.passes.manager import content_changed
 
     out = pass_.run(module)
     report = Report(module_hash(module), [pass_.name])
     if content_changed(module, out.module):
-        report.applications.append(check_application(pass_, module, out.module, timeout=timeout, seed=seed))
+        report.applications.append(check_application(pass_, module, out.module, timeout=timeout, seed=seed,
+                                                      search=search))
     return report
 
 

@@ -82,7 +82,7 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
     out.status = "sat"
     out.reason = "the encodings can differ"
     model = solver.model()
-    if _too_large(model, decode):
+    if any(v > SMALL_DIM for v in _model_dims(model).values()):
         # look for a difference at dims small enough to replay (a model of 2^40 elements cannot be)
         dims = [z3.Int(d.name(), ctx) for d in model.decls() if d.name().startswith("__d_")]
         solver.push()
@@ -105,7 +105,7 @@ DECODE_LIMIT = 1 << 22
 """Largest number of elements of one decoded counterexample tensor."""
 
 SMALL_DIM = 1 << 16
-"""When a model's dims make a tensor too large to replay, the search is repeated with every
+"""When a model has a dim above this (too large to replay), the search is repeated with every
 symbolic dim at most this."""
 
 
@@ -124,11 +124,6 @@ def _model_dims(model: z3.ModelRef) -> dict[str, int]:
             if isinstance(val, int):
                 dims[d.name()[4:]] = val
     return dims
-
-
-def _too_large(model: z3.ModelRef, leaves: Sequence[Leaf]) -> bool:
-    dims = _model_dims(model)
-    return any(_leaf_elements(leaf, dims) > DECODE_LIMIT for leaf in leaves)
 
 
 def _model_value(v: z3.ExprRef, signed: bool = True) -> float | int | bool | None:

@@ -45,7 +45,9 @@ MODES_EXACT = ("random", "signed-zeros", "negative-zeros", "specials", "zeros", 
                "random-wide")
 FREE_KINDS = ("param", "constant", "folded")
 """Cut leaves that may take independent values: a shared computed value is a function of the others."""
-MODES_REAL = ("random", "tiny", "huge", "negative", "near-one", "zeros", "random-wide")
+MODES_REAL = ("random", "tiny", "huge", "negative", "near-one", "zeros", "random-wide", "specials")
+"""A real proof covers finite values; NaN and infinities are searched ("specials"), and a rewrite
+they distinguish is refuted."""
 
 RIT_WORK_LIMIT = 200_000_000
 """Element operations (``verify.modular.work``) beyond which the Z_p evaluation is skipped."""
@@ -277,31 +279,54 @@ class Refuter:
             return None
 
     # the searches ---------------------------------------------------------------------------
-    def search(self, attempt: Attempt | None, *, budget: float = 5.0, full: bool = True) -> Search:
+    def search(self, attempt: Attempt | None, *, budget: float = 5.0, full: bool = True,
+               float_search: bool = True, more_models: Sequence[Attempt | None] = ()) -> Search:
+        """``float_search=False``: only what the z3 models give (their values, or their dims);
+        ``more_models``: other attempts whose models' dims are searched too."""
         start = time.perf_counter()
         out = Search()
         modes = MODES_EXACT if self.case.contract is Contract.EXACT else MODES_REAL
         if not full and self.case.contract is Contract.EXACT:
             modes = modes[:2]  # a cross-check of an exact proof; real proofs keep every extreme (overflow)
+        if not float_search:
+            modes = ()
         self._rit(out, RIT_WORK_LIMIT if full else RIT_CHECK_LIMIT)
+        found: list[Counterexample] = []  # real contracts: rounding differences, kept while the search goes on
+
+        def done() -> bool:
+            return out.counterexample is not None or time.perf_counter() - start > budget
+
+        def take(ce: Counterexample | None) -> None:
+            if ce is not None and self.case.contract is Contract.REAL and _finite_both(ce):
+                found.append(ce)  # what a real proof admits: look on for NaN/infinity on one side only
+                return
+            out.counterexample = ce
+
         for mode in modes:
-            if out.counterexample is not None or time.perf_counter() - start > budget:
+            if done():
                 break
             out.tried.append(f"float {mode}")
-            out.counterexample = self._model_inputs(mode)
+            take(self._model_inputs(mode))
         independent = all(leaf.kind in FREE_KINDS for leaf in self.case.cones.inputs)
         if out.counterexample is None and independent and attempt is not None and attempt.model_inputs is not None:
             out.tried.append("z3 model")
-            out.counterexample = self._try_cut_values(attempt.model_inputs, "a z3 model", free=True,
-                                                      index=attempt.model_index)
-        if out.counterexample is None and attempt is not None and attempt.model_dims:
-            out.counterexample = self._at_model_dims(attempt, out, independent)
-        if full and independent:
+            take(self._try_cut_values(attempt.model_inputs, "a z3 model", free=True, index=attempt.model_index))
+        tried_dims: list[dict[str, int]] = []
+        for source in (attempt, *more_models):
+            if out.counterexample is not None or source is None or not source.model_dims:
+                continue
+            if source.model_dims in tried_dims:
+                continue
+            tried_dims.append(source.model_dims)
+            take(self._at_model_dims(source, out, independent))
+        if full and independent and float_search:
             for mode in ("random", "range-ends", "tiny", "huge", "negative-zeros"):
-                if out.counterexample is not None or time.perf_counter() - start > budget:
+                if done():
                     break
                 out.tried.append(f"free cut {mode}")
-                out.counterexample = self._free_cut(mode)
+                take(self._free_cut(mode))
+        if out.counterexample is None and found:
+            out.counterexample = found[0]
         out.seconds = time.perf_counter() - start
         return out
 
@@ -478,6 +503,14 @@ class Refuter:
         mask = rb != ra
         out.rit_differs = bool(np.any(mask))
         out.rit_index = _first(mask)
+
+
+def _finite_both(ce: Counterexample) -> bool:
+    """Both sides finite at the counterexample's index (a rounding difference, not NaN/infinity)."""
+    def finite(x: object) -> bool:
+        return isinstance(x, (bool, int, np.integer, np.bool_)) or np.isfinite(float(x))  # type: ignore[arg-type]
+
+    return finite(ce.before) and finite(ce.after)
 
 
 def _candidates(b: np.ndarray, a: np.ndarray) -> bool:

@@ -34,6 +34,8 @@ def _fused_rule(c: R.RuleCtx) -> R.Expr:
     def leaf(v: Value, index: tuple[R.Ix, ...], ld: R.Load) -> R.Expr:
         return c.inputs[position[v]].at(*index, oob=ld.oob)
 
+    if body.result.is_param:  # a body that yields one of its arguments unchanged
+        return c.inputs[position[body.result]].at(*c.out)
     return value_rule(body.result, c.out, leaf, inline=lambda v: not v.is_param)
 
 
