@@ -597,13 +597,16 @@ class ConeEncoder:
             bind[name] = self.space.atom(b, 0, None if hi is None else hi - 1)
             ext_values.append(ext.const if ext.is_const else self.space.term(ext))
         body = self._scalar(self.expr(e.body, env.bind(bind), owner), dt)
-        out = self.sem.reduce_symbolic(e.kind, body, dt, binders, ext_values)
+        return self._empty_extent_guard(e.kind, dt, extents, self.sem.reduce_symbolic(e.kind, body, dt, binders,
+                                                                                        ext_values))
+
+    def _empty_extent_guard(self, kind: str, dt: DType, extents: Sequence[Lin], out: Any) -> Any:
+        """A reduction over an extent the constraints let be 0 is its identity there."""
         maybe_empty = [x for x in extents if (self.space.interval(x)[0] or 0) < 1]
         if not maybe_empty:
             return out
-        # an extent the constraints let be 0: the reduction is then its identity
         empty = z3.Or(*[self.space.term(x) <= 0 for x in maybe_empty])
-        return self.sem.select(empty, self._scalar(self.sem.reduce_identity(e.kind, dt), dt), out, dt)
+        return self.sem.select(empty, self._scalar(self.sem.reduce_identity(kind, dt), dt), out, dt)
 
 
 def _ix_vars(ix: R.Ix) -> set[str]:

@@ -310,7 +310,7 @@ class Refuter:
         independent = all(leaf.kind in FREE_KINDS for leaf in self.case.cones.inputs)
         if out.counterexample is None and independent and attempt is not None and attempt.model_inputs is not None:
             out.tried.append("z3 model")
-            take(self._try_cut_values(attempt.model_inputs, "a z3 model", free=True, index=attempt.model_index))
+            take(self._from_model(attempt))
         tried_dims: list[dict[str, int]] = []
         for source in (attempt, *more_models):
             if out.counterexample is not None or source is None or not source.model_dims:
@@ -374,6 +374,25 @@ class Refuter:
                   for p, x in zip(case.before_fn.params, inputs, strict=True)]
         return Counterexample(case.output, at, str(rb.dtype), rb[at].item(), ra[at].item(), params, found_by,
                               note="replayed on the whole function")
+
+    def _from_model(self, attempt: Attempt) -> Counterexample | None:
+        """A z3 model's cut values, first with the module's own constants (then, when every other
+        leaf is a parameter, the counterexample replays on the whole function), else as decoded."""
+        assert attempt.model_inputs is not None
+        leaves = self.case.cones.inputs
+        own = {leaf.key: leaf.data for leaf in leaves
+               if leaf.kind in ("constant", "local-constant", "folded") and leaf.data is not None}
+        cut = {**attempt.model_inputs, **own}
+        ce = self._try_cut_values(cut, "a z3 model", free=False, index=attempt.model_index)
+        if ce is not None:
+            params = {leaf.before: cut[leaf.key] for leaf in leaves if leaf.kind == "param"}
+            fn = self.case.before_fn
+            if all(p in params for p in fn.params) and all(leaf.kind != "shared" for leaf in leaves):
+                ce.function_inputs = {p.name: np.asarray(params[p]) for p in fn.params}
+            return ce
+        if not own:
+            return None
+        return self._try_cut_values(attempt.model_inputs, "a z3 model", free=True, index=attempt.model_index)
 
     def _at_model_dims(self, attempt: Attempt, out: Search, independent: bool) -> Counterexample | None:
         """A z3 model names dims where the sides can differ (an empty extent, one specific size),

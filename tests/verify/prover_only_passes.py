@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from wrong_passes import ValueRewrite
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
@@ -22,7 +23,6 @@ from cuvil.ir.region import Region
 from cuvil.ir.types import DimConstraint, TensorType
 from cuvil.ir.values import Value
 from cuvil.passes import Pass
-from wrong_passes import ValueRewrite
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,17 @@ def fused_guard_model() -> Module:
     return b.module(b.function("main", [x], [b.fused(x, i, stride, zero, body=body)]))
 
 
+def fused_index_math_model() -> Module:
+    """The position, its scaling and the test all inside one fused rule (the old bug's shape)."""
+    b = Builder()
+    x = b.param("x", DType.f32, ["N"])
+    ax = Region.arg(0, TensorType(DType.f32, ("N",)))
+    scaled = b.iota(shape=["N"], step=65536, dtype=DType.i32)
+    zero = b.iota(shape=["N"], step=0, dtype=DType.i32)
+    body = Region((ax,), b.where(b.less(scaled, zero), b.neg(ax), ax))
+    return b.module(b.function("main", [x], [b.fused(x, body=body)]))
+
+
 @dataclass(frozen=True)
 class FoldReductionOfConstant(ValueRewrite):
     """``reduce_max/min/mean`` over an axis of a broadcast constant -> the constant, forgetting that
@@ -182,6 +193,7 @@ PROVER_ONLY: dict[str, tuple[Pass, Callable[[], Module]]] = {
     "position-modulo-assumed-identity": (FoldCondition(take_true=True), lambda: _guarded(_modulo_position)),
     "position-block-assumed-first": (FoldCondition(take_true=True), lambda: _guarded(_block_position)),
     "wrapping-condition-inside-fused-body": (FoldFusedCondition(), fused_guard_model),
+    "wrapping-index-math-inside-one-fused-rule": (FoldFusedCondition(), fused_index_math_model),
     "max-over-empty-axis-folded": (FoldReductionOfConstant(), _empty_axis_model("reduce_max")),
     "min-over-empty-axis-folded": (FoldReductionOfConstant(), _empty_axis_model("reduce_min")),
     "mean-over-empty-axis-folded": (FoldReductionOfConstant(), _empty_axis_model("reduce_mean")),

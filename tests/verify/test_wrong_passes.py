@@ -1,4 +1,5 @@
-"""Seeded miscompilations: each wrong pass in the corpus is refuted, and its counterexample
+"""Seeded miscompilations: each wrong pass in the corpus (the classic miscompilations, the bugs only
+the prover catches, and the ways a certificate used to lie) is refuted, and its counterexample
 replays on the reference interpreter when the before and after modules are run on the
 counterexample's inputs."""
 
@@ -7,13 +8,16 @@ import math
 
 import numpy as np
 import pytest
-from wrong_passes import CORPUS
+from prover_only_passes import PROVER_ONLY
+from soundness_passes import SEEDED
+from wrong_passes import CORPUS as CLASSIC
 
 from cuvil.interp import run_reference
 from cuvil.passes.base import Contract
 from verify import Refuted, Report, check_pass
 
-MIN_CORPUS = 20
+MIN_CORPUS = 45
+CORPUS = {**CLASSIC, **PROVER_ONLY, **SEEDED}
 
 
 @functools.cache
