@@ -1,67 +1,87 @@
-"""`make demo`: the main job on the bundled example model.
+"""`make demo`: the main job on the bundled example model, as a regulated deployment runs it.
 
-Import ``bench/examples/tiny_cnn.onnx`` (a small conv-BN-ReLU classifier with a symbolic
-batch dim), print its CIR, optimize it at O2, run both versions on the reference
-interpreter, and compile it to a native library; ONNX Runtime, when installed, is shown
-as an independent oracle.
+1. ``cuvil verify``: prove every pass application of the O3 pipeline on ``tiny_cnn.onnx`` (a small
+   conv-BN-ReLU classifier with a symbolic batch dim) and print the per-pass proof table.
+2. ``cuvil compile --gate``: compile it to a native library only because every application was
+   proved; the certificate is embedded in the manifest and bound to the library.
+3. ``cuvil verify --check-certificate``: an auditor re-checks that certificate with cvc5, a second,
+   independent solver, and re-derives the model's hashes.
+4. A user's wrong pass (``bench/examples/wrong_pass.py``): the gated compile refuses it and shows the
+   counterexample, replayed on the reference interpreter.
+5. The library runs, and agrees with the reference interpreter (and ONNX Runtime, an oracle).
 """
 
 from __future__ import annotations
 
-import time
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 import cuvil
-from cuvil.ir.printer import print_module
-from cuvil.passes import run_pipeline
+from cuvil.cli import main as cuvil_main
+from cuvil.runtime.loader import load
 
 EXAMPLE = Path(__file__).parent / "examples" / "tiny_cnn.onnx"
+WRONG_PASS = "bench.examples.wrong_pass:PushReluBelowPooling"
 
 
-def main() -> None:
+def run(console: Console, *argv: str) -> int:
+    """``cuvil ARGV``, echoed as a shell line, its output shown and its exit code returned."""
+    console.print(f"[bold cyan]$ cuvil {' '.join(argv)}")
+    try:
+        code = cuvil_main(list(argv))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    console.print(f"[dim](exit {code})")
+    return code
+
+
+def main() -> int:
     console = Console()
-    console.rule(f"[bold]import {EXAMPLE.name}")
-    start = time.perf_counter()
-    module = cuvil.import_model(EXAMPLE)
-    console.print(f"imported in {time.perf_counter() - start:.3f} s: {len(module.main.ops())} ops, "
-                  f"{len(module.constants)} constants")
-    console.print(print_module(module, elide_above=16), highlight=False, markup=False, soft_wrap=True)
+    out = Path(tempfile.mkdtemp(prefix="cuvil-demo-"))
+    library = out / "libtiny_cnn.so"
+    cert = out / "tiny_cnn.cert.json"
 
-    console.rule("[bold]optimize (O2)")
-    result = run_pipeline(module, "O2")
-    table = Table("pass", "changed", "ops before", "ops after", "seconds")
-    for name, changed, seconds, before, after in result.summary():
-        table.add_row(name, "yes" if changed else "no", str(before), str(after), f"{seconds:.4f}")
-    console.print(table)
-    console.print(print_module(result.module, elide_above=16), highlight=False, markup=False, soft_wrap=True)
+    console.rule("[bold]1. prove every pass application (O3)")
+    if run(console, "verify", str(EXAMPLE), "-O3", "-q", "--json", str(cert)) != 0:
+        return 1
+    console.rule("[bold]2. gated compile: a library only if every application is proved")
+    if run(console, "compile", str(EXAMPLE), "--gate", "--no-cache", "--shape", "x=4x1x16x16", "-o",
+           str(library)) != 0:
+        return 1
+    console.rule("[bold]3. an auditor re-checks the embedded certificate with cvc5")
+    if run(console, "verify", str(EXAMPLE), "--shape", "x=4x1x16x16", "--check-certificate", str(library),
+           "--solver", "cvc5", "-q") != 0:
+        return 1
+    console.rule("[bold]4. a user's wrong pass is refused, with its replayed counterexample")
+    wrong = run(console, "compile", str(EXAMPLE), "--gate", "--no-cache", "--shape", "x=4x1x16x16", "--passes",
+                "push-relu-below-pooling,O3", "--pass-plugin", WRONG_PASS, "-o", str(out / "libwrong.so"))
+    if wrong == 0 or (out / "libwrong.so").exists():
+        console.print("[bold red]the wrong pass was not refused")
+        return 1
+    console.print("no library was written for the wrong pipeline")
 
-    console.rule("[bold]run on the reference interpreter")
+    console.rule("[bold]5. run the library")
     x = np.random.default_rng(0).standard_normal((4, 1, 16, 16)).astype(np.float32)
-    (probs,) = cuvil.run_reference(module, [x])
-    (probs_opt,) = cuvil.run_reference(result.module, [x])
-    console.print(f"batch of 4 -> predicted classes {probs.argmax(axis=1).tolist()}, "
-                  f"row sums {np.round(probs.sum(axis=1), 6).tolist()}")
-    console.print(f"optimized vs unoptimized: max abs difference {np.abs(probs - probs_opt).max():.3g}")
-
-    console.rule("[bold]compile to a native library (LLVM, O3)")
-    start = time.perf_counter()
-    compiled = cuvil.compile(EXAMPLE, example_inputs=[x], cache=False)
-    native = compiled(x)
-    console.print(f"compiled in {time.perf_counter() - start:.2f} s: {compiled.library_path}")
-    console.print(f"native vs interpreter: max abs difference {np.abs(native - probs).max():.3g}")
+    (reference,) = cuvil.run_reference(cuvil.import_model(EXAMPLE), [x])
+    native = load(library)(x)  # the gated library, its hash checked before it is loaded
+    console.print(f"batch of 4 -> classes {native.argmax(axis=1).tolist()}; native vs interpreter: "
+                  f"max abs difference {np.abs(native - reference).max():.3g}")
     try:
         import onnxruntime as ort
     except ImportError:
         console.print("onnxruntime not installed: no oracle comparison")
-        return
-    sess = ort.InferenceSession(str(EXAMPLE), providers=["CPUExecutionProvider"])
-    (oracle,) = sess.run(None, {"x": x})
-    console.print(f"ONNX Runtime (oracle) vs Cuvil interpreter: max abs difference {np.abs(probs - oracle).max():.3g}")
+    else:
+        sess = ort.InferenceSession(str(EXAMPLE), providers=["CPUExecutionProvider"])
+        (oracle,) = sess.run(None, {"x": x})
+        console.print(f"ONNX Runtime (oracle) vs Cuvil interpreter: max abs difference "
+                      f"{np.abs(reference - oracle).max():.3g}")
+    console.print(f"files in {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
