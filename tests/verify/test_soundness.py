@@ -221,3 +221,66 @@ def test_verdicts_do_not_depend_on_the_hash_seed():
         assert run.returncode == 0, run.stderr[-2000:]
         outputs.add(run.stdout)
     assert len(outputs) == 1, outputs
+
+
+# --------------------------------------------------------------------------------------
+# smaller holes the audit found
+
+
+def _chain_model(n: int, unrolled: bool):
+    b = Builder()
+    x = b.param("x", DType.f32, [2, n])
+    if not unrolled:
+        return b.module(b.function("main", [x], [b.reduce_sum(x, axes=[1], keepdims=False)]))
+    acc = None
+    for k in range(n):
+        t = b.reshape(b.slice(x, starts=[0, k], ends=[2, k + 1], steps=[1, 1]), shape=[2])
+        acc = t if acc is None else b.add(acc, t)
+    return b.module(b.function("main", [x], [acc]))
+
+
+@pytest.mark.parametrize("n", [12, 20])
+def test_a_sum_unrolled_in_the_rules_order_is_never_refuted(n):
+    """The interpreter folds a sum left to right, as the rule says; the unrolled chain is the same
+    float program (proved when short, unknown beyond the unrolling limit, never refuted)."""
+    statuses = [o.status for o in check_rewrite(_chain_model(n, False), _chain_model(n, True)).obligations]
+    assert statuses == ["proved"] if n <= 16 else statuses in (["proved"], ["unknown"])
+    x = (np.random.default_rng(n).standard_normal((2, n)) * 100).astype(np.float32)
+    a, b = run_reference(_chain_model(n, False), [x])[0], run_reference(_chain_model(n, True), [x])[0]
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_signed_integer_modulo_of_two_inputs_is_encoded():
+    def model(shifted: bool):
+        b = Builder()
+        x, y = b.param("x", DType.i32, [4]), b.param("y", DType.i32, [4])
+        lhs = b.add(x, b.scalar(0, DType.i32)) if shifted else x
+        return b.module(b.function("main", [x, y], [b.mod(lhs, y)]))
+
+    assert [o.status for o in check_rewrite(model(False), model(True)).obligations] == ["proved"]
+
+
+def test_rounding_under_a_real_contract_is_not_an_inconsistency():
+    """(x + 3) - 3 equals x over the reals; float64, the search's reference, rounds too, so the gap it
+    sees at tiny x is no evidence against the real proof."""
+
+    def model(folded: bool):
+        b = Builder()
+        x = b.param("x", DType.f32, [6])
+        three = b.scalar(3.0, DType.f32)
+        return b.module(b.function("main", [x], [x if folded else b.sub(b.add(x, three), three)]))
+
+    assert [o.status for o in check_rewrite(model(False), model(True), "real").obligations] == ["proved"]
+
+
+def test_unsigned_counterexample_values_stay_unsigned():
+    def model(wrong: bool):
+        b = Builder()
+        x = b.param("x", DType.u8, [4])
+        big = b.scalar(200, DType.u8)
+        return b.module(b.function("main", [x], [b.greater(x, big) if not wrong else b.less(x, big)]))
+
+    (o,) = check_rewrite(model(False), model(True)).obligations
+    assert o.status == "refuted"
+    for t in o.verdict.counterexample.inputs:
+        assert t.value.dtype == np.uint8
