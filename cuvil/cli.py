@@ -21,10 +21,14 @@ import numpy as np
 from cuvil.cli_common import (
     EXIT_CODES,
     EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    check_output,
+    exit_for,
     file_name,
     import_model_file,
+    io_error,
     read_bindings,
     report_error,
 )
@@ -175,6 +179,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
     from cuvil.ir.printer import export_ir, print_module
     from cuvil.ir.wellformed import check_module
 
+    check_output(args.output, "--output")
     module = import_model_file(args.model, args.static_input)
     check_module(module)
     if args.output:
@@ -188,6 +193,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
 def cmd_run_reference(args: argparse.Namespace) -> int:
     from cuvil.interp import run_reference
 
+    check_output(args.output_dir, "--output-dir", folder=True)
     module = import_model_file(args.model, args.static_input)
     fn = module.function(args.function) if args.function else module.main
     named, positional = read_bindings(args.input, "--input")
@@ -272,15 +278,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except CuvilError as e:
         report_error(e)
-        return EXIT_USAGE
+        return exit_for(e)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
-    except Exception:
-        traceback.print_exc()
-        sys.stderr.write("internal error: this is a bug in cuvil; please report it with the traceback above\n")
+    except OSError as e:  # the environment refused a file: a missing folder, a directory, no permission, no space
+        report_error(io_error(e))
+        return EXIT_USAGE
+    except Exception as e:  # a bug in cuvil: its own exit code, never a verdict's
+        if args.verbose:
+            traceback.print_exc()
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        sys.stderr.write(f"internal error[CUVIL-INTERNAL]: {type(e).__name__}: {e}{at}\n"
+                         f"  hint: this is a bug in cuvil; please report it with the command and the model "
+                         f"(run with -v for the traceback)\n")
         return EXIT_INTERNAL
 
 

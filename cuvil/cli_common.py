@@ -6,6 +6,8 @@ this module, and cuvil.cli assembles them: the commands depend on it, never on e
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -14,19 +16,41 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import CuvilError, InputError, ModelLoadError
+from cuvil.errors import CuvilError, FileAccessError, InputError, ModelLoadError
 
 EXIT_OK = 0
-EXIT_INTERNAL = 1
+EXIT_FAILED = 1
+"""A check failed: an obligation refuted, an overflow confirmed, a gated compile stopped by a
+refutation, an artifact or certificate that does not match."""
 EXIT_USAGE = 2
+EXIT_UNDECIDED = 3
+"""A check could not decide: obligations unknown, probe sites open, a gated compile stopped by
+an unproved application."""
+EXIT_INTERNAL = 70
+"""A bug in Cuvil (never the code of a verdict); sysexits' EX_SOFTWARE."""
+EXIT_INTERRUPTED = 130
 
-EXIT_CODES = f"""exit codes:
-  {EXIT_OK}  success
-  {EXIT_INTERNAL}  internal error: a bug in cuvil (the traceback is printed; please report it)
-  {EXIT_USAGE}  usage or input error: bad arguments, a missing/malformed/unsupported model,
-     malformed .cir, inputs that do not match the model (the message names the code,
-     the location and a hint)
+EXIT_CODES = f"""exit codes (the same for every subcommand):
+  {EXIT_OK}   success (verify: every obligation proved; probe: every site safe)
+  {EXIT_FAILED}   a check failed: an obligation refuted (with its replayed counterexample), an
+      overflow confirmed, a gated compile stopped by a refutation, an artifact or
+      certificate that does not match
+  {EXIT_USAGE}   usage or input error: bad arguments, a missing/malformed/unsupported model,
+      inputs that do not match the model, an unwritable output (a CuvilError: the message
+      names the code, the location and a hint)
+  {EXIT_UNDECIDED}   a check could not decide: obligations unknown, probe sites open, a gated
+      compile stopped by an application that is not proved
+  {EXIT_INTERNAL}  internal error: a bug in cuvil (a one-line report; run with -v for the traceback)
+  {EXIT_INTERRUPTED} interrupted
 """
+
+VERDICT_EXITS = {"CUVIL-PROOF-REFUTED": EXIT_FAILED, "CUVIL-PROOF-UNKNOWN": EXIT_UNDECIDED,
+                 "CUVIL-FP16-UNPROVED": EXIT_UNDECIDED}
+"""Errors that carry a verdict: their exit code is the verdict's, not a usage error's."""
+
+
+def exit_for(error: CuvilError) -> int:
+    return VERDICT_EXITS.get(error.code, EXIT_USAGE)
 
 
 def load_array(path: str, what: str) -> np.ndarray | dict[str, np.ndarray]:
@@ -36,16 +60,14 @@ def load_array(path: str, what: str) -> np.ndarray | dict[str, np.ndarray]:
         raise InputError(f"{what} file {p} does not exist", location=str(p))
     try:
         data = np.load(p, allow_pickle=False)
-    except ValueError as e:
-        raise InputError(f"cannot read {what} file {p}: {e}", location=str(p),
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                return {k: data[k] for k in data.files}
+        return data
+    except Exception as e:  # a file that is not what numpy writes: never a bug of ours
+        raise InputError(f"cannot read {what} file {p}: {type(e).__name__}: {e}", location=str(p),
                          hint="save arrays with numpy.save (.npy) or numpy.savez (.npz); object arrays "
                               "are not accepted") from None
-    except OSError as e:
-        raise InputError(f"cannot read {what} file {p}: {e}", location=str(p)) from None
-    if isinstance(data, np.lib.npyio.NpzFile):
-        with data:
-            return {k: data[k] for k in data.files}
-    return data
 
 
 def key_value(spec: str, flag: str) -> tuple[str | None, str]:
@@ -87,6 +109,9 @@ def import_model_file(path: str, static_specs: Sequence[str] = ()) -> Any:
             raise InputError("--static-input values must be named", hint="write --static-input NAME=FILE.npy")
         options["static_inputs"] = named
     p = Path(path)
+    if p.is_dir():
+        raise ModelLoadError(f"{p} is a folder, not a model file", location=str(p),
+                             hint="give a .onnx, .pt2 or .cir file")
     if not p.exists():
         raise ModelLoadError(f"model file {p} does not exist", location=str(p))
     try:
@@ -94,6 +119,65 @@ def import_model_file(path: str, static_specs: Sequence[str] = ()) -> Any:
     except ModuleNotFoundError as e:
         raise ModelLoadError(f"cannot import {p}: {e}", location=str(p),
                              hint="the torch frontend needs `pip install cuvil[torch]`") from None
+
+
+def check_output(path: str | None, flag: str, *, folder: bool = False, suffix: str | None = None) -> Path | None:
+    """Validate an output path before any work is done, so a long run never fails at its last step.
+
+    A missing folder is created (like ``mkdir -p``) once its nearest existing ancestor is a
+    writable folder; ``folder=True`` means the output is itself a folder.
+    """
+    if path is None:
+        return None
+    p = Path(path)
+    if folder:
+        if p.exists() and not p.is_dir():
+            raise FileAccessError(f"{flag} {p} is a file, not a folder", location=str(p),
+                                  hint="give a folder (it is created when missing)")
+        parent = p
+    else:
+        if p.is_dir():
+            raise FileAccessError(f"{flag} {p} is a folder", location=str(p), hint="give a file name")
+        if suffix is not None and p.suffix != suffix:
+            raise InputError(f"{flag} {p} must end in {suffix}", location=flag,
+                             hint=f"name the file like out/libmodel{suffix}")
+        parent = p.parent
+    ancestor = parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise FileAccessError(f"{flag}: {ancestor} is a file, so the folder {parent} cannot be made",
+                              location=str(p), hint="choose a location under a folder")
+    if not os.access(ancestor, os.W_OK):
+        raise FileAccessError(f"{flag}: the folder {ancestor} is not writable", location=str(p),
+                              hint="choose a location you may write to")
+    parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def check_seconds(value: float, flag: str) -> float:
+    """A time limit: finite and positive (every solver query and search has one)."""
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"{flag} must be a positive number of seconds, got {value}", location=flag,
+                         hint=f"e.g. {flag} 60")
+    return value
+
+
+def io_error(e: OSError) -> CuvilError:
+    """A file operation the environment refused, as a user error naming the path."""
+    import errno
+
+    if e.errno == errno.EBADF:
+        return FileAccessError("the output stream is closed",
+                               hint="run the command with its standard output open (a file or a pipe)")
+    path = e.filename or ""
+    reason = e.strerror or str(e)
+    hints = {errno.ENOENT: "create the folder first, or check the path",
+             errno.EISDIR: "give a file name, not a folder", errno.ENOTDIR: "a part of the path is a file",
+             errno.EACCES: "choose a location you may write to", errno.EEXIST: "that path exists as a file",
+             errno.ENOSPC: "free some space, or write elsewhere"}
+    return FileAccessError(f"{reason}: {path}" if path else reason, location=str(path) or None,
+                           hint=hints.get(e.errno or -1, "check the path and its permissions"))
 
 
 def file_name(name: str) -> str:

@@ -24,19 +24,22 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.cli_common import EXIT_CODES, EXIT_OK, file_name, read_bindings, report_error
+from cuvil.cli_common import (
+    EXIT_CODES,
+    EXIT_OK,
+    VERDICT_EXITS,
+    check_output,
+    exit_for,
+    file_name,
+    read_bindings,
+    report_error,
+)
 from cuvil.errors import CodegenError, CuvilError, InputError, ModelLoadError
 
 OPT_LEVELS = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
-# a gated compile that stops on a proof writes nothing and exits with these
-EXIT_REFUTED = 1
-EXIT_UNPROVED = 3
-PROOF_EXITS = {"CUVIL-PROOF-REFUTED": EXIT_REFUTED, "CUVIL-PROOF-UNKNOWN": EXIT_UNPROVED,
-               "CUVIL-FP16-UNPROVED": EXIT_UNPROVED}
-COMPILE_EXIT_CODES = EXIT_CODES + f"""with --gate:
-  {EXIT_REFUTED}  a pass application was refuted (the counterexample is printed); nothing is written
-  {EXIT_UNPROVED}  a pass application could not be proved (the reason is printed); nothing is written
-     (with --enable-fp16: also an op whose float16 sites are not proved safe for the --range box)
+COMPILE_EXIT_CODES = EXIT_CODES + """
+a gated compile that stops writes nothing (with --enable-fp16, an op whose
+float16 sites are not proved safe for the --range box stops it too)
 """
 MODEL_SUFFIXES = (".onnx", ".pt2", ".cir")
 _DIMS = re.compile(r"^\d+(?:[x,]\d+)*$|^$")
@@ -130,10 +133,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     shapes = parse_shapes(args.shape)
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}", location="--threads")
-    output = Path(args.output) if args.output else Path.cwd() / f"lib{model_path.stem}.so"
-    if output.is_dir():
-        raise InputError(f"--output {output} is a directory", location="--output",
-                         hint="give the library's file name, e.g. --output out/libmodel.so")
+    output = check_output(args.output or str(Path.cwd() / f"lib{model_path.stem}.so"), "--output", suffix=".so")
+    assert output is not None
     options: dict[str, Any] = {}
     if args.static_input:
         named, positional = read_bindings(args.static_input, "--static-input")
@@ -143,11 +144,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     options.update(_fp16_options(args, model_path, options))
     gate = _make_gate(args)
     passes: Any = args.passes
-    if args.pass_plugin:
-        from cuvil.plugins import load_pass_plugin, resolve_pipeline
+    from cuvil.plugins import plugins_from_args, resolve_pipeline
 
-        passes = resolve_pipeline(args.passes, [load_pass_plugin(s) for s in args.pass_plugin],
-                                  default=f"O{opt_level}")
+    plugins = plugins_from_args(args)
+    if plugins:
+        passes = resolve_pipeline(args.passes, plugins, default=f"O{opt_level}")
     staging: Path | None = None
     if args.no_cache:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -161,11 +162,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         assert model.library_path is not None and model.manifest is not None
         header, manifest_path = _install(model.library_path, model.manifest, output)
     except CuvilError as e:
-        if e.code not in PROOF_EXITS or gate is None:
+        if e.code not in VERDICT_EXITS or gate is None:
             raise
         report_error(e)
         sys.stderr.write(f"no library written: the gate stopped code generation ({output} left as it was)\n")
-        return PROOF_EXITS[e.code]
+        return exit_for(e)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -296,6 +297,7 @@ def summarize(name: str, a: np.ndarray, first: int) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from cuvil.runtime.loader import load
 
+    check_output(args.output_dir, "--output-dir", folder=True)
     library = Path(args.library)
     if not library.is_file():
         raise InputError(f"library {library} does not exist", location=str(library),
@@ -334,6 +336,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def add_subcommands(sub: Any) -> None:
+    from cuvil.plugins import add_plugin_arguments
+
     """Add ``compile`` and ``run`` to the ``cuvil`` command's subparsers."""
     p = sub.add_parser("compile", help="compile a model to a native shared library (+ C header, manifest)",
                        epilog=COMPILE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -354,8 +358,7 @@ def add_subcommands(sub: Any) -> None:
                                                             "the artifact cache")
     p.add_argument("--static-input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="bind a graph input to a compile-time value (for inputs used as shapes); repeatable")
-    p.add_argument("--pass-plugin", action="append", default=[], metavar="pkg.module:PassClass",
-                   help="import a Pass subclass and run it (where --passes names it, else at the end); repeatable")
+    add_plugin_arguments(p)
     p.add_argument("--verify", action="store_true",
                    help="prove every pass application and embed the certificate in the manifest (never stops)")
     p.add_argument("--gate", action="store_true",

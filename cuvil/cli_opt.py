@@ -9,7 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Column, Table
 
-from cuvil.cli_common import EXIT_CODES, EXIT_OK, import_model_file
+from cuvil.cli_common import EXIT_CODES, EXIT_OK, check_output, import_model_file
+from cuvil.errors import InputError
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
@@ -26,8 +27,14 @@ def cmd_opt(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not args.model:
         raise SystemExit("cuvil opt: a MODEL is required (or --list-passes)")
+    check_output(args.output, "--output")
+    passes = parse_pipeline(args.pipeline)
+    unknown = sorted(set(args.print_after) - {p.name for p in passes} - {"all"})
+    if unknown:
+        raise InputError(f"--print-after names passes the pipeline does not run: {', '.join(unknown)}",
+                         location="--print-after", hint="passes in it: " + ", ".join(p.name for p in passes))
     module = import_model_file(args.model)
-    manager = PassManager(parse_pipeline(args.pipeline), print_after=args.print_after,
+    manager = PassManager(passes, print_after=args.print_after,
                           printer=lambda text: sys.stderr.write(text + "\n"))
     result = manager.run(module)
     if args.timing:

@@ -260,9 +260,12 @@ def _callable_key(obj: Any) -> str | None:
 
 
 def _module_source_digest(obj: Any) -> str | None:
-    """The source of the module defining ``obj``'s class, for classes outside cuvil (user passes)."""
-    mod = sys.modules.get(type(obj).__module__)
-    if mod is None or type(obj).__module__.startswith("cuvil."):
+    """For a class defined outside cuvil (a user's pass): the sources of every loaded module of its
+    package (the folder of its top-level package, or of the module itself), so a change in a helper
+    module the pass imports changes the cache key too."""
+    name = type(obj).__module__
+    mod = sys.modules.get(name)
+    if mod is None or name.startswith(("cuvil.", "verify.")):
         return None
     try:
         path = inspect.getsourcefile(mod)
@@ -270,7 +273,18 @@ def _module_source_digest(obj: Any) -> str | None:
         return None
     if not path or not os.path.isfile(path):
         return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    top = sys.modules.get(name.split(".")[0])
+    top_file = getattr(top, "__file__", None) if top is not None else None
+    root = Path(top_file).parent if top_file and "." in name else Path(path).parent
+    h = hashlib.sha256()
+    for other in sorted(sys.modules):
+        f = getattr(sys.modules[other], "__file__", None)
+        if not f or not f.endswith(".py"):
+            continue
+        p = Path(f)
+        if p.is_relative_to(root) and "site-packages" not in p.parts and p.is_file():
+            h.update(f"{p.relative_to(root)}\0".encode() + p.read_bytes())
+    return h.hexdigest()
 
 
 def pipeline_key(passes: str | Sequence[Any]) -> list[str]:

@@ -99,6 +99,30 @@ class InputError(CuvilError):
     code = "CUVIL-INPUT"
 
 
+class FileAccessError(CuvilError):
+    """A file the command was told to read or write could not be (missing folder, a directory,
+    permissions, no space, a closed output stream)."""
+
+    code = "CUVIL-IO"
+    default_hint = "check the path and its permissions"
+
+
+class PluginError(CuvilError):
+    """A pass plugin failed: it does not import, is not a Pass, raises, or returns something else
+    than a module (the user's code, not a bug in Cuvil)."""
+
+    code = "CUVIL-PLUGIN"
+    default_hint = "fix the plugin; run with -v for its traceback"
+
+
+class BudgetError(CuvilError):
+    """Work a model or a plugin can make unbounded ran past its budget (unrolled loop trips,
+    elements of a tensor, the time a pass may take)."""
+
+    code = "CUVIL-BUDGET"
+    default_hint = "the model or the plugin asks for more than Cuvil allows; see the limit in the message"
+
+
 class ConstraintError(InputError):
     """A symbolic dimension took a value its constraints do not allow."""
 

@@ -1,6 +1,7 @@
 """The `cuvil` command: generated compatibility table, IR printing, reference runs, error reporting."""
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -57,8 +58,8 @@ def test_help_documents_exit_codes(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out
-    assert "exit codes:" in out
-    assert "2  usage or input error" in out
+    assert "exit codes (the same for every subcommand):" in out
+    assert "2   usage or input error" in out and "70  internal error" in out
 
 
 def test_usage_errors_exit_2(capsys):
@@ -212,15 +213,23 @@ def test_malformed_cir_reports_line_and_column(capsys, tmp_path):
     assert f"at: {path}:3:18" in err
 
 
-def test_internal_errors_exit_1_with_a_traceback(capsys, monkeypatch, mlp):
+def test_internal_errors_have_their_own_exit_code(capsys, monkeypatch, mlp):
     def boom(args):
         raise RuntimeError("kaput")
 
     monkeypatch.setattr(cli, "cmd_ir", boom)
     code, _, err = run(capsys, "ir", mlp)
-    assert code == 1
-    assert "Traceback" in err and "RuntimeError: kaput" in err
-    assert "internal error" in err
+    assert code == 70  # never a verdict's code (1 refuted, 3 unknown) nor a usage error's (2)
+    assert "internal error[CUVIL-INTERNAL]: RuntimeError: kaput" in err and "Traceback" not in err
+    assert "report" in err
+    logger = logging.getLogger("cuvil")
+    level, handlers = logger.level, list(logger.handlers)
+    try:
+        code, _, err = run(capsys, "-v", "ir", mlp)
+    finally:  # -v installs a handler on this test's captured stderr
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+    assert code == 70 and "Traceback" in err
 
 
 def test_torch_column_lists_the_aten_converters(capsys):

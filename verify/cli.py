@@ -12,23 +12,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cuvil.cli_common import EXIT_CODES as COMMON_EXIT_CODES
+from cuvil.cli_common import EXIT_FAILED, EXIT_OK, EXIT_UNDECIDED, check_output, check_seconds
 from cuvil.errors import InputError
 from cuvil.ir.module import Module
 from verify.obligations import DEFAULT_TIMEOUT, Application
 
-EXIT_PROVED = 0
-EXIT_REFUTED = 1
-EXIT_USAGE = 2
-EXIT_UNKNOWN = 3
+EXIT_PROVED = EXIT_OK
+EXIT_REFUTED = EXIT_FAILED
+EXIT_UNKNOWN = EXIT_UNDECIDED
 
-EXIT_CODES = f"""exit codes:
-  {EXIT_PROVED}  every obligation proved (--artifact: the artifact matches its manifest and certificate;
-     --check-certificate: every query re-proved and every hash re-derived)
-  {EXIT_REFUTED}  an obligation refuted, with a counterexample replayed on the reference interpreter
-     (--artifact: the library, manifest or certificate do not match, or a kept rewrite is not proved;
-     --check-certificate: a query not unsat, an edited certificate, a hash that does not re-derive)
-  {EXIT_UNKNOWN}  obligations remain unknown (neither proved nor refuted), none refuted
-  {EXIT_USAGE}  usage or input error (bad arguments, a missing/malformed/unsupported model)
+EXIT_CODES = COMMON_EXIT_CODES + """
+verify --artifact fails (1) when the library, manifest or certificate do not
+match or a kept rewrite is not proved; --check-certificate fails (1) on a query
+not unsat, an edited certificate or a hash that does not re-derive
 """
 
 
@@ -183,13 +180,13 @@ def _write_outputs(report: Any, args: argparse.Namespace, model: str, timings: M
 def verify_model(args: argparse.Namespace) -> int:
     from cuvil.cli_common import import_model_file
     from cuvil.ir.hashing import module_hash
-    from cuvil.plugins import load_pass_plugin, resolve_pipeline
+    from cuvil.plugins import plugins_from_args, resolve_pipeline
     from verify.batch import check_all, collect
     from verify.certificate import Report
 
     if args.opt_level is not None and args.passes:
         raise InputError("give either -O<level> or -p PIPELINE, not both", location="-p")
-    plugins = [load_pass_plugin(s) for s in args.pass_plugin]
+    plugins = plugins_from_args(args)
     passes = resolve_pipeline(args.passes, plugins, default=f"O{args.opt_level or 3}")
     start = time.perf_counter()
     module = import_model_file(args.model, args.static_input)
@@ -414,8 +411,9 @@ class _QueryBar:
 def cmd_verify(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {args.jobs}", location="--jobs")
-    if args.timeout <= 0:
-        raise InputError(f"--timeout must be positive, got {args.timeout}", location="--timeout")
+    check_seconds(args.timeout, "--timeout")
+    for flag, value in (("--json", args.json), ("--sarif", args.sarif), ("--html", args.html)):
+        check_output(value, flag)
     args.jobs = args.jobs or os.cpu_count() or 1
     if args.check_certificate:
         if args.rules or args.artifact:
@@ -437,6 +435,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``verify`` to the ``cuvil`` command's subparsers."""
+    from cuvil.plugins import add_plugin_arguments
+
     p = sub.add_parser("verify", help="prove every pass application on a model (or the rewrite rules, or an "
                                       "artifact's certificate)", epilog=EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -444,8 +444,7 @@ def register(sub: Any) -> None:
     p.add_argument("-O", dest="opt_level", choices=("0", "1", "2", "3"), default=None, metavar="LEVEL",
                    help="the opt level's pipeline: -O0 .. -O3 (default -O3)")
     p.add_argument("-p", "--passes", metavar="PIPELINE", help="a pipeline instead (e.g. 'canonicalize,O2,my-pass')")
-    p.add_argument("--pass-plugin", action="append", default=[], metavar="pkg.module:PassClass",
-                   help="import a Pass subclass and run it (where -p names it, else at the end); repeatable")
+    add_plugin_arguments(p)
     p.add_argument("--json", metavar="FILE", help="write the certificate as JSON")
     p.add_argument("--sarif", metavar="FILE", help="write the obligations as SARIF 2.1.0")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")

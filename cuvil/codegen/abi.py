@@ -47,14 +47,24 @@ ERROR_TEXT: dict[int, str] = {
 ARENA_ALIGN = 64
 
 
+COMMENT_NAME_LIMIT = 120
+
+
+def c_comment(text: str) -> str:
+    """``text`` made safe inside a C block comment: no comment end, no line break, no control or
+    non-ASCII character, at most ``COMMENT_NAME_LIMIT`` characters (the full name is in the manifest)."""
+    safe = "".join(ch if " " <= ch <= "~" else "?" for ch in text).replace("*/", "*?").replace("/*", "/?")
+    return safe if len(safe) <= COMMENT_NAME_LIMIT else safe[:COMMENT_NAME_LIMIT] + "..."
+
+
 def symbol_prefix(name: str) -> str:
     """``cuvil_<name>``: the prefix of every exported symbol of one function's library."""
     return f"cuvil_{c_identifier(name)}"
 
 
 def c_identifier(name: str) -> str:
-    """A C identifier made from ``name`` (non-alphanumerics become ``_``)."""
-    out = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    """A C identifier made from ``name`` (anything but ASCII letters, digits and ``_`` becomes ``_``)."""
+    out = "".join(ch if (ch.isascii() and ch.isalnum()) or ch == "_" else "_" for ch in name)
     if not out or out[0].isdigit():
         out = "_" + out
     return out

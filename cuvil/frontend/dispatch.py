@@ -18,6 +18,9 @@ def import_model(obj: Any, example_inputs: Any = None, **options: Any) -> Module
     if isinstance(obj, (str, os.PathLike)):
         path = Path(obj)
         suffix = path.suffix.lower()
+        if path.is_dir():
+            raise ModelLoadError(f"{path} is a folder, not a model file", location=str(path),
+                                 hint="give a .onnx, .pt2 or .cir file")
         if suffix == ".pt2":
             from cuvil.frontend.torch_import import import_pt2
 
@@ -27,7 +30,12 @@ def import_model(obj: Any, example_inputs: Any = None, **options: Any) -> Module
 
             if not path.is_file():
                 raise ModelLoadError(f"file {path} does not exist", location=str(path))
-            return parse_module(path.read_text(), filename=str(path))
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ModelLoadError(f"{path} is not a .cir text file (not UTF-8 at byte {e.start})",
+                                     location=str(path), hint="a .cir file is the text `cuvil ir` writes") from None
+            return parse_module(text, filename=str(path))
         from cuvil.frontend.onnx_import import import_onnx
 
         return import_onnx(path, **options)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,6 +286,52 @@ def load_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx
     return model, base
 
 
+def _names(graph: onnx.GraphProto) -> Iterator[tuple[str, object]]:
+    """(where, text) of every name-like string field of a graph and its subgraphs."""
+    for v in (*graph.input, *graph.output, *graph.value_info):
+        yield "graph value", v.name
+        for d in v.type.tensor_type.shape.dim:
+            yield f"dim of {v.name!r}", d.dim_param
+    for t in graph.initializer:
+        yield "initializer", t.name
+    for n in graph.node:
+        for text in (n.name, n.op_type, n.domain, *n.input, *n.output):
+            yield f"node {n.name or n.op_type!r}", text
+        for a in n.attribute:
+            yield f"attribute of {n.name or n.op_type!r}", a.name
+            if a.HasField("g"):
+                yield from _names(a.g)
+            for g in a.graphs:
+                yield from _names(g)
+
+
+def check_structure(model: onnx.ModelProto) -> None:
+    """What the ONNX specification requires and the conversion relies on: text fields that are
+    text, each value produced once (SSA), graph inputs that are not also initializers from IR
+    version 4 on (there, an initializer of an input's name is a default the caller may override,
+    which a compiled function cannot offer)."""
+    for where, text in _names(model.graph):
+        if not isinstance(text, str):
+            raise ModelLoadError(f"a name in the model is not valid UTF-8 text ({where})", location=where,
+                                 hint="the file is corrupt or was not written by an ONNX exporter")
+    seen: set[str] = {v.name for v in model.graph.input}
+    for n in model.graph.node:
+        for out in n.output:
+            if out and out in seen:
+                raise ModelLoadError(f"value {out!r} is produced twice (by node {n.name or n.op_type!r} and an "
+                                     f"earlier node or graph input)", location=n.name or n.op_type,
+                                     hint="ONNX graphs are in SSA form; the ONNX checker rejects this model too")
+            seen.add(out)
+    if model.ir_version >= 4:
+        defaults = sorted({t.name for t in model.graph.initializer} & {v.name for v in model.graph.input})
+        if defaults:
+            raise ModelLoadError(f"graph input(s) {', '.join(map(repr, defaults))} also have an initializer: a "
+                                 "default the caller may override, which a compiled function cannot offer",
+                                 location="graph.input",
+                                 hint="to compile them as constants, remove them from the graph's inputs "
+                                      "(to keep them inputs, remove the initializers)")
+
+
 def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
                 static_inputs: Mapping[str, np.ndarray] | None = None) -> Module:
     """Import an ONNX model (path, bytes or ModelProto) into a CIR module.
@@ -302,6 +348,7 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
     if main < MIN_OPSET or main > newest:
         raise UnsupportedOpsetError(f"ONNX opset {main} is not supported (supported: {MIN_OPSET}..{newest})",
                                     location="opset_import")
+    check_structure(model)
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
     except Exception:

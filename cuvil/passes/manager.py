@@ -8,11 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cuvil.errors import CuvilError
+from cuvil.budget import wall_time_limit
+from cuvil.errors import CuvilError, PluginError
 from cuvil.ir.hashing import module_hash
 from cuvil.ir.module import Module
 from cuvil.log import logger
-from cuvil.passes.base import PASS_REGISTRY, Contract, Pass
+from cuvil.passes.base import PASS_REGISTRY, Contract, Pass, PassResult
 from cuvil.passes.catalogue import PIPELINES
 
 
@@ -54,6 +55,19 @@ class PipelineResult:
         return [(r.name, r.changed, r.seconds, r.ops_before, r.ops_after) for r in self.records]
 
 
+_PLUGIN_TIME_LIMIT = [600.0]
+
+
+def set_plugin_time_limit(seconds: float) -> None:
+    """The time limit of plugin passes in this process (the CLI's --pass-time-limit)."""
+    _PLUGIN_TIME_LIMIT[0] = seconds
+
+
+def is_plugin(p: Pass) -> bool:
+    """A pass defined outside Cuvil's own packages (its failures are the user's, not Cuvil's bugs)."""
+    return not type(p).__module__.startswith(("cuvil.", "verify."))
+
+
 def content_changed(before: Module, after: Module) -> bool:
     """Whether ``after`` differs from ``before`` in content (``cuvil.ir.hashing.module_hash``):
     a pass's own ``changed`` flag is never trusted."""
@@ -74,6 +88,25 @@ class PassManager:
     print_after: Sequence[str] = ()
     check: bool = True
     printer: Callable[[str], None] = print
+    plugin_time_limit: float | None = None
+    """Seconds a pass defined outside Cuvil (a user's plugin) may run before it is stopped
+    (None: the process's setting, ``set_plugin_time_limit``)."""
+
+    def _run_one(self, p: Pass, module: Module) -> PassResult:
+        """One pass; a plugin runs under its time limit, and what it raises or returns wrong is a
+        coded error (a built-in pass that fails is a bug in Cuvil and propagates)."""
+        if not is_plugin(p):
+            return p.run(module)
+        try:
+            limit = self.plugin_time_limit if self.plugin_time_limit is not None else _PLUGIN_TIME_LIMIT[0]
+            with wall_time_limit(limit, f"pass {p.name}",
+                                 hint="a plugin pass that may loop forever; raise --pass-time-limit if it is slow"):
+                out = p.run(module)
+        except CuvilError:
+            raise
+        except Exception as e:
+            raise PluginError(f"pass {p.name} raised {type(e).__name__}: {e}", location=f"pass {p.name}") from e
+        return _checked_result(p, out)
 
     def run(self, module: Module) -> PipelineResult:
         from cuvil.ir.wellformed import check_module
@@ -82,7 +115,7 @@ class PassManager:
         current = module
         for p in self.passes:
             start = time.perf_counter()
-            out = p.run(current)
+            out = self._run_one(p, current)
             seconds = time.perf_counter() - start
             changed = content_changed(current, out.module)
             if changed != out.changed:
@@ -111,6 +144,14 @@ class PassManager:
         return result
 
 
+def _checked_result(p: Pass, out: object) -> PassResult:
+    if not isinstance(out, PassResult) or not isinstance(out.module, Module):
+        got = type(out.module if isinstance(out, PassResult) else out).__name__
+        raise PluginError(f"pass {p.name} returned a {got}, not a PassResult holding a Module",
+                          location=f"pass {p.name}", hint="return PassResult(module, changed) from run()")
+    return out
+
+
 def parse_pipeline(spec: str | Sequence[str | Pass]) -> list[Pass]:
     """``"O2"``, ``"fold-batchnorm,fuse-elementwise"`` or a list of names / Pass objects."""
     items: list[str | Pass]
@@ -119,6 +160,9 @@ def parse_pipeline(spec: str | Sequence[str | Pass]) -> list[Pass]:
             items = list(PIPELINES[spec.upper()])
         else:
             items = [s.strip() for s in spec.split(",") if s.strip()]
+            if not items:
+                raise PipelineError(f"the pipeline {spec!r} names no pass", location="pipeline",
+                                    hint="e.g. 'O2' or 'fold-batchnorm,dce' ('O0' runs nothing)")
     else:
         items = list(spec)
     out: list[Pass] = []

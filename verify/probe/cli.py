@@ -12,13 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.cli_common import EXIT_CODES as COMMON_EXIT_CODES
+from cuvil.cli_common import check_output, check_seconds
 from cuvil.errors import InputError
 
-EXIT_CODES = """exit codes:
-  0  every site proved safe for the declared input ranges
-  1  an overflow/saturation confirmed (a witness input replayed on the reduced-precision program)
-  3  sites remain open (neither proved nor confirmed), none confirmed
-  2  usage or input error (bad arguments, a missing/malformed/unsupported model)
+EXIT_CODES = COMMON_EXIT_CODES + """
+probe: 0 every site proved safe for the declared ranges; 1 an overflow or
+saturation confirmed (a witness replayed on the reduced-precision program);
+3 sites remain open
 """
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf"
@@ -101,6 +102,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from verify.probe.probe import ProbeOptions, probe, save_witnesses
     from verify.probe.report import to_report
 
+    check_seconds(args.time_limit, "--time-limit")
+    for flag, value in (("--json", args.json), ("--sarif", args.sarif), ("--html", args.html)):
+        check_output(value, flag)
+    check_output(args.witness_dir, "--witness-dir", folder=True)
+    if args.keep_fp32 not in ("none", "default", ""):
+        from verify.probe.program import _keep_list
+
+        _keep_list(args.keep_fp32)  # an unknown op is a usage error before any work
     dims: dict[str, int] = {}
     for spec in args.dim:
         name, _, value = spec.partition("=")
@@ -112,11 +121,19 @@ def cmd_probe(args: argparse.Namespace) -> int:
     ranges: dict[str, tuple[float, float]] = {}
     if args.calibrate:
         ranges.update(calibration_ranges(args.calibrate, names))
+    given: set[str] = set()
     for spec in args.range:
         name, r = parse_range(spec)
         if name not in names:
             raise InputError(f"--range names {name!r}, which is not an input of the model",
                              hint="inputs: " + ", ".join(names))
+        if name in given:
+            raise InputError(f"--range gives {name!r} twice", location="--range", hint="one range per input")
+        given.add(name)
+        dtype = next(p.dtype for p in module.main.params if p.name == name)
+        if not dtype.is_float and (r[0] < dtype.min_value or r[1] > dtype.max_value):
+            raise InputError(f"--range {spec!r} leaves {name}'s type {dtype} ([{dtype.min_value}, "
+                             f"{dtype.max_value}])", location="--range", hint="give a range the input can hold")
         ranges[name] = r
     missing = [n for n in names if n not in ranges]
     if missing:

@@ -165,7 +165,16 @@ def _keep_list(spec: str) -> tuple[str, ...]:
         return KEEP_FP32
     if spec in ("", "none"):
         return DEFAULT_KEEP
-    return tuple(dict.fromkeys((*DEFAULT_KEEP, *(s.strip() for s in spec.split(",") if s.strip()))))
+    from cuvil.errors import InputError
+    from cuvil.ir.opdef import all_ops
+
+    ops = [s.strip() for s in spec.split(",") if s.strip()]
+    known = {o.name for o in all_ops()}
+    unknown = [o for o in ops if o not in known]
+    if unknown:
+        raise InputError(f"--keep-fp32 names ops CIR does not have: {', '.join(unknown)}", location="--keep-fp32",
+                         hint="'none', 'default' or a comma-separated list of ops (`cuvil ops` lists them)")
+    return tuple(dict.fromkeys((*DEFAULT_KEEP, *ops)))
 
 
 def _int8_program(module: Module) -> Program:
