@@ -24,6 +24,7 @@ from cuvil.cli_common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    ArgumentParser,
     check_output,
     exit_for,
     file_name,
@@ -224,7 +225,7 @@ def cmd_run_reference(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from cuvil import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="cuvil", description="Cuvil: an inference compiler for PyTorch/ONNX models that proves its "
                                   "optimizations.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)

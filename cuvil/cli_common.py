@@ -6,17 +6,18 @@ this module, and cuvil.cli assembles them: the commands depend on it, never on e
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from cuvil.errors import CuvilError, FileAccessError, InputError, ModelLoadError
+from cuvil.errors import CuvilError, FileAccessError, InputError, ModelLoadError, UsageError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -182,6 +183,15 @@ def io_error(e: OSError) -> CuvilError:
 
 def file_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "output"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its usage errors reported like every other error: a code, where, a hint."""
+
+    def error(self, message: str) -> NoReturn:
+        report_error(UsageError(message, location=self.prog, hint=f"run `{self.prog} --help` for the options"))
+        self.print_usage(sys.stderr)
+        sys.exit(EXIT_USAGE)
 
 
 def report_error(e: CuvilError) -> None:

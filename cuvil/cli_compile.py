@@ -61,7 +61,7 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
     """``NAME=2x3x224x224`` (or ``NAME=2,3,224,224``; ``NAME=`` for a scalar) per input."""
     shapes: dict[str, tuple[int, ...]] = {}
     for spec in specs:
-        name, eq, dims = spec.partition("=")
+        name, eq, dims = spec.rpartition("=")  # input names may hold "=", dims never do
         dims = dims.strip().lower()
         if not eq or not name or not _DIMS.match(dims):
             raise InputError(f"--shape {spec!r} is malformed", location="--shape",
@@ -294,6 +294,27 @@ def summarize(name: str, a: np.ndarray, first: int) -> str:
     return "  ".join(parts)
 
 
+def _require_proof(library: Path, manifest: Mapping[str, Any]) -> None:
+    """Refuse to run a library unless every pass application it kept was proved. The manifest's
+    certificate is sealed into the library (the loader checked the seal), so it can be read as is."""
+    from verify.certificate import kept_unproved
+    from verify.errors import ProofFailure, ProofIncomplete
+
+    cert = manifest.get("verification")
+    if not isinstance(cert, dict):
+        raise ProofIncomplete(f"{library.name} carries no certificate: nothing was proved about it",
+                              location=str(library), hint="compile it with --gate (or --verify)")
+    unproved = kept_unproved(cert)
+    if unproved:
+        listed = "; ".join(f"{o.get('pass')} at @{o.get('function')}:{o.get('output')} ({o.get('verdict')})"
+                           for o in unproved[:5])
+        kind = ProofFailure if any(o.get("verdict") == "refuted" for o in unproved) else ProofIncomplete
+        raise kind(f"{library.name} was compiled with {len(unproved)} unproved pass application(s): {listed}",
+                   location=str(library), hint="recompile with --gate, which stops or rolls back unproved passes")
+    sys.stderr.write(f"proof: {library.name}: every kept pass application proved "
+                     f"({cert.get('summary', {}).get('proved', 0)} obligations)\n")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cuvil.runtime.loader import load
 
@@ -303,6 +324,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InputError(f"library {library} does not exist", location=str(library),
                          hint="compile one with `cuvil compile --input MODEL --output libmodel.so`")
     model = load(library)
+    if args.require_proof:
+        _require_proof(library, model.manifest or {})
     named, positional = read_bindings(args.input, "--input")
     if args.cast:
         specs = {s.name: s for s in model.inputs}
@@ -386,5 +409,8 @@ def add_subcommands(sub: Any) -> None:
                         "parameter order); repeatable")
     p.add_argument("--output-dir", "-o", metavar="DIR", help="also save each output as DIR/<name>.npy")
     p.add_argument("--cast", action="store_true", help="convert inputs to the library's dtypes first")
+    p.add_argument("--require-proof", action="store_true",
+                   help="run only if the library's sealed certificate proves every pass application it kept "
+                        "(exit 1 when one was refuted, 3 when one is unproved or there is no certificate)")
     p.add_argument("--first", type=int, default=8, metavar="K", help="how many leading values to print")
     p.set_defaults(handler=cmd_run)

@@ -41,7 +41,7 @@ from cuvil.ir import hashing
 from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Sym, evaluate_dim
-from cuvil.ir.types import TensorType, bind_symbols
+from cuvil.ir.types import TensorType, bind_symbols, check_tensor_size
 from cuvil.ir.values import Value, param, walk
 from cuvil.log import stage
 from cuvil.passes import parse_pipeline, run_pipeline
@@ -259,10 +259,15 @@ def _callable_key(obj: Any) -> str | None:
     return qual if " at 0x" in text else f"{qual}:{text}"
 
 
+PLUGIN_SOURCE_FILES = 2000
+"""The most source files of a pass plugin's package hashed into the cache key."""
+
+
 def _module_source_digest(obj: Any) -> str | None:
-    """For a class defined outside cuvil (a user's pass): the sources of every loaded module of its
-    package (the folder of its top-level package, or of the module itself), so a change in a helper
-    module the pass imports changes the cache key too."""
+    """For a class defined outside cuvil (a user's pass): the sources its behaviour may depend on,
+    so a change in a helper module changes the cache key too. For a pass in a package: every
+    ``.py`` file of its top-level package (imported yet or not); for a top-level module: the loaded
+    modules beside it."""
     name = type(obj).__module__
     mod = sys.modules.get(name)
     if mod is None or name.startswith(("cuvil.", "verify.")):
@@ -275,15 +280,19 @@ def _module_source_digest(obj: Any) -> str | None:
         return None
     top = sys.modules.get(name.split(".")[0])
     top_file = getattr(top, "__file__", None) if top is not None else None
-    root = Path(top_file).parent if top_file and "." in name else Path(path).parent
+    files: list[Path] = []
+    if top_file and "." in name:
+        root = Path(top_file).parent
+        files = sorted(p for p in root.rglob("*.py") if p.is_file())[:PLUGIN_SOURCE_FILES + 1]
+    if not files or len(files) > PLUGIN_SOURCE_FILES:
+        root = Path(path).parent if not (top_file and "." in name) else Path(top_file).parent
+        loaded = {Path(f) for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None))
+                  and f.endswith(".py")}
+        files = sorted(p for p in loaded if p.is_relative_to(root) and "site-packages" not in p.parts
+                       and p.is_file())
     h = hashlib.sha256()
-    for other in sorted(sys.modules):
-        f = getattr(sys.modules[other], "__file__", None)
-        if not f or not f.endswith(".py"):
-            continue
-        p = Path(f)
-        if p.is_relative_to(root) and "site-packages" not in p.parts and p.is_file():
-            h.update(f"{p.relative_to(root)}\0".encode() + p.read_bytes())
+    for p in files:
+        h.update(f"{p.relative_to(root)}\0".encode() + p.read_bytes())
     return h.hexdigest()
 
 
@@ -648,6 +657,9 @@ def specialize_dims(fn: Function, env: Mapping[str, int]) -> Function:
     memo: dict[Value, Value] = {}
     for v in fn.values():
         memo[v] = _specialize_value(v, memo, env)
+        if not v.is_const:
+            where = f"input {v.name!r}" if v.is_param else v.op
+            check_tensor_size(memo[v].type.shape, f"the tensor of {where}", where)
     return Function(fn.name, tuple(memo[p] for p in fn.params), tuple(memo[r] for r in fn.results),
                     fn.result_names)
 

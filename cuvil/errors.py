@@ -33,24 +33,28 @@ class IRError(CuvilError):
     """Malformed CIR: a broken invariant in a module (a bug in its producer)."""
 
     code = "CUVIL-IR"
+    default_hint = 'the module breaks an IR invariant; if Cuvil produced it, report it with the model'
 
 
 class ParseError(CuvilError):
     """The .cir text could not be parsed."""
 
     code = "CUVIL-PARSE"
+    default_hint = 'check the .cir text at the line and column shown'
 
 
 class OpDefinitionError(CuvilError):
     """An op was used with operands or attributes its definition does not accept."""
 
     code = "CUVIL-OP"
+    default_hint = "run `cuvil ops` for each op's operands and attributes"
 
 
 class ShapeError(CuvilError):
     """Operand shapes are incompatible with the op's shape rule."""
 
     code = "CUVIL-SHAPE"
+    default_hint = "check the shapes of the op's operands against its shape rule"
 
 
 class ModelLoadError(CuvilError):
@@ -78,12 +82,15 @@ class MissingInitializerError(CuvilError):
     """A node refers to a tensor no node, input or initializer defines."""
 
     code = "CUVIL-MISSING-TENSOR"
+    default_hint = ("the model is incomplete: every tensor a node reads must be an input, an initializer "
+                    "or a node output")
 
 
 class AttributeTypeError(CuvilError):
     """A node attribute has the wrong type or an invalid value."""
 
     code = "CUVIL-ATTR"
+    default_hint = "check the node's attributes against the ONNX operator specification"
 
 
 class ExternalDataError(CuvilError):
@@ -97,6 +104,14 @@ class InputError(CuvilError):
     """Inputs passed at run time do not match the model's signature."""
 
     code = "CUVIL-INPUT"
+    default_hint = "check the inputs (names, dtypes, shapes) against the model's signature"
+
+
+class UsageError(InputError):
+    """A command line the command does not accept: an unknown option, a missing argument."""
+
+    code = "CUVIL-USAGE"
+    default_hint = "run `cuvil COMMAND --help` for the options"
 
 
 class FileAccessError(CuvilError):
@@ -127,15 +142,18 @@ class ConstraintError(InputError):
     """A symbolic dimension took a value its constraints do not allow."""
 
     code = "CUVIL-DIM-CONSTRAINT"
+    default_hint = "choose a size the model's dim constraints admit"
 
 
 class RuntimeEvalError(CuvilError):
     """Evaluation failed on valid-looking input (e.g. an index out of range)."""
 
     code = "CUVIL-EVAL"
+    default_hint = "the inputs are outside what the model's ops accept (an index out of range, a bad shape)"
 
 
 class CodegenError(CuvilError):
     """A model cannot be compiled to native code (symbolic dims left, no linker, ...)."""
 
     code = "CUVIL-CODEGEN"
+    default_hint = 'see the message for what the backend could not compile'

@@ -11,14 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ConstraintError, InputError, IRError, RuntimeEvalError
+from cuvil.arrays import as_array
+from cuvil.errors import BudgetError, ConstraintError, InputError, IRError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, cast, literal, sequential_reduce
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
 from cuvil.ir.symbolic import Sym, evaluate_dim
-from cuvil.ir.types import TensorType, bind_symbols
+from cuvil.ir.types import TensorType, bind_symbols, check_tensor_size
 from cuvil.ir.values import Value
 
 # --------------------------------------------------------------------------------------
@@ -155,13 +156,9 @@ def evaluate_op(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str, 
 # functions and modules
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """Accept numpy arrays, torch tensors and python scalars/lists."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach") and hasattr(x, "numpy"):
-        return x.detach().cpu().contiguous().numpy()
-    return np.asarray(x)
+def to_numpy(x: Any, name: str = "input") -> np.ndarray:
+    """Accept numpy arrays, torch tensors and python scalars/lists (``cuvil.arrays``)."""
+    return as_array(x, name, contiguous=False)
 
 
 def bind_inputs(fn: Function, inputs: Sequence[Any] | Mapping[str, Any]) -> tuple[list[np.ndarray], dict[str, int]]:
@@ -178,7 +175,7 @@ def bind_inputs(fn: Function, inputs: Sequence[Any] | Mapping[str, Any]) -> tupl
         if len(values) != len(fn.params):
             raise InputError(f"@{fn.name} takes {len(fn.params)} inputs, got {len(values)}",
                              hint="inputs: " + ", ".join(f"{p.name}: {p.type}" for p in fn.params))
-    arrays = [to_numpy(v) for v in values]
+    arrays = [to_numpy(v, p.name) for v, p in zip(values, fn.params, strict=True)]
     for p, a in zip(fn.params, arrays, strict=True):
         if a.dtype != p.type.dtype.np:
             raise InputError(f"input {p.name!r} has dtype {a.dtype}, expected {p.type.dtype}",
@@ -209,8 +206,14 @@ def evaluate_values(fn: Function, constants: Mapping[str, np.ndarray],
         if v.is_param:
             raise IRError(f"parameter %{v.name} is not a parameter of @{fn.name}", location=fn.name)
         out_type = TensorType(v.type.dtype, v.type.concrete(env))
+        check_tensor_size(out_type.shape, f"the result of {v.op}", v.op)
         attrs = {k: bind_attr(a, env) for k, a in v.attrs}
-        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], attrs, out_type)
+        try:
+            memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], attrs, out_type)
+        except MemoryError:
+            raise BudgetError(f"the reference interpreter ran out of memory evaluating {v.op} -> {out_type}",
+                              location=v.op, hint="the interpreter holds every value of the function; "
+                                                  "run it on smaller shapes") from None
     return memo
 
 

@@ -77,6 +77,20 @@ def _versions() -> dict[str, str]:
     return {"cuvil": cuvil.__version__, "z3": z3.get_version_string(), "python": platform.python_version()}
 
 
+def kept_unproved(cert: dict[str, Any]) -> list[dict[str, Any]]:
+    """The obligations of applications the certificate says were kept (not rolled back) whose
+    verdict is not proved: what a library compiled with them still relies on unproved."""
+    rolled = {r.get("application") for r in cert.get("rollbacks", []) if isinstance(r, dict)}
+    out = []
+    for k, a in enumerate(cert.get("applications", [])):
+        if k in rolled:
+            continue
+        for o in a.get("obligations", []):
+            if o.get("verdict") != "proved":
+                out.append({"pass": a.get("pass"), **o})
+    return out
+
+
 @dataclass
 class Report:
     """All pass applications checked for one module (a single pass, or a pipeline)."""

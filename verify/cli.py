@@ -279,12 +279,10 @@ def _pipeline_names(spec: Any) -> list[str] | None:
 
 def artifact_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:
     """Every way the library, its manifest and the embedded certificate disagree."""
-    from cuvil.codegen.artifact import file_sha256, read_provenance
-    from verify.certificate import CERTIFICATE_FORMAT, certificate_digest
+    from cuvil.codegen.artifact import manifest_problems, read_provenance
+    from verify.certificate import CERTIFICATE_FORMAT, certificate_digest, kept_unproved
 
-    problems = []
-    if manifest.get("library_sha256") != file_sha256(library):
-        problems.append(f"{library.name} does not match the library hash recorded in its manifest")
+    problems = manifest_problems(library, manifest)
     cert = manifest.get("verification")
     if not isinstance(cert, dict):
         return [*problems, "the manifest holds no verification certificate (compile with --gate or --verify)"]
@@ -318,12 +316,9 @@ def artifact_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:
     for k, a in enumerate(apps):
         if bool(a.get("rolled_back")) != (k in rolled):
             problems.append(f"application {k} ({a.get('pass')}): its rollback flag disagrees with the rollback list")
-        if k in rolled:
-            continue
-        bad = [o for o in a.get("obligations", []) if o.get("verdict") != "proved"]
-        for o in bad:
-            problems.append(f"pass {a.get('pass')} was kept with a {o.get('verdict')} obligation at "
-                            f"@{o.get('function')}:{o.get('output')}")
+    for o in kept_unproved(cert):
+        problems.append(f"pass {o.get('pass')} was kept with a {o.get('verdict')} obligation at "
+                        f"@{o.get('function')}:{o.get('output')}")
     return problems
 
 

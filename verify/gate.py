@@ -48,9 +48,9 @@ class Gate:
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
-            from cuvil.errors import CuvilError
+            from cuvil.errors import InputError
 
-            raise CuvilError(f"unknown proof-failure policy {self.policy!r}", location="gate",
+            raise InputError(f"unknown proof-failure policy {self.policy!r}", location="gate",
                              hint="policies: " + ", ".join(POLICIES))
 
     def __call__(self, pass_: Pass, before: Module, after: Module) -> GateDecision:

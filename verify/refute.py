@@ -57,6 +57,24 @@ cross-check of the proof (a full-size ResNet or BERT-style encoder costs seconds
 
 MODEL_DIMS_ELEMENTS = 1 << 22
 """Largest tensor the search at a z3 model's dims generates."""
+SEARCH_ELEMENTS = 1 << 27
+"""Elements of all the values of one whole-function evaluation (or of one cut) beyond which the
+concrete search is skipped and says so: the proof does not depend on it, memory would."""
+
+
+def elements(types: Sequence[TensorType], dims: Mapping[str, int]) -> int:
+    """How many elements tensors of ``types`` hold at ``dims`` (exact, in Python integers)."""
+    total = 0
+    for t in types:
+        n = 1
+        for d in t.shape:
+            n *= evaluate_dim(d, dims)
+        total += n
+    return total
+
+
+def _computed_types(fn: Function) -> list[TensorType]:
+    return [v.type for v in fn.values() if not v.is_const]
 
 _TINY = {DType.f16: 1e-6, DType.bf16: 1e-30, DType.f32: 1e-30, DType.f64: 1e-200}
 _HUGE = {DType.f16: 300.0, DType.bf16: 1e15, DType.f32: 1e15, DType.f64: 1e150}
@@ -181,6 +199,7 @@ class Evaluations:
         self.constants = constants
         self.seed = seed
         self.dims = dict(dims) if dims is not None else concrete_dims(before)
+        self.elements = elements(_computed_types(before) + _computed_types(after), self.dims)
         self._inputs: dict[str, list[np.ndarray]] = {}
         self._values: dict[tuple[str, str, bool], dict[Value, np.ndarray] | None] = {}
 
@@ -196,6 +215,8 @@ class Evaluations:
         """Every value of one side on ``mode``'s inputs (None when the interpreter rejects them);
         ``wide``: computed in float64 throughout, keyed by the original values."""
         key = (side, mode, wide)
+        if self.elements > SEARCH_ELEMENTS:
+            return None
         if key not in self._values:
             fn = self.fns[side]
             shared = (fn.params, fn.results, mode, wide, self.seed, tuple(sorted(self.dims.items())))
@@ -290,6 +311,11 @@ class Refuter:
             modes = modes[:2]  # a cross-check of an exact proof; real proofs keep every extreme (overflow)
         if not float_search:
             modes = ()
+        if modes and self.runs.elements > SEARCH_ELEMENTS:
+            out.tried.append(f"float evaluation (skipped: {self.runs.elements} elements, more than "
+                             f"{SEARCH_ELEMENTS}, at dims {self.dims})")
+            modes = ()
+        cut_fits = elements([leaf.type for leaf in self.case.cones.inputs], self.dims) <= SEARCH_ELEMENTS
         self._rit(out, RIT_WORK_LIMIT if full else RIT_CHECK_LIMIT)
         found: list[Counterexample] = []  # real contracts: rounding differences, kept while the search goes on
 
@@ -319,7 +345,7 @@ class Refuter:
                 continue
             tried_dims.append(source.model_dims)
             take(self._at_model_dims(source, out, independent))
-        if full and independent and float_search:
+        if full and independent and float_search and cut_fits:
             for mode in ("random", "range-ends", "tiny", "huge", "negative-zeros"):
                 if done():
                     break

@@ -6,6 +6,8 @@ and the Python loader all read them from here, so they can never drift apart.
 
 from __future__ import annotations
 
+import hashlib
+
 from cuvil.ir.dtypes import DType
 
 ABI_VERSION = 1
@@ -57,14 +59,23 @@ def c_comment(text: str) -> str:
     return safe if len(safe) <= COMMENT_NAME_LIMIT else safe[:COMMENT_NAME_LIMIT] + "..."
 
 
+SYMBOL_NAME_LIMIT = 48
+"""Longer function names are cut and suffixed with a hash, so symbols and the library's file
+name stay within what linkers and file systems accept (255 bytes)."""
+
+
 def symbol_prefix(name: str) -> str:
     """``cuvil_<name>``: the prefix of every exported symbol of one function's library."""
-    return f"cuvil_{c_identifier(name)}"
+    return f"cuvil_{c_identifier(name, limit=SYMBOL_NAME_LIMIT)}"
 
 
-def c_identifier(name: str) -> str:
-    """A C identifier made from ``name`` (anything but ASCII letters, digits and ``_`` becomes ``_``)."""
+def c_identifier(name: str, *, limit: int | None = None) -> str:
+    """A C identifier made from ``name`` (anything but ASCII letters, digits and ``_`` becomes ``_``);
+    past ``limit`` characters it is cut and ends in 8 hex digits of the full name's hash."""
     out = "".join(ch if (ch.isascii() and ch.isalnum()) or ch == "_" else "_" for ch in name)
     if not out or out[0].isdigit():
         out = "_" + out
+    if limit is not None and len(out) > limit:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        out = f"{out[: limit - 9]}_{digest}"
     return out

@@ -11,6 +11,7 @@ import collections
 import hashlib
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -24,9 +25,23 @@ from cuvil.codegen import abi
 from cuvil.codegen.header import render_header
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
 from cuvil.codegen.module import PROVENANCE_PREFIX, embed_provenance, lower_function
+from cuvil.errors import CodegenError, CuvilError
 from cuvil.ir.module import Function
+from cuvil.ir.types import check_tensor_size
 
 MANIFEST_FORMAT = "cuvil-artifact"
+UNSEALED_FIELDS = frozenset({"library", "header", "library_sha256", "compile_times"})
+"""Manifest fields the library cannot vouch for: its own file names and hash, and link times.
+Every other field is sealed: the library embeds their digest (``manifest=`` in its provenance)."""
+PREFIX_PATTERN = re.compile(r"cuvil_[A-Za-z0-9_]{1,64}")
+
+
+class ManifestError(CodegenError):
+    """A manifest that is not one Cuvil wrote: missing or mistyped fields, symbols that are not
+    the library's entry points. Nothing is loaded from it."""
+
+    code = "CUVIL-MANIFEST"
+    default_hint = "the manifest was damaged or edited; recompile the model to get a matching pair"
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,83 @@ def read_provenance(library: Path) -> dict[str, str] | None:
     return fields
 
 
+class IntegrityError(CodegenError):
+    """A library's bytes, or its manifest's sealed fields, differ from what was recorded when it
+    was compiled; it is not loaded."""
+
+    code = "CUVIL-INTEGRITY"
+    default_hint = "the library or its manifest was modified or replaced after it was compiled; recompile it"
+
+
+def entry_symbols(prefix: str) -> dict[str, str]:
+    """The four entry points every library exports; a loader derives them from the prefix."""
+    return {"create": f"{prefix}_create", "destroy": f"{prefix}_destroy", "run": f"{prefix}_run",
+            "run_checked": f"{prefix}_run_checked"}
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """The digest of a manifest's sealed fields, as they read back from JSON."""
+    sealed = {k: v for k, v in json.loads(json.dumps(manifest)).items() if k not in UNSEALED_FIELDS}
+    text = json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def check_manifest(manifest: Any, library: Path) -> dict[str, Any]:
+    """``manifest`` if it has the shape this version writes (types, symbols, tensor specs),
+    else a :class:`ManifestError` naming the first field that does not."""
+    where = str(library)
+
+    def bad(field: str, why: str) -> ManifestError:
+        return ManifestError(f"{library.name}'s manifest: {field} {why}", location=where)
+
+    if not isinstance(manifest, dict):
+        raise bad("the document", "is not a JSON object")
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("abi_version") != abi.ABI_VERSION:
+        raise ManifestError(f"{library.name}: manifest format {manifest.get('format')!r} / ABI "
+                            f"{manifest.get('abi_version')!r} is not {MANIFEST_FORMAT!r} / {abi.ABI_VERSION}",
+                            location=where, hint="recompile the model with this version of cuvil")
+    for key in ("function", "symbol_prefix", "library", "library_sha256", "function_hash"):
+        if not isinstance(manifest.get(key), str):
+            raise bad(key, "is missing or not a string")
+    prefix = manifest["symbol_prefix"]
+    if not PREFIX_PATTERN.fullmatch(prefix):
+        raise bad("symbol_prefix", f"{prefix!r} is not a prefix Cuvil generates")
+    if manifest.get("symbols") != entry_symbols(prefix):
+        raise bad("symbols", f"are not the entry points of prefix {prefix!r}")
+    if not isinstance(manifest.get("arena_bytes"), int) or manifest["arena_bytes"] < 0:
+        raise bad("arena_bytes", "is not a non-negative integer")
+    codes = {d.value for d in abi.DTYPE_CODES}
+    for side in ("inputs", "outputs"):
+        specs = manifest.get(side)
+        if not isinstance(specs, list) or (side == "outputs" and not specs):
+            raise bad(side, "is not a list of tensors" + (" (a function has at least one output)"
+                                                          if side == "outputs" else ""))
+        for k, e in enumerate(specs):
+            if not (isinstance(e, dict) and isinstance(e.get("name"), str) and e.get("dtype") in codes
+                    and isinstance(e.get("shape"), list)
+                    and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])):
+                raise bad(f"{side}[{k}]", "is not {name, dtype, shape} with a known dtype and sizes >= 0")
+            try:
+                check_tensor_size(e["shape"], f"{side}[{k}]", where)
+            except CuvilError as err:
+                raise bad(f"{side}[{k}]", err.message) from None
+    return manifest
+
+
+def manifest_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """How a library and its (well-formed) manifest disagree: the library's bytes, or a sealed
+    field edited after compilation."""
+    problems = []
+    if manifest.get("library_sha256") != file_sha256(library):
+        problems.append(f"{library.name} does not match the library hash recorded in its manifest")
+        return problems
+    sealed = (read_provenance(library) or {}).get("manifest")
+    if sealed != manifest_digest(manifest):
+        problems.append(f"the manifest's fields were edited after {library.name} was compiled "
+                        f"(sealed digest {sealed}, the manifest gives {manifest_digest(manifest)})")
+    return problems
+
+
 def _write_atomic(path: Path, text: str) -> None:
     staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     staged.write_text(text)
@@ -76,36 +168,16 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     lowered = lower_function(fn, constants, name=name, threads=threads)
-    embed_provenance(lowered.module, lowered.prefix, {"function": lowered.function_hash, **(provenance or {})})
-    times["lower_s"] = time.perf_counter() - t0
-
     target = host_target()
-    tm = target_machine(target, opt_level)
-    t0 = time.perf_counter()
-    mod = optimize(lowered.module, tm, opt_level)
-    times["optimize_s"] = time.perf_counter() - t0
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if keep_ir:
-        _write_atomic(out / f"{lowered.prefix}.ll", str(mod))
-    t0 = time.perf_counter()
-    obj = emit_object(mod, tm)
-    times["emit_s"] = time.perf_counter() - t0
-
-    lib = out / f"lib{lowered.prefix}.so"
-    t0 = time.perf_counter()
-    link_shared(obj, lib)
-    times["link_s"] = time.perf_counter() - t0
-
     p = lowered.prefix
+    lib = Path(out_dir) / f"lib{p}.so"
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "abi_version": abi.ABI_VERSION,
         "cuvil_version": __version__,
         "function": lowered.name,
         "symbol_prefix": p,
-        "symbols": {"create": f"{p}_create", "destroy": f"{p}_destroy", "run": f"{p}_run",
-                    "run_checked": f"{p}_run_checked"},
+        "symbols": entry_symbols(p),
         "library": lib.name,
         "header": f"{p}.h",
         "inputs": [s.to_json() for s in lowered.inputs],
@@ -119,11 +191,29 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
         "opt_level": opt_level,
         "function_hash": lowered.function_hash,
         "error_codes": {abi.ERROR_NAMES[c]: c for c in sorted(abi.ERROR_NAMES)},
-        "library_sha256": file_sha256(lib),
-        "compile_times": {k: round(v, 4) for k, v in times.items()},
+        **(extra_manifest or {}),
     }
-    if extra_manifest:
-        manifest.update(extra_manifest)
+    embed_provenance(lowered.module, p, {"function": lowered.function_hash, **(provenance or {}),
+                                         "manifest": manifest_digest(manifest)})
+    times["lower_s"] = time.perf_counter() - t0
+
+    tm = target_machine(target, opt_level)
+    t0 = time.perf_counter()
+    mod = optimize(lowered.module, tm, opt_level)
+    times["optimize_s"] = time.perf_counter() - t0
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if keep_ir:
+        _write_atomic(out / f"{p}.ll", str(mod))
+    t0 = time.perf_counter()
+    obj = emit_object(mod, tm)
+    times["emit_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    link_shared(obj, lib)
+    times["link_s"] = time.perf_counter() - t0
+    manifest["library_sha256"] = file_sha256(lib)
+    manifest["compile_times"] = {k: round(v, 4) for k, v in times.items()}
     text = json.dumps(manifest, indent=2, sort_keys=False)
     manifest_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
     header = out / f"{p}.h"

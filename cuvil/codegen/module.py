@@ -35,6 +35,7 @@ from cuvil.ir import hashing
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import get_op
+from cuvil.ir.types import check_tensor_size
 from cuvil.ir.values import Value
 from cuvil.log import logger
 
@@ -107,7 +108,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     thread pool tuned kernels run on (None: the CPUs the process may use)."""
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
-    _check_element_types(fn)
+    _check_storage(fn)
     inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
     outputs = tuple(TensorSpec(n, r.dtype, static_shape(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
@@ -159,11 +160,14 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
                            tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps))
 
 
-def _check_element_types(fn: Function) -> None:
-    """Refuse element types the code generator has no storage layout (ABI dtype code) for."""
+def _check_storage(fn: Function) -> None:
+    """Refuse element types the code generator has no storage layout (ABI dtype code) for, and
+    tensors too large to address, before any size is computed in 64-bit arithmetic."""
     for v in fn.values():
+        where = f"input {v.name!r}" if v.is_param else ("a constant" if v.is_const else f"{v.op}")
+        if v.type.is_static:
+            check_tensor_size(v.type.shape, f"the tensor of {where}", where)
         if v.dtype not in abi.DTYPE_CODES:
-            where = f"input {v.name!r}" if v.is_param else ("a constant" if v.is_const else f"{v.op}")
             raise CodegenError(f"element type {v.dtype.value} is not supported by the LLVM backend ({where})",
                                location=where,
                                hint="compiled code handles: " + ", ".join(d.value for d in abi.DTYPE_CODES))

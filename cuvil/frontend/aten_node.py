@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cuvil.arrays import from_torch
 from cuvil.errors import IRError, UnsupportedOpError
 from cuvil.frontend.registry import ConverterEntry
 from cuvil.ir.builder import Builder
@@ -58,10 +59,7 @@ def torch_dtype(dtype: DType) -> Any:
 
 def tensor_to_numpy(t: Any) -> np.ndarray:
     """A real (not fake) tensor as a numpy array; bf16 keeps its bits via ml_dtypes."""
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(DType.bf16.np)
-    return t.numpy()
+    return from_torch(t, "a constant")
 
 
 # --------------------------------------------------------------------------------------

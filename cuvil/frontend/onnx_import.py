@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from cuvil.errors import (
+    BudgetError,
     CuvilError,
     ExternalDataError,
     IRError,
@@ -36,11 +37,11 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Dim, Sym
-from cuvil.ir.types import DimConstraint, TensorType
+from cuvil.ir.types import MAX_TENSOR_ELEMENTS, DimConstraint, TensorType
 from cuvil.ir.values import Value
 
 MIN_OPSET = 7
-MAX_ELEMENTS = 2**40  # per declared input: beyond any real tensor, so a bogus shape fails at import
+MAX_UNROLL_TOTAL = 65536  # unrolled Loop/Scan/recurrence iterations in one model, nested ones multiplied
 
 # --------------------------------------------------------------------------------------
 # the importer
@@ -55,10 +56,21 @@ class OnnxImporter:
     env: dict[str, Value] = field(default_factory=dict)
     _static: dict[Value, np.ndarray] = field(default_factory=dict)
     _fresh_dims: int = 0
+    _unrolled: int = 0
     opsets: dict[str, int] = field(default_factory=dict)
 
     def opset_for(self, domain: str) -> int:
         return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
+
+    def charge_unroll(self, steps: int, location: str) -> None:
+        """Count ``steps`` more unrolled iterations (Loop, Scan, recurrences; nested ones multiply)
+        against the whole model's budget, so nesting cannot turn import into a hang."""
+        self._unrolled += steps
+        if self._unrolled > MAX_UNROLL_TOTAL:
+            raise BudgetError(f"the model unrolls more than {MAX_UNROLL_TOTAL} loop iterations in all "
+                              "(nested loops multiply)", location=location,
+                              hint="Cuvil unrolls control flow at import; export the model with fewer "
+                                   "or shorter loops, or with the loop folded into tensor ops")
 
     # tensors --------------------------------------------------------------------
     def tensor_to_numpy(self, t: onnx.TensorProto, where: str) -> np.ndarray:
@@ -118,7 +130,7 @@ class OnnxImporter:
                                      hint="give graph inputs a shape; dims may be symbolic")
         t = TensorType(dtype, tuple(self._dim(d) for d in tt.shape.dim))
         if any(isinstance(d, int) and d < 0 for d in t.shape) or \
-                (t.is_static and int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_ELEMENTS):
+                (t.is_static and int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_TENSOR_ELEMENTS):
             raise ModelLoadError(f"input {vi.name!r} declares the shape {list(t.shape)}, which no tensor can "
                                  "have (negative, or more than 2**40 elements)", location=where,
                                  hint="use a symbolic dim (dim_param) for sizes only known at run time")

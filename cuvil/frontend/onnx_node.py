@@ -35,6 +35,8 @@ class Importer(Protocol):
 
     def import_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Value] = ()) -> list[Value]: ...
 
+    def charge_unroll(self, steps: int, location: str) -> None: ...
+
 
 ONNX_DTYPES: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.f32, onnx.TensorProto.DOUBLE: DType.f64, onnx.TensorProto.FLOAT16: DType.f16,

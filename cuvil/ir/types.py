@@ -5,8 +5,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from cuvil.errors import BudgetError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim, Sym, evaluate_dim, free_symbols, normalize_dim
+
+MAX_TENSOR_ELEMENTS = 2**40
+"""The most elements one tensor may have (4 TiB of f32): beyond any real tensor, and small
+enough that byte sizes and flat indices never overflow 64 bits."""
+
+
+def check_tensor_size(shape: Iterable[int], what: str, location: str) -> None:
+    """Refuse a concrete shape past :data:`MAX_TENSOR_ELEMENTS` (or with a negative dim) before
+    anything is allocated or any size is computed in 64-bit arithmetic."""
+    dims = [int(d) for d in shape]
+    n = 1
+    for d in dims:
+        n *= d
+    if any(d < 0 for d in dims) or n > MAX_TENSOR_ELEMENTS:
+        raise BudgetError(f"{what} would have the shape {dims}: {n} elements, more than 2**40",
+                          location=location,
+                          hint="check the model's shapes and any --shape given; no tensor may exceed 2**40 elements")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from cuvil.passes.catalogue import PIPELINES
 
 
 class PipelineError(CuvilError):
+    """A pass pipeline that cannot run: an unknown pass, a malformed spec, a pass that broke the IR."""
+
     code = "CUVIL-PIPELINE"
     default_hint = "run `cuvil opt --list-passes` for the available passes"
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,20 +21,20 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.arrays import as_array, is_torch_tensor, to_torch
 from cuvil.codegen import abi
-from cuvil.codegen.artifact import MANIFEST_FORMAT, file_sha256
-from cuvil.errors import CodegenError, ConstraintError, CuvilError, InputError, RuntimeEvalError
+from cuvil.codegen.artifact import (
+    MANIFEST_FORMAT,
+    IntegrityError,
+    check_manifest,
+    entry_symbols,
+    manifest_problems,
+)
+from cuvil.errors import BudgetError, CodegenError, ConstraintError, InputError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.symbolic import Dim, parse_dim
 from cuvil.ir.types import DimConstraint, TensorType, bind_symbols
-
-
-class IntegrityError(CodegenError):
-    """A library's bytes differ from the hash recorded when it was compiled; it is not loaded."""
-
-    code = "CUVIL-INTEGRITY"
-    default_hint = "the library was modified or replaced after it was compiled; recompile it"
 
 
 class CTensor(ctypes.Structure):
@@ -129,14 +128,15 @@ class Signature:
 
 
 def read_manifest(library_path: Path) -> dict[str, Any]:
-    """The manifest beside a library: the ``.json`` file in its folder whose ``library`` names it."""
+    """The manifest beside a library: the ``.json`` file in its folder whose ``library`` names it
+    (checked for the shape this version writes)."""
     for c in sorted(library_path.parent.glob("*.json")):
         try:
             m = json.loads(c.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(m, dict) and m.get("format") == MANIFEST_FORMAT and m.get("library") == library_path.name:
-            return m
+            return check_manifest(m, library_path)
     raise CodegenError(f"no manifest for {library_path.name} next to it", location=str(library_path),
                        hint="a compiled library is loaded together with the .json manifest written beside it")
 
@@ -154,20 +154,18 @@ class NativeLibrary:
         path = Path(library_path).resolve()
         if not path.is_file():
             raise CodegenError(f"compiled library {path} does not exist", location=str(path))
-        m = dict(manifest) if manifest is not None else read_manifest(path)
-        if m.get("format") != MANIFEST_FORMAT or m.get("abi_version") != abi.ABI_VERSION:
-            raise CodegenError(f"{path.name}: manifest format {m.get('format')!r} / ABI {m.get('abi_version')!r} "
-                               f"is not {MANIFEST_FORMAT!r} / {abi.ABI_VERSION}", location=str(path),
-                               hint="recompile the model with this version of cuvil")
-        if verify_hash and m.get("library_sha256") != file_sha256(path):
-            raise IntegrityError(f"{path.name} does not match the hash in its manifest", location=str(path))
+        m = check_manifest(dict(manifest) if manifest is not None else read_manifest(path), path)
+        if verify_hash:
+            problems = manifest_problems(path, m)
+            if problems:
+                raise IntegrityError("; ".join(problems), location=str(path))
         self.path = path
         self.manifest = m
         self.inputs = tuple(TensorSpec.from_manifest(e) for e in m["inputs"])
         self.outputs = tuple(TensorSpec.from_manifest(e) for e in m["outputs"])
         self.info: dict[str, Any] = {}  # how it was obtained (cache hit/miss, timings), set by the compiler
         self._lib = _dlopen(path)
-        sym = m["symbols"]
+        sym = entry_symbols(m["symbol_prefix"])  # never names from the manifest: only these four
         self._create = getattr(self._lib, sym["create"])
         self._create.restype = ctypes.c_void_p
         self._create.argtypes = []
@@ -181,7 +179,8 @@ class NativeLibrary:
         self._lock = threading.Lock()
         self._ctx = self._create()
         if not self._ctx:
-            raise CuvilError(f"{path.name}: could not allocate {m.get('arena_bytes')} bytes of working memory")
+            raise BudgetError(f"{path.name}: could not allocate {m.get('arena_bytes')} bytes of working memory",
+                              location=str(path), hint="free memory, or compile the model for smaller shapes")
 
     def check(self, arrays: Sequence[np.ndarray]) -> None:
         for spec, a in zip(self.inputs, arrays, strict=True):
@@ -211,7 +210,8 @@ class NativeLibrary:
         native = run_checked or self._run_checked
         with self._lock:
             if not self._ctx:
-                raise CuvilError(f"{self.path.name} was closed")
+                raise InputError(f"{self.path.name} was closed", location=str(self.path),
+                                 hint="load the library again to run it")
             rc = native(self._ctx, tin, len(arrays), tout, len(outputs))
         if rc != abi.OK:
             function = self.manifest["function"]
@@ -233,53 +233,6 @@ class NativeLibrary:
             self.close()
         except Exception:
             pass
-
-
-# --------------------------------------------------------------------------------------
-# torch tensors in and out (zero-copy where the memory layout allows)
-
-_TORCH_VIA_BITS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
-                   "float8_e5m2": ("uint8", "float8_e5m2"), "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
-                   "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz")}
-
-
-def _is_torch_tensor(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _from_torch(t: Any) -> np.ndarray:
-    import ml_dtypes
-    import torch
-
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    name = str(t.dtype).removeprefix("torch.")
-    if name in _TORCH_VIA_BITS:
-        bits, np_name = _TORCH_VIA_BITS[name]
-        return t.view(getattr(torch, bits)).numpy().view(getattr(ml_dtypes, np_name))
-    return t.numpy()
-
-
-def _to_torch(a: np.ndarray) -> Any:
-    import torch
-
-    name = a.dtype.name
-    if name in _TORCH_VIA_BITS:
-        bits, _ = _TORCH_VIA_BITS[name]
-        return torch.from_numpy(a.view(np.dtype(bits))).view(getattr(torch, name))
-    return torch.from_numpy(a)
-
-
-def _as_array(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
-    if _is_torch_tensor(x):
-        return _from_torch(x)
-    return np.ascontiguousarray(np.asarray(x))
 
 
 # --------------------------------------------------------------------------------------
@@ -410,7 +363,7 @@ class CompiledModel:
     def specialize(self, dims: Mapping[str, int]) -> Path:
         """Compile (or load from the cache) the specialization at ``dims`` ahead of its first call."""
         if self._specialize is None:
-            raise CuvilError(f"@{self.signature.function} has static shapes; there is nothing to specialize",
+            raise InputError(f"@{self.signature.function} has static shapes; there is nothing to specialize",
                              location=f"@{self.signature.function}")
         symbols = self._symbols()
         missing = [s for s in symbols if s not in dims]
@@ -419,6 +372,9 @@ class CompiledModel:
             raise InputError(f"dims do not match @{self.signature.function}: missing {missing}, unexpected {extra}",
                              hint="symbolic dims: " + ", ".join(symbols))
         for symbol, value in dims.items():
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"dim {symbol}={value!r} is not an integer", location=f"@{self.signature.function}",
+                                 hint="give every symbolic dim a whole number, e.g. specialize({'N': 8})")
             c = self.signature.constraint(symbol)
             if not c.admits(int(value)):
                 raise ConstraintError(f"dim {symbol}={value} violates the constraint {c}",
@@ -448,13 +404,13 @@ class CompiledModel:
 
     def run(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
         values = self._values(inputs)
-        torch_out = any(_is_torch_tensor(v) for v in values)
-        arrays = [_as_array(v) for v in values]
+        torch_out = any(is_torch_tensor(v) for v in values)
+        arrays = [as_array(v, spec.name) for v, spec in zip(values, self.inputs, strict=True)]
         lib = self.library_for(arrays)
         lib.check(arrays)
         self._last = lib
         outs = lib.run(arrays, None if self.is_dynamic else self._run_checked)
-        return [_to_torch(o) for o in outs] if torch_out else outs
+        return [to_torch(o) for o in outs] if torch_out else outs
 
     # -- the optimized IR -----------------------------------------------------------------
     def export_ir(self, path: str | Path, dims: Mapping[str, int] | None = None) -> Path:
@@ -463,7 +419,7 @@ class CompiledModel:
         from cuvil.ir.printer import export_ir
 
         if self._ir is None:
-            raise CuvilError("this model was loaded from a library file; its IR is not available",
+            raise InputError("this model was loaded from a library file; its IR is not available",
                              location=str(self.library_path),
                              hint="compile the model with cuvil.compile(...) to export its optimized IR")
         if dims is None and self._last is not None:

@@ -11,12 +11,12 @@ import pytest
 from runtime_models import scaled_softmax, softmax_module
 
 import cuvil
+from cuvil.arrays import as_array, to_torch
 from cuvil.compiler import compile
-from cuvil.errors import CodegenError, CuvilError
+from cuvil.errors import CodegenError, CuvilError, InputError
 from cuvil.interp import run_reference
 from cuvil.ir.parser import load_ir
 from cuvil.runtime import load
-from cuvil.runtime.loader import _as_array
 
 torch = pytest.importorskip("torch")
 
@@ -50,23 +50,22 @@ def test_torch_in_torch_out(rng):
 
 def test_contiguous_torch_input_is_not_copied():
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    a = _as_array(t)
+    a = as_array(t)
     assert a.ctypes.data == t.data_ptr()
-    b = _as_array(torch.arange(6, dtype=torch.bfloat16))
+    b = as_array(torch.arange(6, dtype=torch.bfloat16))
     assert b.dtype.name == "bfloat16"
     np.testing.assert_array_equal(b.astype(np.float32), np.arange(6, dtype=np.float32))
 
 
 def test_outputs_share_memory_with_the_torch_tensors(rng):
-    from cuvil.runtime.loader import _to_torch
 
     a = rng.standard_normal((2, 3)).astype(np.float32)
-    t = _to_torch(a)
+    t = to_torch(a)
     assert t.data_ptr() == a.ctypes.data
     import ml_dtypes
 
     h = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16)
-    th = _to_torch(h)
+    th = to_torch(h)
     assert th.dtype == torch.bfloat16 and th.float().tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
@@ -147,3 +146,19 @@ def test_bad_options_are_errors():
 def test_export_ir_of_a_pinned_model(tmp_path):
     model = compile(softmax_module("N"), output_dir=tmp_path / "lib", input_shapes=[(5, 8)])
     assert "f32[5, 8]" in model.export_ir(tmp_path / "n5.cir").read_text()
+
+
+@pytest.mark.parametrize("kind", ["meta", "sparse", "complex", "ragged"])
+def test_tensors_without_usable_data_are_input_errors(kind):
+    """The interpreter and a compiled model refuse alike, with a coded error naming the input."""
+    m = softmax_module()
+    shape = tuple(m.main.params[0].type.shape)
+    value = {"meta": lambda: torch.empty(shape, device="meta"),
+             "sparse": lambda: torch.zeros(shape).to_sparse(),
+             "complex": lambda: torch.zeros(shape, dtype=torch.complex64),
+             "ragged": lambda: [[1.0, 2.0], [3.0]]}[kind]()
+    name = m.main.params[0].name
+    for run in (lambda: compile(m)(value), lambda: run_reference(m, [value])):
+        with pytest.raises(InputError) as e:
+            run()
+        assert e.value.location == name

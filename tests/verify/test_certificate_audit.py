@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cuvil.codegen.artifact import read_provenance
+from cuvil.codegen.artifact import manifest_digest, read_provenance
 from cuvil.compiler import compile as cuvil_compile
 from cuvil.ir import Builder, DType
 from cuvil.runtime.loader import read_manifest
@@ -157,7 +157,8 @@ def test_a_gated_library_embeds_and_passes_its_certificate(libraries) -> None:
     lib, _ = libraries
     manifest = read_manifest(lib)
     cert = manifest["verification"]
-    assert read_provenance(lib) == {"certificate": cert["digest"], "function": manifest["function_hash"]}
+    assert read_provenance(lib) == {"certificate": cert["digest"], "function": manifest["function_hash"],
+                                    "manifest": manifest_digest(manifest)}
     assert artifact_problems(lib, manifest) == []
     audit = check_certificate(cert, library=lib, manifest=manifest)
     assert audit.ok, audit.problems
@@ -171,6 +172,7 @@ def test_a_transplanted_certificate_fails(libraries, tmp_path) -> None:
     problems = artifact_problems(b, forged)
     assert any("another library" in p for p in problems)
     assert any("compiled from function" in p for p in problems)
+    assert any("manifest's fields were edited" in p for p in problems)
 
 
 def test_tampered_library_or_manifest_fails(libraries, tmp_path) -> None:

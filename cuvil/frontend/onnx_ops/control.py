@@ -53,6 +53,7 @@ def loop(ctx: NodeCtx) -> list[Value]:
     while cond and (trip is None or i < trip):
         if i >= MAX_UNROLL:
             raise ctx.unsupported(f"more than {MAX_UNROLL} iterations cannot be unrolled")
+        ctx.imp.charge_unroll(1, ctx.location)
         outs = ctx.imp.import_subgraph(body, [index_const(ctx.b, i), scalar(ctx.b, True, DType.bool), *carried])
         cond = bool(np.asarray(ctx.imp.static_value(outs[0], ctx.location)).reshape(()))
         carried = outs[1:1 + len(carried)]
@@ -106,6 +107,7 @@ def _scan_once(ctx: NodeCtx, body: object, states: list[Value], xs: list[Value],
         raise ctx.unsupported("a symbolic scan length cannot be unrolled")
     if steps > MAX_UNROLL:
         raise ctx.unsupported(f"more than {MAX_UNROLL} scan steps cannot be unrolled")
+    ctx.imp.charge_unroll(steps, ctx.location)
     n_state = len(states)
     outs_per_step: list[list[Value]] = []
     for t in range(steps):

@@ -67,6 +67,7 @@ class _Recurrence:
             raise ctx.unsupported("a symbolic sequence length cannot be unrolled")
         if seq > MAX_UNROLL:
             raise ctx.unsupported(f"more than {MAX_UNROLL} time steps cannot be unrolled")
+        ctx.imp.charge_unroll(seq, ctx.location)
         self.seq = seq
         self.batch = x.shape[1]
         self.dt = x.dtype

@@ -52,6 +52,16 @@ def wrap_index(idx: R.Expr, dim: Dim) -> R.Expr:
     return R.select(i < 0, i + _dim_scalar(dim), i)
 
 
+def in_range(x: R.TensorRef, axis: int, index: R.Expr) -> R.Expr:
+    """True, read through ``x[0, .., index, .., 0]``: an index ``x`` does not have along ``axis``
+    is an index error in every reading of the rule (the interpreter raises, compiled code returns
+    ERR_INDEX), as :func:`_checked` is for the numpy fast path. For ops whose rules are read from
+    the output side (scatter), where an out-of-range index would otherwise just never match."""
+    at = [R.Ix.dyn(index) if j == axis else R.Ix.lit(0) for j in range(x.rank)]
+    probe = x.at(*at)
+    return R.call("or", R.call("eq", probe, probe), R.lit(True, DType.bool))
+
+
 def _checked(indices: np.ndarray, dim: int, op: str) -> np.ndarray:
     """numpy indices wrapped once, or a RuntimeEvalError when one is out of range."""
     ind = np.asarray(indices).astype(np.int64)
@@ -301,7 +311,8 @@ def _scatter_elements_rule(c: R.RuleCtx) -> R.Expr:
         return [k if j == ax else o for j, o in enumerate(here)]
 
     def match(ks: tuple[R.Ix, ...]) -> R.Expr:
-        hit = R.call("eq", wrap_index(ind.at(*at(ks[0]), oob=0), x.shape[ax]), _ix_scalar(c.out[ax]))
+        target = wrap_index(ind.at(*at(ks[0]), oob=0), x.shape[ax])
+        hit = R.call("and", in_range(x, ax, target), R.call("eq", target, _ix_scalar(c.out[ax])))
         return hit if inb is None else R.call("and", inb, hit)
 
     def update(ks: tuple[R.Ix, ...] | None, flat: R.Expr | None) -> R.Expr:
@@ -346,7 +357,7 @@ define("scatter_elements", ("x", "indices", "updates"), attrs={"axis": ("int", 0
        shape=_scatter_elements_type, rule=_scatter_elements_rule, numpy=_scatter_elements_numpy, family="index",
        doc="copy of x where x[p with `axis` replaced by indices[p]] receives updates[p]; repeated targets: "
            "the last update wins (none) or they combine by add/mul/max/min with x; indices must lie in "
-           "[-dim, dim) (evaluation rejects others; the rule, read from the output side, never matches them)",
+           "[-dim, dim) (others are an index error in every reading of the op)",
        examples=_scatter_examples)
 
 
@@ -379,7 +390,8 @@ def _scatter_nd_rule(c: R.RuleCtx) -> R.Expr:
     def match(ks: tuple[R.Ix, ...]) -> R.Expr:
         hit: R.Expr | None = None
         for j in range(k):
-            term = R.call("eq", wrap_index(ind.at(*ks, R.Ix.lit(j)), x.shape[j]), _ix_scalar(c.out[j]))
+            target = wrap_index(ind.at(*ks, R.Ix.lit(j)), x.shape[j])
+            term = R.call("and", in_range(x, j, target), R.call("eq", target, _ix_scalar(c.out[j])))
             hit = term if hit is None else R.call("and", hit, term)
         return hit if hit is not None else R.lit(True, DType.bool)
 
@@ -421,7 +433,7 @@ define("scatter_nd", ("x", "indices", "updates"), attrs={"reduction": ("str", "n
        shape=_scatter_nd_type, rule=_scatter_nd_rule, numpy=_scatter_nd_numpy, family="index",
        doc="copy of x where the slice x[indices[q]] receives updates[q]; repeated targets: the last update "
            "wins (none) or they combine by add/mul/max/min with x; indices must lie in [-dim, dim) "
-           "(evaluation rejects others; the rule, read from the output side, never matches them)",
+           "(others are an index error in every reading of the op)",
        examples=_scatter_nd_examples)
 
 
