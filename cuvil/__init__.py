@@ -10,7 +10,6 @@ from cuvil.errors import CuvilError
 from cuvil.frontend.dispatch import import_model
 from cuvil.interp import run_reference
 from cuvil.log import set_log_level
-
-__version__ = "0.1.0"
+from cuvil.version import __version__
 
 __all__ = ["CuvilError", "__version__", "compile", "import_model", "run_reference", "set_log_level"]

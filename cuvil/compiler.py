@@ -34,15 +34,12 @@ import numpy as np
 from cuvil.codegen import abi
 from cuvil.codegen.artifact import Artifact, build_library
 from cuvil.codegen.link import HostTarget, host_target
-from cuvil.errors import CodegenError, ConstraintError, InputError
+from cuvil.errors import CodegenError, InputError
 from cuvil.frontend.dispatch import import_model
 from cuvil.interp import to_numpy
 from cuvil.ir import hashing
 from cuvil.ir.module import Function, Module
-from cuvil.ir.opdef import get_op
-from cuvil.ir.symbolic import Sym, evaluate_dim
-from cuvil.ir.types import TensorType, bind_symbols, check_tensor_size
-from cuvil.ir.values import Value, param, walk
+from cuvil.ir.specialize import Shapes, requested_shapes, specialize_dims
 from cuvil.log import stage
 from cuvil.passes import parse_pipeline, run_pipeline
 from cuvil.runtime.cache import ArtifactCache, key_of
@@ -61,7 +58,6 @@ STAT_SETTLE_S = 2.0
 # the key bytes of an ONNX external-data reference (StringStringEntryProto key "location")
 _ONNX_EXTERNAL_DATA_MARK = b"\n\x08location"
 
-Shapes = Sequence[Sequence[int]] | Mapping[str, Sequence[int]]
 
 
 def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt_level: int = 3,
@@ -109,7 +105,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
         lib = job.library({})
         job.release()
         return CompiledModel.from_library(lib, ir=job.optimized)
-    shapes = requested_shapes(sig, example_inputs, input_shapes)
+    shapes = requested_shapes(sig.function, [(s.name, s.shape) for s in sig.inputs], example_inputs, input_shapes)
     if dynamic is None:
         dynamic = output_dir is None
     if not dynamic:
@@ -204,7 +200,7 @@ def toolchain_fingerprint() -> dict[str, str]:
     import llvmlite
     import llvmlite.binding as llvm
 
-    from cuvil import __version__
+    from cuvil.version import __version__
 
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
@@ -592,108 +588,4 @@ class _CompileJob:
         return lib
 
 
-# --------------------------------------------------------------------------------------
-# specialization
-
-
-def requested_shapes(sig: Signature, example_inputs: Any, input_shapes: Shapes | None) -> list[tuple[int, ...]] | None:
-    """The input shapes to specialize at, from ``input_shapes`` or ``example_inputs`` (None: neither)."""
-    names = [s.name for s in sig.inputs]
-    if input_shapes is not None:
-        if isinstance(input_shapes, Mapping):
-            unknown = sorted(set(input_shapes) - set(names))
-            missing = [s.name for s in sig.inputs if s.name not in input_shapes
-                       and not all(isinstance(d, int) for d in s.shape)]
-            if unknown or missing:
-                raise InputError(f"input_shapes does not match the inputs: missing {missing}, unknown {unknown}",
-                                 hint="give a shape for every input with symbolic dims: " +
-                                      ", ".join(map(str, sig.inputs)))
-            shapes = [tuple(int(d) for d in input_shapes[s.name]) if s.name in input_shapes
-                      else tuple(int(d) for d in s.shape) for s in sig.inputs]
-        else:
-            shapes = [tuple(int(d) for d in s) for s in input_shapes]
-    elif example_inputs is not None:
-        if isinstance(example_inputs, Mapping):
-            values = [example_inputs[n] for n in names if n in example_inputs]
-        elif isinstance(example_inputs, (list, tuple)):
-            values = list(example_inputs)
-        else:
-            values = [example_inputs]
-        shapes = [tuple(to_numpy(v).shape) for v in values]
-    else:
-        return None
-    if len(shapes) != len(names):
-        raise InputError(f"@{sig.function} takes {len(names)} inputs, got {len(shapes)} shapes to specialize with",
-                         hint="inputs: " + ", ".join(map(str, sig.inputs)))
-    return shapes
-
-
-def specialize_function(fn: Function, *, example_inputs: Any = None, input_shapes: Shapes | None = None,
-                        ) -> tuple[Function, dict[str, int]]:
-    """``fn`` with every symbolic dim replaced by its value; unchanged if it is already static."""
-    if all(p.type.is_static for p in fn.params) and all(v.type.is_static for v in fn.values()):
-        return fn, {}
-    sig = Signature.of(fn)
-    shapes = requested_shapes(sig, example_inputs, input_shapes)
-    if shapes is None:
-        symbolic = ", ".join(f"{p.name}: {p.type}" for p in fn.params if not p.type.is_static)
-        raise CodegenError(f"@{fn.name} has symbolic dims ({symbolic}); native code is compiled for static shapes",
-                           location=fn.name,
-                           hint="pass example_inputs=... or input_shapes=... to compile() to specialize them")
-    try:
-        env = bind_symbols(fn.param_types, shapes)
-    except ValueError as e:
-        raise InputError(f"shapes do not match @{fn.name}: {e}",
-                         hint="expected " + ", ".join(f"{p.name}: {p.type}" for p in fn.params)) from None
-    return specialize_dims(fn, env), env
-
-
-def specialize_dims(fn: Function, env: Mapping[str, int]) -> Function:
-    """``fn`` at the given symbol values (checked against its constraints)."""
-    for s, v in env.items():
-        c = fn.constraint(s)
-        if not c.admits(v):
-            raise ConstraintError(f"dim {s}={v} violates the constraint {c}", location=fn.name)
-    memo: dict[Value, Value] = {}
-    for v in fn.values():
-        memo[v] = _specialize_value(v, memo, env)
-        if not v.is_const:
-            where = f"input {v.name!r}" if v.is_param else v.op
-            check_tensor_size(memo[v].type.shape, f"the tensor of {where}", where)
-    return Function(fn.name, tuple(memo[p] for p in fn.params), tuple(memo[r] for r in fn.results),
-                    fn.result_names)
-
-
-def _specialize_value(v: Value, memo: dict[Value, Value], env: Mapping[str, int]) -> Value:
-    if v.is_const:
-        return v
-    concrete = TensorType(v.dtype, v.type.concrete(env))
-    if v.is_param:
-        return param(v.name, concrete)
-    attrs = {k: _specialize_attr(a, env) for k, a in v.attrs}
-    operands = tuple(memo[o] for o in v.operands)
-    opdef = get_op(v.op)
-    out_type = opdef.infer([o.type for o in operands], opdef.check_attrs(attrs))
-    if out_type != concrete:
-        raise CodegenError(f"{v.op} gives {out_type} at the specialized shapes, expected {concrete}",
-                           location=v.op, hint="the op's shape rule disagrees with the symbolic type")
-    return Value(v.op, operands, attrs, out_type)
-
-
-def _specialize_attr(a: Any, env: Mapping[str, int]) -> Any:
-    if isinstance(a, Sym):
-        return evaluate_dim(a, env)
-    if isinstance(a, tuple):
-        return tuple(_specialize_attr(x, env) for x in a)
-    from cuvil.ir.region import Region
-
-    if isinstance(a, Region):
-        memo: dict[Value, Value] = {}
-        for v in walk([a.result, *a.params]):
-            memo[v] = _specialize_value(v, memo, env)
-        return Region(tuple(memo[p] for p in a.params), memo[a.result])
-    return a
-
-
-__all__ = ["compile", "module_hash", "requested_shapes", "resolve_target", "specialize_dims", "specialize_function",
-           "toolchain_fingerprint"]
+__all__ = ["compile", "module_hash", "resolve_target", "toolchain_fingerprint"]

@@ -12,6 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import cuvil
 from cuvil import cli
+from cuvil.cli import ir as cli_ir
+from cuvil.cli import ops as cli_ops
 from cuvil.frontend.onnx_import import converters, import_onnx
 from cuvil.ir.opdef import all_ops
 from cuvil.ir.parser import parse_module
@@ -103,30 +105,31 @@ def test_ops_json_lists_every_onnx_converter(capsys):
 
 
 def test_readers_without_a_registry_say_not_yet(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "READERS", {"z3": ("no_such_module.encode",), "llvm": ("no_such_module",)})
+    monkeypatch.setattr(cli_ops, "READERS", {"z3": ("no_such_module.encode",), "llvm": ("no_such_module",)})
     _, out, _ = run(capsys, "ops", "--format", "json")
     rows = json.loads(out)["ops"]
-    assert {r["z3"] for r in rows} == {cli.NOT_YET}
-    assert {r["llvm"] for r in rows} == {cli.NOT_YET}
+    assert {r["z3"] for r in rows} == {cli_ops.NOT_YET}
+    assert {r["llvm"] for r in rows} == {cli_ops.NOT_YET}
 
 
 def test_reader_registry_fills_its_column(capsys, monkeypatch, tmp_path):
     (tmp_path / "fake_reader.py").write_text("def supported_ops():\n    return {'relu': 'yes', 'add': 'partial'}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "READERS", {"z3": ("fake_reader",), "llvm": ("no_such_module",)})
+    monkeypatch.setattr(cli_ops, "READERS", {"z3": ("fake_reader",), "llvm": ("no_such_module",)})
     _, out, _ = run(capsys, "ops", "--format", "json")
     rows = {r["op"]: r for r in json.loads(out)["ops"]}
     assert rows["relu"]["z3"] == "yes"
     assert rows["add"]["z3"] == "partial"
     assert rows["matmul"]["z3"] == "no"
-    assert rows["relu"]["llvm"] == cli.NOT_YET
+    assert rows["relu"]["llvm"] == cli_ops.NOT_YET
 
 
 def test_torch_column_degrades_without_torch(capsys, monkeypatch):
-    real = cli.importlib.util.find_spec
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    real = cli_ops.importlib.util.find_spec
+    monkeypatch.setattr(cli_ops.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
     _, out, _ = run(capsys, "ops", "--format", "json")
-    assert {r["torch"] for r in json.loads(out)["ops"]} == {cli.TORCH_MISSING}
+    assert {r["torch"] for r in json.loads(out)["ops"]} == {cli_ops.TORCH_MISSING}
 
 
 def test_ops_markdown_and_table(capsys):
@@ -217,7 +220,7 @@ def test_internal_errors_have_their_own_exit_code(capsys, monkeypatch, mlp):
     def boom(args):
         raise RuntimeError("kaput")
 
-    monkeypatch.setattr(cli, "cmd_ir", boom)
+    monkeypatch.setattr(cli_ir, "cmd_ir", boom)
     code, _, err = run(capsys, "ir", mlp)
     assert code == 70  # never a verdict's code (1 refuted, 3 unknown) nor a usage error's (2)
     assert "internal error[CUVIL-INTERNAL]: RuntimeError: kaput" in err and "Traceback" not in err

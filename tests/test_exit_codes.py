@@ -25,7 +25,7 @@ EXPECTED = {"internal": 70, "usage": 2, "refuted": 1, "undecided": 3}
 
 # A fault planted in a function the command calls: what a bug in Cuvil looks like from outside.
 FAULTS = {
-    "model": "import cuvil.cli_common as m; m.import_model_file = boom",
+    "model": "import cuvil.cli.common as m; m.import_model_file = boom",
     "compiler": "import cuvil.compiler as m; m.compile = boom",
     "native": "import cuvil.runtime.loader as m; m.NativeLibrary.run = boom",
 }

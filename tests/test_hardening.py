@@ -337,7 +337,7 @@ def test_probe_rejects_a_range_outside_an_integer_input(tmp_path, capsys):
                                                ("def broken(:\n", PluginError),
                                                ("class P:\n    name = 'p'\n", InputError)])
 def test_plugin_errors_are_coded(tmp_path, monkeypatch, source, error):
-    from cuvil.plugins import load_pass_plugin
+    from cuvil.passes.plugins import load_pass_plugin
 
     (tmp_path / "broken_plugin.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -140,7 +140,7 @@ def check_certificate(cert: Mapping[str, Any], *, solver: str = "z3", timeout: f
     if model is not None:
         _rederive(cert, model, audit)
     if library is not None:
-        from verify.cli import artifact_problems
+        from verify.artifact import artifact_problems
 
         audit.problems += artifact_problems(library, manifest or {})
     audit.seconds = time.perf_counter() - start

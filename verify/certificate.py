@@ -72,9 +72,9 @@ def seal(cert: dict[str, Any]) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import cuvil
+    from cuvil.version import __version__
 
-    return {"cuvil": cuvil.__version__, "z3": z3.get_version_string(), "python": platform.python_version()}
+    return {"cuvil": __version__, "z3": z3.get_version_string(), "python": platform.python_version()}
 
 
 def kept_unproved(cert: dict[str, Any]) -> list[dict[str, Any]]:

@@ -163,7 +163,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
     """Compile ``fn`` (static shapes) into a shared library with its header and manifest in ``out_dir``.
     ``threads`` is the library's default thread count (None: the CPUs it may use when it runs);
     ``provenance``: fields embedded in the library besides its function hash (a certificate digest)."""
-    from cuvil import __version__
+    from cuvil.version import __version__
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PRELOAD = ["numpy", "onnx", "z3", "llvmlite.binding", "cuvil.cli", "verify.cli", "verify.probe.cli",
+PRELOAD = ["numpy", "onnx", "z3", "llvmlite.binding", "cuvil.cli", "cuvil.cli.verify", "cuvil.cli.probe",
            "cuvil.compiler", "cuvil.frontend.onnx_import"]
 
 _CONTEXT: multiprocessing.context.BaseContext | None = None

@@ -17,9 +17,9 @@ from cuvil.compiler import compile as cuvil_compile
 from cuvil.ir import Builder, DType
 from cuvil.runtime.loader import read_manifest
 from verify import check_pipeline, make_gate
+from verify.artifact import artifact_problems
 from verify.audit import check_certificate, run_query
 from verify.certificate import certificate_digest
-from verify.cli import artifact_problems
 
 
 def _conv_bn(seed: int = 0, channels: int = 3):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Any
 
 from cuvil.errors import InputError, PluginError
 from cuvil.passes.base import Pass
@@ -57,21 +56,3 @@ def resolve_pipeline(spec: str | None, plugins: Sequence[Pass], *, default: str 
     passes = parse_pipeline(items)
     used = {id(p) for p in passes}
     return passes + [p for p in plugins if id(p) not in used]
-
-
-def add_plugin_arguments(p: Any) -> None:
-    """--pass-plugin and --pass-time-limit, the same for every command that runs a pipeline."""
-    p.add_argument("--pass-plugin", action="append", default=[], metavar="pkg.module:PassClass",
-                   help="import a Pass subclass and run it (where the pipeline names it, else at the end); "
-                        "repeatable")
-    p.add_argument("--pass-time-limit", type=float, default=600.0, metavar="S",
-                   help="seconds a plugin pass may run before it is stopped (default 600)")
-
-
-def plugins_from_args(args: Any) -> list[Pass]:
-    """The plugins the command line names, loaded, with the process's plugin time limit set."""
-    from cuvil.cli_common import check_seconds
-    from cuvil.passes.manager import set_plugin_time_limit
-
-    set_plugin_time_limit(check_seconds(args.pass_time_limit, "--pass-time-limit"))
-    return [load_pass_plugin(s) for s in args.pass_plugin]

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Column, Table
 
-from cuvil.cli_common import EXIT_CODES, EXIT_OK, check_output, import_model_file
+from cuvil.cli.common import EXIT_CODES, EXIT_OK, check_output, import_model_file
 from cuvil.errors import InputError
 
 

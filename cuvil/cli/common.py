@@ -1,7 +1,8 @@
-"""What every ``cuvil`` subcommand shares: exit codes, reading models and input arrays, error reports.
+"""What every ``cuvil`` subcommand shares: exit codes, error reports, and the parsing of what a
+command line names (models, input arrays, shapes, ranges, plugins, output paths).
 
-The subcommand modules (cuvil.cli_compile, cuvil.cli_opt, verify.cli, verify.probe.cli) import
-this module, and cuvil.cli assembles them: the commands depend on it, never on each other.
+The subcommand modules import this module and :mod:`cuvil.cli` assembles them: the commands
+depend on it, never on each other.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from cuvil.errors import CuvilError, FileAccessError, InputError, ModelLoadError, UsageError
+
+if TYPE_CHECKING:
+    from cuvil.passes.base import Pass
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -48,6 +52,12 @@ EXIT_CODES = f"""exit codes (the same for every subcommand):
 VERDICT_EXITS = {"CUVIL-PROOF-REFUTED": EXIT_FAILED, "CUVIL-PROOF-UNKNOWN": EXIT_UNDECIDED,
                  "CUVIL-FP16-UNPROVED": EXIT_UNDECIDED}
 """Errors that carry a verdict: their exit code is the verdict's, not a usage error's."""
+
+
+MODEL_HELP = "a model: .onnx, .pt2 or .cir"
+STATIC_HELP = "bind a graph input to a compile-time value (for inputs used as shapes); repeatable"
+OPT_LEVELS = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
+_DIMS = re.compile(r"^\d+(?:[x,]\d+)*$|^$")
 
 
 def exit_for(error: CuvilError) -> int:
@@ -202,3 +212,111 @@ def report_error(e: CuvilError) -> None:
     if e.hint:
         lines.append(f"  hint: {e.hint}")
     sys.stderr.write("\n".join(lines) + "\n")
+
+
+# --------------------------------------------------------------------------------------
+# opt levels, shapes, ranges
+
+
+def parse_opt_level(text: str) -> int:
+    key = text.strip().upper()
+    key = key if key.startswith("O") else f"O{key}"
+    if key not in OPT_LEVELS:
+        raise InputError(f"--opt-level {text!r} is not one of O0, O1, O2, O3", location="--opt-level")
+    return OPT_LEVELS[key]
+
+
+def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """``NAME=2x3x224x224`` (or ``NAME=2,3,224,224``; ``NAME=`` for a scalar) per input."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, eq, dims = spec.rpartition("=")  # input names may hold "=", dims never do
+        dims = dims.strip().lower()
+        if not eq or not name or not _DIMS.match(dims):
+            raise InputError(f"--shape {spec!r} is malformed", location="--shape",
+                             hint="write --shape NAME=2x3x224x224 (dims separated by x), one per input")
+        if name in shapes:
+            raise InputError(f"--shape gives input {name!r} twice", location="--shape")
+        shapes[name] = tuple(int(d) for d in re.split(r"[x,]", dims)) if dims else ()
+    return shapes
+
+
+def specialize_shapes(module: Any, specs: Sequence[str]) -> Any:
+    """``module`` with its main function at the ``--shape NAME=DIMS`` shapes."""
+    from cuvil.ir.module import Module
+    from cuvil.ir.specialize import specialize_function
+
+    main = module.main
+    fn, _ = specialize_function(main, input_shapes=parse_shapes(list(specs)))
+    return Module(tuple(fn if f is main else f for f in module.functions), module.constants, module.metadata)
+
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf"
+
+
+def parse_range(spec: str) -> tuple[str, tuple[float, float]]:
+    """``NAME=LO:HI`` -> (name, (lo, hi))."""
+    m = re.fullmatch(rf"\s*([^=]+?)\s*=\s*({_NUMBER})\s*:\s*({_NUMBER})\s*", spec)
+    if m is None:
+        raise InputError(f"--range {spec!r} is malformed", hint="write --range NAME=LO:HI, e.g. --range x=-1:1")
+    lo, hi = float(m.group(2)), float(m.group(3))
+    if lo > hi:
+        raise InputError(f"--range {spec!r} is empty (low > high)", hint="write the low end first")
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise InputError(f"--range {spec!r} is unbounded", hint="probing needs finite ranges")
+    return m.group(1), (lo, hi)
+
+
+def calibration_ranges(folder: str | Path, names: list[str]) -> dict[str, tuple[float, float]]:
+    """Per-input [min, max] over a folder of .npy (``NAME.npy``, ``NAME_*.npy``, ``NAME.*.npy``) or
+    .npz (named arrays) files."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise InputError(f"calibration folder {root} does not exist", location=str(root))
+    seen: dict[str, list[np.ndarray]] = {}
+    for path in sorted(root.iterdir()):
+        if path.suffix not in (".npy", ".npz"):
+            continue
+        try:
+            data = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise InputError(f"cannot read calibration file {path}: {e}", location=str(path)) from None
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                for k in data.files:
+                    seen.setdefault(k, []).append(np.asarray(data[k]))
+            continue
+        stem = path.stem
+        for n in sorted(names, key=len, reverse=True):
+            if stem == n or stem.startswith(n + "_") or stem.startswith(n + "."):
+                seen.setdefault(n, []).append(np.asarray(data))
+                break
+    out: dict[str, tuple[float, float]] = {}
+    for n, arrays in seen.items():
+        flat = np.concatenate([a.astype(np.float64).reshape(-1) for a in arrays])
+        flat = flat[np.isfinite(flat)]
+        if flat.size:
+            out[n] = (float(flat.min()), float(flat.max()))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# pass plugins
+
+
+def add_plugin_arguments(p: Any) -> None:
+    """--pass-plugin and --pass-time-limit, the same for every command that runs a pipeline."""
+    p.add_argument("--pass-plugin", action="append", default=[], metavar="pkg.module:PassClass",
+                   help="import a Pass subclass and run it (where the pipeline names it, else at the end); "
+                        "repeatable")
+    p.add_argument("--pass-time-limit", type=float, default=600.0, metavar="S",
+                   help="seconds a plugin pass may run before it is stopped (default 600)")
+
+
+def plugins_from_args(args: Any) -> list[Pass]:
+    """The plugins the command line names, loaded, with the process's plugin time limit set."""
+    from cuvil.passes.manager import set_plugin_time_limit
+    from cuvil.passes.plugins import load_pass_plugin
+
+    set_plugin_time_limit(check_seconds(args.pass_time_limit, "--pass-time-limit"))
+    return [load_pass_plugin(s) for s in args.pass_plugin]

@@ -12,10 +12,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cuvil.cli_common import EXIT_CODES as COMMON_EXIT_CODES
-from cuvil.cli_common import EXIT_FAILED, EXIT_OK, EXIT_UNDECIDED, check_output, check_seconds
+from cuvil.cli.common import EXIT_CODES as COMMON_EXIT_CODES
+from cuvil.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNDECIDED,
+    add_plugin_arguments,
+    check_output,
+    check_seconds,
+    import_model_file,
+    plugins_from_args,
+    specialize_shapes,
+)
 from cuvil.errors import InputError
-from cuvil.ir.module import Module
+from verify.artifact import artifact_problems
 from verify.obligations import DEFAULT_TIMEOUT, Application
 
 EXIT_PROVED = EXIT_OK
@@ -83,16 +93,6 @@ def _check(pending: Sequence[Any], args: argparse.Namespace, what: str,
 
 # --------------------------------------------------------------------------------------
 # cuvil verify MODEL
-
-
-def _specialize(module: Module, specs: Sequence[str]) -> Module:
-    from cuvil.cli_compile import parse_shapes
-    from cuvil.compiler import specialize_function
-
-    shapes = parse_shapes(list(specs))
-    main = module.main
-    fn, _ = specialize_function(main, input_shapes=shapes)
-    return Module(tuple(fn if f is main else f for f in module.functions), module.constants, module.metadata)
 
 
 def _per_pass_rows(report: Any) -> list[tuple[str, ...]]:
@@ -178,9 +178,8 @@ def _write_outputs(report: Any, args: argparse.Namespace, model: str, timings: M
 
 
 def verify_model(args: argparse.Namespace) -> int:
-    from cuvil.cli_common import import_model_file
     from cuvil.ir.hashing import module_hash
-    from cuvil.plugins import plugins_from_args, resolve_pipeline
+    from cuvil.passes.plugins import resolve_pipeline
     from verify.batch import check_all, collect
     from verify.certificate import Report
 
@@ -191,7 +190,7 @@ def verify_model(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     module = import_model_file(args.model, args.static_input)
     if args.shape:
-        module = _specialize(module, args.shape)
+        module = specialize_shapes(module, args.shape)
     imported = time.perf_counter()
     pending, _ = collect(module, passes)
     optimized = time.perf_counter()
@@ -257,71 +256,6 @@ def verify_rules(args: argparse.Namespace) -> int:
 # cuvil verify --artifact
 
 
-def _pipeline_names(spec: Any) -> list[str] | None:
-    """The pass names a manifest's pipeline spec expands to (None when it cannot be read)."""
-    import cuvil.passes.catalogue  # noqa: F401  (registers the built-in pipelines)
-    from cuvil.passes.manager import PIPELINES
-
-    if isinstance(spec, str):
-        items = [s.strip() for s in spec.split(",") if s.strip()]
-    elif isinstance(spec, list) and all(isinstance(s, str) for s in spec):
-        items = list(spec)
-    else:
-        return None
-    out: list[str] = []
-    for it in items:
-        if it.upper() in PIPELINES:
-            out.extend(_pipeline_names(list(PIPELINES[it.upper()])) or [])
-        else:
-            out.append(it)
-    return out
-
-
-def artifact_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:
-    """Every way the library, its manifest and the embedded certificate disagree."""
-    from cuvil.codegen.artifact import manifest_problems, read_provenance
-    from verify.certificate import CERTIFICATE_FORMAT, certificate_digest, kept_unproved
-
-    problems = manifest_problems(library, manifest)
-    cert = manifest.get("verification")
-    if not isinstance(cert, dict):
-        return [*problems, "the manifest holds no verification certificate (compile with --gate or --verify)"]
-    if cert.get("format") != CERTIFICATE_FORMAT:
-        problems.append(f"the certificate's format is {cert.get('format')!r}, expected {CERTIFICATE_FORMAT!r}")
-    if cert.get("digest") != certificate_digest(cert):
-        problems.append("the certificate does not match its own digest (it was edited)")
-    embedded = read_provenance(library) or {}
-    if embedded.get("certificate") != cert.get("digest"):
-        problems.append(f"{library.name} embeds certificate {embedded.get('certificate')}, the manifest carries "
-                        f"{cert.get('digest')} (a certificate of another library)")
-    if embedded.get("function") != cert.get("function_hash") or embedded.get("function") != manifest.get(
-            "function_hash"):
-        problems.append(f"{library.name} was compiled from function {embedded.get('function')}; the certificate "
-                        f"covers {cert.get('function_hash')}, the manifest names {manifest.get('function_hash')}")
-    expected = _pipeline_names(manifest.get("pipeline"))
-    if expected is not None and cert.get("pipeline") != expected:
-        problems.append(f"the certificate's pipeline {cert.get('pipeline')} is not the manifest's {expected}")
-    apps = cert.get("applications")
-    if not isinstance(apps, list):
-        return [*problems, "the certificate lists no pass applications"]
-    verdicts = [o.get("verdict") for a in apps for o in a.get("obligations", [])]
-    summary = cert.get("summary", {})
-    counted = {"obligations": len(verdicts), "proved": verdicts.count("proved"),
-               "refuted": verdicts.count("refuted"), "unknown": verdicts.count("unknown")}
-    for k, v in counted.items():
-        if summary.get(k) != v:
-            problems.append(f"the certificate's summary says {summary.get(k)} {k}, its obligations give {v}")
-    rollbacks = cert.get("rollbacks", [])
-    rolled = {r.get("application") for r in rollbacks if isinstance(r, dict)}
-    for k, a in enumerate(apps):
-        if bool(a.get("rolled_back")) != (k in rolled):
-            problems.append(f"application {k} ({a.get('pass')}): its rollback flag disagrees with the rollback list")
-    for o in kept_unproved(cert):
-        problems.append(f"pass {o.get('pass')} was kept with a {o.get('verdict')} obligation at "
-                        f"@{o.get('function')}:{o.get('output')}")
-    return problems
-
-
 def verify_artifact(args: argparse.Namespace) -> int:
     from cuvil.runtime.loader import read_manifest
 
@@ -349,7 +283,6 @@ def verify_artifact(args: argparse.Namespace) -> int:
 
 
 def verify_certificate(args: argparse.Namespace) -> int:
-    from cuvil.cli_common import import_model_file
     from verify.audit import check_certificate, load_certificate
 
     cert, library, manifest = load_certificate(Path(args.check_certificate))
@@ -357,7 +290,7 @@ def verify_certificate(args: argparse.Namespace) -> int:
     if args.model:
         model = import_model_file(args.model, args.static_input)
         if args.shape:
-            model = _specialize(model, args.shape)
+            model = specialize_shapes(model, args.shape)
     bar = _QueryBar(enabled=not args.quiet, solver=args.solver)
     try:
         audit = check_certificate(cert, solver=args.solver, timeout=args.timeout, model=model, library=library,
@@ -430,8 +363,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``verify`` to the ``cuvil`` command's subparsers."""
-    from cuvil.plugins import add_plugin_arguments
-
     p = sub.add_parser("verify", help="prove every pass application on a model (or the rewrite rules, or an "
                                       "artifact's certificate)", epilog=EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from cuvil.cli_common import EXIT_CODES as COMMON_EXIT_CODES
-from cuvil.cli_common import check_output, check_seconds
+from cuvil.cli.common import EXIT_CODES as COMMON_EXIT_CODES
+from cuvil.cli.common import calibration_ranges, check_output, check_seconds, import_model_file, parse_range
 from cuvil.errors import InputError
 
 EXIT_CODES = COMMON_EXIT_CODES + """
@@ -21,55 +18,6 @@ probe: 0 every site proved safe for the declared ranges; 1 an overflow or
 saturation confirmed (a witness replayed on the reduced-precision program);
 3 sites remain open
 """
-
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf"
-
-
-def parse_range(spec: str) -> tuple[str, tuple[float, float]]:
-    """``NAME=LO:HI`` -> (name, (lo, hi))."""
-    m = re.fullmatch(rf"\s*([^=]+?)\s*=\s*({_NUMBER})\s*:\s*({_NUMBER})\s*", spec)
-    if m is None:
-        raise InputError(f"--range {spec!r} is malformed", hint="write --range NAME=LO:HI, e.g. --range x=-1:1")
-    lo, hi = float(m.group(2)), float(m.group(3))
-    if lo > hi:
-        raise InputError(f"--range {spec!r} is empty (low > high)", hint="write the low end first")
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        raise InputError(f"--range {spec!r} is unbounded", hint="probing needs finite ranges")
-    return m.group(1), (lo, hi)
-
-
-def calibration_ranges(folder: str | Path, names: list[str]) -> dict[str, tuple[float, float]]:
-    """Per-input [min, max] over a folder of .npy (``NAME.npy``, ``NAME_*.npy``, ``NAME.*.npy``) or
-    .npz (named arrays) files."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise InputError(f"calibration folder {root} does not exist", location=str(root))
-    seen: dict[str, list[np.ndarray]] = {}
-    for path in sorted(root.iterdir()):
-        if path.suffix not in (".npy", ".npz"):
-            continue
-        try:
-            data = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise InputError(f"cannot read calibration file {path}: {e}", location=str(path)) from None
-        if isinstance(data, np.lib.npyio.NpzFile):
-            with data:
-                for k in data.files:
-                    seen.setdefault(k, []).append(np.asarray(data[k]))
-            continue
-        stem = path.stem
-        for n in sorted(names, key=len, reverse=True):
-            if stem == n or stem.startswith(n + "_") or stem.startswith(n + "."):
-                seen.setdefault(n, []).append(np.asarray(data))
-                break
-    out: dict[str, tuple[float, float]] = {}
-    for n, arrays in seen.items():
-        flat = np.concatenate([a.astype(np.float64).reshape(-1) for a in arrays])
-        flat = flat[np.isfinite(flat)]
-        if flat.size:
-            out[n] = (float(flat.min()), float(flat.max()))
-    return out
-
 
 def _hash(path: str) -> str | None:
     try:
@@ -80,8 +28,8 @@ def _hash(path: str) -> str | None:
 
 def _specialize(module: Any, dims: Mapping[str, int]) -> Any:
     """Static shapes (symbolic dims bound by --dim, others to 1)."""
-    from cuvil.compiler import specialize_function
     from cuvil.ir.module import Module
+    from cuvil.ir.specialize import specialize_function
     from cuvil.ir.symbolic import evaluate_dim
 
     fn = module.main
@@ -96,7 +44,6 @@ def _specialize(module: Any, dims: Mapping[str, int]) -> Any:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from cuvil import __version__
-    from cuvil.cli_common import import_model_file
     from reports import render_terminal, write_html, write_json, write_sarif
     from verify.probe.names import onnx_node_names
     from verify.probe.probe import ProbeOptions, probe, save_witnesses

@@ -1,10 +1,8 @@
-"""``cuvil compile`` and ``cuvil run``: a model file to a native library, and a library run on .npy inputs.
+"""``cuvil compile``: a model file to a native library.
 
-``compile`` writes three files side by side: the library (``--output``, default
-``lib<model>.so``), its C header (``<stem>.h``) and its JSON manifest (``<stem>.json``),
-where ``<stem>`` is the library's file name without ``lib`` and ``.so``. ``run`` loads a
-library through the manifest beside it (checking the library's hash first), so it needs
-neither the model nor any framework.
+It writes three files side by side: the library (``--output``, default ``lib<model>.so``), its
+C header (``<stem>.h``) and its JSON manifest (``<stem>.json``), where ``<stem>`` is the
+library's file name without ``lib`` and ``.so``.
 """
 
 from __future__ import annotations
@@ -22,54 +20,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from cuvil.cli_common import (
+from cuvil.cli.common import (
     EXIT_CODES,
     EXIT_OK,
     VERDICT_EXITS,
+    add_plugin_arguments,
+    calibration_ranges,
     check_output,
     exit_for,
-    file_name,
+    parse_opt_level,
+    parse_range,
+    parse_shapes,
+    plugins_from_args,
     read_bindings,
     report_error,
 )
 from cuvil.errors import CodegenError, CuvilError, InputError, ModelLoadError
 
-OPT_LEVELS = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
 COMPILE_EXIT_CODES = EXIT_CODES + """
 a gated compile that stops writes nothing (with --enable-fp16, an op whose
 float16 sites are not proved safe for the --range box stops it too)
 """
 MODEL_SUFFIXES = (".onnx", ".pt2", ".cir")
-_DIMS = re.compile(r"^\d+(?:[x,]\d+)*$|^$")
 
 
 # --------------------------------------------------------------------------------------
 # argument parsing
-
-
-def parse_opt_level(text: str) -> int:
-    key = text.strip().upper()
-    key = key if key.startswith("O") else f"O{key}"
-    if key not in OPT_LEVELS:
-        raise InputError(f"--opt-level {text!r} is not one of O0, O1, O2, O3", location="--opt-level")
-    return OPT_LEVELS[key]
-
-
-def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
-    """``NAME=2x3x224x224`` (or ``NAME=2,3,224,224``; ``NAME=`` for a scalar) per input."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for spec in specs:
-        name, eq, dims = spec.rpartition("=")  # input names may hold "=", dims never do
-        dims = dims.strip().lower()
-        if not eq or not name or not _DIMS.match(dims):
-            raise InputError(f"--shape {spec!r} is malformed", location="--shape",
-                             hint="write --shape NAME=2x3x224x224 (dims separated by x), one per input")
-        if name in shapes:
-            raise InputError(f"--shape gives input {name!r} twice", location="--shape")
-        shapes[name] = tuple(int(d) for d in re.split(r"[x,]", dims)) if dims else ()
-    return shapes
 
 
 def _output_names(output: Path) -> tuple[Path, Path]:
@@ -144,7 +120,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     options.update(_fp16_options(args, model_path, options))
     gate = _make_gate(args)
     passes: Any = args.passes
-    from cuvil.plugins import plugins_from_args, resolve_pipeline
+    from cuvil.passes.plugins import resolve_pipeline
 
     plugins = plugins_from_args(args)
     if plugins:
@@ -216,8 +192,6 @@ def _fp16_options(args: argparse.Namespace, model_path: Path, options: Mapping[s
     if importlib.util.find_spec("verify") is None:
         raise InputError("--enable-fp16 needs the overflow prober, which is not installed", location="--enable-fp16",
                          hint="install cuvil with its verifier")
-    from verify.probe.cli import calibration_ranges, parse_range
-
     ranges: dict[str, tuple[float, float]] = {}
     if args.calibrate:
         from cuvil.frontend.dispatch import import_model
@@ -267,101 +241,11 @@ def _print_verification(cert: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# run
-
-
-def summarize(name: str, a: np.ndarray, first: int) -> str:
-    """One line: name, dtype and shape, min/max/mean over finite values, and the first elements."""
-    head = f"{name}: {a.dtype}[{', '.join(map(str, a.shape))}]"
-    if a.size == 0:
-        return head + "  (empty)"
-    flat = a.reshape(-1)
-    try:
-        values: np.ndarray | None = flat.astype(np.float64)
-    except (TypeError, ValueError):
-        values = None
-    parts = [head]
-    if values is not None:
-        finite = values[np.isfinite(values)]
-        if finite.size:
-            parts.append(f"min={finite.min():.6g} max={finite.max():.6g} mean={finite.mean():.6g}")
-        bad = values.size - finite.size
-        if bad:
-            parts.append(f"non-finite={bad}")
-    shown = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in flat[:first].tolist())
-    more = ", ..." if flat.size > first else ""
-    parts.append(f"first=[{shown}{more}]")
-    return "  ".join(parts)
-
-
-def _require_proof(library: Path, manifest: Mapping[str, Any]) -> None:
-    """Refuse to run a library unless every pass application it kept was proved. The manifest's
-    certificate is sealed into the library (the loader checked the seal), so it can be read as is."""
-    from verify.certificate import kept_unproved
-    from verify.errors import ProofFailure, ProofIncomplete
-
-    cert = manifest.get("verification")
-    if not isinstance(cert, dict):
-        raise ProofIncomplete(f"{library.name} carries no certificate: nothing was proved about it",
-                              location=str(library), hint="compile it with --gate (or --verify)")
-    unproved = kept_unproved(cert)
-    if unproved:
-        listed = "; ".join(f"{o.get('pass')} at @{o.get('function')}:{o.get('output')} ({o.get('verdict')})"
-                           for o in unproved[:5])
-        kind = ProofFailure if any(o.get("verdict") == "refuted" for o in unproved) else ProofIncomplete
-        raise kind(f"{library.name} was compiled with {len(unproved)} unproved pass application(s): {listed}",
-                   location=str(library), hint="recompile with --gate, which stops or rolls back unproved passes")
-    sys.stderr.write(f"proof: {library.name}: every kept pass application proved "
-                     f"({cert.get('summary', {}).get('proved', 0)} obligations)\n")
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from cuvil.runtime.loader import load
-
-    check_output(args.output_dir, "--output-dir", folder=True)
-    library = Path(args.library)
-    if not library.is_file():
-        raise InputError(f"library {library} does not exist", location=str(library),
-                         hint="compile one with `cuvil compile --input MODEL --output libmodel.so`")
-    model = load(library)
-    if args.require_proof:
-        _require_proof(library, model.manifest or {})
-    named, positional = read_bindings(args.input, "--input")
-    if args.cast:
-        specs = {s.name: s for s in model.inputs}
-        named = {k: (v.astype(specs[k].dtype.np) if k in specs else v) for k, v in named.items()}
-        positional = [v.astype(s.dtype.np) for v, s in zip(positional, model.inputs, strict=False)] + \
-            positional[len(model.inputs):]
-    inputs: Mapping[str, np.ndarray] | list[np.ndarray] = named if named or not positional else positional
-    start = time.perf_counter()
-    outputs = model.run(inputs)
-    seconds = time.perf_counter() - start
-    out_dir = Path(args.output_dir) if args.output_dir else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    used: set[str] = set()
-    for k, (spec, arr) in enumerate(zip(model.outputs, outputs, strict=True)):
-        sys.stdout.write(summarize(spec.name, arr, args.first) + "\n")
-        if out_dir is None:
-            continue
-        stem = file_name(spec.name)
-        stem = stem if stem not in used else f"{stem}_{k}"
-        used.add(stem)
-        np.save(out_dir / f"{stem}.npy", arr, allow_pickle=False)
-    sys.stderr.write(f"ran {library.name} in {seconds * 1e3:.2f} ms\n")
-    if out_dir is not None:
-        sys.stderr.write(f"saved {len(outputs)} output(s) to {out_dir}\n")
-    return EXIT_OK
-
-
-# --------------------------------------------------------------------------------------
 # registration
 
 
-def add_subcommands(sub: Any) -> None:
-    from cuvil.plugins import add_plugin_arguments
-
-    """Add ``compile`` and ``run`` to the ``cuvil`` command's subparsers."""
+def register(sub: Any) -> None:
+    """Add ``compile`` to the ``cuvil`` command's subparsers."""
     p = sub.add_parser("compile", help="compile a model to a native shared library (+ C header, manifest)",
                        epilog=COMPILE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", help="the model (.onnx, .pt2 or .cir); or use --input")
@@ -400,17 +284,3 @@ def add_subcommands(sub: Any) -> None:
                    help="with --enable-fp16: take the ranges not given by --range from .npy/.npz samples in DIR "
                         "(NAME.npy, NAME_*.npy, or .npz with named arrays)")
     p.set_defaults(handler=cmd_compile)
-
-    p = sub.add_parser("run", help="run a compiled library on .npy inputs and print output summaries",
-                       epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("library", help="a library written by `cuvil compile` (its .json manifest beside it)")
-    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="an input array (NAME=FILE.npy, FILE.npz with named arrays, or FILE.npy in "
-                        "parameter order); repeatable")
-    p.add_argument("--output-dir", "-o", metavar="DIR", help="also save each output as DIR/<name>.npy")
-    p.add_argument("--cast", action="store_true", help="convert inputs to the library's dtypes first")
-    p.add_argument("--require-proof", action="store_true",
-                   help="run only if the library's sealed certificate proves every pass application it kept "
-                        "(exit 1 when one was refuted, 3 when one is unproved or there is no certificate)")
-    p.add_argument("--first", type=int, default=8, metavar="K", help="how many leading values to print")
-    p.set_defaults(handler=cmd_run)
