@@ -7,32 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cuvil.ir import Builder
-from cuvil.ir.module import Function, Module
 from cuvil.ir.values import Value
-from cuvil.passes import Contract, Pass, PassResult
+from cuvil.passes import Contract, ValueRewrite
 
 
 @dataclass(frozen=True)
-class PushReluBelowPooling(Pass):
+class PushReluBelowPooling(ValueRewrite):
     """reduce_mean(relu(x)) -> relu(reduce_mean(x)): wrong, see the module's docstring."""
 
     name = "push-relu-below-pooling"
     contract = Contract.EXACT
 
-    def run(self, module: Module) -> PassResult:
-        b = Builder(module.constants)
-        fns = []
-        for fn in module.functions:
-            new: dict[Value, Value] = {}
-            for v in fn.values():
-                if v.is_param or v.is_const:
-                    new[v] = v
-                    continue
-                ops = [new[o] for o in v.operands]
-                if v.op == "reduce_mean" and ops[0].op == "relu":
-                    new[v] = b.relu(b.reduce_mean(ops[0].operands[0], **v.attr_dict))
-                else:
-                    new[v] = b.op(v.op, *ops, **v.attr_dict)
-            fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names,
-                                fn.constraints))
-        return PassResult(module.replace(functions=fns, constants=b.constants), True)
+    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
+        if v.op == "reduce_mean" and operands[0].op == "relu":
+            return b.relu(b.reduce_mean(operands[0].operands[0], **v.attr_dict))
+        return None

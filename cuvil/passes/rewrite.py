@@ -4,6 +4,7 @@ A :class:`Pat` matches a value by op name, operand patterns, attribute values an
 optional predicate, capturing named sub-values. A :class:`Rule` pairs a pattern with a
 replacement that builds new values through a Builder (it may decline by returning None).
 Rule sets compose with ``+``; :func:`rewrite_function` applies one bottom-up to a fixpoint.
+A rewrite that reads better as code than as a pattern: ``cuvil.passes.ValueRewrite``.
 """
 
 from __future__ import annotations
@@ -38,14 +39,18 @@ class Pat:
 
 def op(name: str, *operands: Pat, capture: str | None = None, where: Callable[[Value], bool] | None = None,
        **attrs: Any) -> Pat:
+    """Match op ``name`` with exactly these operand patterns; ``attrs`` values are compared, or
+    called with the attribute when callable."""
     return Pat(name, tuple(operands), attrs, capture, where)
 
 
 def any_(capture: str | None = None, where: Callable[[Value], bool] | None = None) -> Pat:
+    """Match any value (a wildcard operand), capturing it under ``capture``."""
     return Pat(None, None, {}, capture, where)
 
 
 def const(capture: str | None = None, where: Callable[[Value], bool] | None = None) -> Pat:
+    """Match a constant; the replacement reads its data with ``b.data(m[capture])``."""
     return Pat("const", None, {}, capture, where)
 
 
@@ -131,6 +136,7 @@ class RewriteContext:
         return self.use_counts.get(v, 0)
 
     def data(self, v: Value) -> Any:
+        """A constant's data (read-only numpy array), as ``Builder.data``; raises ``IRError`` otherwise."""
         return self.builder.data(v)
 
 

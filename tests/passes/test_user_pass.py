@@ -1,4 +1,4 @@
-"""A pass written the way a user writes one: only cuvil.passes' public API (Pass, PassResult,
+"""A pass written the way a user writes one: only cuvil.passes' public API (ValueRewrite,
 Contract, register, run_pipeline) and the Builder; it runs by name inside a pipeline, next
 to the built-in passes, and the gate hook sees it like any other."""
 
@@ -8,39 +8,24 @@ import numpy as np
 from pass_testing import assert_same_results, ops
 
 from cuvil.ir import Builder, DType
-from cuvil.ir.module import Function, Module
-from cuvil.passes import Contract, Pass, PassResult, register, run_pipeline
+from cuvil.ir.values import Value
+from cuvil.passes import Contract, ValueRewrite, register, run_pipeline
 
 
 @register
 @dataclass(frozen=True)
-class DoubleToAdd(Pass):
+class DoubleToAdd(ValueRewrite):
     """x * 2 -> x + x: exact in IEEE arithmetic (both round the same real, signed zeros and infinities too)."""
 
     name = "test-double-to-add"
     contract = Contract.EXACT
     description = "strength-reduce multiplication by two"
 
-    def run(self, module: Module) -> PassResult:
-        b = Builder(module.constants)
-        fns = []
-        for fn in module.functions:
-            new: dict = {}
-            for v in fn.values():
-                if v.is_param or v.is_const:
-                    new[v] = v
-                    continue
-                operands = [new[o] for o in v.operands]
-                if v.op == "mul" and operands[1].is_const and operands[0].type == v.type \
-                        and np.all(np.asarray(b.data(operands[1])) == 2):
-                    new[v] = b.add(operands[0], operands[0])
-                else:
-                    new[v] = b.op(v.op, *operands, **v.attr_dict)
-            fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names,
-                                fn.constraints))
-        if tuple(fns) == module.functions:
-            return PassResult(module, False)
-        return PassResult(module.replace(functions=fns, constants=b.constants), True)
+    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
+        if v.op == "mul" and operands[1].is_const and operands[0].type == v.type \
+                and np.all(np.asarray(b.data(operands[1])) == 2):
+            return b.add(operands[0], operands[0])
+        return None
 
 
 @dataclass

@@ -15,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from wrong_passes import ValueRewrite
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from cuvil.ir.region import Region
 from cuvil.ir.types import DimConstraint, TensorType
 from cuvil.ir.values import Value
-from cuvil.passes import Pass
+from cuvil.passes import Pass, ValueRewrite
 
 
 @dataclass(frozen=True)

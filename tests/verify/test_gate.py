@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from wrong_passes import CORPUS, ValueRewrite
+from wrong_passes import CORPUS
 
 from cuvil.errors import CuvilError
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from cuvil.ir.values import Value
-from cuvil.passes import Contract, PassManager, run_pipeline
+from cuvil.passes import Contract, PassManager, ValueRewrite, run_pipeline
 from cuvil.passes.canonicalize import Canonicalize
 from cuvil.passes.fp16 import Fp16
 from cuvil.passes.fuse_elementwise import FuseElementwise

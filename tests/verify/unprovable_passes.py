@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from wrong_passes import ValueRewrite
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from cuvil.ir.values import Value
-from cuvil.passes import Contract
+from cuvil.passes import Contract, ValueRewrite
 
 
 @dataclass(frozen=True)

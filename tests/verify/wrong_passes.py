@@ -1,6 +1,7 @@
 """A corpus of deliberately wrong passes, each modelled on a real miscompilation, written only
-against the public pass API (``cuvil.passes.Pass``) and the Builder, with the small model each
-one is applied to. Every entry must be refuted with a counterexample that replays."""
+against the public pass API (``cuvil.passes.Pass``, ``cuvil.passes.ValueRewrite``) and the Builder,
+with the small model each one is applied to. Every entry must be refuted with a counterexample
+that replays."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.values import Value
-from cuvil.passes import Contract, Pass, PassResult
+from cuvil.passes import Contract, Pass, PassResult, ValueRewrite
 
 RNG = np.random.default_rng(11)
 
@@ -35,32 +36,6 @@ def _seeded(make: _ModelBuilder) -> _ModelBuilder:
         return make(*args, **kwargs)
 
     return build
-
-
-@dataclass(frozen=True)
-class ValueRewrite(Pass):
-    """Rebuilds every function bottom-up; ``rewrite`` may replace a value (None keeps it)."""
-
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        raise NotImplementedError
-
-    def run(self, module: Module) -> PassResult:
-        b = Builder(module.constants)
-        fns = []
-        for fn in module.functions:
-            new: dict[Value, Value] = {}
-            for v in fn.values():
-                if v.is_param or v.is_const:
-                    new[v] = v
-                    continue
-                operands = [new[o] for o in v.operands]
-                out = self.rewrite(v, operands, b)
-                new[v] = out if out is not None else b.op(v.op, *operands, **v.attr_dict)
-            fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names,
-                                fn.constraints))
-        if tuple(fns) == module.functions:
-            return PassResult(module, False)
-        return PassResult(module.replace(functions=fns, constants=b.constants), True)
 
 
 # --------------------------------------------------------------------------------------
