@@ -104,24 +104,38 @@ def test_ops_json_lists_every_onnx_converter(capsys):
     assert onnx_rows["Transpose"]["cir_ops"] == "transpose"
 
 
-def test_readers_without_a_registry_say_not_yet(capsys, monkeypatch):
-    monkeypatch.setattr(cli_ops, "READERS", {"z3": ("no_such_module.encode",), "llvm": ("no_such_module",)})
-    _, out, _ = run(capsys, "ops", "--format", "json")
-    rows = json.loads(out)["ops"]
-    assert {r["z3"] for r in rows} == {cli_ops.NOT_YET}
-    assert {r["llvm"] for r in rows} == {cli_ops.NOT_YET}
+def test_reader_columns_come_from_the_readers_tables(capsys):
+    """Every rule primitive and reduction the catalogue uses is implemented by both readers; the
+    LLVM column names the tuned kernel where one exists."""
+    from cuvil.codegen.kernels import tuned_kernels
 
-
-def test_reader_registry_fills_its_column(capsys, monkeypatch, tmp_path):
-    (tmp_path / "fake_reader.py").write_text("def supported_ops():\n    return {'relu': 'yes', 'add': 'partial'}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli_ops, "READERS", {"z3": ("fake_reader",), "llvm": ("no_such_module",)})
     _, out, _ = run(capsys, "ops", "--format", "json")
     rows = {r["op"]: r for r in json.loads(out)["ops"]}
+    assert {r["z3"] for r in rows.values()} == {"yes"}
+    tuned = tuned_kernels()
+    assert set(tuned) == {"matmul", "conv", "fused"}
+    for name, r in rows.items():
+        assert r["llvm"] == (f"{tuned[name]}; else loop nest from the rule" if name in tuned
+                             else "loop nest from the rule"), name
+
+
+def test_a_reader_without_a_primitive_marks_the_ops_whose_rules_use_it(capsys, monkeypatch, tmp_path):
+    from verify.encode import SUPPORTED_REDUCTIONS
+    from verify.encoders import SUPPORTED_PRIMITIVES
+
+    without_exp = {k: sorted(v - {"exp"}) for k, v in SUPPORTED_PRIMITIVES.items()}
+    reductions = {k: sorted(v - {"prod"}) for k, v in SUPPORTED_REDUCTIONS.items()}
+    (tmp_path / "fake_reader.py").write_text(f"SUPPORTED_PRIMITIVES = {without_exp!r}\n"
+                                             f"SUPPORTED_REDUCTIONS = {reductions!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli_ops, "READERS", {**cli_ops.READERS, "z3": ("fake_reader",)})
+    _, out, _ = run(capsys, "ops", "--format", "json")
+    rows = {r["op"]: r for r in json.loads(out)["ops"]}
+    assert rows["exp"]["z3"] == "no: exp on float"
+    assert rows["softmax"]["z3"] == "no: exp on float"  # composed from exp in its rule
+    assert rows["reduce_prod"]["z3"].startswith("no: ") and "prod-reduction on" in rows["reduce_prod"]["z3"]
     assert rows["relu"]["z3"] == "yes"
-    assert rows["add"]["z3"] == "partial"
-    assert rows["matmul"]["z3"] == "no"
-    assert rows["relu"]["llvm"] == cli_ops.NOT_YET
+    assert rows["exp"]["llvm"] == "loop nest from the rule"
 
 
 def test_torch_column_degrades_without_torch(capsys, monkeypatch):
@@ -130,6 +144,45 @@ def test_torch_column_degrades_without_torch(capsys, monkeypatch):
                         lambda name, *a: None if name == "torch" else real(name, *a))
     _, out, _ = run(capsys, "ops", "--format", "json")
     assert {r["torch"] for r in json.loads(out)["ops"]} == {cli_ops.TORCH_MISSING}
+
+
+def test_ops_name_prints_one_op_in_detail(capsys):
+    code, out, _ = run(capsys, "ops", "pad")
+    assert code == 0
+    assert out.startswith("pad (layout)\n")
+    assert "pads[k] before and pads[k + rank] after" in out  # the layout note its doc states
+    assert "pads: ints, required" in out and "mode: str = 'constant'" in out and "value: float = 0.0" in out
+    assert "precision: narrow" in out and "contraction: no" in out
+    assert "shape rule   cuvil.ir.ops.shape._pad_type" in out
+    assert "out[i0, i1] = x[i0 - 1, i1 - 2] ?? 1.5" in out
+    code, out, _ = run(capsys, "ops", "matmul")
+    assert "contraction: yes" in out and "tuned GEMM" in out
+    assert "sum[r0 < 4](lhs[" in out
+
+
+def test_ops_name_json(capsys):
+    code, out, _ = run(capsys, "ops", "softmax", "--format", "json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["op"] == "softmax" and d["family"] == "nn"
+    assert d["operands"] == [{"name": "x", "variadic": False}]
+    assert d["attributes"] == [{"name": "axis", "kind": "int", "required": False, "default": -1}]
+    assert d["properties"] == {"commutative": False, "contraction": False, "epilogue_fusible": False,
+                               "precision_policy": "keep-fp32"}
+    assert d["readers"]["z3"] == "yes" and d["readers"]["interpreter"] == "rule + fast path"
+    assert "Softmax" in d["onnx"]
+    assert d["rule"]["example"]["operands"] == {"x": "f32[2, 3, 4]"}
+    assert d["rule"]["text"].splitlines()[0] == "t0 = max[r0 < 3](x[i0, r0, i2])"
+    _, out, _ = run(capsys, "ops", "einsum", "--format", "json")
+    assert json.loads(out)["rule"]["example"]["operands"] == {"xs0": "f32[2, 3]", "xs1": "f32[3, 4]"}
+
+
+def test_ops_unknown_name_is_a_usage_error(capsys):
+    code, out, err = run(capsys, "ops", "padd")
+    assert code == 2 and not out
+    assert "CUVIL-USAGE" in err and "'padd'" in err and "pad" in err
+    code, _, err = run(capsys, "ops", "pad", "--format", "markdown")
+    assert code == 2 and "CUVIL-USAGE" in err
 
 
 def test_ops_markdown_and_table(capsys):

@@ -1,7 +1,7 @@
 """Every law the encoders use, with a numeric check against the interpreter's primitives.
 
 An unsound axiom proves anything, so each one here is stated once and checked on the
-reference interpreter's scalar functions (``cuvil.interp.NUMPY_PRIMITIVES``) at every
+reference interpreter's scalar functions (``cuvil.ir.numpy_prims.NUMPY_PRIMITIVES``) at every
 float dtype, over edge values (signed zeros, infinities, NaN, subnormals, extremes) and
 random ones. ``verify.encoders`` records which of them a proof used; the certificate
 lists them.
@@ -18,7 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from cuvil.interp import NUMPY_PRIMITIVES as P
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES as P
 
 
 @dataclass(frozen=True)

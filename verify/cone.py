@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cuvil.errors import CuvilError
-from cuvil.interp import evaluate_op
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.hashing import structural_hash
 from cuvil.ir.module import Function, content_hash
 from cuvil.ir.opdef import get_op

@@ -23,6 +23,7 @@ import z3
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import get_op
+from cuvil.ir.rulewalk import FreeVars, fold_ix
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import DimConstraint, TensorType
 from cuvil.ir.values import Value
@@ -265,6 +266,7 @@ class ConeEncoder:
         self._dim_cache: dict[Dim, Lin] = {}
         self._sites: dict[tuple[int, int], int] = {}
         self._uses_memo: dict[int, tuple[str, ...]] = {}
+        self._free = FreeVars()
         self._memo: dict[tuple[int, tuple[Lin, ...]], Any] = {}
         self._expr_memo: dict[tuple[int, tuple], Any] = {}
         self._rules: dict[int, tuple[Value, R.Expr]] = {}
@@ -406,31 +408,27 @@ class ConeEncoder:
 
     # index expressions ------------------------------------------------------------------
     def ix(self, e: R.Ix, env: _Env, owner: Value) -> Lin:
-        k = e.kind
-        if k == "var":
-            return env.vars[e.args[0]]
-        if k == "lit":
-            return self.dim(e.args[0])
-        if k == "dyn":
-            val = self.expr(e.args[0], env, owner)
+        def dyn(x: R.Expr) -> Lin:
+            val = self.expr(x, env, owner)
             if isinstance(val, IndexInt):
                 return val.lin
-            dt = e.args[0].dtype
-            return self.space.atom(z3.BV2Int(val, is_signed=dt.is_signed))
-        a, b = (self.ix(x, env, owner) for x in e.args)
-        if k == "add":
+            return self.space.atom(z3.BV2Int(val, is_signed=x.dtype.is_signed))
+
+        return fold_ix(e, var=lambda n: env.vars[n], lit=self.dim, dyn=dyn, op=self._ix_op)
+
+    def _ix_op(self, kind: str, a: Lin, b: Lin) -> Lin:
+        """Index arithmetic over linear terms (floored division and modulo, as the rules mean them)."""
+        if kind == "add":
             return self.space.add(a, b)
-        if k == "sub":
+        if kind == "sub":
             return self.space.add(a, b, -1)
-        if k == "mul":
+        if kind == "mul":
             return self.space.mul(a, b)
-        if k == "floordiv":
+        if kind == "floordiv":
             return self.space.floordiv(a, b)
-        if k == "mod":
+        if kind == "mod":
             return self.space.mod(a, b)
-        if k in ("min", "max"):
-            return self.space.minmax(a, b, k)
-        raise EncodingError(f"unknown index expression {k!r}")
+        return self.space.minmax(a, b, kind)
 
     # scalar expressions -------------------------------------------------------------------
     def _scalar(self, v: Any, dtype: DType) -> Any:
@@ -485,7 +483,7 @@ class ConeEncoder:
         """The index variables an expression reads (its memo key depends on these only)."""
         found = self._uses_memo.get(id(e))
         if found is None:
-            found = tuple(sorted(_expr_vars(e)))
+            found = tuple(sorted(self._free(e)))
             self._uses_memo[id(e)] = found
         return found
 
@@ -609,28 +607,6 @@ class ConeEncoder:
         return self.sem.select(empty, self._scalar(self.sem.reduce_identity(kind, dt), dt), out, dt)
 
 
-def _ix_vars(ix: R.Ix) -> set[str]:
-    if ix.kind == "var":
-        return {ix.args[0]}
-    if ix.kind == "lit":
-        return set()
-    if ix.kind == "dyn":
-        return _expr_vars(ix.args[0])
-    return _ix_vars(ix.args[0]) | _ix_vars(ix.args[1])
-
-
-def _expr_vars(e: R.Expr) -> set[str]:
-    if isinstance(e, R.Load):
-        return set().union(*(_ix_vars(i) for i in e.index)) if e.index else set()
-    if isinstance(e, R.IndexValue):
-        return _ix_vars(e.ix)
-    if isinstance(e, R.Call):
-        return set().union(*(_expr_vars(a) for a in e.args))
-    if isinstance(e, R.Reduce):
-        return _expr_vars(e.body) - {name for name, _ in e.axes}
-    return set()
-
-
 def _same_elements(flat: np.ndarray, first: Any) -> np.ndarray:
     if flat.dtype.kind == "f":
         return (flat == first) & (np.signbit(flat) == np.signbit(first)) | (np.isnan(flat) & np.isnan(first))
@@ -647,5 +623,12 @@ def inequality(enc: ConeEncoder, a: Any, b: Any, dtype: DType) -> z3.BoolRef | N
     return ta != tb
 
 
-__all__ = ["ENCODING_BUDGET", "UNROLL_LIMIT", "ConeEncoder", "EncodingError", "IndexSpace", "Leaf", "Lin",
-           "inequality"]
+SUPPORTED_REDUCTIONS: dict[str, frozenset[str]] = {
+    "float": frozenset({"sum", "prod", "max", "min"}), "int": frozenset({"sum", "prod", "max", "min"}),
+    "bool": frozenset({"max", "min"})}
+"""The reduction kinds :class:`ConeEncoder` encodes, by element kind. A sum or product of bools is not:
+unrolled, its steps would add (multiply) booleans, which no encoder defines. ``cuvil ops`` checks
+each op's rule against this table."""
+
+__all__ = ["ENCODING_BUDGET", "SUPPORTED_REDUCTIONS", "UNROLL_LIMIT", "ConeEncoder", "EncodingError", "IndexSpace",
+           "Leaf", "Lin", "inequality"]

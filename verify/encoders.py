@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
 import z3
 from z3 import z3core as Z3C
 
+from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.narrow import values as narrow_values
 from cuvil.ir.numpy_prims import cast, literal
@@ -385,16 +385,7 @@ class Semantics:
         return self.from_term(self.named_reduction(kind, t, binders, extents, self.sort(dtype)), dtype)
 
     def reduce_identity(self, kind: str, dtype: DType) -> Any:
-        if kind == "sum":
-            return self.lit(0, dtype)
-        if kind == "prod":
-            return self.lit(1, dtype)
-        if dtype is DType.bool:
-            return self.lit(kind == "min", dtype)
-        if dtype.is_int:
-            info = np.iinfo(dtype.np)
-            return self.lit(info.min if kind == "max" else info.max, dtype)
-        return self.lit(-math.inf if kind == "max" else math.inf, dtype)
+        return self.lit(R.reduction_identity(kind, dtype), dtype)
 
     # leaves -----------------------------------------------------------------------------
     def range_facts(self, t: z3.ExprRef, dtype: DType, lo: float, hi: float) -> None:
@@ -731,3 +722,16 @@ class AbstractFPSemantics(Semantics):
 
 
 ENCODERS: dict[str, type[Semantics]] = {"real": RealSemantics, "abstract-fp": AbstractFPSemantics}
+
+SUPPORTED_PRIMITIVES: dict[str, frozenset[str]] = {
+    "float": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "sqrt", "floor",
+                        "ceil", "round_even", "isnan", "isinf", "erf", "exp", "log", "tanh", "sin", "cos", "tan",
+                        "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "eq", "ne", "lt", "le",
+                        "gt", "ge", "select", "cast"}),
+    "int": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "bit_and",
+                      "bit_or", "bit_xor", "bit_not", "shl", "shr", "eq", "ne", "lt", "le", "gt", "ge", "select",
+                      "cast"}),
+    "bool": frozenset({"and", "or", "xor", "not", "min", "max", "eq", "ne", "lt", "le", "gt", "ge", "select", "cast"}),
+}
+"""The rule primitives every encoder gives a meaning, by the element kind of their operands (of a
+``select``: its branches'). ``cuvil ops`` checks each op's rule against this table."""

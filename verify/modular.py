@@ -15,17 +15,18 @@ are a homomorphic image of real arithmetic, which matters when a disagreement wi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from cuvil.interp import NUMPY_PRIMITIVES, bind_attr
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
 from cuvil.ir.opdef import get_op
+from cuvil.ir.rulewalk import fold_ix, mentioned_vars, numpy_ix
+from cuvil.ir.specialize import bind_attr
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
@@ -210,7 +211,7 @@ def _reduce_extent(e: R.Expr, dims: Mapping[str, int], binders: Mapping[str, int
     binders = binders or {}
     if isinstance(e, R.Reduce):
         inner = {**binders, **{name: max(1, evaluate_dim(d, dims)) for name, d in e.axes}}
-        reads = _rule_vars(e.body)
+        reads = mentioned_vars(e.body)
         here = int(np.prod([n for name, n in inner.items() if name in reads], dtype=np.int64))
         return max(here, _reduce_extent(e.body, dims, inner))
     if isinstance(e, R.Call):
@@ -218,29 +219,6 @@ def _reduce_extent(e: R.Expr, dims: Mapping[str, int], binders: Mapping[str, int
     if isinstance(e, R.Load):
         return max((_reduce_extent(i.args[0], dims, binders) for i in e.index if i.kind == "dyn"), default=1)
     return 1
-
-
-def _ix_vars(ix: R.Ix) -> set[str]:
-    if ix.kind == "var":
-        return {ix.args[0]}
-    if ix.kind == "lit":
-        return set()
-    if ix.kind == "dyn":
-        return _rule_vars(ix.args[0])
-    return set().union(*(_ix_vars(a) for a in ix.args))
-
-
-def _rule_vars(e: R.Expr) -> set[str]:
-    """Every index variable ``e`` mentions, bound inside it or not."""
-    if isinstance(e, R.Load):
-        return set().union(*(_ix_vars(i) for i in e.index))
-    if isinstance(e, R.IndexValue):
-        return _ix_vars(e.ix)
-    if isinstance(e, R.Call):
-        return set().union(*(_rule_vars(a) for a in e.args))
-    if isinstance(e, R.Reduce):
-        return _rule_vars(e.body)
-    return set()
 
 
 class _Chunk:
@@ -268,18 +246,9 @@ class _Chunk:
         return evaluate_dim(d, self.dims)  # type: ignore[arg-type]
 
     def ix(self, e: R.Ix) -> np.ndarray:
-        k = e.kind
-        if k == "var":
-            return self.lift(self.env[e.args[0]])
-        if k == "lit":
-            return self.lift(np.array(self.dim(e.args[0]), dtype=np.int64))
-        if k == "dyn":
-            return self.lift(np.asarray(self.expr(e.args[0])).astype(np.int64))
-        a, b = (self.ix(x) for x in e.args)
-        ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide, "mod": np.mod,
-               "min": np.minimum, "max": np.maximum}
-        with np.errstate(divide="ignore"):
-            return ops[k](a, b)
+        return fold_ix(e, var=lambda n: self.lift(self.env[n]),
+                       lit=lambda d: self.lift(np.array(self.dim(d), dtype=np.int64)),
+                       dyn=lambda x: self.lift(np.asarray(self.expr(x)).astype(np.int64)), op=numpy_ix)
 
     def expr(self, e: R.Expr) -> np.ndarray:
         if isinstance(e, R.Load):
@@ -417,13 +386,9 @@ class _Chunk:
         return out
 
     def _identity(self, kind: str, dt: DType, shape: tuple[int, ...]) -> np.ndarray:
+        value = R.reduction_identity(kind, dt)
         if dt.is_float:
-            value = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}[kind]
-            return np.broadcast_to(to_residues(np.array(value)), shape)
-        if dt is DType.bool:
-            return np.full(shape, kind in ("min", "prod"), dtype=bool)
-        info = np.iinfo(dt.np)
-        value = {"sum": 0, "prod": 1, "max": info.min, "min": info.max}[kind]
+            return np.broadcast_to(to_residues(np.array(float(value))), shape)
         return np.full(shape, value, dtype=dt.np)
 
 

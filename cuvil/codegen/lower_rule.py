@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.loops import for_range, row_major_strides, start_block
 from cuvil.codegen.scalar import I1, I32, I64, PTR, ScalarEmitter, compute_type, identity, literal, storage_type
 from cuvil.errors import CodegenError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
+from cuvil.ir.rulewalk import FreeVars, fold_ix, walk_exprs
+from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import TensorType
 
 Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a reduction at that depth
@@ -59,13 +62,6 @@ def _static_int(d: object, where: str) -> int:
                        hint="specialize symbolic dims before compiling")
 
 
-def row_major_strides(shape: Sequence[int]) -> list[int]:
-    strides = [1] * len(shape)
-    for k in range(len(shape) - 2, -1, -1):
-        strides[k] = strides[k + 1] * shape[k + 1]
-    return strides
-
-
 # --------------------------------------------------------------------------------------
 # structural keys (common subexpressions up to renaming of reduction variables)
 
@@ -76,36 +72,11 @@ class _Keys:
     def __init__(self) -> None:
         self._intern: dict[object, int] = {}
         self._memo: dict[tuple, tuple[int, frozenset]] = {}
-        self._names: dict[int, frozenset[str]] = {}
-        self._keep: list[object] = []
+        self._free = FreeVars()
 
-    def raw_free(self, e: R.Expr | R.Ix) -> frozenset[str]:
+    def raw_free(self, e: R.Expr) -> frozenset[str]:
         """Free index-variable names of a node (the names reductions bind are excluded)."""
-        found = self._names.get(id(e))
-        if found is not None:
-            return found
-        if isinstance(e, R.Ix):
-            if e.kind == "var":
-                out = frozenset([e.args[0]])
-            elif e.kind == "lit":
-                out = frozenset()
-            elif e.kind == "dyn":
-                out = self.raw_free(e.args[0])
-            else:
-                out = self.raw_free(e.args[0]) | self.raw_free(e.args[1])
-        elif isinstance(e, R.Load):
-            out = frozenset().union(*(self.raw_free(i) for i in e.index))
-        elif isinstance(e, R.IndexValue):
-            out = self.raw_free(e.ix)
-        elif isinstance(e, R.Call):
-            out = frozenset().union(*(self.raw_free(a) for a in e.args))
-        elif isinstance(e, R.Reduce):
-            out = self.raw_free(e.body) - {n for n, _ in e.axes}
-        else:
-            out = frozenset()
-        self._names[id(e)] = out
-        self._keep.append(e)  # ids are keys: keep the node alive as long as this table
-        return out
+        return self._free(e)
 
     def key(self, e: R.Expr, env: dict[str, Token], depth: int) -> tuple[int, frozenset]:
         """(interned key, free tokens) of ``e`` where its free variables mean ``env``'s tokens."""
@@ -121,19 +92,19 @@ class _Keys:
         return out
 
     def _ix(self, ix: R.Ix, env: dict[str, Token], depth: int, tokens: set) -> object:
-        if ix.kind == "var":
-            tok = env.get(ix.args[0])
+        def var(name: str) -> object:
+            tok = env.get(name)
             if tok is None:
-                raise CodegenError(f"index variable {ix.args[0]} is not bound", hint="a bug in the op's rule")
+                raise CodegenError(f"index variable {name} is not bound", hint="a bug in the op's rule")
             tokens.add(tok)
             return ("v", tok)
-        if ix.kind == "lit":
-            return ("l", ix.args[0])
-        if ix.kind == "dyn":
-            k, t = self.key(ix.args[0], env, depth)
+
+        def dyn(e: R.Expr) -> object:
+            k, t = self.key(e, env, depth)
             tokens.update(t)
             return ("d", k)
-        return (ix.kind, self._ix(ix.args[0], env, depth, tokens), self._ix(ix.args[1], env, depth, tokens))
+
+        return fold_ix(ix, var=var, lit=lambda d: ("l", d), dyn=dyn, op=lambda kind, a, b: (kind, a, b))
 
     def _build(self, e: R.Expr, env: dict[str, Token], depth: int, tokens: set) -> object:
         if isinstance(e, R.Load):
@@ -164,38 +135,6 @@ class _Keys:
 def _lit_key(v: object) -> object:
     return (type(v).__name__, repr(v))
 
-
-# --------------------------------------------------------------------------------------
-# loops
-
-
-def start_block(fn: ir.Function) -> ir.Block:
-    """The block after the alloca-only entry block."""
-    return fn.blocks[1]
-
-
-def emit_loop(b: ir.IRBuilder, count: int, name: str, body: Callable[[ir.Value], None]) -> None:
-    """``for i in range(count): body(i)`` with a canonical i64 induction variable."""
-    if count <= 0:
-        return
-    if count == 1:
-        body(ir.Constant(I64, 0))
-        return
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    loop = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.end")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name=name)
-    i.add_incoming(ir.Constant(I64, 0), pre)
-    b.cbranch(b.icmp_signed("<", i, ir.Constant(I64, count)), loop, done)
-    b.position_at_end(loop)
-    body(i)
-    nxt = b.add(i, ir.Constant(I64, 1), flags=("nuw", "nsw"))
-    i.add_incoming(nxt, b.block)
-    b.branch(head)
-    b.position_at_end(done)
 
 
 # --------------------------------------------------------------------------------------
@@ -264,7 +203,7 @@ class RuleKernel:
                     level(pos + 1)
                     del self.bound[("o", k)]
 
-            emit_loop(self.b, self.out_shape[k], f"i{k}", body)
+            for_range(self.b, 0, self.out_shape[k], f"i{k}", body)
 
         level(0)
         failed = self.b.load(self.err, typ=I1)
@@ -346,27 +285,7 @@ class RuleKernel:
                 self.extents[name] = max(ext, self.extents.get(name, ext))
 
     def _all_reduces(self, e: R.Expr) -> Iterator[R.Reduce]:
-        stack: list[object] = [e]
-        seen: set[int] = set()
-        while stack:
-            x = stack.pop()
-            if id(x) in seen:
-                continue
-            seen.add(id(x))
-            if isinstance(x, R.Reduce):
-                yield x
-                stack.append(x.body)
-            elif isinstance(x, R.Call):
-                stack.extend(x.args)
-            elif isinstance(x, R.Load):
-                stack.extend(x.index)
-            elif isinstance(x, R.IndexValue):
-                stack.append(x.ix)
-            elif isinstance(x, R.Ix):
-                if x.kind == "dyn":
-                    stack.append(x.args[0])
-                elif x.kind not in ("var", "lit"):
-                    stack.extend(x.args)
+        return (x for x in walk_exprs(e) if isinstance(x, R.Reduce))
 
     # -- expressions --------------------------------------------------------------------
     def lower(self, e: R.Expr, env: dict[str, Token], depth: int) -> ir.Value:
@@ -428,7 +347,7 @@ class RuleKernel:
                     level(pos + 1)
                     del self.bound[tokens[pos]]
 
-            emit_loop(self.b, extents[pos], f"r{depth}_{pos}", body)
+            for_range(self.b, 0, extents[pos], f"r{depth}_{pos}", body)
 
         level(0)
         out = self.b.load(acc, typ=ct)
@@ -501,63 +420,49 @@ class RuleKernel:
     # -- index expressions --------------------------------------------------------------
     def ix_range(self, ix: R.Ix) -> tuple[int | None, int | None]:
         """A sound interval for an index expression (None: unbounded)."""
-        k = ix.kind
-        if k == "var":
-            n = self.extents.get(ix.args[0])
-            return (0, max(n - 1, 0)) if n is not None else (None, None)
-        if k == "lit":
-            v = _static_int(ix.args[0], self.op)
-            return (v, v)
-        if k == "dyn":
-            return (None, None)
-        (alo, ahi), (blo, bhi) = self.ix_range(ix.args[0]), self.ix_range(ix.args[1])
-        if k == "add":
-            return (_opt(alo, blo, int.__add__), _opt(ahi, bhi, int.__add__))
-        if k == "sub":
-            return (_opt(alo, bhi, int.__sub__), _opt(ahi, blo, int.__sub__))
-        if k == "min":  # min(a, b) <= each bounded operand
-            his = [h for h in (ahi, bhi) if h is not None]
-            return (_opt(alo, blo, min), min(his) if his else None)
-        if k == "max":
-            los = [lo for lo in (alo, blo) if lo is not None]
-            return (max(los) if los else None, _opt(ahi, bhi, max))
-        if None in (alo, ahi, blo, bhi):
-            return (None, None)
-        if k == "mul":
-            prods = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]
-            return (min(prods), max(prods))
-        if blo == bhi and blo > 0:
-            if k == "floordiv":
-                return (alo // blo, ahi // blo)
-            if k == "mod":
-                return (alo, ahi) if alo >= 0 and ahi < blo else (0, blo - 1)
-        return (None, None)
+        return fold_ix(ix, var=self._var_range, lit=self._lit_range, dyn=lambda _: (None, None), op=_range_op)
+
+    def _var_range(self, name: str) -> tuple[int | None, int | None]:
+        n = self.extents.get(name)
+        return (0, max(n - 1, 0)) if n is not None else (None, None)
+
+    def _lit_range(self, d: Dim) -> tuple[int | None, int | None]:
+        v = _static_int(d, self.op)
+        return (v, v)
 
     def ix(self, ix: R.Ix, env: dict[str, Token], depth: int) -> ir.Value:
+        """The index as an i64; each node carries its interval (floored division and modulo pick
+        unsigned instructions where both operands are known non-negative) and whether a value
+        read from data takes part (no ``nsw`` then: such an index may be anything)."""
+        def var(name: str) -> _IxCode:
+            return _IxCode(self.bound[env[name]], self._var_range(name), False)
+
+        def lit(d: Dim) -> _IxCode:
+            v = _static_int(d, self.op)
+            return _IxCode(ir.Constant(I64, v), (v, v), False)
+
+        def dyn(e: R.Expr) -> _IxCode:
+            return _IxCode(self.s.to_index(self.lower(e, env, depth), e.dtype), (None, None), True)
+
+        return fold_ix(ix, var=var, lit=lit, dyn=dyn, op=self._ix_op).value
+
+    def _ix_op(self, kind: str, a: _IxCode, c: _IxCode) -> _IxCode:
         b = self.b
-        k = ix.kind
-        if k == "var":
-            return self.bound[env[ix.args[0]]]
-        if k == "lit":
-            return ir.Constant(I64, _static_int(ix.args[0], self.op))
-        if k == "dyn":
-            inner = ix.args[0]
-            return self.s.to_index(self.lower(inner, env, depth), inner.dtype)
-        a, c = (self.ix(x, env, depth) for x in ix.args)
-        flags = () if _has_dyn(ix) else ("nsw",)
-        if k == "add":
-            return b.add(a, c, flags=flags)
-        if k == "sub":
-            return b.sub(a, c, flags=flags)
-        if k == "mul":
-            return b.mul(a, c, flags=flags)
-        if k == "min":
-            return b.select(b.icmp_signed("<", a, c), a, c)
-        if k == "max":
-            return b.select(b.icmp_signed(">", a, c), a, c)
-        if k in ("floordiv", "mod"):
-            return self._floor_divmod(k, a, c, self.ix_range(ix.args[0]), self.ix_range(ix.args[1]))
-        raise CodegenError(f"unknown index expression kind {k!r}", location=self.op)
+        has_dyn = a.has_dyn or c.has_dyn
+        flags = () if has_dyn else ("nsw",)
+        if kind == "add":
+            v = b.add(a.value, c.value, flags=flags)
+        elif kind == "sub":
+            v = b.sub(a.value, c.value, flags=flags)
+        elif kind == "mul":
+            v = b.mul(a.value, c.value, flags=flags)
+        elif kind == "min":
+            v = b.select(b.icmp_signed("<", a.value, c.value), a.value, c.value)
+        elif kind == "max":
+            v = b.select(b.icmp_signed(">", a.value, c.value), a.value, c.value)
+        else:
+            v = self._floor_divmod(kind, a.value, c.value, a.range, c.range)
+        return _IxCode(v, _range_op(kind, a.range, c.range), has_dyn)
 
     def _floor_divmod(self, kind: str, a: ir.Value, c: ir.Value, arange: tuple, crange: tuple) -> ir.Value:
         """numpy's floored ``//`` and ``%`` on i64 (a zero divisor gives 0, as numpy does)."""
@@ -584,15 +489,49 @@ def _opt(a: int | None, b: int | None, f: Callable[[int, int], int]) -> int | No
     return None if a is None or b is None else f(a, b)
 
 
-def _has_dyn(ix: R.Ix) -> bool:
-    if ix.kind == "dyn":
-        return True
-    if ix.kind in ("var", "lit"):
-        return False
-    return any(_has_dyn(a) for a in ix.args)
+@dataclass(frozen=True)
+class _IxCode:
+    """An index lowered to LLVM: its i64, a sound interval, whether data takes part."""
+
+    value: ir.Value
+    range: tuple[int | None, int | None]
+    has_dyn: bool
+
+
+def _range_op(kind: str, a: tuple[int | None, int | None], b: tuple[int | None, int | None],
+              ) -> tuple[int | None, int | None]:
+    """A sound interval of ``a kind b`` from the operands' intervals (None: unbounded)."""
+    (alo, ahi), (blo, bhi) = a, b
+    if kind == "add":
+        return (_opt(alo, blo, int.__add__), _opt(ahi, bhi, int.__add__))
+    if kind == "sub":
+        return (_opt(alo, bhi, int.__sub__), _opt(ahi, blo, int.__sub__))
+    if kind == "min":  # min(a, b) <= each bounded operand
+        his = [h for h in (ahi, bhi) if h is not None]
+        return (_opt(alo, blo, min), min(his) if his else None)
+    if kind == "max":
+        los = [lo for lo in (alo, blo) if lo is not None]
+        return (max(los) if los else None, _opt(ahi, bhi, max))
+    if alo is None or ahi is None or blo is None or bhi is None:
+        return (None, None)
+    if kind == "mul":
+        prods = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]
+        return (min(prods), max(prods))
+    if blo == bhi and blo > 0:
+        if kind == "floordiv":
+            return (alo // blo, ahi // blo)
+        if kind == "mod":
+            return (alo, ahi) if alo >= 0 and ahi < blo else (0, blo - 1)
+    return (None, None)
 
 
 def emit_rule_kernel(module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
                      out_type: TensorType, op: str) -> ir.Function:
     """Lower ``rule`` (an op's rule at concrete shapes) to an internal kernel function in ``module``."""
     return RuleKernel(module, name, rule, in_types, out_type, op).emit()
+
+
+SUPPORTED_REDUCTIONS: dict[str, frozenset[str]] = {
+    kind: frozenset({"sum", "prod", "max", "min"}) for kind in ("float", "int", "bool")}
+"""The reduction kinds :class:`RuleKernel` lowers, by element kind (over bool: or / and folds).
+``cuvil ops`` checks each op's rule against this table."""

@@ -18,6 +18,7 @@ from llvmlite import ir
 from cuvil.codegen.narrow import emit_narrow, emit_widen
 from cuvil.errors import CodegenError
 from cuvil.ir import numpy_prims
+from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.narrow import INT_RANGES
 
@@ -81,24 +82,15 @@ def literal(value: float | int | bool, dt: DType) -> ir.Constant:
 
 
 _INT_MIN = {bits: -(1 << (bits - 1)) for bits in (2, 4, 8, 16, 32, 64)}
-_INT_MAX = {bits: (1 << (bits - 1)) - 1 for bits in (2, 4, 8, 16, 32, 64)}
 
 
 def identity(kind: str, dt: DType) -> ir.Constant:
-    """The start value of a reduction (the interpreter's ``initial``)."""
-    if kind == "sum":
-        return literal(False if dt is DType.bool else 0, dt)
-    if kind == "prod":
-        return literal(True if dt is DType.bool else 1, dt)
-    if dt.is_float and dt.is_narrow:  # accumulated in f32
-        return ir.Constant(F32, -np.inf if kind == "max" else np.inf)
-    if dt.is_float:
-        return literal(-np.inf if kind == "max" else np.inf, dt)
-    if dt is DType.bool:
-        return literal(kind != "max", dt)
-    if dt.is_signed:
-        return literal(_INT_MIN[dt.bits] if kind == "max" else _INT_MAX[dt.bits], dt)
-    return literal(0 if kind == "max" else (1 << dt.bits) - 1, dt)
+    """The start value of a reduction (:data:`cuvil.ir.rules.REDUCTIONS`); a narrow float's
+    max/min accumulates in f32."""
+    value = R.reduction_identity(kind, dt)
+    if dt.is_float and dt.is_narrow and kind in ("max", "min"):
+        return ir.Constant(F32, value)
+    return literal(value, dt)
 
 
 class ScalarEmitter:
@@ -448,3 +440,17 @@ _LIBM_UNARY = {
     "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
     "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
 }
+
+SUPPORTED_PRIMITIVES: dict[str, frozenset[str]] = {
+    "float": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "sqrt", "floor",
+                        "ceil", "round_even", "isnan", "isinf", "erf", "exp", "log", "tanh", "sin", "cos", "tan",
+                        "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "eq", "ne", "lt", "le",
+                        "gt", "ge", "select", "cast"}),
+    "int": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "bit_and",
+                      "bit_or", "bit_xor", "bit_not", "shl", "shr", "eq", "ne", "lt", "le", "gt", "ge", "select",
+                      "cast"}),
+    "bool": frozenset({"and", "or", "xor", "not", "bit_and", "bit_or", "bit_xor", "bit_not", "add", "mul", "min",
+                       "max", "abs", "eq", "ne", "lt", "le", "gt", "ge", "select", "cast"}),
+}
+"""The rule primitives :meth:`ScalarEmitter.call` lowers, by the element kind of their operands (of a
+``select``: its branches'). ``cuvil ops`` checks each op's rule against this table."""

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from cuvil.ir import narrow
 from cuvil.ir.dtypes import DType
+from cuvil.ir.rules import reduction_identity
 
 _erf_obj = np.frompyfunc(math.erf, 1, 1)
 
@@ -92,21 +92,6 @@ def literal(value: float | int | bool, to: DType) -> np.ndarray:
     return cast(np.asarray(value), to)
 
 
-def reduction_identity(kind: str, dt: np.dtype) -> Any:
-    """What a reduction over nothing gives: 0 for sum, 1 for prod, the lowest value for max and
-    the highest for min (-inf / +inf for floats)."""
-    if kind == "sum":
-        return False if dt.kind == "b" else 0
-    if kind == "prod":
-        return True if dt.kind == "b" else 1
-    d = DType.from_numpy(dt)
-    if d is DType.bool:
-        return kind == "min"
-    if d.is_int:
-        return d.min_value if kind == "max" else d.max_value
-    return -np.inf if kind == "max" else np.inf
-
-
 _REDUCE_UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
@@ -119,7 +104,7 @@ def sequential_reduce(kind: str, full: np.ndarray, first_axis: int) -> np.ndarra
     lead = full.shape[:first_axis]
     n = int(np.prod(full.shape[first_axis:], dtype=np.int64))
     if n == 0:
-        return np.full(lead, reduction_identity(kind, dt), dtype=dt)
+        return np.full(lead, reduction_identity(kind, DType.from_numpy(dt)), dtype=dt)
     flat = np.ascontiguousarray(full).reshape((*lead, n))
     if dt.kind == "b":
         return (np.logical_or if kind in ("sum", "max") else np.logical_and).reduce(flat, axis=-1)

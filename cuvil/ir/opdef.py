@@ -8,8 +8,8 @@ optional fast path (a schedule of the rule) that tests compare with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
@@ -105,6 +105,9 @@ NumpyImpl = Callable[..., np.ndarray]
 # small test cases for the catalogue walk: rng -> [(operand arrays, attrs), ...]
 Examples = Callable[[np.random.Generator], list[tuple[list[np.ndarray], dict[str, Any]]]]
 
+PrecisionPolicy = Literal["narrow", "keep-fp32", "as-declared"]
+PRECISION_POLICIES: tuple[PrecisionPolicy, ...] = ("narrow", "keep-fp32", "as-declared")
+
 
 @dataclass(frozen=True)
 class OpDef:
@@ -121,8 +124,20 @@ class OpDef:
     family: str = "misc"
     doc: str = ""
     commutative: bool = False
-    extra: Mapping[str, Any] = field(default_factory=dict)
     examples: Examples | None = None
+    contraction: bool = False
+    """A bilinear contraction of its first two operands (each output element a sum of products of
+    their elements) that the tuned GEMM/conv kernels compute: fused epilogues anchor on it and INT8
+    lowering requantizes it. ``conv_transpose`` and ``einsum`` contract too, but nothing treats them so."""
+    epilogue_fusible: bool = False
+    """An elementwise op that may join a contraction's fused epilogue: bias and residual adds, scales,
+    activations, and the cast / round / clip of an integer product's requantization."""
+    precision_policy: PrecisionPolicy = "narrow"
+    """What reduced-precision lowering (FP16) may do with a float32 instance of the op. ``narrow``: run
+    it in the narrow type. ``keep-fp32``: its result is sensitive to range (exponentials, powers
+    overflow float16 early) or to accumulated rounding (reductions, normalizations), so the FP16 pass
+    keeps it float32; an FP16 compile narrows it only where the overflow prober proves it safe.
+    ``as-declared``: its result type is an attribute (``cast``), so no lowering changes it."""
 
     @property
     def variadic(self) -> bool:
@@ -181,11 +196,13 @@ OPS: dict[str, OpDef] = {}
 
 def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callable[[RuleCtx], Expr],
            attrs: Sequence[AttrSpec] | Mapping[str, tuple[str, Any]] = (), numpy: NumpyImpl | None = None,
-           family: str = "misc", doc: str = "", commutative: bool = False,
-           extra: Mapping[str, Any] | None = None, examples: Examples | None = None) -> OpDef:
+           family: str = "misc", doc: str = "", commutative: bool = False, examples: Examples | None = None,
+           contraction: bool = False, epilogue_fusible: bool = False,
+           precision_policy: PrecisionPolicy = "narrow") -> OpDef:
     """Register an op. ``attrs`` may be ``{"axis": ("int", -1)}`` or a list of AttrSpec.
     ``examples`` gives small cases (distinct dims >= 2) the catalogue test checks the
-    fast path against the rule on; every op needs some."""
+    fast path against the rule on; every op needs some. The remaining keywords are the op's
+    properties (see :class:`OpDef`) that passes and kernels query instead of listing op names."""
     if name in OPS:
         raise OpDefinitionError(f"op {name!r} is defined twice", location=name)
     specs = tuple(AttrSpec(k, kind, default) for k, (kind, default) in attrs.items()) \
@@ -193,8 +210,13 @@ def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callab
     for s in specs:
         if s.kind not in ATTR_KINDS:
             raise OpDefinitionError(f"{name}: unknown attribute kind {s.kind!r}", location=name)
-    op = OpDef(name, tuple(operands), specs, shape, rule, numpy, family, doc, commutative, extra or {}, examples)
+    if precision_policy not in PRECISION_POLICIES:
+        raise OpDefinitionError(f"{name}: unknown precision policy {precision_policy!r}", location=name,
+                                hint="one of " + ", ".join(PRECISION_POLICIES))
+    op = OpDef(name, tuple(operands), specs, shape, rule, numpy, family, doc, commutative, examples,
+               contraction=contraction, epilogue_fusible=epilogue_fusible, precision_policy=precision_policy)
     OPS[name] = op
+    _NAMES.clear()
     return op
 
 
@@ -209,6 +231,31 @@ def get_op(name: str) -> OpDef:
 
 def all_ops() -> list[OpDef]:
     return sorted(OPS.values(), key=lambda o: (o.family, o.name))
+
+
+_NAMES: dict[str, frozenset[str]] = {}  # query -> op names; emptied whenever an op is defined
+
+
+def _names(query: str, where: Callable[[OpDef], bool]) -> frozenset[str]:
+    found = _NAMES.get(query)
+    if found is None:
+        found = _NAMES[query] = frozenset(o.name for o in OPS.values() if where(o))
+    return found
+
+
+def contraction_ops() -> frozenset[str]:
+    """Names of the ops with ``contraction`` set (passes ask per value, so the answer is cached)."""
+    return _names("contraction", lambda o: o.contraction)
+
+
+def epilogue_fusible_ops() -> frozenset[str]:
+    """Names of the ops with ``epilogue_fusible`` set."""
+    return _names("epilogue_fusible", lambda o: o.epilogue_fusible)
+
+
+def ops_with_precision(*policies: PrecisionPolicy) -> frozenset[str]:
+    """Names of the ops whose ``precision_policy`` is one of ``policies``."""
+    return _names("precision:" + ",".join(sorted(policies)), lambda o: o.precision_policy in policies)
 
 
 # --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cuvil.ir.dtypes import DType
@@ -302,11 +302,68 @@ def call(fn: str, *args: ExprLike, **attrs: Any) -> Expr:
     return Call(dtype, fn, tuple(xs), tuple(sorted(attrs.items())))
 
 
+# --------------------------------------------------------------------------------------
+# reductions: written once here, read by every reader
+
+
+def lowest(dtype: DType) -> float | int | bool:
+    """The bottom of ``dtype``'s order: -inf for floats, False for bool, the minimum integer."""
+    if dtype.is_float:
+        return -math.inf
+    if dtype is DType.bool:
+        return False
+    return int(dtype.min_value)
+
+
+def highest(dtype: DType) -> float | int | bool:
+    """The top of ``dtype``'s order: +inf for floats, True for bool, the maximum integer."""
+    if dtype.is_float:
+        return math.inf
+    if dtype is DType.bool:
+        return True
+    return int(dtype.max_value)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A reduction kind: the primitive that folds two partial results (on bool: ``bool_combine``)
+    and what a reduction over nothing gives. A ``Reduce`` is a left fold in the row-major order
+    of its axes, each step rounded to the dtype (``sequential_reduce`` in the interpreter)."""
+
+    kind: str
+    combine: str
+    bool_combine: str
+    doc: str
+
+    def identity(self, dtype: DType) -> float | int | bool:
+        """The result over an empty range: 0 / 1 for sum / prod (False / True on bool), the bottom
+        of the order for max and the top for min."""
+        if self.kind == "sum":
+            return False if dtype is DType.bool else 0
+        if self.kind == "prod":
+            return True if dtype is DType.bool else 1
+        return lowest(dtype) if self.kind == "max" else highest(dtype)
+
+
+REDUCTIONS: dict[str, Reduction] = {
+    "sum": Reduction("sum", "add", "or", "sum of the terms"),
+    "prod": Reduction("prod", "mul", "and", "product of the terms"),
+    "max": Reduction("max", "max", "or", "largest term (NaN-propagating)"),
+    "min": Reduction("min", "min", "and", "smallest term (NaN-propagating)"),
+}
+
+
+def reduction_identity(kind: str, dtype: DType) -> float | int | bool:
+    return REDUCTIONS[kind].identity(dtype)
+
+
 _fresh = itertools.count()
 
 
 def reduce(kind: str, extents: Sequence[Dim], body: Callable[..., Expr]) -> Expr:
     """``kind`` over fresh index variables, one per extent; ``body`` receives them as :class:`Ix`."""
+    if kind not in REDUCTIONS:
+        raise TypeError(f"unknown reduction {kind!r} (expected one of {', '.join(REDUCTIONS)})")
     names = tuple(f"r{next(_fresh)}" for _ in extents)
     expr = body(*[Ix.var(n) for n in names])
     return Reduce(expr.dtype, kind, tuple(zip(names, extents, strict=True)), expr)
@@ -494,7 +551,6 @@ class RuleCtx:
     inputs: tuple[TensorRef, ...]
     attrs: Mapping[str, Any]
     out_type: TensorType
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def make(in_types: Sequence[TensorType], attrs: Mapping[str, Any], out_type: TensorType) -> RuleCtx:

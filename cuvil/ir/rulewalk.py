@@ -1,10 +1,20 @@
-"""A reader of compute rules over a value domain, shared by the interval, concrete and torch readers.
+"""The one kit for reading compute rules (:mod:`cuvil.ir.rules`): every reader of the rule
+language uses it for what is not specific to its domain.
 
-Like the reference interpreter it evaluates a rule for every output index at once, index
-variables laid out on their own axes. Unlike it, a subexpression is evaluated at the shallowest
-reduction level its free index variables allow and reused (loop-invariant hoisting): a
-layer norm's mean is computed once per row instead of once per term of the variance sum,
-which keeps ``out_size * extent`` grids instead of ``out_size * extent ** 2``.
+* Analysis: a rule's nodes (:func:`children`, :func:`walk_exprs`), the index variables a node
+  depends on (:class:`FreeVars`, :func:`free_vars`, :func:`mentioned_vars`), a short label.
+* Index folding: :func:`fold_ix` walks an index expression once for any domain (numpy arrays,
+  z3 linear terms, LLVM values, structural keys); :func:`numpy_ix` is the meaning of index
+  arithmetic on concrete integers (floored division and modulo).
+* A generic vectorized walker (:class:`RuleWalker`) over a value domain: a rule is evaluated for
+  every output index at once, index variables laid out on their own axes, and a subexpression is
+  evaluated at the shallowest reduction level its free index variables allow and reused
+  (loop-invariant hoisting: a layer norm's mean is computed once per row instead of once per term
+  of the variance sum). The reference interpreter (:mod:`cuvil.ir.evaluate`) is its numpy
+  instance; the prober's concrete, interval and torch readers are instances too.
+
+Reduction identities and combiners are a table next to the primitives
+(:data:`cuvil.ir.rules.REDUCTIONS`).
 """
 
 from __future__ import annotations
@@ -17,14 +27,106 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from cuvil.errors import IRError
-from cuvil.interp import bind_attr
+from cuvil.ir.numpy_prims import literal
 from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
+from cuvil.ir.specialize import bind_attr
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 
 V = TypeVar("V")
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------------------
+# index expressions, folded once for every domain
+
+IX_BINARY = ("add", "sub", "mul", "floordiv", "mod", "min", "max")
+"""The binary index operators; ``floordiv`` and ``mod`` are floored (Python's ``//`` and ``%``)."""
+
+
+def fold_ix(e: Ix, *, var: Callable[[str], T], lit: Callable[[Any], T], dyn: Callable[[Expr], T],
+            op: Callable[[str, T, T], T]) -> T:
+    """An index expression read in some domain: ``var(name)``, ``lit(dim)``, ``dyn(scalar expr)``
+    for the leaves, ``op(kind, a, b)`` for each binary node (``kind`` in :data:`IX_BINARY`)."""
+    k = e.kind
+    if k == "var":
+        return var(e.args[0])
+    if k == "lit":
+        return lit(e.args[0])
+    if k == "dyn":
+        return dyn(e.args[0])
+    if k not in IX_BINARY:
+        raise IRError(f"unknown index expression kind {k!r}")
+    a = fold_ix(e.args[0], var=var, lit=lit, dyn=dyn, op=op)
+    return op(k, a, fold_ix(e.args[1], var=var, lit=lit, dyn=dyn, op=op))
+
+
+_NUMPY_IX: dict[str, Callable[[Any, Any], Any]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide, "mod": np.mod,
+    "min": np.minimum, "max": np.maximum}
+
+
+def numpy_ix(kind: str, a: Any, b: Any) -> Any:
+    """Index arithmetic on concrete integers (arrays or scalars), as the rule language means it."""
+    with np.errstate(divide="ignore"):
+        return _NUMPY_IX[kind](a, b)
+
+
+# --------------------------------------------------------------------------------------
+# free index variables
+
+
+class FreeVars:
+    """The index variables each node of a rule depends on (a reduction binds its own axes),
+    computed once per node. Nodes are keyed by identity and kept alive with the table."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[Expr, frozenset[str]]] = {}
+
+    def __call__(self, e: Expr) -> frozenset[str]:
+        hit = self._memo.get(id(e))
+        if hit is not None:
+            return hit[1]
+        if isinstance(e, Load):
+            out = frozenset().union(*(self.ix(i) for i in e.index)) if e.index else frozenset()
+        elif isinstance(e, IndexValue):
+            out = self.ix(e.ix)
+        elif isinstance(e, Call):
+            out = frozenset().union(*(self(a) for a in e.args))
+        elif isinstance(e, Reduce):
+            out = self(e.body) - {n for n, _ in e.axes}
+        else:
+            out = frozenset()
+        self._memo[id(e)] = (e, out)
+        return out
+
+    def ix(self, i: Ix) -> frozenset[str]:
+        return fold_ix(i, var=lambda n: frozenset((n,)), lit=lambda _: frozenset(), dyn=self,
+                       op=lambda _, a, b: a | b)
+
+
+def free_vars(e: Expr) -> frozenset[str]:
+    """The index variables ``e`` depends on (one-off; readers that ask often keep a :class:`FreeVars`)."""
+    return FreeVars()(e)
+
+
+def mentioned_vars(e: Expr) -> frozenset[str]:
+    """Every index variable ``e`` names, bound inside it or not."""
+    out: set[str] = set()
+    for node in walk_exprs(e):
+        if isinstance(node, Load):
+            for i in node.index:
+                out |= _ix_names(i)
+        elif isinstance(node, IndexValue):
+            out |= _ix_names(node.ix)
+    return frozenset(out)
+
+
+def _ix_names(i: Ix) -> frozenset[str]:
+    return fold_ix(i, var=lambda n: frozenset((n,)), lit=lambda _: frozenset(), dyn=lambda _: frozenset(),
+                   op=lambda _, a, b: a | b)
 
 
 # --------------------------------------------------------------------------------------
@@ -42,6 +144,7 @@ class RuleInfo:
     nodes: list[Expr] = field(default_factory=list)
     index: dict[int, int] = field(default_factory=dict)
     free: dict[int, frozenset[str]] = field(default_factory=dict)
+    free_table: FreeVars = field(default_factory=FreeVars)
     grid: int = 1
 
     @staticmethod
@@ -70,33 +173,10 @@ class RuleInfo:
             self.nodes.append(e)
             stack.extend(reversed(children(e)))
         for e in self.nodes:
-            self._free(e)
-
-    def _free(self, e: Expr) -> frozenset[str]:
-        hit = self.free.get(id(e))
-        if hit is None:
-            hit = self.free[id(e)] = self._free_of(e)
-        return hit
-
-    def _free_of(self, e: Expr) -> frozenset[str]:
-        if isinstance(e, Load):
-            return frozenset().union(*(self.ix_free(i) for i in e.index)) if e.index else frozenset()
-        if isinstance(e, IndexValue):
-            return self.ix_free(e.ix)
-        if isinstance(e, Call):
-            return frozenset().union(*(self._free(a) for a in e.args))
-        if isinstance(e, Reduce):
-            return self._free(e.body) - {n for n, _ in e.axes}
-        return frozenset()
+            self.free[id(e)] = self.free_table(e)
 
     def ix_free(self, i: Ix) -> frozenset[str]:
-        if i.kind == "var":
-            return frozenset((i.args[0],))
-        if i.kind == "lit":
-            return frozenset()
-        if i.kind == "dyn":
-            return self._free(i.args[0])
-        return self.ix_free(i.args[0]) | self.ix_free(i.args[1])
+        return self.free_table.ix(i)
 
     def _grid(self, root: Expr) -> int:
         """The most grid points any node is evaluated on (a node lives on the axes of its free
@@ -193,15 +273,10 @@ class IxVal:
         return IxVal(a, a)
 
 
-def _ix_combine(kind: str, a: IxVal, b: IxVal) -> IxVal:
+def ix_interval(kind: str, a: IxVal, b: IxVal) -> IxVal:
+    """Index arithmetic on :class:`IxVal`: exact on concrete indices, a sound range otherwise."""
     if a.concrete and b.concrete:
-        x, y = a.lo, b.lo
-        ops: dict[str, Callable[[], np.ndarray]] = {
-            "add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y,
-            "floordiv": lambda: np.floor_divide(x, np.where(y == 0, 1, y)),
-            "mod": lambda: np.mod(x, np.where(y == 0, 1, y)),
-            "min": lambda: np.minimum(x, y), "max": lambda: np.maximum(x, y)}
-        return IxVal.exact(ops[kind]())
+        return IxVal.exact(numpy_ix(kind, a.lo, b.lo))
     if kind == "add":
         return IxVal(a.lo + b.lo, a.hi + b.hi)
     if kind == "sub":
@@ -351,16 +426,13 @@ class RuleWalker(Generic[V]):
         return out
 
     def ix(self, e: Ix) -> IxVal:
-        k = e.kind
-        if k == "var":
-            return IxVal.exact(self.lift_array(self.env[e.args[0]]))
-        if k == "lit":
-            return IxVal.exact(self.lift_array(np.array(int(e.args[0]), dtype=np.int64)))
-        if k == "dyn":
-            r = self.dyn_index(e.args[0])
-            return r if r.concrete else IxVal(self.lift_array(r.lo), self.lift_array(r.hi))
-        a, b = self.ix(e.args[0]), self.ix(e.args[1])
-        return _ix_combine(k, a, b)
+        return fold_ix(e, var=lambda n: IxVal.exact(self.lift_array(self.env[n])),
+                       lit=lambda d: IxVal.exact(self.lift_array(np.array(int(d), dtype=np.int64))),
+                       dyn=self._dyn, op=ix_interval)
+
+    def _dyn(self, e: Expr) -> IxVal:
+        r = self.dyn_index(e)
+        return r if r.concrete else IxVal(self.lift_array(r.lo), self.lift_array(r.hi))
 
 
 # --------------------------------------------------------------------------------------
@@ -379,15 +451,6 @@ def chunks(info: RuleInfo, budget: int) -> list[tuple[int, int, int] | None]:
     return [(axis, s, min(n, s + per)) for s in range(0, n, per)]
 
 
-def run_chunked(info: RuleInfo, make: Callable[[tuple[int, int, int] | None], RuleWalker[V]],
-                budget: int) -> list[tuple[tuple[int, int, int] | None, V, RuleWalker[V]]]:
-    out = []
-    for ch in chunks(info, budget):
-        w = make(ch)
-        out.append((ch, w.expr(info.rule), w))
-    return out
-
-
 def read_masked(arr: np.ndarray, ix: Sequence[np.ndarray], oob: Any) -> np.ndarray:
     """``arr`` read at integer index grids ``ix``; out-of-bounds elements take ``oob`` (or an
     arbitrary in-bounds element when the load has no padding value, as the rule says)."""
@@ -401,3 +464,36 @@ def read_masked(arr: np.ndarray, ix: Sequence[np.ndarray], oob: Any) -> np.ndarr
     if oob is not None:
         vals = np.where(inb, vals, np.array(oob, dtype=arr.dtype))
     return np.asarray(vals)
+
+
+# --------------------------------------------------------------------------------------
+# a walker over numpy arrays
+
+
+class ArrayWalker(RuleWalker[np.ndarray]):
+    """A walker whose values and operands are numpy arrays: literals are the rule language's
+    (:func:`cuvil.ir.numpy_prims.literal`), a read outside an operand takes the load's padding
+    value (an arbitrary in-bounds element when it has none), indices read from data are exact."""
+
+    def __init__(self, info: RuleInfo, operands: Sequence[np.ndarray | None],
+                 chunk: tuple[int, int, int] | None = None) -> None:
+        super().__init__(info, chunk)
+        self.operands = operands
+
+    def operand(self, e: Load) -> np.ndarray:
+        arr = self.operands[e.operand]
+        if arr is None:
+            raise IRError(f"the rule reads operand {e.operand}, which was not given")
+        return arr
+
+    def load(self, e: Load, idx: list[IxVal]) -> np.ndarray:
+        return self.lift_array(read_masked(self.operand(e), [i.lo for i in idx], e.oob))
+
+    def literal(self, e: Lit) -> np.ndarray:
+        return self.lift_array(literal(e.value, e.dtype))
+
+    def index_value(self, e: IndexValue, ix: IxVal) -> np.ndarray:
+        return ix.lo
+
+    def dyn_index(self, e: Expr) -> IxVal:
+        return IxVal.exact(self.expr(e).astype(np.int64))

@@ -112,14 +112,20 @@ def _specialize_value(v: Value, memo: dict[Value, Value], env: Mapping[str, int]
     return Value(v.op, operands, attrs, out_type)
 
 
-def _specialize_attr(a: Any, env: Mapping[str, int]) -> Any:
+def bind_attr(a: Any, env: Mapping[str, int]) -> Any:
+    """An attribute with its symbolic dims evaluated, so rules and fast paths see plain ints
+    (slice bounds or split sizes derived from a symbolic shape); a region is left as it is."""
     if isinstance(a, Sym):
         return evaluate_dim(a, env)
     if isinstance(a, tuple):
-        return tuple(_specialize_attr(x, env) for x in a)
-    if isinstance(a, Region):
-        memo: dict[Value, Value] = {}
-        for v in walk([a.result, *a.params]):
-            memo[v] = _specialize_value(v, memo, env)
-        return Region(tuple(memo[p] for p in a.params), memo[a.result])
+        return tuple(bind_attr(x, env) for x in a)
     return a
+
+
+def _specialize_attr(a: Any, env: Mapping[str, int]) -> Any:
+    if not isinstance(a, Region):
+        return bind_attr(a, env)
+    memo: dict[Value, Value] = {}
+    for v in walk([a.result, *a.params]):
+        memo[v] = _specialize_value(v, memo, env)
+    return Region(tuple(memo[p] for p in a.params), memo[a.result])

@@ -8,14 +8,17 @@ not fit float16's range stays float32. The contract is ``bounded``: the verifier
 overflow freedom over the declared input domain, and :attr:`Fp16.tolerance` is the error
 budget the differential tests hold it to.
 
-This pass decides by op kind alone. ``cuvil.compile(..., fp16=True, ranges=...)`` decides per op
-instead: it builds the same program with exactly the ops the overflow prober cannot prove safe for
-the declared ranges kept float32 (``verify.probe.fp16_policy``), before the pipeline runs.
+This pass decides by op kind alone. :func:`narrow_function` is the one construction of the
+reduced-precision program: the pass calls it with its keep list, and the overflow prober
+(``verify.probe.program``) calls it with a per-value keep set and for BF16 too, so what the prober
+proves is what this builds. ``cuvil.compile(..., fp16=True, ranges=...)`` ships the program the
+prober built last: exactly the ops it cannot prove safe for the declared ranges kept float32
+(``verify.probe.fp16_policy``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,28 +28,98 @@ from cuvil.errors import CuvilError
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
+from cuvil.ir.opdef import ops_with_precision
 from cuvil.ir.values import Value, walk
 from cuvil.passes.base import Contract, FunctionPass, register
 
-KEEP_FP32 = ("softmax", "log_softmax", "exp", "log", "pow", "layer_norm", "batch_norm", "reduce_sum",
-             "reduce_mean", "reduce_prod", "erf", "cumsum", "lrn", "lp_pool", "softplus", "mish", "sinh", "cosh",
-             "cast")
-"""Ops kept in float32 by default: exponentials and powers overflow float16 early, reductions
-and normalizations accumulate rounding; ``cast`` keeps its declared target type."""
-
-F16_MAX = float(np.finfo(np.float16).max)
+KEEP_FP32 = tuple(sorted(ops_with_precision("keep-fp32", "as-declared")))
+"""Ops kept in float32 by default: every op whose precision policy is not ``narrow``
+(:attr:`cuvil.ir.opdef.OpDef.precision_policy`): exponentials and powers overflow float16 early,
+reductions and normalizations accumulate rounding, a cast keeps its declared target type."""
 
 
-def _fits_f16(b: Builder, v: Value) -> bool:
-    """False for a constant expression over constants whose data exceeds float16's finite range."""
+def fits(b: Builder, v: Value, limit: float) -> bool:
+    """False for a constant expression over constants whose data exceeds ``limit`` in magnitude:
+    casting it down would turn data into infinities, so its user stays wide."""
     cone = list(walk([v]))
     if any(u.is_param for u in cone):
         return True
     for c in (u for u in cone if u.is_const):
         data = np.asarray(b.data(c))
-        if data.dtype.kind == "f" and data.size and float(np.nanmax(np.abs(data.astype(np.float64)))) > F16_MAX:
+        if data.dtype.kind == "f" and data.size and float(np.nanmax(np.abs(data.astype(np.float64)))) > limit:
             return False
     return True
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """A function with its float32 compute in a narrow float type, and how it maps to the original."""
+
+    function: Function
+    origin: Mapping[Value, Value]
+    """Each new value's source: an op's narrow or wide version maps to the op, a boundary cast to
+    the value it converts."""
+    kept: frozenset[Value]
+    """The original float32 ops that stayed float32."""
+
+
+def narrow_function(fn: Function, b: Builder, dtype: DType = DType.f16, keep_ops: Iterable[str] = KEEP_FP32,
+                    keep_values: Iterable[Value] = ()) -> Narrowed:
+    """``fn`` with float32 compute in ``dtype`` (float16 or bfloat16): every float32 op whose float
+    operands are all float32 runs narrow unless its op is in ``keep_ops``, it is in ``keep_values``,
+    a constant operand does not fit ``dtype``, or the op is not defined on ``dtype``. Values cross
+    between the two types through casts inserted where first needed; the signature stays float32."""
+    keep_ops = frozenset(keep_ops)
+    keep_set = frozenset(keep_values)
+    limit = float(dtype.max_value)
+    low: dict[Value, Value] = {}  # value -> its narrow version, where it is narrow now
+    full: dict[Value, Value] = {}  # value -> its version in the original dtype
+    origin: dict[Value, Value] = {}
+    kept: set[Value] = set()
+
+    def as_wide(v: Value) -> Value:
+        if v not in full:
+            full[v] = b.cast(low[v], to=DType.f32)
+            origin.setdefault(full[v], v)
+        return full[v]
+
+    def as_narrow(v: Value) -> Value:
+        if v not in low:
+            low[v] = b.cast(full[v], to=dtype)
+            origin.setdefault(low[v], v)
+        return low[v]
+
+    def convertible(v: Value) -> bool:
+        if v in keep_set or v.op in keep_ops or v.dtype is not DType.f32:
+            return False
+        floats = [o for o in v.operands if o.dtype.is_float]
+        if not floats or any(o.dtype is not DType.f32 for o in floats):
+            return False
+        return all(fits(b, o, limit) for o in floats)
+
+    def convert(v: Value) -> Value | None:
+        operands = tuple(as_narrow(o) if o.dtype is DType.f32 else o for o in v.operands)
+        try:
+            out = b.op(v.op, *operands, **v.attr_dict)
+        except CuvilError:
+            return None
+        return out if out.dtype is dtype and out.type.shape == v.type.shape else None
+
+    for v in fn.values():
+        if v.is_param or v.is_const:
+            full[v] = v
+            continue
+        converted = convert(v) if convertible(v) else None
+        if converted is not None:
+            low[v] = converted
+            origin[converted] = v
+            continue
+        full[v] = b.op(v.op, *(as_wide(o) for o in v.operands), **v.attr_dict)
+        origin.setdefault(full[v], v)
+        if v.dtype is DType.f32:
+            kept.add(v)
+    results = tuple(full[r] if r in full else as_wide(r) for r in fn.results)
+    return Narrowed(Function(fn.name, fn.params, results, fn.result_names, fn.constraints), origin, frozenset(kept))
 
 
 @register
@@ -61,44 +134,4 @@ class Fp16(FunctionPass):
     keep_fp32: tuple[str, ...] = KEEP_FP32
 
     def run_on_function(self, fn: Function, b: Builder) -> Function:
-        low: dict[Value, Value] = {}  # value -> its float16 version, where it is float16 now
-        full: dict[Value, Value] = {}  # value -> its version in the original dtype
-
-        def as_f32(v: Value) -> Value:
-            if v not in full:
-                full[v] = b.cast(low[v], to=DType.f32)
-            return full[v]
-
-        def as_f16(v: Value) -> Value:
-            if v not in low:
-                low[v] = b.cast(full[v], to=DType.f16)
-            return low[v]
-
-        for v in fn.values():
-            if v.is_param or v.is_const:
-                full[v] = v
-                continue
-            converted = self._convert(v, b, as_f16) if self._convertible(v, b) else None
-            if converted is not None:
-                low[v] = converted
-            else:
-                full[v] = b.op(v.op, *(as_f32(o) for o in v.operands), **v.attr_dict)
-        results = tuple(full[r] if r in full else as_f32(r) for r in fn.results)
-        return Function(fn.name, fn.params, results, fn.result_names, fn.constraints)
-
-    def _convertible(self, v: Value, b: Builder) -> bool:
-        if v.op in self.keep_fp32 or v.dtype is not DType.f32:
-            return False
-        floats = [o for o in v.operands if o.dtype.is_float]
-        if not floats or any(o.dtype is not DType.f32 for o in floats):
-            return False
-        return all(_fits_f16(b, o) for o in floats)
-
-    @staticmethod
-    def _convert(v: Value, b: Builder, as_f16: Callable[[Value], Value]) -> Value | None:
-        operands = tuple(as_f16(o) if o.dtype is DType.f32 else o for o in v.operands)
-        try:
-            out = b.op(v.op, *operands, **v.attr_dict)
-        except CuvilError:
-            return None
-        return out if out.dtype is DType.f16 and out.type.shape == v.type.shape else None
+        return narrow_function(fn, b, DType.f16, self.keep_fp32).function

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 
 from cuvil.ir.builder import Builder
 from cuvil.ir.module import Function, Module
-from cuvil.ir.opdef import get_op
+from cuvil.ir.opdef import contraction_ops, epilogue_fusible_ops, get_op
 from cuvil.ir.region import Region
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass, PassResult, register
 from cuvil.passes.rewrite import rebuild, use_counts
 
-EPILOGUE_ANCHORS = ("matmul", "conv")
-EPILOGUE_OPS = ("add", "sub", "mul", "div", "relu", "clip", "gelu", "silu", "sigmoid", "tanh", "leaky_relu",
-                "hardswish", "hardsigmoid", "elu", "cast", "round")
-"""Elementwise ops an epilogue may hold: bias and residual adds, scales, activations, and the
-cast / round / clip of an integer product's requantization."""
+EPILOGUE_ANCHORS = tuple(sorted(contraction_ops()))
+"""Ops an epilogue follows: the contractions (:attr:`cuvil.ir.opdef.OpDef.contraction`)."""
+EPILOGUE_OPS = tuple(sorted(epilogue_fusible_ops()))
+"""Elementwise ops an epilogue may hold (:attr:`cuvil.ir.opdef.OpDef.epilogue_fusible`): bias and
+residual adds, scales, activations, and the cast / round / clip of an integer product's requantization."""
 
 
 def is_elementwise(v: Value) -> bool:

@@ -20,11 +20,10 @@ import numpy as np
 
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.opdef import contraction_ops
 from cuvil.ir.values import Value, walk
 from cuvil.passes.base import Contract, register
 from cuvil.passes.rewrite import Match, RewritePass, Rule, RuleSet, any_, op
-
-_LINEAR = ("matmul", "conv")
 
 
 def _is_constant_expr(v: Value) -> bool:
@@ -115,16 +114,15 @@ def _requantize(m: Match, b: Builder) -> Value | None:
         if m.ctx.uses(inner) != 1:
             return None
         lhs, rhs = inner.operands
-        lin, bias = (lhs, rhs) if lhs.op in _LINEAR else (rhs, lhs)
+        lin, bias = (lhs, rhs) if lhs.op in contraction_ops() else (rhs, lhs)
         if lin.type != inner.type:
             return None
     else:
         lin = inner
-    if lin.op not in _LINEAR or m.ctx.uses(lin) != 1:
+    if lin.op not in contraction_ops() or m.ctx.uses(lin) != 1:
         return None
-    x_name, w_name = ("x", "w") if lin.op == "conv" else ("lhs", "rhs")
-    x, w = _Dequant.of(lin.operand(x_name)), _Dequant.of(lin.operand(w_name))
-    if x is None or w is None or not x.per_tensor or not _is_constant_expr(lin.operand(w_name)):
+    x, w = _Dequant.of(lin.operands[0]), _Dequant.of(lin.operands[1])
+    if x is None or w is None or not x.per_tensor or not _is_constant_expr(lin.operands[1]):
         return None
     if lin.op == "matmul" and lin.attr("transpose_a"):
         return None

@@ -14,13 +14,13 @@ import numpy as np
 from cuvil.interp import evaluate_values
 from verify.probe import torch_eval
 from verify.probe.bounds import BoundsEngine
-from verify.probe.concrete import NumpyWalker
+from verify.probe.concrete import WatchingWalker
 from verify.probe.probe import SAFE, ProbeReport
 from verify.probe.program import SiteWatch, reduced_program
 from verify.probe.witness import Searcher, Target
 
 
-class _Capture(NumpyWalker):
+class _Capture(WatchingWalker):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.arrays: dict[int, list[np.ndarray]] = {}

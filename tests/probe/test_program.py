@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from cuvil.ir import Builder, DType
+from cuvil.ir.rulewalk import RuleInfo
 from cuvil.passes.fp16 import KEEP_FP32, Fp16
 from verify.probe.program import SiteWatch, reduced_program, site_values
-from verify.probe.rulewalk import RuleInfo
 
 
 def _model():  # type: ignore[no-untyped-def]

@@ -32,17 +32,18 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.interp import bind_attr, evaluate_op
 from cuvil.ir.dtypes import DType
+from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
-from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
+from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce, reduction_identity
+from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker, chunks
+from cuvil.ir.specialize import bind_attr
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 from verify.probe import interval as I
 from verify.probe.interval import Interval
 from verify.probe.program import SiteSpec
-from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, chunks
 
 GRID_BUDGET = 1 << 22
 """Largest evaluation grid (output elements x reduced terms) one block of a rule may use."""
@@ -225,9 +226,7 @@ class IntervalWalker(RuleWalker[Interval]):
             nan = body.nan
         dt = e.dtype
         if n == 0:
-            ident = {"sum": 0.0, "prod": 1.0, "max": I.type_range(dt)[0] if not dt.is_float else -np.inf,
-                     "min": I.type_range(dt)[1] if not dt.is_float else np.inf}[e.kind]
-            return Interval(np.full(lo.shape[:axes[0]], ident))
+            return Interval(np.full(lo.shape[:axes[0]], float(reduction_identity(e.kind, dt))))
         if e.kind in ("max", "min"):
             f = np.max if e.kind == "max" else np.min
             return Interval(f(lo, axis=axes), f(hi, axis=axes), nan)

@@ -23,9 +23,10 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
 from cuvil.ir.printer import value_names
 from cuvil.ir.values import Value
+from cuvil.passes.fp16 import fits
 from verify.errors import ProofIncomplete
 from verify.probe.probe import Analysis, ProbeOptions
-from verify.probe.program import _fits, max_finite, reduced_program, uses_of
+from verify.probe.program import DEFAULT_KEEP, max_finite, reduced_program, uses_of
 
 F16_MAX = max_finite(DType.f16)
 
@@ -70,8 +71,9 @@ class Fp16Unproved(ProofIncomplete):
 
 
 def fp16_module(module: Module, kept: frozenset[Value] | set[Value]) -> Module:
-    """``module`` with every float32 op except ``kept`` (and casts) in float16."""
-    return reduced_program(module, "fp16", keep_ops=("cast",), keep_values=kept).module
+    """``module`` with every float32 op except ``kept`` (and casts) in float16: the program the
+    prober analyses, built by the FP16 pass's construction."""
+    return reduced_program(module, "fp16", keep_values=kept).module
 
 
 def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refine: bool = True,
@@ -89,12 +91,12 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
     names = value_names(fn)
     keep: set[Value] = set()
     why: dict[Value, str] = {}
-    options = ProbeOptions(precision="fp16", keep_ops=("cast",), refine=refine, search=False, boundary=False)
+    options = ProbeOptions(precision="fp16", keep_ops=DEFAULT_KEEP, refine=refine, search=False, boundary=False)
     rounds = max_rounds if max_rounds is not None else len(ops) + 1
     converged = False
-    program = reduced_program(module, "fp16", keep_ops=("cast",), keep_values=keep)
+    program = reduced_program(module, "fp16", keep_values=keep)
     for _ in range(rounds):
-        program = reduced_program(module, "fp16", keep_ops=("cast",), keep_values=keep)
+        program = reduced_program(module, "fp16", keep_values=keep)
         if time.monotonic() > deadline:
             break
         analysis = Analysis(program, ranges, options)
@@ -126,7 +128,7 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
         for v in left - keep:
             why[v] = "not proved: the time limit was reached before its sites were proved"
         keep |= left
-        program = reduced_program(module, "fp16", keep_ops=("cast",), keep_values=keep)
+        program = reduced_program(module, "fp16", keep_values=keep)
     kept_ops = {program.origin[v] for v in program.function.ops() if v.dtype is DType.f32
                 and program.origin.get(v) is not None and not _is_boundary(v, program.origin)}
     from cuvil.ir.builder import Builder
@@ -138,7 +140,7 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
             continue
         if v in keep:
             decisions.append(Decision(v, names[v], v.op, "fp32", why.get(v, "not proved"), UNPROVED))
-        elif v in kept_ops or v.op == "cast":
+        elif v in kept_ops or v.op in DEFAULT_KEEP:
             cause, reason = _structural_reason(v, b)
             decisions.append(Decision(v, names[v], v.op, "fp32", reason, cause))
         else:
@@ -148,12 +150,12 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
 
 def _structural_reason(v: Value, b: Any) -> tuple[str, str]:
     """Why a float32 op the policy did not keep still runs in float32 (a type or constant reason)."""
-    if v.op == "cast":
-        return TYPE, "a cast keeps its declared target type"
+    if v.op in DEFAULT_KEEP:
+        return TYPE, f"a {v.op} keeps its declared target type"
     floats = [o for o in v.operands if o.dtype.is_float]
     if not floats or any(o.dtype is not DType.f32 for o in floats):
         return TYPE, "not a float32 computation (integer or mixed-type operands)"
-    if not all(_fits(b, o, F16_MAX) for o in floats):
+    if not all(fits(b, o, F16_MAX) for o in floats):
         return CONSTANT, f"a constant operand exceeds float16's finite range (+-{F16_MAX:g})"
     return TYPE, "the op is not defined on float16 operands"
 

@@ -16,8 +16,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from cuvil.interp import NUMPY_PRIMITIVES
 from cuvil.ir.dtypes import DType
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
 from cuvil.ir.numpy_prims import cast as _cast
 
 # --------------------------------------------------------------------------------------

@@ -23,18 +23,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cuvil.interp import evaluate_op
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
+from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
+from cuvil.ir.rulewalk import ArrayWalker, RuleInfo, dyn_exprs
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 from verify.probe import interval as I
 from verify.probe.bounds import Bounds, BoundsEngine
 from verify.probe.interval import Interval
-from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker, dyn_exprs, read_masked
 
 DENSE_BUDGET = 1 << 23
 """Largest dense coefficient matrix (target elements x value elements) back-substitution builds."""
@@ -130,12 +130,8 @@ def affine_terms(e: Expr, variable: frozenset[int],
     return None
 
 
-class _Concrete(RuleWalker[np.ndarray]):
+class _Concrete(ArrayWalker):
     """Evaluates constant parts of a rule (indices and factors) on a grid."""
-
-    def __init__(self, info: RuleInfo, operands: Sequence[np.ndarray | None]) -> None:
-        super().__init__(info)
-        self.operands = operands
 
     def bind(self, reduces: Sequence[tuple[str, int]]) -> None:
         """Enter the sum reductions a term sits inside (one grid axis each)."""
@@ -146,20 +142,6 @@ class _Concrete(RuleWalker[np.ndarray]):
             self.level_depth = [*self.level_depth, self.depth]
             self.env[name] = self._axis(np.arange(n, dtype=np.int64), base, self.depth)
             self.var_level[name] = self.level
-
-    def load(self, e: Load, idx: list[IxVal]) -> np.ndarray:
-        arr = self.operands[e.operand]
-        assert arr is not None, "a constant part read a non-constant operand"
-        return self.lift_array(read_masked(arr, [i.lo for i in idx], e.oob))
-
-    def literal(self, e: Lit) -> np.ndarray:
-        return self.lift_array(np.array(e.value, dtype=e.dtype.np))
-
-    def index_value(self, e: IndexValue, ix: IxVal) -> np.ndarray:
-        return ix.lo
-
-    def dyn_index(self, e: Expr) -> IxVal:
-        return IxVal.exact(self.expr(e).astype(np.int64))
 
     def call(self, e: Call, args: list[np.ndarray]) -> np.ndarray:
         return self.lift_array(np.asarray(I.concrete(e.fn, args, e.dtype, dict(e.attrs), [a.dtype for a in e.args])))

@@ -1,10 +1,10 @@
 """The reduced-precision program a probe analyses, and the sites in it.
 
-For FP16/BF16 the program is the model with float32 compute moved to the narrow type, exactly
-as :class:`cuvil.passes.fp16.Fp16` builds it (casts at the boundaries, constants cast as
-constant expressions, ops whose constants do not fit kept wide), generalized to BF16 and to a
-per-value keep set so a compile can keep exactly the unsafe ops in float32. For INT8 it is
-the model after :class:`cuvil.passes.quantize_int8.QuantizeInt8`.
+For FP16/BF16 the program is the model with float32 compute moved to the narrow type, built by
+the FP16 pass's own construction (:func:`cuvil.passes.fp16.narrow_function`: casts at the
+boundaries, constants cast as constant expressions, ops whose constants do not fit kept wide)
+with a per-value keep set, so a compile can keep exactly the unsafe ops in float32 and ships
+what was probed. For INT8 it is the model after :class:`cuvil.passes.quantize_int8.QuantizeInt8`.
 
 A *site* is one value of that program whose type can overflow or saturate: a float value of
 the narrow type, an integer value (wrap-around), or a float clamp feeding an integer cast
@@ -19,21 +19,23 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from cuvil.errors import CuvilError, InputError
+from cuvil.errors import InputError
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
+from cuvil.ir.opdef import all_ops, ops_with_precision
 from cuvil.ir.rules import Call, Expr, Lit, Reduce
-from cuvil.ir.values import Value, walk
+from cuvil.ir.rulewalk import RuleInfo
+from cuvil.ir.values import Value
+from cuvil.passes.fp16 import KEEP_FP32, narrow_function
 from verify.probe.interval import ROUNDING
-from verify.probe.rulewalk import RuleInfo
 
 PRECISIONS = ("fp16", "bf16", "int8")
 NARROW = {"fp16": DType.f16, "bf16": DType.bf16}
 
-DEFAULT_KEEP = ("cast",)
-"""Ops the probe keeps in float32 by default: only casts (their target type is declared).
-The compiler's default keep list (:data:`cuvil.passes.fp16.KEEP_FP32`) is available as
+DEFAULT_KEEP = tuple(sorted(ops_with_precision("as-declared")))
+"""Ops the probe keeps in float32 by default: only those whose result type is declared (casts).
+The FP16 pass's default keep list (:data:`cuvil.passes.fp16.KEEP_FP32`) is available as
 ``keep_ops="default"``; probing everything in the narrow type is what shows which ops need it."""
 
 
@@ -71,80 +73,9 @@ class Program:
         return NARROW.get(self.precision)
 
 
-def _fits(b: Builder, v: Value, limit: float) -> bool:
-    """False for a constant expression over constants whose data exceeds ``limit`` in magnitude."""
-    cone = list(walk([v]))
-    if any(u.is_param for u in cone):
-        return True
-    for c in (u for u in cone if u.is_const):
-        data = np.asarray(b.data(c))
-        if data.dtype.kind == "f" and data.size and float(np.nanmax(np.abs(data.astype(np.float64)))) > limit:
-            return False
-    return True
-
-
-def narrow_function(fn: Function, b: Builder, dtype: DType, keep_ops: Iterable[str] = DEFAULT_KEEP,
-                    keep_values: Iterable[Value] = ()) -> tuple[Function, dict[Value, Value], frozenset[Value]]:
-    """``fn`` with float32 compute in ``dtype``: the Fp16 pass's construction, with a per-value keep set.
-
-    Returns the new function, the origin of each new value (an op's narrow or wide version maps to
-    the op, a boundary cast to the value it converts) and the original ops that stayed float32."""
-    keep_ops = tuple(keep_ops)
-    keep_set = frozenset(keep_values)
-    limit = max_finite(dtype)
-    low: dict[Value, Value] = {}
-    full: dict[Value, Value] = {}
-    origin: dict[Value, Value] = {}
-    kept: set[Value] = set()
-
-    def as_wide(v: Value) -> Value:
-        if v not in full:
-            full[v] = b.cast(low[v], to=DType.f32)
-            origin.setdefault(full[v], v)
-        return full[v]
-
-    def as_narrow(v: Value) -> Value:
-        if v not in low:
-            low[v] = b.cast(full[v], to=dtype)
-            origin.setdefault(low[v], v)
-        return low[v]
-
-    def convertible(v: Value) -> bool:
-        if v in keep_set or v.op in keep_ops or v.dtype is not DType.f32:
-            return False
-        floats = [o for o in v.operands if o.dtype.is_float]
-        if not floats or any(o.dtype is not DType.f32 for o in floats):
-            return False
-        return all(_fits(b, o, limit) for o in floats)
-
-    def convert(v: Value) -> Value | None:
-        operands = tuple(as_narrow(o) if o.dtype is DType.f32 else o for o in v.operands)
-        try:
-            out = b.op(v.op, *operands, **v.attr_dict)
-        except CuvilError:
-            return None
-        return out if out.dtype is dtype and out.type.shape == v.type.shape else None
-
-    for v in fn.values():
-        if v.is_param or v.is_const:
-            full[v] = v
-            continue
-        converted = convert(v) if convertible(v) else None
-        if converted is not None:
-            low[v] = converted
-            origin[converted] = v
-            continue
-        full[v] = b.op(v.op, *(as_wide(o) for o in v.operands), **v.attr_dict)
-        origin.setdefault(full[v], v)
-        if v.dtype is DType.f32:
-            kept.add(v)
-    results = tuple(full[r] if r in full else as_wide(r) for r in fn.results)
-    return Function(fn.name, fn.params, results, fn.result_names, fn.constraints), origin, frozenset(kept)
-
-
 def reduced_program(module: Module, precision: str, *, keep_ops: Iterable[str] | str = DEFAULT_KEEP,
                     keep_values: Iterable[Value] = ()) -> Program:
-    """The program whose sites a probe checks. ``keep_ops="default"`` uses the compiler's list."""
+    """The program whose sites a probe checks. ``keep_ops="default"`` uses the FP16 pass's list."""
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision {precision!r}", hint="choose one of " + ", ".join(PRECISIONS))
     fn = module.main
@@ -153,21 +84,17 @@ def reduced_program(module: Module, precision: str, *, keep_ops: Iterable[str] |
     if isinstance(keep_ops, str):
         keep_ops = _keep_list(keep_ops)
     b = Builder(module.constants)
-    new_fn, origin, kept = narrow_function(fn, b, NARROW[precision], keep_ops, keep_values)
+    narrowed = narrow_function(fn, b, NARROW[precision], keep_ops, keep_values)
     identity = {v: v for v in fn.values() if v.is_param or v.is_const}
-    return Program(Module((new_fn,), b.constants, module.metadata), precision, {**identity, **origin}, kept)
+    return Program(Module((narrowed.function,), b.constants, module.metadata), precision,
+                   {**identity, **narrowed.origin}, narrowed.kept)
 
 
 def _keep_list(spec: str) -> tuple[str, ...]:
-    from cuvil.passes.fp16 import KEEP_FP32
-
     if spec == "default":
         return KEEP_FP32
     if spec in ("", "none"):
         return DEFAULT_KEEP
-    from cuvil.errors import InputError
-    from cuvil.ir.opdef import all_ops
-
     ops = [s.strip() for s in spec.split(",") if s.strip()]
     known = {o.name for o in all_ops()}
     unknown = [o for o in ops if o not in known]

@@ -16,9 +16,10 @@ import numpy as np
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
-from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce
+from cuvil.ir.opdef import get_op
+from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce, reduction_identity
+from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker
 from cuvil.ir.values import Value
-from verify.probe.rulewalk import IxVal, RuleInfo, RuleWalker
 
 
 def _torch() -> Any:
@@ -137,7 +138,7 @@ class TorchWalker(RuleWalker[Any]):
             shape[ax] = n
         full = body.expand(*shape)
         if 0 in extents:
-            ident = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}[e.kind]
+            ident = float(reduction_identity(e.kind, e.dtype))
             return t.full(tuple(shape[:axes[0]]), ident, dtype=t.float64)
         if e.kind == "sum":
             return full.sum(dim=axes)
@@ -174,21 +175,23 @@ _SIMPLE: dict[str, Callable[..., Any]] = {
 
 def _matmul(args: list[Any], attrs: Mapping[str, Any]) -> Any:
     a, b = args
-    if attrs.get("transpose_a"):
+    if attrs["transpose_a"]:
         a = a.transpose(-1, -2)
-    if attrs.get("transpose_b"):
+    if attrs["transpose_b"]:
         b = b.transpose(-1, -2)
     return a @ b
 
 
 def _conv(args: list[Any], attrs: Mapping[str, Any]) -> Any:
+    """The conv rule's schedule: empty strides / dilations / pads mean 1s / 1s / 0s, as the
+    op's shape rule and compute rule read them."""
     import torch.nn.functional as F
 
     x, w = args
     nsp = x.dim() - 2
-    strides = tuple(attrs.get("strides") or (1,) * nsp)
-    dil = tuple(attrs.get("dilations") or (1,) * nsp)
-    pads = tuple(attrs.get("pads") or (0,) * (2 * nsp))
+    strides = tuple(attrs["strides"] or (1,) * nsp)
+    dil = tuple(attrs["dilations"] or (1,) * nsp)
+    pads = tuple(attrs["pads"] or (0,) * (2 * nsp))
     torch_pad: list[int] = []
     for j in reversed(range(nsp)):
         torch_pad += [pads[j], pads[nsp + j]]
@@ -209,7 +212,7 @@ def op_value(v: Value, info: RuleInfo, operands: list[Any], capture: Sequence[in
     inner = [k for k in capture if k != 0]
     if use_schedules and v.op in SCHEDULES and not inner and all(o.dtype.is_float for o in v.operands):
         try:
-            out = SCHEDULES[v.op](operands, dict(v.attrs))
+            out = SCHEDULES[v.op](operands, get_op(v.op).check_attrs(dict(v.attrs)))  # the op's defaults
             return out, ({0: [out]} if 0 in capture else {})
         except NotImplementedError:
             pass

@@ -25,7 +25,7 @@ from cuvil.interp import evaluate_values
 from cuvil.ir.values import Value
 from verify.probe import torch_eval
 from verify.probe.bounds import BoundsEngine, NodeRecord
-from verify.probe.concrete import NumpyWalker, Observed
+from verify.probe.concrete import Observed, WatchingWalker
 from verify.probe.interval import overflow_at
 from verify.probe.program import Program, SiteSpec
 from verify.probe.z3_witness import QUERY_TIMEOUT_S, ConeSolver, Outcome
@@ -148,7 +148,7 @@ class Confirmer:
             float_nodes = set()
             int_nodes = {k for k in int_nodes if k == 0}
         if float_nodes:
-            w = NumpyWalker(info, operands, dict.fromkeys(float_nodes, True))
+            w = WatchingWalker(info, operands, dict.fromkeys(float_nodes, True))
             with np.errstate(all="ignore"):
                 w.expr(info.rule)
             seen.update(w.observed)

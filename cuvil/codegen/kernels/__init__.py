@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 from llvmlite import ir
 
-from cuvil.codegen.kernels.epilogue import contraction_of
+from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
 from cuvil.codegen.kernels.gemm import MatmulKernel, force_isa, host_isa
 from cuvil.ir.dtypes import DType
+from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 
 
@@ -66,6 +67,33 @@ def _const_array(v: Value, constants: Mapping[str, np.ndarray]) -> np.ndarray | 
     return constants.get(v.const_hash)
 
 
+def _matmul_kernel(v: Value, c: Contraction, in_types: Sequence[TensorType], rhs: np.ndarray | None) -> Kernel | None:
+    return MatmulKernel(v.op, c, in_types, v.type, rhs, host_isa())
+
+
+def _conv_kernel(v: Value, c: Contraction, in_types: Sequence[TensorType], rhs: np.ndarray | None) -> Kernel | None:
+    from cuvil.codegen.kernels.conv import select_conv
+
+    return select_conv(v.op, c, in_types, v.type, rhs, host_isa())
+
+
+KernelFactory = Callable[[Value, Contraction, Sequence[TensorType], np.ndarray | None], Kernel | None]
+
+KERNELS: dict[str, tuple[str, KernelFactory]] = {
+    "matmul": ("tuned GEMM", _matmul_kernel),
+    "conv": ("tuned GEMM convolution (constant weights, 1-3 spatial dims)", _conv_kernel),
+}
+"""The tuned kernel of each contraction that has one: what it is, and how to make it for a value
+(given its contraction, operand types and constant right operand). Only float32 at static shapes."""
+
+
+def tuned_kernels() -> dict[str, str]:
+    """Which ops a tuned kernel may compute (the LLVM column of ``cuvil ops``), and with what."""
+    out = {op: f"{text}, float32" for op, (text, _) in KERNELS.items()}
+    out["fused"] = "tuned kernels for " + " / ".join(KERNELS) + " epilogues, float32"
+    return out
+
+
 def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | None:
     """A tuned kernel for ``v`` (static shapes), or None to use the generic rule lowering."""
     if not _enabled or v.is_param or v.is_const:
@@ -80,14 +108,10 @@ def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | Non
         return None
     if any(int(d) == 0 for t in types for d in t.shape):
         return None
-    in_types = [o.type for o in v.operands]
-    if c.op == "matmul":
-        return MatmulKernel(v.op, c, in_types, v.type, _const_array(v.operands[c.rhs], constants), host_isa())
-    if c.op == "conv":
-        from cuvil.codegen.kernels.conv import select_conv
-
-        return select_conv(v.op, c, in_types, v.type, _const_array(v.operands[c.rhs], constants), host_isa())
-    return None
+    entry = KERNELS.get(c.op)
+    if entry is None:
+        return None
+    return entry[1](v, c, [o.type for o in v.operands], _const_array(v.operands[c.rhs], constants))
 
 
-__all__ = ["Kernel", "force_isa", "generic_only", "host_isa", "select_kernel"]
+__all__ = ["KERNELS", "Kernel", "force_isa", "generic_only", "host_isa", "select_kernel", "tuned_kernels"]

@@ -34,7 +34,6 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels.epilogue import Contraction, reads_operand
 from cuvil.codegen.kernels.gemm import (
-    NO_UNROLL,
     AOperand,
     BOperand,
     Ctx,
@@ -42,18 +41,21 @@ from cuvil.codegen.kernels.gemm import (
     Isa,
     KernelFunction,
     choose_tiling,
-    const,
     epilogue_emitter,
     fgep,
+    intrinsic,
+    store_rows,
+)
+from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
+from cuvil.codegen.loops import (
+    NO_UNROLL,
+    const,
     for_range,
     if_then,
     imin,
-    intrinsic,
-    store_rows,
+    row_major_strides,
     unravel,
 )
-from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
-from cuvil.codegen.lower_rule import row_major_strides
 from cuvil.codegen.scalar import F32, I32, I64, PTR
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType

@@ -21,9 +21,9 @@ from cuvil.codegen.scalar import ScalarEmitter
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.inline import value_rule
+from cuvil.ir.opdef import contraction_ops
+from cuvil.ir.rulewalk import walk_exprs
 from cuvil.ir.values import Value
-
-ANCHORS = ("matmul", "conv")
 
 
 @dataclass(frozen=True)
@@ -49,32 +49,9 @@ def _is_identity_index(index: Sequence[R.Ix]) -> bool:
     return all(ix.kind == "var" and ix.args[0] == f"i{k}" for k, ix in enumerate(index))
 
 
-def _walk(e: R.Expr) -> list[R.Expr]:
-    out: list[R.Expr] = []
-    stack: list[Any] = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, R.Expr):
-            out.append(x)
-        if isinstance(x, R.Call):
-            stack.extend(x.args)
-        elif isinstance(x, R.Load):
-            stack.extend(x.index)
-        elif isinstance(x, R.IndexValue):
-            stack.append(x.ix)
-        elif isinstance(x, R.Reduce):
-            stack.append(x.body)
-        elif isinstance(x, R.Ix):
-            if x.kind == "dyn":
-                stack.append(x.args[0])
-            elif x.kind not in ("var", "lit"):
-                stack.extend(x.args)
-    return out
-
-
 def reads_operand(e: R.Expr, operand: int) -> bool:
     """Whether the expression loads operand ``operand`` (then a kernel must keep its raw data)."""
-    return any(isinstance(x, R.Load) and x.operand == operand for x in _walk(e))
+    return any(isinstance(x, R.Load) and x.operand == operand for x in walk_exprs(e))
 
 
 def contraction_of(v: Value) -> Contraction | None:
@@ -82,23 +59,24 @@ def contraction_of(v: Value) -> Contraction | None:
     n = len(v.operands)
     marker = n
     out_ix = tuple(R.Ix.var(f"i{k}") for k in range(v.type.rank))
-    if v.op in ANCHORS:
+    anchors = contraction_ops()
+    if v.op in anchors:
         acc = R.Load(DType.f32, marker, out_ix, None)
         return Contraction(v.op, dict(v.attr_dict), 0, 1, v.operands[0].type, v.operands[1].type, v.type, acc,
                            marker)
     if v.op != "fused" or v.attr("kind") != "epilogue":
         return None
     body = v.attr("body")
-    anchors = [u for u in body.ops() if u.op in ANCHORS]
-    if len(anchors) != 1:
+    found = [u for u in body.ops() if u.op in anchors]
+    if len(found) != 1:
         return None
-    anchor = anchors[0]
+    anchor = found[0]
     if anchor.type.shape != v.type.shape or anchor is body.result:
         return None
     position = {p: k for k, p in enumerate(body.params)}
     if not all(o in position for o in anchor.operands):
         return None
-    if any(u.op in ANCHORS for u in body.ops() if u is not anchor):
+    if any(u.op in anchors for u in body.ops() if u is not anchor):
         return None
 
     def leaf(u: Value, index: tuple[R.Ix, ...], ld: R.Load) -> R.Expr:
@@ -112,7 +90,7 @@ def contraction_of(v: Value) -> Contraction | None:
         expr = value_rule(body.result, out_ix, leaf, inline=lambda u: not u.is_param and u is not anchor)
     except _NotElementwise:
         return None
-    if any(isinstance(x, R.Reduce) for x in _walk(expr)):
+    if any(isinstance(x, R.Reduce) for x in walk_exprs(expr)):
         return None
     return Contraction(anchor.op, dict(anchor.attr_dict), position[anchor.operands[0]],
                        position[anchor.operands[1]], anchor.operands[0].type, anchor.operands[1].type,

@@ -27,7 +27,18 @@ from cuvil.codegen import abi
 from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, reads_operand
 from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
 from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
-from cuvil.codegen.lower_rule import Buffer, row_major_strides
+from cuvil.codegen.loops import (
+    NO_UNROLL,
+    const,
+    for_range,
+    i64,
+    if_then,
+    imin,
+    opaque_alloca,
+    row_major_strides,
+    unravel,
+)
+from cuvil.codegen.lower_rule import Buffer
 from cuvil.codegen.scalar import F32, I1, I32, I64, PTR
 from cuvil.ir.types import TensorType
 
@@ -79,82 +90,6 @@ def force_isa(name: str | None) -> None:
 
 # --------------------------------------------------------------------------------------
 # small IR helpers
-
-
-def opaque_alloca(b: ir.IRBuilder, ty: ir.Type, name: str, align: int = 64) -> ir.Value:
-    """A stack slot addressed as an untyped ``ptr`` (the element type is given at each access)."""
-    slot = b.alloca(ty, name=name)
-    slot.align = align
-    slot.type = PTR
-    return slot
-
-
-def const(v: int) -> ir.Constant:
-    return ir.Constant(I64, v)
-
-
-_loop_ids = 0
-
-
-def loop_hints(b: ir.IRBuilder, branch: ir.Instruction, *hints: str) -> None:
-    """Attach ``llvm.loop`` hints (e.g. ``llvm.loop.unroll.disable``) to a loop's back edge."""
-    global _loop_ids
-    mod = b.module
-    _loop_ids += 1
-    items = [mod.add_metadata([ir.MetaDataString(mod, h)]) for h in hints]
-    node = mod.add_metadata([ir.MetaDataString(mod, f"cuvil.loop.{_loop_ids}"), *items])
-    node.operands = (node, *items)  # a loop id refers to itself (printed as distinct by LLVM)
-    branch.set_metadata("llvm.loop", node)
-
-
-def for_range(b: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, name: str,
-              body: Callable[[ir.Value], None], step: int = 1, hints: Sequence[str] = ()) -> None:
-    """``for i in range(start, stop, step): body(i)`` with runtime bounds (i64)."""
-    start_v = const(start) if isinstance(start, int) else start
-    stop_v = const(stop) if isinstance(stop, int) else stop
-    if isinstance(start, int) and isinstance(stop, int):
-        if stop <= start:
-            return
-        if stop - start == 1:
-            body(start_v)
-            return
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    loop = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.end")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name=name)
-    i.add_incoming(start_v, pre)
-    b.cbranch(b.icmp_signed("<", i, stop_v), loop, done)
-    b.position_at_end(loop)
-    body(i)
-    i.add_incoming(b.add(i, const(step), flags=("nsw",)), b.block)
-    back = b.branch(head)
-    if hints:
-        loop_hints(b, back, *hints)
-    b.position_at_end(done)
-
-
-NO_UNROLL = ("llvm.loop.unroll.disable",)
-
-
-def if_then(b: ir.IRBuilder, cond: ir.Value, name: str, body: Callable[[], None]) -> None:
-    then = b.append_basic_block(f"{name}.then")
-    done = b.append_basic_block(f"{name}.done")
-    b.cbranch(cond, then, done)
-    b.position_at_end(then)
-    body()
-    b.branch(done)
-    b.position_at_end(done)
-
-
-def _i64(v: ir.Value | int) -> ir.Value:
-    return const(v) if isinstance(v, int) else v
-
-
-def imin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 def fgep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
@@ -654,7 +589,7 @@ class GemmCore:
                         null = ir.Constant(PTR, None)
                         acc = b.not_(first) if blocked else ir.Constant(I1, 0)
                         table = a.table if a.kind == "rowtable" else bb.table
-                        b.call(fn, [a_arg, _i64(a.kstride), bb.ptr, _i64(bb.kstride), table or null, kn, tile, acc])
+                        b.call(fn, [a_arg, i64(a.kstride), bb.ptr, i64(bb.kstride), table or null, kn, tile, acc])
 
                     if self.b_masked_edge:
                         edge = b.icmp_signed("==", nt, const(self.nt - 1))
@@ -726,19 +661,6 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: ir.Value, tile_stride: int,
         for_range(b, 0, cols, "col", col)
 
     for_range(b, 0, rows, "row", row, hints=NO_UNROLL)  # one copy of the (vectorized) epilogue loop
-
-
-def unravel(b: ir.IRBuilder, flat: ir.Value, shape: Sequence[int]) -> list[ir.Value]:
-    """Multi-index of ``flat`` in a row-major ``shape`` (constant divisors)."""
-    out: list[ir.Value] = []
-    rest = flat
-    for d in reversed(shape):
-        if d == 1:
-            out.append(const(0))
-            continue
-        out.append(b.urem(rest, const(d)))
-        rest = b.udiv(rest, const(d))
-    return list(reversed(out))
 
 
 def broadcast_offset(b: ir.IRBuilder, index: Sequence[ir.Value], in_shape: Sequence[int],

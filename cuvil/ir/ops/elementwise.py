@@ -18,7 +18,7 @@ from cuvil.errors import OpDefinitionError
 from cuvil.ir import numpy_prims
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
-from cuvil.ir.opdef import REQUIRED, broadcast_shapes, define
+from cuvil.ir.opdef import REQUIRED, PrecisionPolicy, broadcast_shapes, define
 from cuvil.ir.types import TensorType
 
 Example = tuple[list[np.ndarray], dict[str, Any]]
@@ -213,25 +213,30 @@ def _binary_examples(kinds: str, attrs: dict[str, Any] | None = None, *, int_rhs
 def _binary(name: str, fn: Callable[..., R.Expr], np_fn: Callable[..., np.ndarray] | None, kinds: str, doc: str,
             *, commutative: bool = False, result: DType | None = None,
             attrs: dict[str, tuple[str, Any]] | None = None,
-            examples: Callable[[np.random.Generator], list[Example]] | None = None) -> None:
+            examples: Callable[[np.random.Generator], list[Example]] | None = None,
+            epilogue_fusible: bool = False, precision_policy: PrecisionPolicy = "narrow") -> None:
     define(name, ("lhs", "rhs"), attrs=attrs or {}, shape=_typed(kinds, result), rule=R.elementwise(fn),
            numpy=np_fn, family="elementwise", commutative=commutative, doc=doc,
-           examples=examples or _binary_examples(kinds))
+           examples=examples or _binary_examples(kinds), epilogue_fusible=epilogue_fusible,
+           precision_policy=precision_policy)
 
 
 define("add", ("lhs", "rhs"), shape=_typed("num"), rule=R.elementwise(lambda a, b: a + b),
        numpy=lambda xs, out: np.add(xs[0], xs[1]), family="elementwise", commutative=True,
-       examples=_binary_examples("num"),
+       examples=_binary_examples("num"), epilogue_fusible=True,
        doc="lhs + rhs with numpy broadcasting")
 
-_binary("sub", lambda a, b: a - b, lambda xs, out: np.subtract(xs[0], xs[1]), "num", "lhs - rhs")
+_binary("sub", lambda a, b: a - b, lambda xs, out: np.subtract(xs[0], xs[1]), "num", "lhs - rhs",
+        epilogue_fusible=True)
 _binary("mul", lambda a, b: a * b, lambda xs, out: np.multiply(xs[0], xs[1]), "num", "lhs * rhs",
-        commutative=True)
+        commutative=True, epilogue_fusible=True)
 _binary("div", lambda a, b: a / b, _np_div, "num",
-        "lhs / rhs; integers truncate toward zero (ONNX Div), integer division by zero gives 0")
+        "lhs / rhs; integers truncate toward zero (ONNX Div), integer division by zero gives 0",
+        epilogue_fusible=True)
 _binary("pow", lambda a, b: R.call("pow", a, b), _np_pow, "num",
         "lhs ** rhs; integer powers are computed in f64 and converted back",
-        examples=_binary_examples("num", int_rhs=lambda dt: np.array([0, 1, 2, 3, 5], dtype=dt)))
+        examples=_binary_examples("num", int_rhs=lambda dt: np.array([0, 1, 2, 3, 5], dtype=dt)),
+        precision_policy="keep-fp32")
 _binary("mod", lambda a, b, fmod: R.call("fmod" if fmod else "mod", a, b),
         lambda xs, out, fmod: (np.fmod if fmod else np.mod)(xs[0], xs[1]), "num",
         "remainder: floored, with the sign of rhs (fmod=False, Python %), or C fmod with the sign of lhs "
@@ -296,7 +301,8 @@ for _name, _prim, _np_fn in [("logical_and", "and", np.logical_and), ("logical_o
 def _unary(name: str, fn: Callable[..., R.Expr], np_fn: Callable[..., np.ndarray] | None, kinds: str, doc: str,
            *, attrs: dict[str, tuple[str, Any]] | None = None, result: DType | None = None,
            shape: Callable[..., TensorType] | None = None, variants: tuple[dict[str, Any], ...] = (),
-           examples: Callable[[np.random.Generator], list[Example]] | None = None) -> None:
+           examples: Callable[[np.random.Generator], list[Example]] | None = None,
+           epilogue_fusible: bool = False, precision_policy: PrecisionPolicy = "narrow") -> None:
     """``variants`` are non-default attribute sets the examples also cover (on the edge values)."""
     defaults = {k: v for k, (_, v) in (attrs or {}).items() if v is not REQUIRED and v is not None}
 
@@ -305,7 +311,8 @@ def _unary(name: str, fn: Callable[..., R.Expr], np_fn: Callable[..., np.ndarray
         return cases + [([_fedges(dt)], v) for v in variants for dt in (np.float32, np.float16)]
 
     define(name, ("x",), attrs=attrs or {}, shape=shape or _typed(kinds, result), rule=R.elementwise(fn),
-           numpy=np_fn, family="elementwise", doc=doc, examples=examples or with_variants)
+           numpy=np_fn, family="elementwise", doc=doc, examples=examples or with_variants,
+           epilogue_fusible=epilogue_fusible, precision_policy=precision_policy)
 
 
 def _np_unary(f: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
@@ -319,48 +326,57 @@ _unary("sign", R.sign, _np_unary(lambda x: np.where(x > 0, 1, np.where(x < 0, -1
 _unary("reciprocal", R.reciprocal, _np_unary(np.reciprocal), "float", "1 / x")
 _unary("rsqrt", _wide(R.rsqrt), _wide_np(lambda x: 1 / np.sqrt(x)), "float", "1 / sqrt(x)")
 
-for _name, _np_fn, _doc in [
-        ("exp", np.exp, "e ** x"), ("log", np.log, "natural log; log(0) = -inf, log(x < 0) = NaN"),
-        ("sqrt", np.sqrt, "square root; NaN for x < 0"), ("tanh", np.tanh, "hyperbolic tangent"),
-        ("erf", numpy_prims.erf, "Gauss error function"),
-        ("sin", np.sin, "sine"), ("cos", np.cos, "cosine"), ("tan", np.tan, "tangent"),
-        ("asin", np.arcsin, "arc sine; NaN outside [-1, 1]"), ("acos", np.arccos, "arc cosine; NaN outside [-1, 1]"),
-        ("atan", np.arctan, "arc tangent"), ("sinh", np.sinh, "hyperbolic sine"),
-        ("cosh", np.cosh, "hyperbolic cosine"), ("asinh", np.arcsinh, "inverse hyperbolic sine"),
-        ("acosh", np.arccosh, "inverse hyperbolic cosine; NaN for x < 1"),
-        ("atanh", np.arctanh, "inverse hyperbolic tangent; +-inf at +-1, NaN outside"),
-        ("floor", np.floor, "round toward -inf"), ("ceil", np.ceil, "round toward +inf")]:
-    _unary(_name, lambda x, _p=_name: R.call(_p, x), _np_unary(_np_fn), "float", _doc)
+_PLAIN: dict[str, Any] = {}
+_SENSITIVE: dict[str, Any] = {"precision_policy": "keep-fp32"}  # range-sensitive in float16
+_EPILOGUE: dict[str, Any] = {"epilogue_fusible": True}
+
+for _name, _np_fn, _doc, _props in [
+        ("exp", np.exp, "e ** x", _SENSITIVE),
+        ("log", np.log, "natural log; log(0) = -inf, log(x < 0) = NaN", _SENSITIVE),
+        ("sqrt", np.sqrt, "square root; NaN for x < 0", _PLAIN), ("tanh", np.tanh, "hyperbolic tangent", _EPILOGUE),
+        ("erf", numpy_prims.erf, "Gauss error function", _SENSITIVE),
+        ("sin", np.sin, "sine", _PLAIN), ("cos", np.cos, "cosine", _PLAIN), ("tan", np.tan, "tangent", _PLAIN),
+        ("asin", np.arcsin, "arc sine; NaN outside [-1, 1]", _PLAIN),
+        ("acos", np.arccos, "arc cosine; NaN outside [-1, 1]", _PLAIN),
+        ("atan", np.arctan, "arc tangent", _PLAIN), ("sinh", np.sinh, "hyperbolic sine", _SENSITIVE),
+        ("cosh", np.cosh, "hyperbolic cosine", _SENSITIVE), ("asinh", np.arcsinh, "inverse hyperbolic sine", _PLAIN),
+        ("acosh", np.arccosh, "inverse hyperbolic cosine; NaN for x < 1", _PLAIN),
+        ("atanh", np.arctanh, "inverse hyperbolic tangent; +-inf at +-1, NaN outside", _PLAIN),
+        ("floor", np.floor, "round toward -inf", _PLAIN), ("ceil", np.ceil, "round toward +inf", _PLAIN)]:
+    _unary(_name, lambda x, _p=_name: R.call(_p, x), _np_unary(_np_fn), "float", _doc, **_props)
 
 _unary("round", lambda x: R.call("round_even", x), _np_unary(np.round), "float",
-       "round to nearest, ties to even (ONNX Round)")
+       "round to nearest, ties to even (ONNX Round)", epilogue_fusible=True)
 
 define("relu", ("x",), shape=_typed("num"), rule=R.elementwise(R.relu),
        numpy=lambda xs, out: np.maximum(xs[0], np.zeros((), xs[0].dtype)), family="elementwise",
-       examples=_unary_examples("num"),
+       examples=_unary_examples("num"), epilogue_fusible=True,
        doc="max(x, 0); NaN propagates")
 
-_unary("sigmoid", _wide(R.sigmoid), _wide_np(_np_sigmoid), "float", "1 / (1 + exp(-x))")
-_unary("silu", _wide(R.silu), _wide_np(lambda x: x * _np_sigmoid(x)), "float", "x * sigmoid(x) (swish)")
+_unary("sigmoid", _wide(R.sigmoid), _wide_np(_np_sigmoid), "float", "1 / (1 + exp(-x))", epilogue_fusible=True)
+_unary("silu", _wide(R.silu), _wide_np(lambda x: x * _np_sigmoid(x)), "float", "x * sigmoid(x) (swish)",
+       epilogue_fusible=True)
 # the composites below have no fast path: the rule (with its accurate expm1/log1p forms) is
 # evaluated, so the interpreter computes exactly what the rule says
 _unary("softplus", _wide(R.softplus), None, "float",
-       "log(1 + exp(x)), computed without overflow for large x")
+       "log(1 + exp(x)), computed without overflow for large x", precision_policy="keep-fp32")
 _unary("mish", _wide(R.mish), None, "float",
-       "x * tanh(softplus(x))")
+       "x * tanh(softplus(x))", precision_policy="keep-fp32")
 _unary("softsign", _wide(R.softsign), _wide_np(lambda x: x / (1 + np.abs(x))), "float", "x / (1 + |x|)")
 _unary("hardsigmoid", _wide(R.hardsigmoid), _wide_np(_np_hardsigmoid), "float",
        "max(0, min(1, alpha * x + beta))", attrs={"alpha": ("float", 0.2), "beta": ("float", 0.5)},
-       variants=({"alpha": 0.3, "beta": 0.4}, {"alpha": -1.0, "beta": 0.0}))
+       variants=({"alpha": 0.3, "beta": 0.4}, {"alpha": -1.0, "beta": 0.0}), epilogue_fusible=True)
 _unary("hardswish", _wide(R.hardswish), _wide_np(lambda x: x * _np_hardsigmoid(x, 1.0 / 6.0, 0.5)), "float",
-       "x * max(0, min(1, x / 6 + 1 / 2)) (ONNX HardSwish)")
+       "x * max(0, min(1, x / 6 + 1 / 2)) (ONNX HardSwish)", epilogue_fusible=True)
 _unary("leaky_relu", _wide(R.leaky_relu), _wide_np(lambda x, alpha: np.where(x < 0, x * alpha, x)), "float",
-       "x < 0 ? alpha * x : x", attrs={"alpha": ("float", 0.01)}, variants=({"alpha": 0.2}, {"alpha": -1.5}))
+       "x < 0 ? alpha * x : x", attrs={"alpha": ("float", 0.01)}, variants=({"alpha": 0.2}, {"alpha": -1.5}),
+       epilogue_fusible=True)
 _unary("thresholded_relu", _wide(R.thresholded_relu),
        _wide_np(lambda x, alpha: np.where(x > alpha, x, np.zeros((), x.dtype))), "float",
        "x > alpha ? x : 0", attrs={"alpha": ("float", 1.0)}, variants=({"alpha": -0.5}, {"alpha": 0.0}))
 _unary("elu", _wide(R.elu), None, "float",
-       "x < 0 ? alpha * (exp(x) - 1) : x", attrs={"alpha": ("float", 1.0)}, variants=({"alpha": 0.5},))
+       "x < 0 ? alpha * (exp(x) - 1) : x", attrs={"alpha": ("float", 1.0)}, variants=({"alpha": 0.5},),
+       epilogue_fusible=True)
 _unary("selu", _wide(R.selu), None, "float",
        "gamma * (x > 0 ? x : alpha * (exp(x) - 1)); defaults are ONNX's constants",
        attrs={"alpha": ("float", 1.67326319217681884765625), "gamma": ("float", 1.05070102214813232421875)},
@@ -379,7 +395,7 @@ def _gelu_type(types: list[TensorType], approximate: str) -> TensorType:
 
 _unary("gelu", _wide(R.gelu), _wide_np(_np_gelu), "float",
        "x * Phi(x) (approximate='none', with erf) or its tanh approximation (approximate='tanh')",
-       attrs={"approximate": ("str", "none")}, shape=_gelu_type,
+       attrs={"approximate": ("str", "none")}, shape=_gelu_type, epilogue_fusible=True,
        examples=lambda rng: [c for a in ("none", "tanh") for c in _unary_examples("float", {"approximate": a})(rng)])
 
 # --------------------------------------------------------------------------------------
@@ -425,7 +441,8 @@ def _clip_examples(rng: np.random.Generator) -> list[Example]:
 _unary("clip", _clip_rule, _np_clip, "num",
        "min(max(x, min), max); a missing bound is no bound, min > max gives max, NaN propagates; "
        "integer operands clamp the bounds to their range",
-       attrs={"min": ("float", None), "max": ("float", None)}, shape=_clip_type, examples=_clip_examples)
+       attrs={"min": ("float", None), "max": ("float", None)}, shape=_clip_type, examples=_clip_examples,
+       epilogue_fusible=True)
 
 # --------------------------------------------------------------------------------------
 # classification and bitwise/logical not
@@ -487,7 +504,7 @@ def _cast_examples(rng: np.random.Generator) -> list[Example]:
 
 define("cast", ("x",), attrs={"to": ("dtype", REQUIRED)},
        shape=_cast_type, rule=R.elementwise(lambda x, to: R.cast(x, to)), numpy=_np_cast, family="elementwise",
-       examples=_cast_examples,
+       examples=_cast_examples, epilogue_fusible=True, precision_policy="as-declared",
        doc="convert element type; float->int truncates toward zero (NaN/inf give 0, other out-of-range values "
            "are unspecified), ->bool is x != 0, int->int wraps, float->narrower float rounds to nearest even")
 

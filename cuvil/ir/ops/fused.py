@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.ir import rules as R
+from cuvil.ir.evaluate import evaluate_region
 from cuvil.ir.inline import value_rule
 from cuvil.ir.opdef import REQUIRED, define
 from cuvil.ir.region import Region
@@ -40,11 +41,7 @@ def _fused_rule(c: R.RuleCtx) -> R.Expr:
 
 
 def _fused_numpy(xs: list[np.ndarray], out: TensorType, body: Region, kind: str) -> np.ndarray:
-    from cuvil.interp import run_function
-    from cuvil.ir.module import Function
-
-    fn = Function("body", body.params, (body.result,), ("out",))
-    return run_function(fn, {}, xs)[0]
+    return evaluate_region(body, xs)
 
 
 def _examples(rng: np.random.Generator) -> list[tuple[list[np.ndarray], dict[str, Any]]]:

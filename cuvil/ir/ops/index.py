@@ -236,22 +236,6 @@ define("embedding", ("table", "ids"), shape=_embedding_type, rule=_embedding_rul
 # scatter_elements / scatter_nd
 
 
-def _lowest(dtype: DType) -> float | int | bool:
-    if dtype.is_float:
-        return -np.inf
-    if dtype is DType.bool:
-        return False
-    return int(np.iinfo(dtype.np).min)
-
-
-def _highest(dtype: DType) -> float | int | bool:
-    if dtype.is_float:
-        return np.inf
-    if dtype is DType.bool:
-        return True
-    return int(np.iinfo(dtype.np).max)
-
-
 def _combine(kind: str, x: R.Expr, extents: Sequence[Dim], match: Any, update: Any, position: Any) -> R.Expr:
     """x combined with the updates whose index matches this output element.
     ``match(ks)``: does update ks target it; ``position(ks)``: ks flattened (i64);
@@ -264,7 +248,7 @@ def _combine(kind: str, x: R.Expr, extents: Sequence[Dim], match: Any, update: A
         last = R.reduce("max", extents, lambda *ks: R.select(match(ks), position(ks), R.lit(-1, DType.i64)))
         return R.select(last >= 0, update(None, last), x)
     red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
-    neutral = {"add": -0.0 if dt.is_float else 0, "mul": 1, "max": _lowest(dt), "min": _highest(dt)}[kind]
+    neutral = {"add": -0.0 if dt.is_float else 0, "mul": 1, "max": R.lowest(dt), "min": R.highest(dt)}[kind]
     strides: list[Dim] = []
     total: Dim = 1
     for d in reversed(list(extents)):

@@ -53,7 +53,7 @@ def _matmul_numpy(xs: list[np.ndarray], out: TensorType, transpose_a: bool, tran
 
 
 define("matmul", ("lhs", "rhs"), attrs={"transpose_a": ("bool", False), "transpose_b": ("bool", False)},
-       shape=_matmul_type, rule=_matmul_rule, numpy=_matmul_numpy, family="linalg",
+       shape=_matmul_type, rule=_matmul_rule, numpy=_matmul_numpy, family="linalg", contraction=True,
        examples=lambda rng: [
            ([rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((4, 5)).astype(np.float32)], {}),
            ([rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((2, 5, 4)).astype(np.float32)],

@@ -186,7 +186,7 @@ def _conv_examples(rng: np.random.Generator) -> list:
 
 define("conv", ("x", "w"),
        attrs={"strides": ("ints", ()), "pads": ("ints", ()), "dilations": ("ints", ()), "groups": ("int", 1)},
-       shape=_conv_type, rule=_conv_rule, numpy=_conv_numpy, family="nn", examples=_conv_examples,
+       shape=_conv_type, rule=_conv_rule, numpy=_conv_numpy, family="nn", examples=_conv_examples, contraction=True,
        doc="N-d grouped convolution (cross-correlation), NC* layout, w: [O, C/groups, *k]; zero padding; no bias")
 
 
@@ -294,18 +294,10 @@ def _window_positions(c: R.RuleCtx, taps: Sequence[R.Ix]) -> list[R.Ix]:
     return [c.out[2 + j] * s[j] + taps[j] * d[j] - pb[j] for j in range(nsp)]
 
 
-def _lowest(dtype: DType) -> float | int | bool:
-    if dtype.is_float:
-        return -math.inf
-    if dtype is DType.bool:
-        return False
-    return int(np.iinfo(dtype.np).min)
-
-
 def _max_pool_rule(c: R.RuleCtx) -> R.Expr:
     (x,) = c.inputs
     n, ch = c.out[:2]
-    low = _lowest(x.dtype)
+    low = R.lowest(x.dtype)
     best = R.reduce("max", c.attrs["kernel"], lambda *ks: x.at(n, ch, *_window_positions(c, ks), oob=low))
     if c.attrs["output"] == "values":
         return best
@@ -322,7 +314,7 @@ def _max_pool_index(c: R.RuleCtx, best: R.Expr) -> R.Expr:
 
     def hit_index(*ks: R.Ix) -> R.Expr:
         pos = _window_positions(c, ks)
-        v = x.at(n, ch, *pos, oob=_lowest(x.dtype))
+        v = x.at(n, ch, *pos, oob=R.lowest(x.dtype))
         hit = R.call("eq", v, best)
         if x.dtype.is_float:
             hit = R.call("or", hit, R.call("isnan", v))
@@ -373,7 +365,7 @@ def _max_pool_numpy(xs: list[np.ndarray], out: TensorType, kernel: tuple[int, ..
                     pads: tuple[int, ...], dilations: tuple[int, ...], ceil_mode: bool, output: str,
                     storage_order: int) -> np.ndarray:
     x = xs[0]
-    low = _lowest(DType.from_numpy(x.dtype))
+    low = R.lowest(DType.from_numpy(x.dtype))
     if output == "values":
         return _tap_reduce(x, out, kernel, strides, pads, dilations, low, np.maximum)
     return _max_pool_indices_numpy(x, out, kernel, strides, pads, dilations, low, storage_order)
@@ -526,7 +518,7 @@ def _lp_pool_numpy(xs: list[np.ndarray], out: TensorType, kernel: tuple[int, ...
 
 
 define("lp_pool", ("x",), attrs={**_POOL_ATTRS, "p": ("float", 2.0)},
-       shape=_pool_type, rule=_lp_pool_rule, numpy=_lp_pool_numpy, family="nn",
+       shape=_pool_type, rule=_lp_pool_rule, numpy=_lp_pool_numpy, family="nn", precision_policy="keep-fp32",
        examples=lambda rng: _pool_examples({})(rng)[:3] + _pool_examples({"p": 3.0})(rng)[3:],
        doc="(sum over each window of |x|^p)^(1/p); padding reads 0")
 
@@ -574,7 +566,7 @@ def _batch_norm_examples(rng: np.random.Generator) -> list:
 
 define("batch_norm", ("x", "scale", "bias", "mean", "var"), attrs={"epsilon": ("float", 1e-5)},
        shape=_batch_norm_type, rule=_batch_norm_rule, numpy=_batch_norm_numpy, family="nn",
-       examples=_batch_norm_examples,
+       examples=_batch_norm_examples, precision_policy="keep-fp32",
        doc="inference batch norm over channel axis 1: (x - mean) / sqrt(var + eps) * scale + bias")
 
 
@@ -638,7 +630,7 @@ def _layer_norm_examples(rng: np.random.Generator) -> list:
 
 define("layer_norm", ("x", "scale", "bias"), attrs={"axis": ("int", -1), "epsilon": ("float", 1e-5)},
        shape=_layer_norm_type, rule=_layer_norm_rule, numpy=_layer_norm_numpy, family="nn",
-       examples=_layer_norm_examples,
+       examples=_layer_norm_examples, precision_policy="keep-fp32",
        doc="normalize over axes [axis, rank) with the biased variance; scale and bias broadcast to those axes")
 
 
@@ -702,11 +694,11 @@ def _softmax_examples(rng: np.random.Generator) -> list:
 
 
 define("softmax", ("x",), attrs={"axis": ("int", -1)}, shape=_axis_type, rule=_softmax_rule,
-       numpy=_softmax_numpy, family="nn", examples=_softmax_examples,
+       numpy=_softmax_numpy, family="nn", examples=_softmax_examples, precision_policy="keep-fp32",
        doc="exp(x - max) / sum(exp(x - max)) along one axis")
 
 define("log_softmax", ("x",), attrs={"axis": ("int", -1)}, shape=_axis_type, rule=_log_softmax_rule,
-       numpy=_log_softmax_numpy, family="nn", examples=_softmax_examples,
+       numpy=_log_softmax_numpy, family="nn", examples=_softmax_examples, precision_policy="keep-fp32",
        doc="x - max - log(sum(exp(x - max))) along one axis")
 
 
@@ -753,7 +745,7 @@ def _lrn_numpy(xs: list[np.ndarray], out: TensorType, size: int, alpha: float, b
 
 define("lrn", ("x",), attrs={"size": ("int", REQUIRED), "alpha": ("float", 1e-4), "beta": ("float", 0.75),
                              "bias": ("float", 1.0)},
-       shape=_lrn_type, rule=_lrn_rule, numpy=_lrn_numpy, family="nn",
+       shape=_lrn_type, rule=_lrn_rule, numpy=_lrn_numpy, family="nn", precision_policy="keep-fp32",
        examples=lambda rng: [([rng.standard_normal((2, 5, 3, 4)).astype(np.float32)], {"size": 3}),
                              ([rng.standard_normal((2, 6, 3)).astype(np.float32)],
                               {"size": 4, "alpha": 0.01, "beta": 0.5, "bias": 2.0})],

@@ -98,10 +98,12 @@ _REDUCE_ATTRS = {"axes": ("ints", ()), "keepdims": ("bool", False)}
 
 define("reduce_sum", ("x",), attrs=_REDUCE_ATTRS,
        shape=_reduce_type, rule=reduction_rule("sum"), numpy=_np_reduce("sum"),
-       family="reduce", doc="sum over `axes` (all axes when empty)", examples=_reduce_examples)
+       family="reduce", doc="sum over `axes` (all axes when empty)", examples=_reduce_examples,
+       precision_policy="keep-fp32")
 
 define("reduce_mean", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=_mean_rule, numpy=_mean_numpy,
        family="reduce", examples=lambda rng: _reduce_examples(rng)[:3] + _reduce_examples(rng)[4:],
+       precision_policy="keep-fp32",
        doc="sum over `axes` (all when empty) divided by the number of reduced elements (ints truncate)")
 
 define("reduce_max", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=reduction_rule("max"),
@@ -115,7 +117,7 @@ define("reduce_min", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=reduc
        doc="min over `axes` (all when empty), NaN-propagating; an empty reduction gives +inf (the highest value)")
 
 define("reduce_prod", ("x",), attrs=_REDUCE_ATTRS, shape=_reduce_type, rule=reduction_rule("prod"),
-       numpy=_np_reduce("prod"), family="reduce", examples=_reduce_examples,
+       numpy=_np_reduce("prod"), family="reduce", examples=_reduce_examples, precision_policy="keep-fp32",
        doc="product over `axes` (all when empty); an empty reduction gives 1")
 
 
@@ -264,7 +266,7 @@ def _scan_examples(rng: np.random.Generator) -> list:
 _SCAN_ATTRS = {"axis": ("int", REQUIRED), "exclusive": ("bool", False), "reverse": ("bool", False)}
 
 define("cumsum", ("x",), attrs=_SCAN_ATTRS, shape=_scan_type, rule=_scan_rule("sum"), numpy=_scan_numpy("sum"),
-       family="reduce", examples=_scan_examples,
+       family="reduce", examples=_scan_examples, precision_policy="keep-fp32",
        doc="running sum along `axis`; exclusive leaves out the element itself, reverse runs from the end")
 
 define("cumprod", ("x",), attrs=_SCAN_ATTRS, shape=_scan_type, rule=_scan_rule("prod"), numpy=_scan_numpy("prod"),
