@@ -24,7 +24,7 @@ from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
 from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
-from cuvil.ir.opdef import get_op
+from cuvil.ir.opdef import contraction_ops, get_op
 from cuvil.ir.rulewalk import fold_ix, mentioned_vars, numpy_ix
 from cuvil.ir.specialize import bind_attr
 from cuvil.ir.symbolic import evaluate_dim
@@ -36,9 +36,9 @@ _HALF = P // 2
 CHUNK_ELEMENTS = 1 << 22
 """Output points times reduction extent evaluated at once."""
 
-BILINEAR = ("matmul", "conv")
-"""Ops linear in each float operand: over Z_p they run as float64 products of 16-bit limbs through
-the op's fast path (im2col and BLAS), exact while a reduction sums fewer than 2^20 terms."""
+# Contractions (``OpDef.contraction``) are linear in each float operand: over Z_p they run as
+# float64 products of 16-bit limbs through the op's fast path (im2col and BLAS), exact while a
+# reduction sums fewer than 2^20 terms.
 _LIMB = 1 << 16
 _LIMB_TERMS = 1 << 20
 BILINEAR_SPEEDUP = 16
@@ -113,7 +113,7 @@ def work(fn: Function, dims: Mapping[str, int]) -> int:
 
 
 def _limb_product_applies(v: Value, extent: int) -> bool:
-    return (v.op in BILINEAR and get_op(v.op).numpy is not None and v.dtype.is_float
+    return (v.op in contraction_ops() and get_op(v.op).numpy is not None and v.dtype.is_float
             and all(o.dtype.is_float for o in v.operands) and extent < _LIMB_TERMS)
 
 
