@@ -25,6 +25,7 @@ from cuvil.frontend.onnx_import import import_onnx
 from cuvil.ir import Builder, DType
 from cuvil.passes.manager import PassManager
 from cuvil.runtime.loader import load, read_manifest
+from tests.hostile.campaign import nested_loops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,33 +130,12 @@ def test_long_names_that_share_a_beginning_keep_distinct_symbols():
 # 3. every stage a model or a plugin can make unbounded has a budget
 
 
-def _nested_loops(trips: int, depth: int) -> onnx.ModelProto:
-    def body(level: int) -> onnx.GraphProto:
-        ins = [_vi(f"i{level}", [], TensorProto.INT64), _vi(f"c{level}", [], TensorProto.BOOL), _vi(f"v{level}", [1])]
-        one = helper.make_node("Constant", [], [f"one{level}"], value=numpy_helper.from_array(np.ones(1, np.float32)))
-        nodes = [one, helper.make_node("Identity", [f"c{level}"], [f"co{level}"])]
-        if level + 1 < depth:
-            n = helper.make_node("Constant", [], [f"n{level}"], value=numpy_helper.from_array(np.array(trips)))
-            t = helper.make_node("Constant", [], [f"t{level}"], value=numpy_helper.from_array(np.array(True)))
-            nodes += [n, t, helper.make_node("Loop", [f"n{level}", f"t{level}", f"v{level}"], [f"in{level}"],
-                                             body=body(level + 1)),
-                      helper.make_node("Add", [f"in{level}", f"one{level}"], [f"vo{level}"])]
-        else:
-            nodes.append(helper.make_node("Add", [f"v{level}", f"one{level}"], [f"vo{level}"]))
-        return helper.make_graph(nodes, f"b{level}", ins, [_vi(f"co{level}", [], TensorProto.BOOL),
-                                                            _vi(f"vo{level}", [1])])
-
-    loop = helper.make_node("Loop", ["n", "t", "x"], ["y"], body=body(0))
-    return _model([loop], [_vi("x", [1])], [_vi("y", [1])],
-                  [numpy_helper.from_array(np.array(trips), "n"), numpy_helper.from_array(np.array(True), "t")])
-
-
 def test_nested_loops_share_one_unroll_budget(monkeypatch):
     monkeypatch.setattr(onnx_import, "MAX_UNROLL_TOTAL", 200)
-    out = cuvil.interp.run_reference(import_onnx(_nested_loops(10, 2)), [np.zeros(1, np.float32)])
+    out = cuvil.interp.run_reference(import_onnx(nested_loops(10, 2)), [np.zeros(1, np.float32)])
     np.testing.assert_array_equal(out[0], [110.0])  # 10 outer trips of (10 inner + 1): within budget
     with pytest.raises(BudgetError, match="200 loop iterations"):
-        import_onnx(_nested_loops(15, 2))  # each loop alone is small; together 15 + 225 > 200
+        import_onnx(nested_loops(15, 2))  # each loop alone is small; together 15 + 225 > 200
 
 
 def test_a_plugin_pass_that_never_returns_is_stopped(tmp_path, monkeypatch):

@@ -235,3 +235,17 @@ TWINS = [
     Incident("naive_softmax_safe", naive_softmax_safe, UNIT),
     Incident("int8_saturation_safe", int8_layer_safe, UNIT, "int8"),
 ]
+
+
+def open_layer_norm() -> Module:
+    """A layer norm after a matmul with a tiny epsilon: the prober can neither prove it safe nor
+    find an overflow (its sites stay open)."""
+    """A layer norm whose epsilon (1e-12) is 0 in float16: the division may be 0/0 unless the inputs
+    are never all equal, which the biases guarantee but intervals cannot see."""
+    rng = np.random.default_rng(2)
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 4])
+    w = (rng.standard_normal((4, 8)) * 0.1).astype(np.float32)
+    h = b.add(b.matmul(x, b.const(w)), b.const(np.arange(8, dtype=np.float32) * 0.01))
+    y = b.layer_norm(h, b.const(np.ones(8, np.float32)), b.const(np.zeros(8, np.float32)), epsilon=1e-12)
+    return b.module(b.function("main", [x], [y]))

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from cuvil.cli import main
-from cuvil.ir import Builder, DType
 from cuvil.ir.printer import export_ir
 
 HERE = Path(__file__).parent
@@ -28,18 +27,6 @@ def _cir(tmp: Path, name: str, module) -> str:  # type: ignore[no-untyped-def]
     path = tmp / f"{name}.cir"
     export_ir(module, path)
     return str(path)
-
-
-def _open_model():  # type: ignore[no-untyped-def]
-    """A layer norm whose epsilon (1e-12) is 0 in float16: the division may be 0/0 unless the inputs
-    are never all equal, which the biases guarantee but intervals cannot see."""
-    rng = np.random.default_rng(2)
-    b = Builder()
-    x = b.param("x", DType.f32, [1, 4])
-    w = (rng.standard_normal((4, 8)) * 0.1).astype(np.float32)
-    h = b.add(b.matmul(x, b.const(w)), b.const(np.arange(8, dtype=np.float32) * 0.01))
-    y = b.layer_norm(h, b.const(np.ones(8, np.float32)), b.const(np.zeros(8, np.float32)), epsilon=1e-12)
-    return b.module(b.function("main", [x], [y]))
 
 
 def test_confirmed_overflow_exit_1_with_reports_and_witness(tmp_path: Path) -> None:
@@ -68,7 +55,7 @@ def test_proved_safe_exit_0(tmp_path: Path) -> None:
 
 
 def test_open_sites_exit_3(tmp_path: Path) -> None:
-    model = _cir(tmp_path, "ln", _open_model())
+    model = _cir(tmp_path, "ln", incidents.open_layer_norm())
     out = tmp_path / "r.json"
     code = main(["probe", model, "--range", "x=-1:1", "--json", str(out), "--time-limit", "10", "-q",
                  "--no-boundary"])
