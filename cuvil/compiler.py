@@ -529,7 +529,7 @@ class _CompileJob:
 
     def _certificate(self, mark: int, optimized: Module) -> dict[str, Any]:
         """The gate's certificate for the applications since ``mark``, bound to the function compiled."""
-        from cuvil.codegen.module import function_hash
+        from cuvil.codegen.llvm_module import function_hash
 
         names = [p.name for p in parse_pipeline(self.passes)]
         report = self.gate.report(names, since=mark)

@@ -120,8 +120,8 @@ def test_reader_columns_come_from_the_readers_tables(capsys):
 
 
 def test_a_reader_without_a_primitive_marks_the_ops_whose_rules_use_it(capsys, monkeypatch, tmp_path):
-    from verify.encode import SUPPORTED_REDUCTIONS
-    from verify.encoders import SUPPORTED_PRIMITIVES
+    from verify.cone_encoder import SUPPORTED_REDUCTIONS
+    from verify.scalar_semantics import SUPPORTED_PRIMITIVES
 
     without_exp = {k: sorted(v - {"exp"}) for k, v in SUPPORTED_PRIMITIVES.items()}
     reductions = {k: sorted(v - {"prod"}) for k, v in SUPPORTED_REDUCTIONS.items()}

@@ -3,7 +3,7 @@
 An unsound axiom proves anything, so each one here is stated once and checked on the
 reference interpreter's scalar functions (``cuvil.ir.numpy_prims.NUMPY_PRIMITIVES``) at every
 float dtype, over edge values (signed zeros, infinities, NaN, subnormals, extremes) and
-random ones. ``verify.encoders`` records which of them a proof used; the certificate
+random ones. ``verify.scalar_semantics`` records which of them a proof used; the certificate
 lists them.
 """
 

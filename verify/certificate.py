@@ -22,7 +22,7 @@ from typing import Any
 import z3
 
 from verify.axioms import axiom_status
-from verify.encode import DIM_LIMIT
+from verify.cone_encoder import DIM_LIMIT
 from verify.obligations import Application, ObligationRecord
 
 CERTIFICATE_FORMAT = "cuvil-certificate/2"
@@ -41,7 +41,7 @@ TIERS = {
 ASSUMPTIONS = (f"a symbolic dim without an upper constraint is at most 2^{DIM_LIMIT.bit_length() - 1} "
                "(no tensor axis can be longer)",)
 
-_SEMANTICS_SOURCES = ("cuvil/ir", "verify/encode.py", "verify/encoders.py", "verify/narrow_bits.py",
+_SEMANTICS_SOURCES = ("cuvil/ir", "verify/cone_encoder.py", "verify/scalar_semantics.py", "verify/narrow_bits.py",
                       "verify/poly.py", "verify/axioms.py", "verify/cone.py")
 
 
@@ -92,7 +92,7 @@ def kept_unproved(cert: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @dataclass
-class Report:
+class Verification:
     """All pass applications checked for one module (a single pass, or a pipeline)."""
 
     module: str

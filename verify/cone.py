@@ -27,7 +27,7 @@ from cuvil.ir.opdef import get_op
 from cuvil.ir.region import Region
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, param, walk
-from verify.encode import Leaf
+from verify.cone_encoder import Leaf
 
 CONCRETE_LIMIT = 16
 """Constants only one side has are read element by element up to this size (splats at any size)."""

@@ -16,7 +16,7 @@ from typing import Any
 from cuvil.ir.hashing import module_hash
 from cuvil.ir.module import Module
 from cuvil.passes.base import Pass
-from verify.certificate import Report
+from verify.certificate import Verification
 from verify.errors import ProofFailure, ProofIncomplete
 from verify.obligations import DEFAULT_TIMEOUT, Application, check_application
 from verify.verdict import Refuted
@@ -94,13 +94,13 @@ class Gate:
         """A position in the record: :meth:`report` with ``since=mark`` covers only later applications."""
         return len(self.applications)
 
-    def report(self, pipeline: list[str] | None = None, *, since: int = 0) -> Report:
+    def report(self, pipeline: list[str] | None = None, *, since: int = 0) -> Verification:
         apps = self.applications[since:]
         names = pipeline if pipeline is not None else [a.pass_name for a in apps]
         rollbacks = [dict(r, application=r["application"] - since) for r in self.rollbacks
                      if r["application"] >= since]
         first = self._modules[since] if since < len(self._modules) else ""
-        return Report(first, names, list(apps), [r["pass"] for r in rollbacks], rollbacks, policy=self.policy)
+        return Verification(first, names, list(apps), [r["pass"] for r in rollbacks], rollbacks, policy=self.policy)
 
 
 def make_gate(policy: str = "strict", timeout: float = DEFAULT_TIMEOUT, *, seed: int = 0,

@@ -24,7 +24,7 @@ from cuvil.ir.module import Function, Module, content_hash
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
 from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, param_dependent
-from verify.encode import Leaf
+from verify.cone_encoder import Leaf
 from verify.errors import VerifierInconsistency
 from verify.prove import Attempt, prove
 from verify.refute import Evaluations, ObligationCase, Refuter, Search

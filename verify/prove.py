@@ -19,7 +19,7 @@ import z3
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import DimConstraint
 from cuvil.ir.values import Value
-from verify.encode import ConeEncoder, EncodingError, Leaf, inequality
+from verify.cone_encoder import ConeEncoder, EncodingError, Leaf, inequality
 
 
 @dataclass

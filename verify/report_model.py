@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 
 from reports.model import Evidence, Location, Report, Result, Rule
-from verify.certificate import TIERS
-from verify.certificate import Report as VerifyReport
+from verify.certificate import TIERS, Verification
 from verify.obligations import ObligationRecord
 from verify.verdict import Counterexample, Proved, Refuted
 
@@ -63,7 +62,7 @@ def obligation_message(o: ObligationRecord) -> str:
     return f"unknown: {v.reason}"
 
 
-def to_report(rep: VerifyReport, *, model: str | None = None, settings: Mapping[str, Any] | None = None,
+def to_report(rep: Verification, *, model: str | None = None, settings: Mapping[str, Any] | None = None,
               version: str = "", timings: Mapping[str, float] | None = None) -> Report:
     results = []
     used: set[str] = set()

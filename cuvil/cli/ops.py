@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the catalogue is imported when a command runs, not when the
 NOT_YET = "not yet"
 TORCH_MISSING = "torch not installed"
 
-READERS = {"z3": ("verify.encoders", "verify.encode"), "llvm": ("cuvil.codegen.scalar", "cuvil.codegen.lower_rule")}
+READERS = {"z3": ("verify.scalar_semantics", "verify.cone_encoder"),
+           "llvm": ("cuvil.codegen.scalar", "cuvil.codegen.lower_rule")}
 """The modules of each compute-rule reader that publish what it implements: ``SUPPORTED_PRIMITIVES``
 and ``SUPPORTED_REDUCTIONS`` (element kind ``float`` / ``int`` / ``bool`` -> names). Readers see an
 op only through its rule, so a reader handles an op when every primitive and reduction the rule

@@ -181,7 +181,7 @@ def verify_model(args: argparse.Namespace) -> int:
     from cuvil.ir.hashing import module_hash
     from cuvil.passes.plugins import resolve_pipeline
     from verify.batch import check_all, collect
-    from verify.certificate import Report
+    from verify.certificate import Verification
 
     if args.opt_level is not None and args.passes:
         raise InputError("give either -O<level> or -p PIPELINE, not both", location="-p")
@@ -197,7 +197,7 @@ def verify_model(args: argparse.Namespace) -> int:
     apps = _check(pending, args, "proving pass applications",
                   lambda **kw: check_all(pending, **kw))
     checked = time.perf_counter()
-    report = Report(module_hash(module), [p.name for p in passes], apps, policy="audit")
+    report = Verification(module_hash(module), [p.name for p in passes], apps, policy="audit")
     timings = {"import": imported - start, "pipeline": optimized - imported, "proofs": checked - optimized}
     print_summary(report)
     _write_outputs(report, args, args.model, timings)

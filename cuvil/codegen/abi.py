@@ -7,8 +7,14 @@ and the Python loader all read them from here, so they can never drift apart.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from cuvil.ir.dtypes import DType
+from cuvil.ir.printer import format_dim
+from cuvil.ir.symbolic import Dim, parse_dim
+from cuvil.ir.types import TensorType
 
 ABI_VERSION = 1
 
@@ -79,3 +85,38 @@ def c_identifier(name: str, *, limit: int | None = None) -> str:
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         out = f"{out[: limit - 9]}_{digest}"
     return out
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a compiled function as the manifest, the header and the loader see it:
+    name, dtype and shape (ints, or symbolic dims in a signature before specialization)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[Dim, ...]
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.dtype, self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.np.itemsize
+        for d in self.shape:
+            if not isinstance(d, int):
+                raise ValueError(f"{self} has a symbolic dim: its size is not known")
+            n *= d
+        return n
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype.value, "dtype_code": DTYPE_CODES[self.dtype],
+                "shape": [d if isinstance(d, int) else format_dim(d) for d in self.shape]}
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> TensorSpec:
+        return cls(str(entry["name"]), DType(entry["dtype"]),
+                   tuple(d if isinstance(d, int) else parse_dim(str(d)) for d in entry["shape"]))
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"

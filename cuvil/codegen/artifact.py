@@ -24,7 +24,7 @@ import numpy as np
 from cuvil.codegen import abi
 from cuvil.codegen.header import render_header
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
-from cuvil.codegen.module import PROVENANCE_PREFIX, embed_provenance, lower_function
+from cuvil.codegen.llvm_module import PROVENANCE_PREFIX, embed_provenance, lower_function
 from cuvil.errors import CodegenError, CuvilError
 from cuvil.ir.module import Function
 from cuvil.ir.types import check_tensor_size

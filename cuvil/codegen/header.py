@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from cuvil.codegen import abi
-from cuvil.codegen.module import LoweredFunction, TensorSpec
+from cuvil.codegen.abi import TensorSpec
+from cuvil.codegen.llvm_module import LoweredFunction
 
 _C_TYPES = {
     "f32": "float", "f64": "double", "f16": "uint16_t /* IEEE half bits */",

@@ -11,7 +11,6 @@ from cuvil.passes import (  # noqa: F401
     fp16,
     fuse_elementwise,
     layout_nchwc,
-    plan_memory,
     quantize_int8,
 )
 
@@ -21,8 +20,8 @@ _O1 = ("canonicalize", "cse", "dce")
 # bodies never carry computations on constants alone
 _O2 = ("canonicalize", "cse", "fold-batchnorm", "eliminate-layout-ops", "fold-constants", "canonicalize", "cse",
        "fuse-elementwise", "dce")
-# layout-nchwc records a plan only when the module has a conv; plan-memory runs last, on the final values
-_O3 = (*_O2, "layout-nchwc", "plan-memory")
+# layout-nchwc records a plan only when the module has a conv (memory is planned by the code generator)
+_O3 = (*_O2, "layout-nchwc")
 
 PIPELINES: dict[str, tuple[str, ...]] = {
     "O0": (),

@@ -23,6 +23,7 @@ import numpy as np
 
 from cuvil.arrays import as_array, is_torch_tensor, to_torch
 from cuvil.codegen import abi
+from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.artifact import (
     MANIFEST_FORMAT,
     IntegrityError,
@@ -33,33 +34,12 @@ from cuvil.codegen.artifact import (
 from cuvil.errors import BudgetError, CodegenError, ConstraintError, InputError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
-from cuvil.ir.symbolic import Dim, parse_dim
-from cuvil.ir.types import DimConstraint, TensorType, bind_symbols
+from cuvil.ir.types import DimConstraint, bind_symbols
 
 
 class CTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.POINTER(ctypes.c_int64)),
                 ("rank", ctypes.c_int32), ("dtype", ctypes.c_int32)]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output: name, dtype, shape (ints, or symbolic dims before specialization)."""
-
-    name: str
-    dtype: DType
-    shape: tuple[Dim, ...]
-
-    @classmethod
-    def from_manifest(cls, entry: Mapping[str, Any]) -> TensorSpec:
-        return cls(str(entry["name"]), DType(entry["dtype"]), tuple(int(d) for d in entry["shape"]))
-
-    @property
-    def type(self) -> TensorType:
-        return TensorType(self.dtype, self.shape)
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
 
 
 @dataclass(frozen=True)
@@ -104,25 +84,15 @@ class Signature:
         return env
 
     def to_json(self) -> dict[str, Any]:
-        from cuvil.ir.printer import format_dim
-
-        def spec(s: TensorSpec) -> dict[str, Any]:
-            return {"name": s.name, "dtype": s.dtype.value,
-                    "shape": [d if isinstance(d, int) else format_dim(d) for d in s.shape]}
-
-        return {"function": self.function, "inputs": [spec(s) for s in self.inputs],
-                "outputs": [spec(s) for s in self.outputs],
+        return {"function": self.function, "inputs": [s.to_json() for s in self.inputs],
+                "outputs": [s.to_json() for s in self.outputs],
                 "constraints": [{"symbol": c.symbol, "lo": c.lo, "hi": c.hi, "multiple_of": c.multiple_of}
                                 for c in self.constraints]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Signature:
-        def spec(e: Mapping[str, Any]) -> TensorSpec:
-            return TensorSpec(str(e["name"]), DType(e["dtype"]),
-                              tuple(d if isinstance(d, int) else parse_dim(str(d)) for d in e["shape"]))
-
-        return cls(str(data["function"]), tuple(spec(e) for e in data["inputs"]),
-                   tuple(spec(e) for e in data["outputs"]),
+        return cls(str(data["function"]), tuple(TensorSpec.from_json(e) for e in data["inputs"]),
+                   tuple(TensorSpec.from_json(e) for e in data["outputs"]),
                    tuple(DimConstraint(str(c["symbol"]), int(c["lo"]), None if c["hi"] is None else int(c["hi"]),
                                        int(c["multiple_of"])) for c in data["constraints"]))
 
@@ -161,8 +131,8 @@ class NativeLibrary:
                 raise IntegrityError("; ".join(problems), location=str(path))
         self.path = path
         self.manifest = m
-        self.inputs = tuple(TensorSpec.from_manifest(e) for e in m["inputs"])
-        self.outputs = tuple(TensorSpec.from_manifest(e) for e in m["outputs"])
+        self.inputs = tuple(TensorSpec.from_json(e) for e in m["inputs"])
+        self.outputs = tuple(TensorSpec.from_json(e) for e in m["outputs"])
         self.info: dict[str, Any] = {}  # how it was obtained (cache hit/miss, timings), set by the compiler
         self._lib = _dlopen(path)
         sym = entry_symbols(m["symbol_prefix"])  # never names from the manifest: only these four

@@ -18,8 +18,8 @@ from cuvil.interp import run_reference
 from cuvil.ir import narrow
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from verify.encoders import AbstractFPSemantics
 from verify.narrow_bits import float_to_int, int_to_f64, narrow_float_bits, narrow_float_code, widen_to_f32
+from verify.scalar_semantics import AbstractFPSemantics
 
 NARROW_FLOATS = list(narrow.FORMATS)
 NARROW_INTS = list(narrow.INT_RANGES)

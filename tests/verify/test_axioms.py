@@ -6,7 +6,7 @@ import pytest
 
 from cuvil.interp import NUMPY_PRIMITIVES as P
 from verify.axioms import ABSTRACT_FP, ALL, REAL, Axiom, _binary_law
-from verify.encoders import AbstractFPSemantics, RealSemantics
+from verify.scalar_semantics import AbstractFPSemantics, RealSemantics
 
 
 @pytest.mark.parametrize("name", sorted(ALL))

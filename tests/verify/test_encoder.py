@@ -16,7 +16,7 @@ from cuvil.passes.canonicalize import Canonicalize
 from cuvil.passes.decompose import Decompose
 from verify import check_pass
 from verify.cone import LeafTable
-from verify.encode import ConeEncoder, EncodingError, IndexSpace
+from verify.cone_encoder import ConeEncoder, EncodingError, IndexSpace
 from verify.prove import prove
 
 RNG = np.random.default_rng(3)

@@ -127,22 +127,23 @@ def _prover_unsound(names, monkeypatch_apply) -> dict[str, tuple[str, ...]]:
 
 def test_mutation_integer_wrap(monkeypatch):
     """Keep index arithmetic unbounded whatever its dtype (the old encoder)."""
-    from verify import encode
+    from verify import cone_encoder
 
     _prover_unsound(["wrapping-index-math-inside-one-fused-rule"], lambda: monkeypatch.setattr(
-        encode.ConeEncoder, "_index_int", lambda self, lin, dtype: encode.IndexInt(lin) if dtype.is_int else None))
+        cone_encoder.ConeEncoder, "_index_int",
+        lambda self, lin, dtype: cone_encoder.IndexInt(lin) if dtype.is_int else None))
 
 
 def test_mutation_empty_extents(monkeypatch):
-    from verify import encode
+    from verify import cone_encoder
 
     _prover_unsound([n for n in PROVER_ONLY if "empty" in n], lambda: monkeypatch.setattr(
-        encode.ConeEncoder, "_empty_extent_guard", lambda self, kind, dt, extents, out: out))
+        cone_encoder.ConeEncoder, "_empty_extent_guard", lambda self, kind, dt, extents, out: out))
 
 
 def test_mutation_signed_zero(monkeypatch):
     """Let the encoder drop ``x + 0.0`` (not an identity: -0.0 + 0.0 is +0.0)."""
-    from verify.encoders import AbstractFPSemantics
+    from verify.scalar_semantics import AbstractFPSemantics
 
     original = AbstractFPSemantics._is_lit
     _prover_unsound(["x-plus-zero-removed"], lambda: monkeypatch.setattr(
@@ -151,7 +152,7 @@ def test_mutation_signed_zero(monkeypatch):
 
 def test_mutation_nan(monkeypatch):
     """Encode max(a, b) as a select on a > b, forgetting that NaN propagates through max."""
-    from verify.encoders import AbstractFPSemantics
+    from verify.scalar_semantics import AbstractFPSemantics
 
     original = AbstractFPSemantics.float_call
 

@@ -14,14 +14,14 @@ from wrong_passes import CORPUS as CLASSIC
 
 from cuvil.interp import run_reference
 from cuvil.passes.base import Contract
-from verify import Refuted, Report, check_pass
+from verify import Refuted, Verification, check_pass
 
 MIN_CORPUS = 45
 CORPUS = {**CLASSIC, **PROVER_ONLY, **SEEDED}
 
 
 @functools.cache
-def _report(name: str) -> Report:
+def _report(name: str) -> Verification:
     """One check per corpus entry and process: the per-entry test and the summary share it."""
     pass_, make = CORPUS[name]
     return check_pass(pass_, make())

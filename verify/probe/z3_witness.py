@@ -4,7 +4,7 @@ Sign-gradient ascent cannot leave a region where the gradient is zero (a ReLU th
 everywhere but in a thin slab of the box) and random points rarely land in a thin slab. For a
 site whose value at its worst output index depends on few input elements through polynomial
 ops, z3 can search the box exactly: the value is read from the op compute rules by the
-verifier's ``real`` cone encoder (:class:`verify.encode.ConeEncoder`, floats as reals, every
+verifier's ``real`` cone encoder (:class:`verify.cone_encoder.ConeEncoder`, floats as reals, every
 rounding ignored), each input element is a real constrained to its box, and z3 is asked for
 a point where the value passes the limit by a relative margin (the margin leaves room for the
 rounding the real encoding ignores). A model is only a candidate: the caller confirms it on
@@ -45,7 +45,7 @@ from z3 import z3core as Z3C
 from cuvil.ir.dtypes import DType
 from cuvil.ir.rules import Call
 from cuvil.ir.values import Value
-from verify.encode import ConeEncoder, EncodingError, IndexSpace, Leaf
+from verify.cone_encoder import ConeEncoder, EncodingError, IndexSpace, Leaf
 from verify.probe.bounds import BoundsEngine
 from verify.probe.program import Program
 

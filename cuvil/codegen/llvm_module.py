@@ -24,6 +24,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.kernels import Kernel, select_kernel
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
@@ -32,7 +33,6 @@ from cuvil.codegen.plan import MemoryPlan, nbytes, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR
 from cuvil.errors import CodegenError
 from cuvil.ir import hashing
-from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.types import check_tensor_size
@@ -41,24 +41,6 @@ from cuvil.log import logger
 
 # struct cuvil_tensor { void* data; const int64_t* shape; int32_t rank; int32_t dtype; }: 24 bytes
 TENSOR_STRUCT = ir.LiteralStructType([PTR, PTR, I32, I32])
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: DType
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        n = self.dtype.np.itemsize
-        for d in self.shape:
-            n *= d
-        return n
-
-    def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "dtype": self.dtype.value, "dtype_code": abi.DTYPE_CODES[self.dtype],
-                "shape": list(self.shape)}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from cuvil.ir.rulewalk import FreeVars, fold_ix
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import DimConstraint, TensorType
 from cuvil.ir.values import Value
-from verify.encoders import ENCODERS, AbstractFPSemantics, EncodingError, Semantics
+from verify.scalar_semantics import ENCODERS, AbstractFPSemantics, EncodingError, Semantics
 
 UNROLL_LIMIT = 16
 """Reductions over at most this many (static) elements are unrolled."""
