@@ -44,6 +44,7 @@ conformance: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check cuvil verify lora failsafe reports bench tests
+	$(BIN)/basedpyright
 
 clean:
 	rm -rf $(VENV) $(LATEST) .pytest_cache build *.egg-info

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -228,68 +228,65 @@ def compare(got: np.ndarray, exp: np.ndarray, rtol: float, atol: float) -> str:
 
 
 _RANDOM_OPS = {"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike"}
+_CODE_CATEGORIES = {"CUVIL-UNSUPPORTED-OP": "unsupported variant", "CUVIL-OPSET": "unsupported opset",
+                    "CUVIL-SHAPE": "shape error", "CUVIL-IR": "converter error"}
+
+# (pattern, category) in order; a category is a string formatted with the match's groups, or a
+# function of its first group
+_Categories = tuple[tuple[str, str | Callable[[str], str]], ...]
+
+
+def _unsupported_op_category(op: str) -> str:
+    name = op.split("::")[-1]
+    if name in _RANDOM_OPS:
+        return "non-deterministic op"
+    if name.startswith(("Sequence", "Optional")) or name in ("SplitToSequence", "ConcatFromSequence"):
+        return "sequence/optional values"
+    return f"unsupported op {op}"
+
+
+_REASON_CATEGORIES: _Categories = (
+    (r"\ATIMEOUT", "timeout"),
+    (r"\ACRASH (\w+)", "crash: {0}"),
+    (r"\ACRASH", "crash: unknown"),
+    (r"\ACUVIL-UNSUPPORTED-OP: ONNX op (\S+) is not supported", _unsupported_op_category),
+    (r"is not a tensor", "sequence/optional values"),
+    (r"draws random", "non-deterministic op"),
+    (r"\ACUVIL-IR: converting (\S+) failed", "converter error in {0}"),
+    (r"\ACUVIL-IR: (\w+) produced shape", "shape rule mismatch in {0}"),
+    (r"\ACUVIL-UNSUPPORTED-OP: element type \S+ is not supported", "unsupported element type"),
+    (r"\ACUVIL-DYNAMIC-INPUT", "dynamic input"),
+    (r"\ACUVIL-CODEGEN: (.*)", lambda message: "codegen: " + _codegen_category(message)),
+    (r"\ACUVIL-EVAL", "run-time error"),
+    (r"\A(CUVIL-[A-Z0-9-]+)", lambda code: _CODE_CATEGORIES.get(code, code.lower())),
+    (r"\Aoutput \d+: values differ", "wrong values"),
+    (r"\Aoutput \d+: (?:shape|dtype)|\Aoutput count", "wrong shape or dtype"),
+    (r"\Ano data sets\Z", "no data"),
+)
+_CODEGEN_CATEGORIES: _Categories = (
+    (r"element type \S+|dtype \S+ is not supported|float8\w*|float4\w*|u?int[42]\b", "unsupported element type"),
+    (r"symbolic", "symbolic shapes"),
+    (r"malformed", "malformed LLVM IR"),
+    (r"\Aprimitive '(\w+)' is not defined on (\w+)", "primitive {0} on {1}"),
+)
+
+
+def _classify(text: str, categories: _Categories) -> str | None:
+    """The category of the first pattern found in ``text``, None when none is."""
+    for pattern, category in categories:
+        m = re.search(pattern, text)
+        if m:
+            return category.format(*m.groups()) if isinstance(category, str) else category(m.group(1))
+    return None
 
 
 def reason_category(reason: str) -> str:
     """A short, stable grouping of a failure reason (for tallies and the expected-failures list)."""
-    if reason.startswith("TIMEOUT"):
-        return "timeout"
-    if reason.startswith("CRASH"):
-        m = re.match(r"CRASH (\w+)", reason)
-        return f"crash: {m.group(1) if m else 'unknown'}"
-    m = re.match(r"CUVIL-UNSUPPORTED-OP: ONNX op (\S+) is not supported", reason)
-    if m:
-        op = m.group(1).split("::")[-1]
-        if op in _RANDOM_OPS:
-            return "non-deterministic op"
-        if op.startswith(("Sequence", "Optional")) or op in ("SplitToSequence", "ConcatFromSequence"):
-            return "sequence/optional values"
-        return f"unsupported op {m.group(1)}"
-    if "is not a tensor" in reason:
-        return "sequence/optional values"
-    if "draws random" in reason:
-        return "non-deterministic op"
-    m = re.match(r"CUVIL-IR: converting (\S+) failed", reason)
-    if m:
-        return f"converter error in {m.group(1)}"
-    m = re.match(r"CUVIL-IR: (\w+) produced shape", reason)
-    if m:
-        return f"shape rule mismatch in {m.group(1)}"
-    m = re.match(r"CUVIL-UNSUPPORTED-OP: element type (\S+) is not supported", reason)
-    if m:
-        return "unsupported element type"
-    if reason.startswith("CUVIL-DYNAMIC-INPUT"):
-        return "dynamic input"
-    m = re.match(r"CUVIL-CODEGEN: (.*)", reason)
-    if m:
-        return "codegen: " + _codegen_category(m.group(1))
-    if reason.startswith("CUVIL-EVAL"):
-        return "run-time error"
-    m = re.match(r"(CUVIL-[A-Z0-9-]+)", reason)
-    if m:
-        return {"CUVIL-UNSUPPORTED-OP": "unsupported variant", "CUVIL-OPSET": "unsupported opset",
-                "CUVIL-SHAPE": "shape error", "CUVIL-IR": "converter error"}.get(m.group(1), m.group(1).lower())
-    if re.match(r"output \d+: values differ", reason):
-        return "wrong values"
-    if re.match(r"output \d+: (shape|dtype)", reason) or reason.startswith("output count"):
-        return "wrong shape or dtype"
-    if reason == "no data sets":
-        return "no data"
-    return "other"
+    return _classify(reason, _REASON_CATEGORIES) or "other"
 
 
 def _codegen_category(message: str) -> str:
-    m = re.search(r"element type (\S+)|dtype (\S+) is not supported|(float8\w*|float4\w*|u?int[42]\b)", message)
-    if m:
-        return "unsupported element type"
-    if "symbolic" in message:
-        return "symbolic shapes"
-    if "malformed" in message:
-        return "malformed LLVM IR"
-    m = re.match(r"primitive '(\w+)' is not defined on (\w+)", message)
-    if m:
-        return f"primitive {m.group(1)} on {m.group(2)}"
-    return re.sub(r"\d+", "N", message.split(":")[0])[:60]
+    return _classify(message, _CODEGEN_CATEGORIES) or re.sub(r"\d+", "N", message.split(":")[0])[:60]
 
 
 def mismatch_category(mismatch: str) -> str:

@@ -76,8 +76,9 @@ def evaluate_values(fn: Function, constants: Mapping[str, np.ndarray],
             continue
         if v.is_param:
             raise IRError(f"parameter %{v.name} is not a parameter of @{fn.name}", location=fn.name)
-        out_type = TensorType(v.type.dtype, v.type.concrete(env))
-        check_tensor_size(out_type.shape, f"the result of {v.op}", v.op)
+        dims = v.type.concrete(env)
+        check_tensor_size(dims, f"the result of {v.op}", v.op)
+        out_type = TensorType(v.type.dtype, dims)
         attrs = {k: bind_attr(a, env) for k, a in v.attrs}
         try:
             memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], attrs, out_type)

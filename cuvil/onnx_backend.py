@@ -15,7 +15,7 @@ once and cached by the bound values.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -128,7 +128,7 @@ class CuvilRep(BackendRep):
                 raise InputError(f"unknown inputs {unknown}", hint="inputs: " + ", ".join(self.input_names))
             return {str(k): _array(v) for k, v in inputs.items()}
         single = isinstance(inputs, (np.ndarray, onnx.TensorProto)) or not isinstance(inputs, Sequence)
-        arrays = [inputs] if single else list(inputs)
+        arrays = [inputs] if single else list(cast(Sequence[Any], inputs))
         if len(arrays) > len(self.input_names):
             raise InputError(f"the model takes {len(self.input_names)} inputs, got {len(arrays)}",
                              hint="inputs: " + ", ".join(self.input_names))

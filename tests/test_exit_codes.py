@@ -9,16 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import incidents
 import numpy as np
 import pytest
+from unprovable_passes import doubling_model
+from wrong_passes import relu6_model
 
 from cuvil.ir.printer import export_ir
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "verify"), str(ROOT / "tests" / "probe")]
-import incidents  # noqa: E402
-from unprovable_passes import doubling_model  # noqa: E402
-from wrong_passes import relu6_model  # noqa: E402
 
 EXPECTED = {"internal": 70, "usage": 2, "refuted": 1, "undecided": 3}
 

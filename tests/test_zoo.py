@@ -17,6 +17,7 @@ ort = pytest.importorskip("onnxruntime")
 import cuvil  # noqa: E402
 from bench.models import ZOO, ZOO_SMALL, ZooModel, agreement  # noqa: E402
 from cuvil.ir.parser import parse_module  # noqa: E402
+from tests.oracles import assert_agrees  # noqa: E402
 
 TORCH_MODELS = [n for n, m in ZOO.items() if m.has_torch_reference]
 QUANTIZED_MODELS = [n for n, m in ZOO.items() if not m.has_torch_reference]
@@ -39,21 +40,13 @@ def _eager(model: Any, inputs: tuple) -> list[np.ndarray]:
     return [t.numpy() for t in torch.utils._pytree.tree_leaves(out)]
 
 
-def _assert_agrees(outs: list[np.ndarray], refs: list[np.ndarray]) -> None:
-    assert len(outs) == len(refs)
-    for got, want in zip(outs, refs, strict=True):
-        assert got.shape == want.shape and got.dtype == want.dtype
-        a = agreement(got, want)
-        assert a.within(rtol=1e-4, min_cosine=0.99999), a
-
-
 def _through_torch(name: str, small: bool) -> None:
     _entry, model, inputs = _model(name, small)
     module = cuvil.import_model(model, inputs)
     assert [p.name for p in module.main.params] and len(module.main.params) == len(inputs)
     assert parse_module(str(module)) == module  # the text form round-trips
     outs = cuvil.run_reference(module, [t.numpy() for t in inputs])
-    _assert_agrees(outs, _eager(model, inputs))
+    assert_agrees(outs, _eager(model, inputs))
 
 
 def _through_onnx(name: str, small: bool) -> None:
@@ -62,7 +55,7 @@ def _through_onnx(name: str, small: bool) -> None:
     assert [p.name for p in module.main.params] == list(entry.input_names)
     assert parse_module(str(module)) == module
     outs = cuvil.run_reference(module, [t.numpy() for t in inputs])
-    _assert_agrees(outs, _eager(model, inputs))
+    assert_agrees(outs, _eager(model, inputs))
 
 
 @pytest.mark.parametrize("name", TORCH_MODELS)
@@ -156,7 +149,7 @@ def test_dynamic_batch_through_torch_export() -> None:
     assert (fn.constraint("batch").lo, fn.constraint("batch").hi) == (1, 128)
     for b in (1, 64):
         inputs = entry.example_inputs(batch=b)
-        _assert_agrees(cuvil.run_reference(module, [t.numpy() for t in inputs]), _eager(model, inputs))
+        assert_agrees(cuvil.run_reference(module, [t.numpy() for t in inputs]), _eager(model, inputs))
 
 
 def test_dynamic_batch_and_sequence_in_the_encoder() -> None:
@@ -171,7 +164,7 @@ def test_dynamic_batch_and_sequence_in_the_encoder() -> None:
     assert parse_module(str(module)) == module
     for b, s in ((1, 7), (3, 32)):
         inputs = bert_inputs(True, b, s)
-        _assert_agrees(cuvil.run_reference(module, [t.numpy() for t in inputs]), _eager(model, inputs))
+        assert_agrees(cuvil.run_reference(module, [t.numpy() for t in inputs]), _eager(model, inputs))
 
 
 def test_dynamic_batch_through_onnx() -> None:
@@ -180,7 +173,7 @@ def test_dynamic_batch_through_onnx() -> None:
     assert str(module.main.params[0].shape[0]) == "batch"
     for b in (2, 9):
         inputs = entry.example_inputs(batch=b)
-        _assert_agrees(cuvil.run_reference(module, [t.numpy() for t in inputs]), _eager(model, inputs))
+        assert_agrees(cuvil.run_reference(module, [t.numpy() for t in inputs]), _eager(model, inputs))
 
 
 # --------------------------------------------------------------------------------------

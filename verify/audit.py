@@ -62,8 +62,8 @@ def _run_z3(smt2: str, timeout: float) -> str:
 
 
 def _run_cvc5(smt2: str, timeout: float) -> str:
-    try:
-        import cvc5
+    try:  # the compiled module itself: the package re-exports it by a star import type checkers cannot read
+        import cvc5.cvc5_python_base as cvc5
     except ImportError:
         raise InputError("cvc5 is not installed", location="--solver cvc5",
                          hint="pip install cvc5 (it is among Cuvil's dev dependencies)") from None

@@ -74,10 +74,6 @@ def _binary_law(name: str, lhs: Callable[[np.ndarray, np.ndarray], np.ndarray],
     return check
 
 
-def _one(dt: np.dtype, v: float) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    return lambda a, b: np.full_like(a, v)
-
-
 def _widen_narrow() -> list[str]:
     bad: list[str] = []
     pairs = [(np.float16, np.float32), (np.float16, np.float64), (np.float32, np.float64),

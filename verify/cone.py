@@ -28,6 +28,7 @@ from cuvil.ir.region import Region
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, param, walk
 from verify.cone_encoder import Leaf
+from verify.reach import reachable
 
 CONCRETE_LIMIT = 16
 """Constants only one side has are read element by element up to this size (splats at any size)."""
@@ -128,7 +129,7 @@ class LeafTable:
             if v.is_const:
                 memo[v] = self.constants[v.const_hash]
                 continue
-            if not v.type.is_static or int(np.prod(v.type.shape, dtype=np.int64)) > FOLD_MATCH_LIMIT:
+            if not v.type.is_static or int(np.prod([int(d) for d in v.type.shape], dtype=np.int64)) > FOLD_MATCH_LIMIT:
                 continue
             if any(o not in memo for o in v.operands):
                 continue
@@ -214,18 +215,15 @@ class LeafTable:
 
     def _leaf_values(self, root: Value, lookup: Callable[[Value], Leaf | None]) -> dict[str, list[Value]]:
         out: dict[str, list[Value]] = {}
-        seen: set[Value] = set()
-        stack = [root]
-        while stack:
-            v = stack.pop()
-            if v in seen:
-                continue
-            seen.add(v)
+
+        def step(v: Value) -> tuple[Value, ...]:
             leaf = lookup(v)
-            if leaf is not None:
-                out.setdefault(leaf.key, []).append(v)
-                continue
-            stack.extend(v.operands)
+            if leaf is None:
+                return v.operands
+            out.setdefault(leaf.key, []).append(v)
+            return ()
+
+        reachable([root], step)
         return out
 
     def _openable(self, v: Value) -> bool:

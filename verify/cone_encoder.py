@@ -28,6 +28,7 @@ from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import DimConstraint, TensorType
 from cuvil.ir.values import Value
 from verify.scalar_semantics import ENCODERS, AbstractFPSemantics, EncodingError, Semantics
+from verify.z3_terms import arith, boolean, int_value, ite
 
 UNROLL_LIMIT = 16
 """Reductions over at most this many (static) elements are unrolled."""
@@ -91,7 +92,7 @@ class IndexSpace:
 
     def atom(self, t: z3.ArithRef, lo: int | None = None, hi: int | None = None) -> Lin:
         if z3.is_int_value(t):
-            return self.const(t.as_long())
+            return self.const(int_value(t))
         if lo is not None and lo == hi:
             return self.const(lo)
         tid = t.get_id()
@@ -130,12 +131,12 @@ class IndexSpace:
             return found
         out: z3.ArithRef | None = None
         for t, c in a.terms:
-            part = self.atoms[t] if c == 1 else c * self.atoms[t]
-            out = part if out is None else out + part
+            part = self.atoms[t] if c == 1 else arith(c * self.atoms[t])
+            out = part if out is None else arith(out + part)
         if out is None:
             out = z3.IntVal(a.const, self.ctx)
         elif a.const:
-            out = out + a.const
+            out = arith(out + a.const)
         self._terms[a] = out
         return out
 
@@ -146,10 +147,10 @@ class IndexSpace:
             return self.scale(a, b.const)
         (alo, ahi), (blo, bhi) = self.interval(a), self.interval(b)
         lo = hi = None
-        if None not in (alo, ahi, blo, bhi):
-            prods = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]  # type: ignore[operator]
+        if alo is not None and ahi is not None and blo is not None and bhi is not None:
+            prods = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]
             lo, hi = min(prods), max(prods)
-        return self.atom(self.term(a) * self.term(b), lo, hi)
+        return self.atom(arith(self.term(a) * self.term(b)), lo, hi)
 
     def _split(self, a: Lin, d: int) -> tuple[Lin, Lin]:
         """``a = d * q + r`` with every coefficient of ``r`` not a multiple of ``d``."""
@@ -169,12 +170,13 @@ class IndexSpace:
             lo, hi = self.interval(r)
             if lo is not None and hi is not None and lo // d == hi // d:
                 return self.add(q, self.const(lo // d))
-            return self.add(q, self.atom(self.term(r) / d, None if lo is None else lo // d,
+            return self.add(q, self.atom(arith(self.term(r) / d), None if lo is None else lo // d,
                                          None if hi is None else hi // d))
         lo, _ = self.interval(a)
         blo, _ = self.interval(b)
         nonneg = lo is not None and lo >= 0 and blo is not None and blo >= 1
-        return self.atom(self.term(a) / self.term(b), 0 if nonneg else None, self.interval(a)[1] if nonneg else None)
+        return self.atom(arith(self.term(a) / self.term(b)), 0 if nonneg else None,
+                         self.interval(a)[1] if nonneg else None)
 
     def mod(self, a: Lin, b: Lin) -> Lin:
         if b.is_const and b.const < 0:
@@ -199,7 +201,7 @@ class IndexSpace:
         if bhi is not None and alo is not None and bhi <= alo:
             return b if kind == "min" else a
         ta, tb = self.term(a), self.term(b)
-        t = z3.If(ta <= tb, ta, tb) if kind == "min" else z3.If(ta <= tb, tb, ta)
+        t = ite(ta <= tb, ta, tb) if kind == "min" else ite(ta <= tb, tb, ta)
         pick = min if kind == "min" else max
         lo = None if alo is None or blo is None else pick(alo, blo)
         hi = None if ahi is None or bhi is None else pick(ahi, bhi)
@@ -300,7 +302,7 @@ class ConeEncoder:
                 self.bound_facts.append(v >= c.lo)
                 self.bound_facts.append(v <= hi)
                 if c.multiple_of != 1:
-                    self.bound_facts.append(v % c.multiple_of == 0)
+                    self.bound_facts.append(boolean(v % c.multiple_of == 0))
                 found = self.space.atom(v, c.lo, hi)
                 self._dims[f] = found
             return found
@@ -389,7 +391,7 @@ class ConeEncoder:
         # integer literals are index forms; a select needs them as bit-vectors
         out = self._scalar(self._lit(flat_data[hi].item(), dt), dt)
         for p in range(hi - 1, lo - 1, -1):
-            out = self.sem.select(t == p, self._scalar(self._lit(flat_data[p].item(), dt), dt), out, dt)
+            out = self.sem.select(boolean(t == p), self._scalar(self._lit(flat_data[p].item(), dt), dt), out, dt)
         return out
 
     def _lit(self, value: Any, dt: DType) -> Any:
@@ -502,7 +504,7 @@ class ConeEncoder:
         inner = self.value_at(operand, idx)
         if not conds:
             return inner
-        inb = conds[0] if len(conds) == 1 else z3.And(*conds)
+        inb = conds[0] if len(conds) == 1 else boolean(z3.And(*conds))
         dt = e.dtype
         return self.sem.select(inb, self._scalar(inner, dt), self._scalar(self._lit(e.oob, dt), dt), dt)
 
@@ -534,12 +536,12 @@ class ConeEncoder:
                     (alo, ahi), (blo, bhi) = self.space.interval(a), self.space.interval(b)
                     lo = None if alo is None or blo is None else min(alo, blo)
                     hi = None if ahi is None or bhi is None else max(ahi, bhi)
-                    return IndexInt(self.space.atom(z3.If(c, self.space.term(a), self.space.term(b)), lo, hi))
+                    return IndexInt(self.space.atom(ite(c, self.space.term(a), self.space.term(b)), lo, hi))
             return None
         lins = [self._as_index(a, d) for a, d in zip(args, dtypes, strict=True)]
-        if any(x is None for x in lins) or not any(isinstance(a, IndexInt) for a in args):
+        ls = [x for x in lins if x is not None]
+        if len(ls) < len(lins) or not any(isinstance(a, IndexInt) for a in args):
             return None
-        ls: list[Lin] = lins  # type: ignore[assignment]
         if fn == "cast":
             if out.is_float:
                 return self.sem.index_to_float(self.space.term(ls[0]), out)
@@ -603,7 +605,7 @@ class ConeEncoder:
         maybe_empty = [x for x in extents if (self.space.interval(x)[0] or 0) < 1]
         if not maybe_empty:
             return out
-        empty = z3.Or(*[self.space.term(x) <= 0 for x in maybe_empty])
+        empty = boolean(z3.Or(*[self.space.term(x) <= 0 for x in maybe_empty]))
         return self.sem.select(empty, self._scalar(self.sem.reduce_identity(kind, dt), dt), out, dt)
 
 
@@ -620,7 +622,7 @@ def inequality(enc: ConeEncoder, a: Any, b: Any, dtype: DType) -> z3.BoolRef | N
         return None
     if dtype is DType.bool:
         return z3.Xor(ta, tb)
-    return ta != tb
+    return boolean(ta != tb)
 
 
 SUPPORTED_REDUCTIONS: dict[str, frozenset[str]] = {

@@ -45,7 +45,6 @@ BILINEAR_SPEEDUP = 16
 """How much cheaper an element operation of a limb product is than one of the rule reader
 (for the work estimate only)."""
 
-_FIELD_OPS = ("add", "sub", "mul", "div", "neg")
 _ORDER_OPS = ("min", "max", "abs", "lt", "le", "gt", "ge")
 
 
@@ -190,12 +189,14 @@ class ModularEvaluator:
         """``v`` over Z_p for residues ``a = a1 * 2^16 + a0``: four float64 products of limbs (each
         an integer below 2^52, so exact), recombined with 2^32 = 2 (mod p)."""
         opdef = get_op(v.op)
+        impl = opdef.numpy
+        assert impl is not None  # _limb_product_applies checked it
         attrs = {k: bind_attr(a, dims) for k, a in v.attr_dict.items()}
         out_type = TensorType(DType.f64, shape)
         (a1, a0), (b1, b0) = (np.divmod(np.asarray(x, dtype=np.int64), _LIMB) for x in arrays[:2])
 
         def prod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-            r = np.asarray(opdef.numpy([x.astype(np.float64), y.astype(np.float64)], out_type, **attrs))
+            r = np.asarray(impl([x.astype(np.float64), y.astype(np.float64)], out_type, **attrs))
             return np.mod(r.astype(np.int64), P)
 
         hi = prod(a1, b1)

@@ -16,6 +16,8 @@ from typing import Any
 
 import z3
 
+from verify.z3_terms import arith, fraction
+
 Monomial = tuple[tuple[int, int], ...]  # (atom id, power), sorted by atom id
 
 MAX_TERMS = 256
@@ -101,7 +103,7 @@ class AtomTable:
     def atom(self, t: z3.ArithRef) -> Poly:
         """``t`` as a polynomial: numerals become constants, everything else one atom."""
         if z3.is_rational_value(t):
-            return Poly.const(Fraction(t.numerator_as_long(), t.denominator_as_long()))
+            return Poly.const(fraction(t))
         self.atoms.setdefault(t.get_id(), t)
         return Poly({((t.get_id(), 1),): Fraction(1)})
 
@@ -119,7 +121,7 @@ class AtomTable:
             return None
         out = factors[0]
         for f in factors[1:]:
-            out = out * f
+            out = arith(out * f)
         return out
 
     def term(self, p: Poly) -> z3.ArithRef:
@@ -136,13 +138,13 @@ class AtomTable:
             elif c == 1:
                 parts.append(body)
             else:
-                parts.append(self.value(c) * body)
+                parts.append(arith(self.value(c) * body))
         if not parts:
             out = self.value(Fraction(0))
         else:
             out = parts[0]
             for x in parts[1:]:
-                out = out + x
+                out = arith(out + x)
         self._terms[key] = out
         return out
 

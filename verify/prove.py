@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import numpy as np
 import z3
@@ -20,6 +19,7 @@ from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import DimConstraint
 from cuvil.ir.values import Value
 from verify.cone_encoder import ConeEncoder, EncodingError, Leaf, inequality
+from verify.z3_terms import boolean, bv_value, constant_value, int_value, real_value
 
 
 @dataclass
@@ -60,7 +60,7 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
         same = enc.term(b, before.dtype)
         return Attempt("proved", encoder, time.perf_counter() - start, axioms=axioms, has_float=enc.float_seen,
                        encodings=enc.count, reason="both sides encode to the same term",
-                       smt2=query_text([*enc.facts(), same != same], ctx))
+                       smt2=query_text([*enc.facts(), boolean(same != same)], ctx))
     solver = z3.Solver(ctx=ctx)
     solver.set("timeout", max(1, int(timeout * 1000)))
     if rlimit is not None:
@@ -120,25 +120,26 @@ def _model_dims(model: z3.ModelRef) -> dict[str, int]:
     dims: dict[str, int] = {}
     for d in model.decls():
         if d.name().startswith("__d_"):
-            val = _model_value(model[d])
+            val = _model_value(constant_value(model, d))
             if isinstance(val, int):
                 dims[d.name()[4:]] = val
     return dims
 
 
-def _model_value(v: z3.ExprRef, signed: bool = True) -> float | int | bool | None:
+def _model_value(v: z3.ExprRef | None, signed: bool = True) -> float | int | bool | None:
+    if v is None:  # a function interpretation without an else value
+        return None
     if z3.is_true(v):
         return True
     if z3.is_false(v):
         return False
-    if z3.is_rational_value(v):
-        return float(Fraction(v.numerator_as_long(), v.denominator_as_long()))
-    if z3.is_algebraic_value(v):
-        return float(v.approx(20).as_fraction())
+    real = real_value(v)
+    if real is not None:
+        return real
     if z3.is_bv_value(v):
-        return v.as_signed_long() if signed else v.as_long()
+        return bv_value(v, signed)
     if z3.is_int_value(v):
-        return v.as_long()
+        return int_value(v)
     return None
 
 
@@ -150,7 +151,7 @@ def _decode(out: Attempt, model: z3.ModelRef, enc: ConeEncoder, root: Value, lea
     index: list[int] = []
     for k in range(root.type.rank):
         val = model.eval(z3.Int(f"__i{k}", enc.ctx), model_completion=True)
-        index.append(int(val.as_long()) if z3.is_int_value(val) else 0)
+        index.append(int_value(val) if z3.is_int_value(val) else 0)
     out.model_index = tuple(index)
     if not leaves:
         return  # nothing to decode: no model inputs (an empty dict would hide a fallback's model)
@@ -188,7 +189,8 @@ def _fill(arr: np.ndarray, interp: object, shape: tuple[int, ...], signed: bool 
     for entry in interp.as_list()[:-1]:
         pos = [_model_value(x) for x in entry[:-1]]
         val = _model_value(entry[-1], signed)
-        if val is None or any(not isinstance(p, int) for p in pos):
+        index = [p for p in pos if isinstance(p, int)]
+        if val is None or len(index) < len(pos):
             continue
-        if all(0 <= p < s for p, s in zip(pos, shape, strict=True)):  # type: ignore[operator]
-            arr[tuple(pos)] = val
+        if all(0 <= p < s for p, s in zip(index, shape, strict=True)):
+            arr[tuple(index)] = val

@@ -51,7 +51,7 @@ INSTANCES: dict[str, list[tuple[str, DType, Build]]] = {
     "identity-transpose": [("perm=id", DType.f32,
                             lambda b, x: b.exp(b.transpose(x, perm=list(range(x.type.rank)))))],
     "reshape-chain": [("flatten then reverse", DType.f32,
-                       lambda b, x: b.exp(b.reshape(b.reshape(x, shape=(int(np.prod(x.type.shape)),)),
+                       lambda b, x: b.exp(b.reshape(b.reshape(x, shape=(int(np.prod([int(d) for d in x.type.shape])),)),
                                                     shape=tuple(reversed(x.type.shape)))))],
     "identity-reshape": [("own shape", DType.f32, lambda b, x: b.exp(b.reshape(x, shape=x.type.shape)))],
     "identity-cast": [("f32->f32", DType.f32, lambda b, x: b.exp(b.cast(x, to=DType.f32)))],

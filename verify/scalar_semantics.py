@@ -31,6 +31,7 @@ from cuvil.ir.narrow import values as narrow_values
 from cuvil.ir.numpy_prims import cast, literal
 from verify.narrow_bits import float_to_int, narrow_float_code
 from verify.poly import AtomTable, Poly
+from verify.z3_terms import arith, bitvec, boolean, bv_value, int_value, ite
 
 VAR_PREFIXES = ("__i", "__d_", "__k")
 """Names of the integer variables a term may depend on: output indices, symbolic dims and
@@ -206,7 +207,7 @@ class Semantics:
             return b
         if self.same(a, b, dtype):
             return a
-        return self.from_term(z3.If(c, self.term(a, dtype), self.term(b, dtype)), dtype)
+        return self.from_term(ite(c, self.term(a, dtype), self.term(b, dtype)), dtype)
 
     def _bool_call(self, fn: str, args: list[z3.BoolRef]) -> z3.BoolRef:
         ops = {"and": lambda a, b: z3.And(a, b), "or": lambda a, b: z3.Or(a, b), "xor": lambda a, b: z3.Xor(a, b),
@@ -216,7 +217,7 @@ class Semantics:
                "le": lambda a, b: z3.Or(z3.Not(a), b), "ge": lambda a, b: z3.Or(a, z3.Not(b))}
         if fn not in ops:
             raise EncodingError(f"no boolean meaning for {fn}")
-        return z3.simplify(ops[fn](*args))
+        return boolean(z3.simplify(ops[fn](*args)))
 
     def _int_call(self, fn: str, args: list[z3.BitVecRef], dt: DType) -> Any:
         signed = dt.is_signed
@@ -302,7 +303,7 @@ class Semantics:
         if src.is_float:
             v = self.literal_value(x, src)
         elif src is not DType.bool and z3.is_bv_value(x):
-            v = float(x.as_signed_long() if src.is_signed else x.as_long())
+            v = float(bv_value(x, src.is_signed))
         else:
             return None
         if v is None:
@@ -311,7 +312,7 @@ class Semantics:
             return self.lit(v, dst)  # a narrow value is exact in f32; f16/bf16 round it once
         pattern = struct.unpack("<Q", struct.pack("<d", v))[0]
         if dst.is_float and dst.is_narrow:
-            code = self._narrow_term(dst, "code", pattern).as_long()
+            code = bv_value(self._narrow_term(dst, "code", pattern))
             return self.lit(float(narrow_values(dst)[code]), dst)
         if dst.is_narrow and src.is_float:
             return self._narrow_term(dst, "int", pattern)
@@ -327,7 +328,7 @@ class Semantics:
             found = (var, narrow_float_code(var, dst) if kind == "code" else float_to_int(var, dst))
             self._narrow_terms[key] = found
         var, term = found
-        return z3.simplify(z3.substitute(term, (var, z3.BitVecVal(pattern, 64, self.ctx))))
+        return bitvec(z3.simplify(z3.substitute(term, (var, z3.BitVecVal(pattern, 64, self.ctx)))))
 
     def float_nonzero(self, x: Any, dtype: DType) -> z3.BoolRef:
         raise NotImplementedError
@@ -341,7 +342,7 @@ class Semantics:
 
     def float_to_int(self, x: Any, src: DType, dst: DType) -> z3.BitVecRef:
         sort = self.sort(dst)
-        return self.uf(f"cast_{src.value}_{dst.value}", [self.sort(src)], sort)(self.term(x, src))
+        return bitvec(self.uf(f"cast_{src.value}_{dst.value}", [self.sort(src)], sort)(self.term(x, src)))
 
     def float_to_float(self, x: Any, src: DType, dst: DType) -> Any:
         raise NotImplementedError
@@ -393,9 +394,9 @@ class Semantics:
         if dtype.is_int:
             lo_v, hi_v = z3.BitVecVal(int(lo), dtype.bits, self.ctx), z3.BitVecVal(int(hi), dtype.bits, self.ctx)
             if dtype.is_signed:
-                self.facts.append(z3.And(lo_v <= t, t <= hi_v))
+                self.facts.append(boolean(z3.And(lo_v <= t, t <= hi_v)))
             else:
-                self.facts.append(z3.And(z3.ULE(lo_v, t), z3.ULE(t, hi_v)))
+                self.facts.append(boolean(z3.And(z3.ULE(lo_v, t), z3.ULE(t, hi_v))))
 
 
 # --------------------------------------------------------------------------------------
@@ -427,7 +428,7 @@ class RealSemantics(Semantics):
 
     def from_term(self, t: z3.ExprRef, dtype: DType) -> Any:
         if dtype.is_float:
-            return self.atoms.atom(t)
+            return self.atoms.atom(arith(t))
         return t
 
     def same(self, a: Any, b: Any, dtype: DType) -> bool:
@@ -450,7 +451,7 @@ class RealSemantics(Semantics):
 
     def float_call(self, fn: str, args: list[Any], dtype: DType) -> Any:
         a = args[0]
-        b = args[1] if len(args) > 1 else None
+        b: Any = args[1] if len(args) > 1 else None
         if fn == "add":
             return a + b
         if fn == "sub":
@@ -466,14 +467,14 @@ class RealSemantics(Semantics):
             if a.key == b.key:
                 return a
             less = ta < tb
-            return self.atoms.atom(z3.If(less, ta, tb) if fn == "min" else z3.If(less, tb, ta))
+            return self.atoms.atom(ite(less, ta, tb) if fn == "min" else ite(less, tb, ta))
         if fn == "abs":
             ta = self.atoms.term(a)
-            return self.atoms.atom(z3.If(ta >= 0, ta, -ta))
+            return self.atoms.atom(ite(ta >= 0, ta, arith(-ta)))
         if fn == "floor":
-            return self.atoms.atom(z3.ToReal(z3.ToInt(self.atoms.term(a))))
+            return self.atoms.atom(arith(z3.ToReal(z3.ToInt(self.atoms.term(a)))))
         if fn == "ceil":
-            return -self.atoms.atom(z3.ToReal(z3.ToInt(self.atoms.term(-a))))
+            return -self.atoms.atom(arith(z3.ToReal(z3.ToInt(self.atoms.term(-a)))))
         if fn == "pow" and b.is_const:
             e = b.constant
             if e.denominator == 1 and 0 <= e.numerator <= 4:
@@ -488,7 +489,7 @@ class RealSemantics(Semantics):
             return z3.BoolVal(False, self.ctx)
         if fn in _REAL_TRANSCENDENTAL:
             terms = [self.atoms.term(x) for x in args]
-            out = self._fn(fn, len(terms))(*terms)
+            out = arith(self._fn(fn, len(terms))(*terms))
             self._instantiate(fn, terms, out)
             return self.atoms.atom(out)
         raise EncodingError(f"no real meaning for {fn}")
@@ -497,7 +498,7 @@ class RealSemantics(Semantics):
         if b.is_const and b.constant != 0:
             return a.scale(1 / b.constant)
         tb = self.atoms.term(b)
-        inv = 1 / tb
+        inv = arith(1 / tb)
         self.axioms.add("real-division")
         return self.atoms.product([a, self.atoms.atom(inv)])
 
@@ -513,18 +514,18 @@ class RealSemantics(Semantics):
             self.axioms.add("exp-positive")
 
     def select(self, c: z3.BoolRef, a: Any, b: Any, dtype: DType) -> Any:
-        return super().select(z3.simplify(c) if not z3.is_const(c) else c, a, b, dtype)
+        return super().select(boolean(z3.simplify(c)) if not z3.is_const(c) else c, a, b, dtype)
 
     def float_nonzero(self, x: Any, dtype: DType) -> z3.BoolRef:
-        return self.atoms.term(x) != 0
+        return boolean(self.atoms.term(x) != 0)
 
     def int_to_float(self, x: z3.BitVecRef, src: DType, dst: DType) -> Any:
-        return self.atoms.atom(z3.ToReal(z3.BV2Int(x, is_signed=src.is_signed)))
+        return self.atoms.atom(arith(z3.ToReal(z3.BV2Int(x, is_signed=src.is_signed))))
 
     def index_to_float(self, i: z3.ArithRef, dst: DType) -> Any:
         if z3.is_int_value(i):
-            return Poly.const(i.as_long())
-        return self.atoms.atom(z3.ToReal(i))
+            return Poly.const(int_value(i))
+        return self.atoms.atom(arith(z3.ToReal(i)))
 
     def float_to_int(self, x: Any, src: DType, dst: DType) -> z3.BitVecRef:
         t = self.atoms.term(x)
@@ -560,14 +561,14 @@ class RealSemantics(Semantics):
                 if count is None:
                     count = Poly.const(1)
                     for e in extents:
-                        count = count * (Poly.const(e) if isinstance(e, int) else self.atoms.atom(z3.ToReal(e)))
+                        count = count * (Poly.const(e) if isinstance(e, int) else self.atoms.atom(arith(z3.ToReal(e))))
                 out = out + self.atoms.product([coef, count])
                 continue
             inner = self.atoms.mono_term(dep)
             assert inner is not None
             s = self.named_reduction("sum", inner, binders, extents, self.real)
             self.axioms.add("sum-linearity")
-            out = out + self.atoms.product([coef, self.atoms.atom(s)])
+            out = out + self.atoms.product([coef, self.atoms.atom(arith(s))])
         return out
 
 
@@ -647,7 +648,7 @@ class AbstractFPSemantics(Semantics):
 
     def float_call(self, fn: str, args: list[Any], dtype: DType) -> Any:
         a = args[0]
-        b = args[1] if len(args) > 1 else None
+        b: Any = args[1] if len(args) > 1 else None
         if fn == "mul":
             if self._is_lit(b, 1.0):
                 self.axioms.add("mul-one")
@@ -698,7 +699,7 @@ class AbstractFPSemantics(Semantics):
         return self._app(fn, dtype, tuple(args))
 
     def float_nonzero(self, x: Any, dtype: DType) -> z3.BoolRef:
-        return z3.Not(self._app("eq", dtype, (x, self.float_lit(0.0, dtype)), z3.BoolSort(self.ctx)))
+        return boolean(z3.Not(self._app("eq", dtype, (x, self.float_lit(0.0, dtype)), z3.BoolSort(self.ctx))))
 
     def int_to_float(self, x: z3.BitVecRef, src: DType, dst: DType) -> Any:
         f = self.uf(f"cast_{src.value}_{dst.value}", [self.sort(src)], self.float_sort(dst))
@@ -706,7 +707,7 @@ class AbstractFPSemantics(Semantics):
 
     def index_to_float(self, i: z3.ArithRef, dst: DType) -> Any:
         if z3.is_int_value(i):
-            return self.lit(i.as_long(), dst)
+            return self.lit(int_value(i), dst)
         f = self.uf(f"cast_index_{dst.value}", [self.int_sort], self.float_sort(dst))
         return f(i)
 
@@ -724,14 +725,9 @@ class AbstractFPSemantics(Semantics):
 ENCODERS: dict[str, type[Semantics]] = {"real": RealSemantics, "abstract-fp": AbstractFPSemantics}
 
 SUPPORTED_PRIMITIVES: dict[str, frozenset[str]] = {
-    "float": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "sqrt", "floor",
-                        "ceil", "round_even", "isnan", "isinf", "erf", "exp", "log", "tanh", "sin", "cos", "tan",
-                        "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "eq", "ne", "lt", "le",
-                        "gt", "ge", "select", "cast"}),
-    "int": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "bit_and",
-                      "bit_or", "bit_xor", "bit_not", "shl", "shr", "eq", "ne", "lt", "le", "gt", "ge", "select",
-                      "cast"}),
-    "bool": frozenset({"and", "or", "xor", "not", "min", "max", "eq", "ne", "lt", "le", "gt", "ge", "select", "cast"}),
+    "float": R.primitives_for("float"),
+    "int": R.primitives_for("int"),
+    "bool": R.primitives_for("bool") | {"min", "max"},
 }
 """The rule primitives every encoder gives a meaning, by the element kind of their operands (of a
 ``select``: its branches'). ``cuvil ops`` checks each op's rule against this table."""

@@ -138,7 +138,7 @@ def quantize_qdq(model: Any, calibration: Sequence[Mapping[str, np.ndarray]], **
         def __init__(self) -> None:
             self._it = iter(calibration)
 
-        def get_next(self) -> dict[str, np.ndarray] | None:
+        def get_next(self) -> Mapping[str, np.ndarray] | None:
             return next(self._it, None)
 
     root = logging.getLogger()
@@ -170,6 +170,13 @@ def randomize_batchnorm(module: Any, seed: int) -> None:
 def seeded_generator(name: str, seed: int = SEED) -> Any:
     torch = _torch()
     return torch.Generator().manual_seed(seed * 1000 + sum(name.encode()))
+
+
+def image_batch(name: str, size: int, batch: int) -> tuple[Any, ...]:
+    """The example input of an image model: ``batch`` RGB images of ``size`` x ``size``, drawn from
+    the model's own seeded generator."""
+    torch = _torch()
+    return (torch.randn(batch, 3, size, size, generator=seeded_generator(name)),)
 
 
 @dataclass(frozen=True)

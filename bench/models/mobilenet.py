@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.models import ZooModel, randomize_batchnorm, seeded_generator
+from bench.models import ZooModel, image_batch, randomize_batchnorm
 
 # (output channels, stride) of each depthwise-separable block, as in MobileNetV1
 _BLOCKS = ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1), (512, 1), (512, 1), (512, 1),
@@ -50,10 +50,7 @@ def build_mobilenet(small: bool) -> Any:
 
 
 def mobilenet_inputs(small: bool, batch: int) -> tuple[Any, ...]:
-    import torch
-
-    s = _config(small)["image"]
-    return (torch.randn(batch, 3, s, s, generator=seeded_generator("mobilenet_v1")),)
+    return image_batch("mobilenet_v1", _config(small)["image"], batch)
 
 
 MOBILENET_V1 = ZooModel("mobilenet_v1", "MobileNetV1-style depthwise-separable CNN with ReLU6, 1x3x224x224",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.models import ZooModel, randomize_batchnorm, seeded_generator
+from bench.models import ZooModel, image_batch, randomize_batchnorm
 
 
 def _config(small: bool) -> dict[str, Any]:
@@ -61,10 +61,7 @@ def build_resnet(small: bool) -> Any:
 
 
 def resnet_inputs(small: bool, batch: int) -> tuple[Any, ...]:
-    import torch
-
-    s = _config(small)["image"]
-    return (torch.randn(batch, 3, s, s, generator=seeded_generator("resnet18")),)
+    return image_batch("resnet18", _config(small)["image"], batch)
 
 
 RESNET18 = ZooModel("resnet18", "ResNet-18-style CNN, 1x3x224x224", build_resnet, resnet_inputs, ("image",),

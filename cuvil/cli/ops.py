@@ -173,9 +173,8 @@ def _torch_sources() -> dict[str, list[str]] | str:
         table = torch_import.aten_converters()
     except (ImportError, AttributeError):
         return NOT_YET
-    items: Iterable[tuple[Any, Any]] = table.items() if isinstance(table, Mapping) else ((None, e) for e in table)
     by_op: dict[str, list[str]] = {}
-    for key, entry in items:
+    for key, entry in table.items():
         label = str(getattr(entry, "op_type", None) or (key[-1] if isinstance(key, tuple) else key))
         for op in getattr(entry, "cir_ops", ()):
             by_op.setdefault(op, []).append(label)

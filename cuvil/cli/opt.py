@@ -35,7 +35,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
                          location="--print-after", hint="passes in it: " + ", ".join(p.name for p in passes))
     module = import_model_file(args.model)
     manager = PassManager(passes, print_after=args.print_after,
-                          printer=lambda text: sys.stderr.write(text + "\n"))
+                          printer=lambda text: print(text, file=sys.stderr))
     result = manager.run(module)
     if args.timing:
         table = Table("contract", "changed", "ops before", "ops after", "seconds", "notes")

@@ -30,10 +30,10 @@ from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
 from cuvil.codegen.plan import MemoryPlan, nbytes, plan_memory
-from cuvil.codegen.scalar import I1, I8, I32, I64, PTR
+from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
 from cuvil.errors import CodegenError
 from cuvil.ir import hashing
-from cuvil.ir.module import Function, Module
+from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
 from cuvil.ir.types import check_tensor_size
 from cuvil.ir.values import Value
@@ -63,13 +63,6 @@ class LoweredFunction:
         return self.plan.arena_bytes
 
 
-def function_hash(fn: Function, constants: Mapping[str, np.ndarray]) -> str:
-    """The content hash of the function with the bytes of the constants it uses
-    (``cuvil.ir.hashing``: regions, constraints and names included)."""
-    used = {v.const_hash for v in fn.values() if v.is_const}
-    return "f" + hashing.module_hash(Module((fn,), {k: a for k, a in constants.items() if k in used}))[:32]
-
-
 PROVENANCE_PREFIX = b"cuvil-provenance;"
 
 
@@ -79,13 +72,13 @@ def embed_provenance(mod: ir.Module, prefix: str, fields: Mapping[str, str]) -> 
     certificate taken from another library does not match it."""
     text = PROVENANCE_PREFIX + "".join(f"{k}={v};" for k, v in sorted(fields.items())).encode() + b"\0"
     arr = ir.ArrayType(ir.IntType(8), len(text))
-    g = ir.GlobalVariable(mod, arr, name=f"{prefix}_provenance")
+    g = GlobalVariable(mod, arr, name=f"{prefix}_provenance")
     g.initializer = ir.Constant(arr, bytearray(text))
     g.global_constant = True
 
 
 def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None = None,
-                   function_digest: str | None = None, threads: int | None = None) -> LoweredFunction:
+                   threads: int | None = None) -> LoweredFunction:
     """Build the LLVM module of ``fn`` (static shapes only); ``threads`` is the default size of the
     thread pool tuned kernels run on (None: the CPUs the process may use)."""
     name = name or fn.name
@@ -138,7 +131,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     set_default_threads(mod, threads)
     _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs, tuned, scratch)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
-                           tuple(v.op for v in plan.steps), function_digest or function_hash(fn, constants),
+                           tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
                            tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps))
 
 
@@ -148,7 +141,7 @@ def _check_storage(fn: Function) -> None:
     for v in fn.values():
         where = f"input {v.name!r}" if v.is_param else ("a constant" if v.is_const else f"{v.op}")
         if v.type.is_static:
-            check_tensor_size(v.type.shape, f"the tensor of {where}", where)
+            check_tensor_size(v.type.concrete({}), f"the tensor of {where}", where)
         if v.dtype not in abi.DTYPE_CODES:
             raise CodegenError(f"element type {v.dtype.value} is not supported by the LLVM backend ({where})",
                                location=where,
@@ -159,14 +152,7 @@ def _check_storage(fn: Function) -> None:
 # entry points
 
 
-def _extern(mod: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    found = mod.globals.get(name)
-    if isinstance(found, ir.Function):
-        return found
-    return ir.Function(mod, ir.FunctionType(ret, args), name=name)
-
-
-def _fail_unless(b: ir.IRBuilder, ok: ir.Value, code: int | ir.Value) -> None:
+def _fail_unless(b: Builder, ok: Val, code: int | Val) -> None:
     """Continue when ``ok``; otherwise return ``code``."""
     fn = b.function
     fail = fn.append_basic_block("fail")
@@ -177,7 +163,7 @@ def _fail_unless(b: ir.IRBuilder, ok: ir.Value, code: int | ir.Value) -> None:
     b.position_at_end(cont)
 
 
-def _not_null(b: ir.IRBuilder, p: ir.Value) -> ir.Value:
+def _not_null(b: Builder, p: Val) -> Val:
     return b.icmp_unsigned("!=", p, ir.Constant(PTR, None))
 
 
@@ -191,20 +177,20 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
 
     # create / destroy
     create = ir.Function(mod, ir.FunctionType(PTR, []), name=f"{prefix}_create")
-    b = ir.IRBuilder(create.append_basic_block("entry"))
-    aligned_alloc = _extern(mod, "aligned_alloc", PTR, [I64, I64])
+    b = Builder(create.append_basic_block("entry"))
+    aligned_alloc = declare(mod, "aligned_alloc", PTR, [I64, I64])
     b.ret(b.call(aligned_alloc, [ir.Constant(I64, abi.ARENA_ALIGN), ir.Constant(I64, arena_alloc)]))
 
     destroy = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{prefix}_destroy")
-    b = ir.IRBuilder(destroy.append_basic_block("entry"))
-    b.call(_extern(mod, "free", ir.VoidType(), [PTR]), [destroy.args[0]])
+    b = Builder(destroy.append_basic_block("entry"))
+    b.call(declare(mod, "free", ir.VoidType(), [PTR]), [destroy.args[0]])
     b.ret_void()
 
     # run: the ops in plan order
     run = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, PTR]), name=f"{prefix}_run")
     ctx, in_arr, out_arr = run.args
     ctx.name, in_arr.name, out_arr.name = "ctx", "inputs", "outputs"
-    b = ir.IRBuilder(run.append_basic_block("entry"))
+    b = Builder(run.append_basic_block("entry"))
     if plan.arena_bytes > 0 or scratch > 0:
         _fail_unless(b, _not_null(b, ctx), abi.ERR_NULL)
     if inputs:
@@ -231,7 +217,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
         rc = b.call(kernel, args)
         _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
     if plan.copies:
-        memcpy = _extern(mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
+        memcpy = declare(mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
         for v, r in plan.copies:
             dst = b.load(b.gep(out_arr, [ir.Constant(I64, r)], inbounds=True, source_etype=PTR), typ=PTR)
             size = nbytes(v.type)
@@ -243,7 +229,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
     checked = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, I64, PTR, I64]), name=f"{prefix}_run_checked")
     cctx, tin, n_in, tout, n_out = checked.args
     cctx.name, tin.name, n_in.name, tout.name, n_out.name = "ctx", "inputs", "n_inputs", "outputs", "n_outputs"
-    b = ir.IRBuilder(checked.append_basic_block("entry"))
+    b = Builder(checked.append_basic_block("entry"))
     in_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(inputs), 1)), name="input_data")
     out_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(outputs), 1)), name="output_data")
     _fail_unless(b, b.and_(b.icmp_signed("==", n_in, ir.Constant(I64, len(inputs))),
@@ -253,7 +239,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
             continue
         _fail_unless(b, _not_null(b, tensors), abi.ERR_NULL)
         for k, spec in enumerate(specs):
-            def field(i: int, ty: ir.Type, k: int = k, tensors: ir.Value = tensors) -> ir.Value:
+            def field(i: int, ty: ir.Type, k: int = k, tensors: Val = tensors) -> Val:
                 p = b.gep(tensors, [ir.Constant(I64, k), ir.Constant(I32, i)], inbounds=True,
                           source_etype=TENSOR_STRUCT)
                 return b.load(p, typ=ty)
@@ -267,7 +253,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
             if spec.shape:
                 shape = field(1, PTR)
                 _fail_unless(b, _not_null(b, shape), abi.ERR_NULL)
-                ok: ir.Value = ir.Constant(I1, 1)
+                ok: Val = ir.Constant(I1, 1)
                 for d, n in enumerate(spec.shape):
                     dim = b.load(b.gep(shape, [ir.Constant(I64, d)], inbounds=True, source_etype=I64), typ=I64)
                     ok = b.and_(ok, b.icmp_signed("==", dim, ir.Constant(I64, n)))

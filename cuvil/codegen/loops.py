@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
-from cuvil.codegen.scalar import I64, PTR
+from cuvil.codegen.scalar import I64, PTR, Builder, Flags, Val
 
 
 def row_major_strides(shape: Sequence[int]) -> list[int]:
@@ -17,7 +17,7 @@ def row_major_strides(shape: Sequence[int]) -> list[int]:
     return strides
 
 
-def opaque_alloca(b: ir.IRBuilder, ty: ir.Type, name: str, align: int = 64) -> ir.Value:
+def opaque_alloca(b: Builder, ty: ir.Type, name: str, align: int = 64) -> Val:
     """A stack slot addressed as an untyped ``ptr`` (the element type is given at each access)."""
     slot = b.alloca(ty, name=name)
     slot.align = align
@@ -29,7 +29,7 @@ def const(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def loop_hints(b: ir.IRBuilder, branch: ir.Instruction, *hints: str) -> None:
+def loop_hints(b: Builder, branch: ir.Instruction, *hints: str) -> None:
     """Attach ``llvm.loop`` hints (e.g. ``llvm.loop.unroll.disable``) to a loop's back edge. The
     loop id is numbered within the module, so the same function always gives the same code."""
     mod = b.module
@@ -40,8 +40,8 @@ def loop_hints(b: ir.IRBuilder, branch: ir.Instruction, *hints: str) -> None:
     branch.set_metadata("llvm.loop", node)
 
 
-def for_range(b: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, name: str,
-              body: Callable[[ir.Value], None], step: int = 1, hints: Sequence[str] = ()) -> None:
+def for_range(b: Builder, start: Val | int, stop: Val | int, name: str,
+              body: Callable[[Val], object], step: int = 1, hints: Sequence[str] = ()) -> None:
     """``for i in range(start, stop, step): body(i)`` with runtime bounds (i64)."""
     start_v = const(start) if isinstance(start, int) else start
     stop_v = const(stop) if isinstance(stop, int) else stop
@@ -51,28 +51,51 @@ def for_range(b: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, name
         if stop - start == 1:
             body(start_v)
             return
+
+    def run(i: Val, carried: list[Val]) -> list[Val]:
+        body(i)
+        return carried
+
+    counted_loop(b, name, start_v, lambda i: b.icmp_signed("<", i, stop_v), step, run, hints=hints)
+
+
+def counted_loop(b: Builder, name: str, start: Val, more: Callable[[Val], Val], step: int,
+                 body: Callable[[Val, list[Val]], list[Val]], carried: Sequence[Val] = (), *,
+                 index_name: str | None = None, flags: Flags = ("nsw",), hints: Sequence[str] = (),
+                 ) -> tuple[Val, list[Val]]:
+    """``for (i = start; more(i); i += step) carried = body(i, carried)``: the index and the carried
+    values (accumulators kept in registers) are phis of the loop head. Returns them, as the loop
+    leaves them. ``flags`` go on the increment."""
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
     loop = b.append_basic_block(f"{name}.body")
     done = b.append_basic_block(f"{name}.end")
     b.branch(head)
     b.position_at_end(head)
-    i = b.phi(I64, name=name)
-    i.add_incoming(start_v, pre)
-    b.cbranch(b.icmp_signed("<", i, stop_v), loop, done)
+    i = b.phi(I64, name=index_name or name)
+    i.add_incoming(start, pre)
+    phis: list[ir.PhiInstr] = []
+    for x in carried:
+        phi = b.phi(x.type)
+        phi.add_incoming(x, pre)
+        phis.append(phi)
+    b.cbranch(more(i), loop, done)
     b.position_at_end(loop)
-    body(i)
-    i.add_incoming(b.add(i, const(step), flags=("nsw",)), b.block)
+    out = body(i, list(phis))
+    i.add_incoming(b.add(i, const(step), flags=flags), b.block)
+    for phi, x in zip(phis, out, strict=True):
+        phi.add_incoming(x, b.block)
     back = b.branch(head)
     if hints:
         loop_hints(b, back, *hints)
     b.position_at_end(done)
+    return i, list(phis)
 
 
 NO_UNROLL = ("llvm.loop.unroll.disable",)
 
 
-def if_then(b: ir.IRBuilder, cond: ir.Value, name: str, body: Callable[[], None]) -> None:
+def if_then(b: Builder, cond: Val, name: str, body: Callable[[], object]) -> None:
     then = b.append_basic_block(f"{name}.then")
     done = b.append_basic_block(f"{name}.done")
     b.cbranch(cond, then, done)
@@ -82,18 +105,18 @@ def if_then(b: ir.IRBuilder, cond: ir.Value, name: str, body: Callable[[], None]
     b.position_at_end(done)
 
 
-def i64(v: ir.Value | int) -> ir.Value:
+def i64(v: Val | int) -> Val:
     """An i64 operand from a Python int or an existing value."""
     return const(v) if isinstance(v, int) else v
 
 
-def imin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def imin(b: Builder, x: Val, y: Val) -> Val:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-def unravel(b: ir.IRBuilder, flat: ir.Value, shape: Sequence[int]) -> list[ir.Value]:
+def unravel(b: Builder, flat: Val, shape: Sequence[int]) -> list[Val]:
     """Multi-index of ``flat`` in a row-major ``shape`` (constant divisors)."""
-    out: list[ir.Value] = []
+    out: list[Val] = []
     rest = flat
     for d in reversed(shape):
         if d == 1:

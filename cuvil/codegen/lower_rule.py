@@ -20,7 +20,19 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.loops import for_range, row_major_strides, start_block
-from cuvil.codegen.scalar import I1, I32, I64, PTR, ScalarEmitter, compute_type, identity, literal, storage_type
+from cuvil.codegen.scalar import (
+    I1,
+    I32,
+    I64,
+    PTR,
+    Builder,
+    ScalarEmitter,
+    Val,
+    compute_type,
+    identity,
+    literal,
+    storage_type,
+)
 from cuvil.errors import CodegenError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
@@ -35,7 +47,7 @@ Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a
 class Buffer:
     """An operand or result as a kernel sees it: its pointer, dtype and static shape."""
 
-    ptr: ir.Value
+    ptr: Val
     dtype: DType
     shape: tuple[int, ...]
 
@@ -169,8 +181,8 @@ class RuleKernel:
 
         entry = self.fn.append_basic_block("entry")
         start = self.fn.append_basic_block("start")
-        self.alloca_builder = ir.IRBuilder(entry)
-        self.b = ir.IRBuilder(start)
+        self.alloca_builder = Builder(entry)
+        self.b = Builder(start)
         self.s = ScalarEmitter(self.b)
         self.err = self.alloca_builder.alloca(I1, name="err")
         self.alloca_builder.store(ir.Constant(I1, 0), self.err)
@@ -178,8 +190,8 @@ class RuleKernel:
         self.keys = _Keys()
         self.extents: dict[str, int] = {f"i{k}": n for k, n in enumerate(self.out_shape)}
         self._collect_extents(rule)
-        self.bound: dict[Token, ir.Value] = {}
-        self.layers: list[dict[int, ir.Value]] = [{}]
+        self.bound: dict[Token, Val] = {}
+        self.layers: list[dict[int, Val]] = [{}]
 
     # -- driver -------------------------------------------------------------------------
     def emit(self) -> ir.Function:
@@ -196,7 +208,7 @@ class RuleKernel:
                 return
             k = order[pos]
 
-            def body(i: ir.Value) -> None:
+            def body(i: Val) -> None:
                 with self._layer():
                     self.bound[("o", k)] = i
                     self._hoist(self.rule, env, 0)
@@ -263,7 +275,7 @@ class RuleKernel:
                 self.lower(red, renv, rdepth)
 
     # -- caches -------------------------------------------------------------------------
-    def _cached(self, key: int) -> ir.Value | None:
+    def _cached(self, key: int) -> Val | None:
         for layer in reversed(self.layers):
             if key in layer:
                 return layer[key]
@@ -288,7 +300,7 @@ class RuleKernel:
         return (x for x in walk_exprs(e) if isinstance(x, R.Reduce))
 
     # -- expressions --------------------------------------------------------------------
-    def lower(self, e: R.Expr, env: dict[str, Token], depth: int) -> ir.Value:
+    def lower(self, e: R.Expr, env: dict[str, Token], depth: int) -> Val:
         key, _ = self.keys.key(e, env, depth)
         hit = self._cached(key)
         if hit is not None:
@@ -297,7 +309,7 @@ class RuleKernel:
         self.layers[-1][key] = v
         return v
 
-    def _lower(self, e: R.Expr, env: dict[str, Token], depth: int) -> ir.Value:
+    def _lower(self, e: R.Expr, env: dict[str, Token], depth: int) -> Val:
         if isinstance(e, R.Lit):
             return literal(e.value, e.dtype)
         if isinstance(e, R.Load):
@@ -311,7 +323,7 @@ class RuleKernel:
             return self._reduce(e, env, depth)
         raise CodegenError(f"unknown rule node {type(e).__name__}", location=self.op)
 
-    def _reduce(self, e: R.Reduce, env: dict[str, Token], depth: int) -> ir.Value:
+    def _reduce(self, e: R.Reduce, env: dict[str, Token], depth: int) -> Val:
         if e.kind not in ("sum", "prod", "max", "min"):
             raise CodegenError(f"unknown reduction {e.kind!r}", location=self.op)
         dt = e.dtype
@@ -340,7 +352,7 @@ class RuleKernel:
                 self.b.store(self.s.round_to(step, dt) if rounds else step, acc)  # each step in the dtype
                 return
 
-            def body(i: ir.Value) -> None:
+            def body(i: Val) -> None:
                 with self._layer():
                     self.bound[tokens[pos]] = i
                     self._hoist(e.body, inner, depth + 1)
@@ -353,7 +365,7 @@ class RuleKernel:
         out = self.b.load(acc, typ=ct)
         return out
 
-    def _combine(self, kind: str, acc: ir.Value, v: ir.Value, dt: DType) -> ir.Value:
+    def _combine(self, kind: str, acc: Val, v: Val, dt: DType) -> Val:
         b = self.b
         if dt.is_float and kind == "sum":  # in the rule's order: no reassociation
             return b.fadd(acc, v)
@@ -369,20 +381,20 @@ class RuleKernel:
         return self.s.call(fn, [acc, v], [dt, dt], dt, {})
 
     # -- memory -------------------------------------------------------------------------
-    def _flat(self, idx: Sequence[ir.Value], strides: Sequence[int]) -> ir.Value:
-        flat: ir.Value = ir.Constant(I64, 0)
+    def _flat(self, idx: Sequence[Val], strides: Sequence[int]) -> Val:
+        flat: Val = ir.Constant(I64, 0)
         for i, s in zip(idx, strides, strict=True):
             term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nuw", "nsw"))
             flat = term if isinstance(flat, ir.Constant) and flat.constant == 0 else \
                 self.b.add(flat, term, flags=("nuw", "nsw"))
         return flat
 
-    def _store(self, buf: Buffer, flat: ir.Value, v: ir.Value) -> None:
+    def _store(self, buf: Buffer, flat: Val, v: Val) -> None:
         ty = storage_type(buf.dtype)
         ptr = self.b.gep(buf.ptr, [flat], inbounds=True, source_etype=ty)
         self.b.store(self.s.to_storage(v, buf.dtype), ptr)
 
-    def _load(self, e: R.Load, env: dict[str, Token], depth: int) -> ir.Value:
+    def _load(self, e: R.Load, env: dict[str, Token], depth: int) -> Val:
         buf = self.inputs[e.operand]
         if len(e.index) != len(buf.shape):
             raise CodegenError(f"operand {e.operand} has rank {len(buf.shape)}, indexed with {len(e.index)}",
@@ -394,8 +406,8 @@ class RuleKernel:
                 b.store(ir.Constant(I1, 1), self.err)
                 return literal(0, buf.dtype)
             return fallback
-        idx: list[ir.Value] = []
-        inb: ir.Value | None = None
+        idx: list[Val] = []
+        inb: Val | None = None
         for ix, dim in zip(e.index, buf.shape, strict=True):
             i = self.ix(ix, env, depth)
             lo, hi = self.ix_range(ix)
@@ -430,7 +442,7 @@ class RuleKernel:
         v = _static_int(d, self.op)
         return (v, v)
 
-    def ix(self, ix: R.Ix, env: dict[str, Token], depth: int) -> ir.Value:
+    def ix(self, ix: R.Ix, env: dict[str, Token], depth: int) -> Val:
         """The index as an i64; each node carries its interval (floored division and modulo pick
         unsigned instructions where both operands are known non-negative) and whether a value
         read from data takes part (no ``nsw`` then: such an index may be anything)."""
@@ -464,7 +476,7 @@ class RuleKernel:
             v = self._floor_divmod(kind, a.value, c.value, a.range, c.range)
         return _IxCode(v, _range_op(kind, a.range, c.range), has_dyn)
 
-    def _floor_divmod(self, kind: str, a: ir.Value, c: ir.Value, arange: tuple, crange: tuple) -> ir.Value:
+    def _floor_divmod(self, kind: str, a: Val, c: Val, arange: tuple, crange: tuple) -> Val:
         """numpy's floored ``//`` and ``%`` on i64 (a zero divisor gives 0, as numpy does)."""
         b = self.b
         zero = ir.Constant(I64, 0)
@@ -493,7 +505,7 @@ def _opt(a: int | None, b: int | None, f: Callable[[int, int], int]) -> int | No
 class _IxCode:
     """An index lowered to LLVM: its i64, a sound interval, whether data takes part."""
 
-    value: ir.Value
+    value: Val
     range: tuple[int | None, int | None]
     has_dyn: bool
 

@@ -7,11 +7,16 @@ are the rule's own (``cuvil.ir.narrow``), which the interpreter and the z3 encod
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 from llvmlite import ir
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.narrow import steps, widen_table
+
+if TYPE_CHECKING:  # scalar.py imports this module, so importing scalar back is for annotations only
+    from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)
@@ -23,7 +28,7 @@ def _global(mod: ir.Module, name: str, ty: ir.Type, values: np.ndarray) -> ir.Gl
     if isinstance(found, ir.GlobalVariable):
         return found
     arr = ir.ArrayType(ty, len(values))
-    g = ir.GlobalVariable(mod, arr, name=name)
+    g = cast("GlobalVariable", ir.GlobalVariable(mod, arr, name=name))
     g.initializer = ir.Constant(arr, [ir.Constant(ty, int(v)) for v in values])
     g.global_constant = True
     g.linkage = "private"
@@ -31,7 +36,7 @@ def _global(mod: ir.Module, name: str, ty: ir.Type, values: np.ndarray) -> ir.Gl
     return g
 
 
-def emit_widen(b: ir.IRBuilder, byte: ir.Value, dt: DType) -> ir.Value:
+def emit_widen(b: Builder, byte: Val, dt: DType) -> Val:
     """A stored byte of ``dt`` as an f32 register."""
     table = _global(b.module, f"narrow.{dt.value}.widen", _I32, widen_table(dt))
     p = b.gep(table, [ir.Constant(_I64, 0), b.zext(byte, _I64)], inbounds=True,
@@ -39,7 +44,7 @@ def emit_widen(b: ir.IRBuilder, byte: ir.Value, dt: DType) -> ir.Value:
     return b.bitcast(b.load(p, typ=_I32), ir.FloatType())
 
 
-def emit_narrow(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
+def emit_narrow(b: Builder, v: Val, dt: DType) -> Val:
     """An f32 or f64 register rounded to ``dt``: the stored byte, as ``astype`` gives it."""
     width = 64 if v.type == ir.DoubleType() else 32
     ity = ir.IntType(width)
@@ -51,7 +56,7 @@ def emit_narrow(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
     gs = _global(b.module, f"narrow.{dt.value}.starts{width}", ity, starts)
     gc = _global(b.module, f"narrow.{dt.value}.codes{width}", _I8, codes)
     bits = b.bitcast(v, ity)
-    idx: ir.Value = ir.Constant(_I64, 0)
+    idx: Val = ir.Constant(_I64, 0)
     half = n // 2
     while half >= 1:  # the last start <= bits (starts[0] is 0)
         cand = b.add(idx, ir.Constant(_I64, half))

@@ -9,7 +9,8 @@ Integer and cast semantics follow ``cuvil/interp.py`` (truncating ``div``, floor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 import ml_dtypes
 import numpy as np
@@ -31,6 +32,78 @@ I16 = ir.IntType(16)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
+
+
+class Val(Protocol):
+    """An LLVM value of a known type (a constant, argument, instruction or global): llvmlite's
+    ``ir.Value`` base class declares no ``type``."""
+
+    @property
+    def type(self) -> ir.Type: ...
+
+    def get_reference(self) -> str: ...
+
+
+Flags = Sequence[str]
+
+if TYPE_CHECKING:  # llvmlite has no type annotations: what its classes are, as far as this package uses them
+    class GlobalVariable(ir.GlobalVariable):
+        initializer: ir.Constant | None  # llvmlite starts both at None, so they would be typed as None
+        align: int | None
+
+    class AllocaInstr(ir.AllocaInstr):
+        align: int | None
+
+    class Builder(ir.IRBuilder):
+        """The builder as it behaves: decorators hide what the arithmetic and cast methods return
+        (the instruction; a cast to the value's own type returns the value) and the ``flags`` they take."""
+
+        def shl(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def lshr(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def ashr(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def add(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def fadd(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def sub(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def fsub(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def mul(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def fmul(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def udiv(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def sdiv(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def fdiv(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def urem(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def srem(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def frem(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def or_(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def and_(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def xor(self, lhs: Val, rhs: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def fneg(self, arg: Val, name: str = "", flags: Flags = ()) -> ir.Instruction: ...
+        def not_(self, value: Val, name: str = "") -> ir.Instruction: ...
+        def neg(self, value: Val, name: str = "") -> ir.Instruction: ...
+        def trunc(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def zext(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def sext(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def fptrunc(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def fpext(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def bitcast(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def addrspacecast(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def fptoui(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def uitofp(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def fptosi(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def sitofp(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def ptrtoint(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def inttoptr(self, value: Val, typ: ir.Type, name: str = "") -> Val: ...
+        def alloca(self, typ: ir.Type, size: Val | None = None, name: str = "") -> AllocaInstr: ...
+else:
+    GlobalVariable = ir.GlobalVariable
+    Builder = ir.IRBuilder
+
+
+def declare(mod: ir.Module, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
+    """The module's function ``name`` (an intrinsic, libc or libm), declared on first use."""
+    found = mod.globals.get(name)
+    if isinstance(found, ir.Function):
+        return found
+    return ir.Function(mod, ir.FunctionType(ret, list(args)), name=name)
 
 
 def storage_type(dt: DType) -> ir.Type:
@@ -96,7 +169,7 @@ def identity(kind: str, dt: DType) -> ir.Constant:
 class ScalarEmitter:
     """Emits primitives at the builder's position; declares the libm functions it needs."""
 
-    def __init__(self, builder: ir.IRBuilder) -> None:
+    def __init__(self, builder: Builder) -> None:
         self.b = builder
 
     @property
@@ -105,10 +178,7 @@ class ScalarEmitter:
 
     # -- external functions ---------------------------------------------------------
     def _extern(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
-        found = self.module.globals.get(name)
-        if isinstance(found, ir.Function):
-            return found
-        return ir.Function(self.module, ir.FunctionType(ret, list(args)), name=name)
+        return declare(self.module, name, ret, args)
 
     def _intrinsic(self, name: str, ty: ir.Type, arity: int = 1) -> ir.Function:
         suffix = "f64" if ty == F64 else "f32"
@@ -118,7 +188,7 @@ class ScalarEmitter:
         return self._extern(name if ty == F64 else name + "f", ty, [ty] * arity)
 
     # -- memory <-> registers ---------------------------------------------------------
-    def from_storage(self, v: ir.Value, dt: DType) -> ir.Value:
+    def from_storage(self, v: Val, dt: DType) -> Val:
         if dt is DType.bool:
             return self.b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
         if dt is DType.f16:
@@ -130,7 +200,7 @@ class ScalarEmitter:
             return emit_widen(self.b, v, dt) if dt.is_float else self.b.trunc(v, compute_type(dt))
         return v
 
-    def to_storage(self, v: ir.Value, dt: DType) -> ir.Value:
+    def to_storage(self, v: Val, dt: DType) -> Val:
         if dt is DType.bool:
             return self.b.zext(v, I8)
         if dt is DType.f16:
@@ -141,7 +211,7 @@ class ScalarEmitter:
             return emit_narrow(self.b, v, dt) if dt.is_float else self.b.zext(v, I8)
         return v
 
-    def _bf16_bits(self, v: ir.Value) -> ir.Value:
+    def _bf16_bits(self, v: Val) -> Val:
         """f32 -> bf16 bits, round to nearest even, NaN kept quiet (as ml_dtypes does)."""
         b = self.b
         if v.type == F64:
@@ -154,7 +224,7 @@ class ScalarEmitter:
         chosen = b.select(is_nan, quiet, rounded)
         return b.trunc(b.lshr(chosen, ir.Constant(I32, 16)), I16)
 
-    def round_to(self, v: ir.Value, dt: DType) -> ir.Value:
+    def round_to(self, v: Val, dt: DType) -> Val:
         """Round a float result (f32 or f64 register) to ``dt``'s precision, in compute type."""
         if dt is DType.f16:
             return self.b.fpext(self.b.fptrunc(v, F16), F32)
@@ -168,8 +238,8 @@ class ScalarEmitter:
         return self.b.fptrunc(v, target) if v.type == F64 else self.b.fpext(v, target)
 
     # -- primitives -------------------------------------------------------------------
-    def call(self, fn: str, args: Sequence[ir.Value], arg_dtypes: Sequence[DType], out: DType,
-             attrs: dict[str, object]) -> ir.Value:
+    def call(self, fn: str, args: Sequence[Val], arg_dtypes: Sequence[DType], out: DType,
+             attrs: dict[str, object]) -> Val:
         if fn == "cast":
             return self.cast(args[0], arg_dtypes[0], out)
         if fn == "select":
@@ -184,7 +254,7 @@ class ScalarEmitter:
             return v if out is DType.bool else self.round_to(v, out)
         return self._int_op(fn, args, dt)
 
-    def _compare(self, fn: str, a: ir.Value, b: ir.Value, dt: DType) -> ir.Value:
+    def _compare(self, fn: str, a: Val, b: Val, dt: DType) -> Val:
         op = _COMPARE[fn]
         if dt.is_float:
             if fn == "ne":
@@ -194,55 +264,35 @@ class ScalarEmitter:
             return self.b.icmp_signed(op, a, b)
         return self.b.icmp_unsigned(op, a, b)
 
-    def _bool_op(self, fn: str, args: Sequence[ir.Value]) -> ir.Value:
-        b = self.b
-        if fn in ("and", "mul", "min", "bit_and"):
-            return b.and_(args[0], args[1])
-        if fn in ("or", "max", "bit_or"):
-            return b.or_(args[0], args[1])
-        if fn in ("xor", "bit_xor", "ne"):
-            return b.xor(args[0], args[1])
+    def _bool_op(self, fn: str, args: Sequence[Val]) -> Val:
+        if fn in _BOOL_BINARY:
+            return _BOOL_BINARY[fn](self.b, args[0], args[1])
         if fn in ("not", "bit_not"):
-            return b.xor(args[0], ir.Constant(I1, 1))
-        if fn == "add":  # numpy adds booleans as logical or
-            return b.or_(args[0], args[1])
-        if fn in ("abs",):
+            return self.b.xor(args[0], ir.Constant(I1, 1))
+        if fn == "abs":
             return args[0]
         raise CodegenError(f"primitive {fn!r} is not defined on bool", location=fn)
 
-    def _float_op(self, fn: str, args: Sequence[ir.Value], dt: DType) -> ir.Value:
+    def _float_op(self, fn: str, args: Sequence[Val], dt: DType) -> Val:
         b = self.b
-        ty = args[0].type
         x = args[0]
-        y = args[1] if len(args) > 1 else None
-        if fn == "add":
-            return b.fadd(x, y)
-        if fn == "sub":
-            return b.fsub(x, y)
-        if fn == "mul":
-            return b.fmul(x, y)
-        if fn == "div":
-            return b.fdiv(x, y)
+        ty = x.type
+        if fn in _FLOAT_BINARY:
+            return _FLOAT_BINARY[fn](b, x, args[1])
+        if fn in _FLOAT_INTRINSIC:
+            return b.call(self._intrinsic(_FLOAT_INTRINSIC[fn], ty), [x])
+        if fn in _LIBM_UNARY:
+            return b.call(self._libm(_LIBM_UNARY[fn], ty), [x])
         if fn == "neg":
             return b.fneg(x)
-        if fn == "abs":
-            return b.call(self._intrinsic("fabs", ty), [x])
-        if fn == "min":  # numpy: NaN in either operand propagates; ties give the second operand
-            pick = b.or_(b.fcmp_unordered("uno", x, x), b.fcmp_ordered("<", x, y))
+        if fn in _MIN_MAX:  # numpy: NaN in either operand propagates; ties give the second operand
+            y = args[1]
+            pick = b.or_(b.fcmp_unordered("uno", x, x), b.fcmp_ordered(_MIN_MAX[fn], x, y))
             return b.select(pick, x, y)
-        if fn == "max":
-            pick = b.or_(b.fcmp_unordered("uno", x, x), b.fcmp_ordered(">", x, y))
-            return b.select(pick, x, y)
-        if fn == "fmod":
-            return b.frem(x, y)
         if fn == "mod":
-            return self._float_mod(x, y)
+            return self._float_mod(x, args[1])
         if fn == "pow":
-            return b.call(self._libm("pow", ty, 2), [x, y])
-        if fn in ("sqrt", "floor", "ceil"):
-            return b.call(self._intrinsic(fn, ty), [x])
-        if fn == "round_even":
-            return b.call(self._intrinsic("roundeven", ty), [x])
+            return b.call(self._libm("pow", ty, 2), [x, args[1]])
         if fn == "isnan":
             return b.fcmp_unordered("uno", x, x)
         if fn == "isinf":
@@ -251,11 +301,9 @@ class ScalarEmitter:
         if fn == "erf":  # the interpreter evaluates erf in double precision for every float type
             wide = x if ty == F64 else b.fpext(x, F64)
             return b.call(self._extern("erf", F64, [F64]), [wide])
-        if fn in _LIBM_UNARY:
-            return b.call(self._libm(_LIBM_UNARY[fn], ty), [x])
         raise CodegenError(f"primitive {fn!r} is not defined on {dt}", location=fn)
 
-    def _float_mod(self, x: ir.Value, y: ir.Value) -> ir.Value:
+    def _float_mod(self, x: Val, y: Val) -> Val:
         """numpy's floored float modulo: fmod, moved into the divisor's sign; zero takes its sign."""
         b = self.b
         ty = x.type
@@ -268,46 +316,34 @@ class ScalarEmitter:
                              [zero, y])
         return b.select(nonzero, adjusted, signed_zero)
 
-    def _int_op(self, fn: str, args: Sequence[ir.Value], dt: DType) -> ir.Value:
+    def _int_op(self, fn: str, args: Sequence[Val], dt: DType) -> Val:
         b = self.b
-        ty = args[0].type
-        signed = dt.is_signed
         x = args[0]
-        y = args[1] if len(args) > 1 else None
+        ty = x.type
         zero = ir.Constant(ty, 0)
-        if fn == "add":
-            return b.add(x, y)
-        if fn == "sub":
-            return b.sub(x, y)
-        if fn == "mul":
-            return b.mul(x, y)
+        if fn in _INT_BINARY:
+            return _INT_BINARY[fn](b, x, args[1])
         if fn == "neg":
             return b.sub(zero, x)
         if fn == "abs":
-            return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x) if signed else x
-        if fn in ("min", "max"):
-            cmp = b.icmp_signed if signed else b.icmp_unsigned
-            return b.select(cmp("<" if fn == "min" else ">", x, y), x, y)
+            return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x) if dt.is_signed else x
+        if fn in _MIN_MAX:
+            y = args[1]
+            cmp = b.icmp_signed if dt.is_signed else b.icmp_unsigned
+            return b.select(cmp(_MIN_MAX[fn], x, y), x, y)
         if fn in ("div", "fmod", "mod"):
-            return self._int_divmod(fn, x, y, dt)
+            return self._int_divmod(fn, x, args[1], dt)
         if fn == "pow":  # numpy's integer pow in the interpreter goes through float64
-            fa = b.sitofp(x, F64) if signed else b.uitofp(x, F64)
-            fb = b.sitofp(y, F64) if signed else b.uitofp(y, F64)
-            p = b.call(self._libm("pow", F64, 2), [fa, fb])
+            to_f64 = b.sitofp if dt.is_signed else b.uitofp
+            p = b.call(self._libm("pow", F64, 2), [to_f64(x, F64), to_f64(args[1], F64)])
             return self.float_to_int(p, dt)
-        if fn == "bit_and":
-            return b.and_(x, y)
-        if fn == "bit_or":
-            return b.or_(x, y)
-        if fn == "bit_xor":
-            return b.xor(x, y)
         if fn == "bit_not":
             return b.xor(x, ir.Constant(ty, -1))
         if fn in ("shl", "shr"):
-            return self._shift(fn, x, y, dt)
+            return self._shift(fn, x, args[1], dt)
         raise CodegenError(f"primitive {fn!r} is not defined on {dt}", location=fn)
 
-    def _int_divmod(self, fn: str, x: ir.Value, y: ir.Value, dt: DType) -> ir.Value:
+    def _int_divmod(self, fn: str, x: Val, y: Val, dt: DType) -> Val:
         """Division by zero gives 0 and INT_MIN / -1 wraps, as in the interpreter (never a trap)."""
         b = self.b
         ty = x.type
@@ -330,7 +366,7 @@ class ScalarEmitter:
         q = b.udiv(x, safe) if fn == "div" else b.urem(x, safe)
         return b.select(by_zero, zero, q)
 
-    def _shift(self, fn: str, x: ir.Value, y: ir.Value, dt: DType) -> ir.Value:
+    def _shift(self, fn: str, x: Val, y: Val, dt: DType) -> Val:
         """numpy: a shift by >= the width (or a negative amount) gives 0, or -1 for negative >>."""
         b = self.b
         ty = x.type
@@ -345,7 +381,7 @@ class ScalarEmitter:
         return b.select(in_range, b.ashr(x, amount), fill)
 
     # -- conversions ------------------------------------------------------------------
-    def _float_to_signed(self, v: ir.Value, bits: int) -> ir.Value:
+    def _float_to_signed(self, v: Val, bits: int) -> Val:
         """x86 truncating conversion: out of range (or NaN) gives INT_MIN, as numpy's astype does."""
         b = self.b
         ty = v.type
@@ -356,7 +392,7 @@ class ScalarEmitter:
         out_ty = ir.IntType(bits)
         return b.select(ok, b.fptosi(safe, out_ty), ir.Constant(out_ty, _INT_MIN[bits]))
 
-    def _float_to_unsigned(self, v: ir.Value, bits: int) -> ir.Value:
+    def _float_to_unsigned(self, v: Val, bits: int) -> Val:
         """numpy's unsigned conversion: values >= 2**(bits-1) are converted shifted down by that much."""
         b = self.b
         ty = v.type
@@ -367,7 +403,7 @@ class ScalarEmitter:
         top = ir.Constant(ir.IntType(bits), _INT_MIN[bits])
         return b.select(high, b.xor(r, top), r)
 
-    def float_to_int(self, v: ir.Value, dt: DType) -> ir.Value:
+    def float_to_int(self, v: Val, dt: DType) -> Val:
         """A truncated float register as ``dt`` (``numpy_prims.float_to_int``; narrow integers as
         ``cuvil.ir.narrow`` defines them: 0 out of range)."""
         b = self.b
@@ -384,17 +420,17 @@ class ScalarEmitter:
             return self._float_to_unsigned(v, dt.bits)
         return b.trunc(self._float_to_signed(v, 32), target)  # i8/i16/u8/u16 go through int32
 
-    def int_to_int(self, v: ir.Value, src: DType, dst: DType) -> ir.Value:
-        target = compute_type(dst)
+    def int_to_int(self, v: Val, src: DType, dst: DType) -> Val:
+        target = cast(ir.IntType, compute_type(dst))
         if v.type == target:
             return v
-        if v.type.width > target.width:
+        if cast(ir.IntType, v.type).width > target.width:
             return self.b.trunc(v, target)
         if src.is_signed:
             return self.b.sext(v, target)
         return self.b.zext(v, target)
 
-    def cast(self, v: ir.Value, src: DType, dst: DType) -> ir.Value:
+    def cast(self, v: Val, src: DType, dst: DType) -> Val:
         """The interpreter's ``_cast``: ->bool is != 0; float->int truncates, non-finite -> 0."""
         b = self.b
         if src is dst:
@@ -420,7 +456,7 @@ class ScalarEmitter:
         t = b.select(finite, t, ir.Constant(ty, 0.0))
         return self.float_to_int(t, dst)
 
-    def to_index(self, v: ir.Value, dt: DType) -> ir.Value:
+    def to_index(self, v: Val, dt: DType) -> Val:
         """A scalar used as an index: ``astype(int64)`` as in the interpreter."""
         if dt is DType.bool:
             return self.b.zext(v, I64)
@@ -428,12 +464,30 @@ class ScalarEmitter:
             return self.float_to_int(v, DType.i64)
         return self.int_to_int(v, dt, DType.i64)
 
-    def from_index(self, v: ir.Value, dt: DType) -> ir.Value:
+    def from_index(self, v: Val, dt: DType) -> Val:
         """An i64 index value as a scalar of ``dt`` (IndexValue)."""
         return self.cast(v, DType.i64, dt)
 
 
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+_MIN_MAX = {"min": "<", "max": ">"}
+"""The comparison that picks the first operand."""
+
+BinaryOp = Callable[[Builder, Val, Val], Val]
+
+_FLOAT_BINARY: dict[str, BinaryOp] = {"add": Builder.fadd, "sub": Builder.fsub, "mul": Builder.fmul,
+                                      "div": Builder.fdiv, "fmod": Builder.frem}
+_INT_BINARY: dict[str, BinaryOp] = {"add": Builder.add, "sub": Builder.sub, "mul": Builder.mul,
+                                    "bit_and": Builder.and_, "bit_or": Builder.or_, "bit_xor": Builder.xor}
+_BOOL_BINARY: dict[str, BinaryOp] = {
+    **dict.fromkeys(("and", "mul", "min", "bit_and"), Builder.and_),
+    **dict.fromkeys(("or", "max", "bit_or", "add"), Builder.or_),  # numpy adds booleans as logical or
+    **dict.fromkeys(("xor", "bit_xor", "ne"), Builder.xor),
+}
+"""Primitives that are one LLVM instruction, by operand kind."""
+
+_FLOAT_INTRINSIC = {"abs": "fabs", "sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "round_even": "roundeven"}
 
 _LIBM_UNARY = {
     "exp": "exp", "log": "log", "tanh": "tanh", "sin": "sin", "cos": "cos", "tan": "tan",
@@ -442,15 +496,9 @@ _LIBM_UNARY = {
 }
 
 SUPPORTED_PRIMITIVES: dict[str, frozenset[str]] = {
-    "float": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "sqrt", "floor",
-                        "ceil", "round_even", "isnan", "isinf", "erf", "exp", "log", "tanh", "sin", "cos", "tan",
-                        "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "eq", "ne", "lt", "le",
-                        "gt", "ge", "select", "cast"}),
-    "int": frozenset({"add", "sub", "mul", "div", "neg", "abs", "min", "max", "fmod", "mod", "pow", "bit_and",
-                      "bit_or", "bit_xor", "bit_not", "shl", "shr", "eq", "ne", "lt", "le", "gt", "ge", "select",
-                      "cast"}),
-    "bool": frozenset({"and", "or", "xor", "not", "bit_and", "bit_or", "bit_xor", "bit_not", "add", "mul", "min",
-                       "max", "abs", "eq", "ne", "lt", "le", "gt", "ge", "select", "cast"}),
+    "float": R.primitives_for("float"),
+    "int": R.primitives_for("int"),
+    "bool": R.primitives_for("bool") | {"bit_and", "bit_or", "bit_xor", "bit_not", "add", "mul", "min", "max", "abs"},
 }
 """The rule primitives :meth:`ScalarEmitter.call` lowers, by the element kind of their operands (of a
 ``select``: its branches'). ``cuvil ops`` checks each op's rule against this table."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from cuvil.arrays import from_torch
 from cuvil.errors import IRError, UnsupportedOpError
-from cuvil.frontend.registry import ConverterEntry
+from cuvil.frontend.registry import ConverterCtx, ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
@@ -23,7 +23,7 @@ from cuvil.ir.values import Value
 try:  # torch is an optional dependency: importing this module without it must fail politely
     import torch
 except ImportError:  # pragma: no cover - exercised only where torch is absent
-    torch = None  # type: ignore[assignment]
+    torch = None
 
 INT64_MAX = 2**63 - 1
 
@@ -32,6 +32,7 @@ INT64_MAX = 2**63 - 1
 
 
 def _torch_dtypes() -> dict[Any, DType]:
+    assert torch is not None, "converters run only under the torch importer, which needs torch"
     return {
         torch.float32: DType.f32, torch.float64: DType.f64, torch.float16: DType.f16, torch.bfloat16: DType.bf16,
         torch.int64: DType.i64, torch.int32: DType.i32, torch.int16: DType.i16, torch.int8: DType.i8,
@@ -85,8 +86,6 @@ def aten_op(*names: str, emits: Sequence[str] = ()) -> Callable[[AtenConverter],
     return deco
 
 
-
-
 @dataclass(frozen=True)
 class Unavailable:
     """A node whose value Cuvil cannot represent; an error only if something uses it."""
@@ -110,22 +109,17 @@ class Importer(Protocol):
 # node context
 
 
-_MISSING: Any = object()
-
-
-class AtenCtx:
+class AtenCtx(ConverterCtx[Importer]):
     """What a converter sees: the node, its arguments by schema name (CIR values, dims,
     python scalars), the node's output metadata, and the builder."""
 
     def __init__(self, imp: Importer, node: Any, args: dict[str, Any]) -> None:
-        self.imp = imp
-        self.node = node
+        super().__init__(imp, node)
         self.args = args
-        self.b: Builder = imp.b
 
     @property
-    def location(self) -> str:
-        return f"node {self.node.name} ({self.node.target})"
+    def node_name(self) -> str:
+        return str(self.node.name)
 
     @property
     def op_name(self) -> str:
@@ -173,6 +167,3 @@ class AtenCtx:
     def promote(self, *xs: Any) -> DType:
         """torch's type promotion over tensors (CIR values) and python scalars."""
         return self.imp.promote(xs, self.location)
-
-    def unsupported(self, what: str) -> UnsupportedOpError:
-        return UnsupportedOpError(f"{self.op_name}: {what}", location=self.location)

@@ -21,7 +21,6 @@ from onnx import numpy_helper
 
 from cuvil.errors import (
     BudgetError,
-    CuvilError,
     ExternalDataError,
     IRError,
     MissingInitializerError,
@@ -248,18 +247,7 @@ class OnnxImporter:
                 raise MissingInitializerError(f"input {name!r} is not defined by any node, graph input "
                                               "or initializer", location=where)
             inputs.append(self.env[name])
-        ctx = NodeCtx(self, node, inputs)
-        try:
-            produced = entry.fn(ctx)
-        except CuvilError as e:
-            if e.location is None:
-                e.location = where
-            elif where not in e.location:
-                e.location = f"{where}: {e.location}"
-            raise
-        except (ValueError, TypeError, KeyError, IndexError) as e:
-            raise IRError(f"converting {node.op_type} failed: {type(e).__name__}: {e}", location=where,
-                          hint="this is a bug in the converter or an unsupported variant of the op") from e
+        produced = entry.run(NodeCtx(self, node, inputs))
         outs = [produced] if isinstance(produced, Value) else list(produced)
         for name, v in zip(node.output, outs, strict=False):
             if name and v is not None:

@@ -7,7 +7,7 @@ Converters (``cuvil/frontend/onnx_ops``) depend on this module only; the driver
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 import onnx
@@ -16,7 +16,7 @@ from cuvil.errors import (
     AttributeTypeError,
     UnsupportedOpError,
 )
-from cuvil.frontend.registry import ConverterEntry
+from cuvil.frontend.registry import ConverterCtx, ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
@@ -50,7 +50,6 @@ ONNX_DTYPES: dict[int, DType] = {
     onnx.TensorProto.INT4: DType.i4, onnx.TensorProto.UINT4: DType.u4,
     onnx.TensorProto.INT2: DType.i2, onnx.TensorProto.UINT2: DType.u2,
 }
-DTYPE_TO_ONNX = {v: k for k, v in ONNX_DTYPES.items()}
 
 
 def onnx_dtype(code: int, where: str) -> DType:
@@ -111,20 +110,24 @@ class StaticInputRequired(UnsupportedOpError):
 _MISSING: Any = object()
 
 
-class NodeCtx:
+class NodeCtx(ConverterCtx[Importer]):
     """What a converter sees: the node, its CIR inputs, typed attribute access, the builder."""
 
+    node: onnx.NodeProto
+
     def __init__(self, imp: Importer, node: onnx.NodeProto, inputs: list[Value | None]) -> None:
-        self.imp = imp
-        self.node = node
+        super().__init__(imp, node)
         self.inputs = inputs
-        self.b = imp.b
         self.opset = imp.opset_for(node.domain)
         self._attrs = {a.name: a for a in node.attribute}
 
     @property
-    def location(self) -> str:
-        return f"node {self.node.name or '<unnamed>'} ({self.node.op_type})"
+    def node_name(self) -> str:
+        return self.node.name or "<unnamed>"
+
+    @property
+    def op_name(self) -> str:
+        return self.node.op_type
 
     @property
     def num_outputs(self) -> int:
@@ -185,7 +188,13 @@ class NodeCtx:
     def attr_int(self, name: str, default: Any = _MISSING) -> int:
         return self._typed(name, default, lambda v: isinstance(v, int), "an int")
 
-    def attr_float(self, name: str, default: Any = _MISSING) -> float:
+    @overload
+    def attr_float(self, name: str, default: float = ...) -> float: ...
+
+    @overload
+    def attr_float(self, name: str, default: None) -> float | None: ...
+
+    def attr_float(self, name: str, default: Any = _MISSING) -> float | None:
         v = self._typed(name, default, lambda v: isinstance(v, (int, float)), "a float")
         return float(v) if v is not None else v
 
@@ -206,8 +215,3 @@ class NodeCtx:
         Elements may be symbolic dims (object array) when derived from a symbolic shape."""
         return self.imp.static_value(self.input(i), self.location)
 
-    def static_or_none(self, i: int) -> np.ndarray | None:
-        return self.static(i) if self.has_input(i) else None
-
-    def unsupported(self, what: str) -> UnsupportedOpError:
-        return UnsupportedOpError(f"{self.node.op_type}: {what}", location=self.location)

@@ -35,7 +35,7 @@ from cuvil.frontend.aten_node import (
     tensor_to_numpy,
     torch_dtype,
 )
-from cuvil.frontend.registry import ConverterEntry
+from cuvil.frontend.registry import CONVERTER_BUGS, ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
@@ -49,7 +49,9 @@ try:  # torch is an optional dependency: importing this module without it must f
     import torch.fx
     import torch.utils._pytree as pytree
 except ImportError:  # pragma: no cover - exercised only where torch is absent
-    torch = None  # type: ignore[assignment]
+    torch = None
+# The entry points (import_torch, import_pt2) refuse to start without torch, so everything they
+# reach asserts `torch is not None` instead of checking again.
 
 # nodes that only check facts torch already proved at export time
 _DROPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten._assert_async.msg",
@@ -92,9 +94,10 @@ def sympy_to_dim(expr: Any, names: Mapping[Any, str], where: str = "") -> Dim:
                     raise UnsupportedOpError(f"shape expression {e} is not integral", location=where or None)
                 out = out * go(a)
             return out
-        if (e.is_Pow or isinstance(e, F.PowByNatural)) and e.args[1].is_Integer and int(e.args[1]) >= 0:
+        count = _natural(e.args[1]) if e.is_Pow or isinstance(e, F.PowByNatural) else None
+        if count is not None:
             out, base = 1, go(e.args[0])
-            for _ in range(int(e.args[1])):
+            for _ in range(count):
                 out = out * base
             return out
         assert args is not None
@@ -116,6 +119,11 @@ def sympy_to_dim(expr: Any, names: Mapping[Any, str], where: str = "") -> Dim:
     return go(expr)
 
 
+def _natural(x: Any) -> int | None:
+    """A sympy integer's value when it is >= 0 (sympy's ``Basic`` does not declare ``__int__``)."""
+    return int(x) if x.is_Integer and int(x) >= 0 else None
+
+
 # --------------------------------------------------------------------------------------
 # the importer
 
@@ -135,6 +143,7 @@ class TorchImporter:
         return tuple(self.dim(d, where) for d in shape)
 
     def dim(self, d: Any, where: str) -> Dim:
+        assert torch is not None
         if isinstance(d, (int, np.integer)):
             return int(d)
         if isinstance(d, torch.SymInt):
@@ -201,6 +210,7 @@ class TorchImporter:
     def promote(self, xs: Sequence[Any], where: str) -> DType:
         """torch.result_type over stand-ins: a rank-0 tensor for rank-0 values (they promote like
         scalars within a category), a 1-element tensor otherwise, python numbers as themselves."""
+        assert torch is not None
         stand: list[Any] = []
         for x in xs:
             if isinstance(x, Unavailable):
@@ -224,12 +234,14 @@ class TorchImporter:
         return cir_dtype(dt, where)
 
     def constant(self, t: Any, where: str) -> Value:
+        assert torch is not None
         if not isinstance(t, torch.Tensor):
             raise UnsupportedOpError(f"constant of type {type(t).__name__} is not supported", location=where)
         return self.b.const(tensor_to_numpy(t))
 
     # graph ------------------------------------------------------------------------
     def run(self) -> Module:
+        assert torch is not None
         from torch.export.graph_signature import InputKind, OutputKind
 
         ep = self.ep
@@ -292,6 +304,7 @@ class TorchImporter:
     def _name_symbols(self, placeholders: list[Any]) -> None:
         """Give each dynamic dim a CIR name: the torch.export.Dim's name when the shape
         environment kept it, else the sympy symbol's own (sanitized) name."""
+        assert torch is not None
         used: set[str] = set()
         for node in placeholders:
             val = node.meta.get("val")
@@ -327,6 +340,7 @@ class TorchImporter:
 
     def resolve(self, a: Any, where: str) -> Any:
         """An fx argument with nodes replaced by their converted values."""
+        assert torch is not None
         if isinstance(a, torch.fx.Node):
             if a not in self.env:
                 raise IRError(f"node {a.name} is used before it is converted", location=where)
@@ -338,6 +352,7 @@ class TorchImporter:
         return a
 
     def _scalar_from_meta(self, val: Any, where: str) -> Any:
+        assert torch is not None
         if isinstance(val, torch.SymInt):
             try:
                 return self.dim(val, where)
@@ -352,6 +367,7 @@ class TorchImporter:
         return val
 
     def convert_node(self, node: Any) -> None:
+        assert torch is not None
         target = node.target
         name = str(target)
         where = f"node {node.name} ({name})"
@@ -381,18 +397,7 @@ class TorchImporter:
         if entry is None:
             raise UnsupportedOpError(f"aten op {name} is not supported", location=where)
         args = self._bind_args(node, where)
-        ctx = AtenCtx(self, node, args)
-        try:
-            produced = entry.fn(ctx)
-        except CuvilError as e:
-            if e.location is None:
-                e.location = where
-            elif where not in e.location:
-                e.location = f"{where}: {e.location}"
-            raise
-        except (ValueError, TypeError, KeyError, IndexError, AssertionError) as e:
-            raise IRError(f"converting {name} failed: {type(e).__name__}: {e}", location=where,
-                          hint="this is a bug in the converter or an unsupported variant of the op") from e
+        produced = entry.run(AtenCtx(self, node, args), (*CONVERTER_BUGS, AssertionError))
         self._check(produced, val, where)
         self.env[node] = produced
 
@@ -413,6 +418,7 @@ class TorchImporter:
 
     def _check(self, produced: Any, val: Any, where: str) -> None:
         """Compare what a converter built with torch's own metadata: dtype and static dims."""
+        assert torch is not None
         if isinstance(produced, Value) and isinstance(val, torch.Tensor):
             pairs = [(produced, val)]
         elif isinstance(produced, (list, tuple)) and isinstance(val, (list, tuple)):
@@ -468,6 +474,7 @@ def _ident(name: str) -> str:
 
 
 def _live_nodes(outputs: Sequence[Any]) -> set[Any]:
+    assert torch is not None
     live: set[Any] = set()
     stack = [a for a in pytree.tree_leaves(list(outputs)) if isinstance(a, torch.fx.Node)]
     while stack:
@@ -523,6 +530,7 @@ _OPTIONS = ("dynamic_shapes", "strict", "example_kwargs", "decompose", "dim_name
 def export_program(model: Any, example_inputs: Any = None, *, dynamic_shapes: Any = None, strict: bool = False,
                    example_kwargs: Mapping[str, Any] | None = None) -> Any:
     """``torch.export.export`` in eval mode (restoring the module's mode), failures as CuvilErrors."""
+    assert torch is not None
     if example_inputs is None and not example_kwargs:
         raise ModelLoadError("importing an nn.Module needs example inputs",
                              hint="call import_model(model, example_inputs=(x,)) or pass an ExportedProgram")

@@ -36,7 +36,7 @@ class Builder:
             self.constants[key] = frozen_array(arr)
         return Value("const", (), {"hash": key}, TensorType(cir_dtype, tuple(arr.shape)))
 
-    def scalar(self, value: float | int | bool, dtype: DType) -> Value:
+    def scalar(self, value: float | int | bool | np.number, dtype: DType) -> Value:
         return self.const(np.array(value, dtype=dtype.np))
 
     def data(self, v: Value) -> np.ndarray:

@@ -131,5 +131,3 @@ _FLOATS = frozenset({DType.f64, DType.f32, DType.f16, DType.bf16, DType.f8e4m3fn
 _BITS = {DType.f4e2m1: 4, DType.i4: 4, DType.u4: 4, DType.i2: 2, DType.u2: 2}
 _FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
 
-FLOAT_DTYPES = tuple(d for d in DType if d.is_float)
-INT_DTYPES = tuple(d for d in DType if d.is_int)

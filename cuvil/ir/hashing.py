@@ -7,6 +7,8 @@
   order, and the dim constraints.
 * :func:`module_hash`: every function, every constant a function uses by its *bytes* (not only
   the key it is stored under) and the module's metadata.
+* :func:`compiled_function_hash`: one function with the bytes of the constants it uses, as a
+  compiled library is identified (the manifest's ``function_hash``, the artifact cache's model key).
 
 The pass manager decides whether a pass changed a module by :func:`module_hash` (never by the
 pass's own word); the verifier's cone cutting and certificates, and the artifact cache, use the
@@ -122,6 +124,14 @@ def module_hash(module: Module) -> str:
     for k in sorted(module.metadata):
         h.update(repr((k, module.metadata[k])).encode())
     return h.hexdigest()
+
+
+def compiled_function_hash(fn: Function, constants: Mapping[str, np.ndarray]) -> str:
+    """``f`` and 32 hex digits: the :func:`module_hash` of ``fn`` alone with the constants it uses."""
+    from cuvil.ir.module import Module
+
+    used = {v.const_hash for v in fn.values() if v.is_const}
+    return "f" + module_hash(Module((fn,), {k: a for k, a in constants.items() if k in used}))[:32]
 
 
 def values_hash(values: Sequence[Value]) -> str:

@@ -277,11 +277,3 @@ def decode(x: np.ndarray) -> np.ndarray:
         return widen_table(dt)[codes].view(np.float32)
     out = int_values(dt, codes)
     return out if dt.is_signed else out.astype(np.uint8)
-
-
-def to_narrow(dt: DType, x: np.ndarray) -> np.ndarray:
-    """:func:`encode`, viewed as ``dt`` (a narrow source is decoded first)."""
-    x = np.asarray(x)
-    if x.dtype.kind == "V" or DType.from_numpy(x.dtype).is_narrow:
-        x = decode(x)
-    return encode(dt, x).view(dt.np)

@@ -21,7 +21,8 @@ _erf_obj = np.frompyfunc(math.erf, 1, 1)
 
 def erf(x: np.ndarray) -> np.ndarray:
     """Gauss error function, evaluated in float64 and rounded to the operand's dtype."""
-    return _erf_obj(np.asarray(x).astype(np.float64)).astype(np.asarray(x).dtype)
+    # asarray: on a 0-d operand the object ufunc returns a bare python float, not an array
+    return np.asarray(_erf_obj(np.asarray(x).astype(np.float64))).astype(np.asarray(x).dtype)
 
 
 def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:

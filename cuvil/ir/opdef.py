@@ -291,7 +291,3 @@ def norm_axis(axis: int, rank: int, op: str = "") -> int:
     if not -rank <= axis < max(rank, 1):
         raise ShapeError(f"axis {axis} out of range for rank {rank}", location=op or None)
     return axis % rank if rank else 0
-
-
-def same_type(types: Sequence[TensorType], **_: Any) -> TensorType:
-    return types[0]

@@ -27,7 +27,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import REQUIRED, get_op
 from cuvil.ir.region import Region
 from cuvil.ir.symbolic import Dim, Sym
-from cuvil.ir.types import DimConstraint, TensorType
+from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, attr_key, normalize_attr, walk
 
 LITERAL_MAX_ELEMENTS = 16
@@ -107,15 +107,6 @@ def _paren_dim(d: Dim) -> str:
 
 def format_type(t: TensorType) -> str:
     return f"{t.dtype.value}[{', '.join(format_dim(d) for d in t.shape)}]"
-
-
-def format_constraint(c: DimConstraint) -> str:
-    text = f"{c.lo} <= {c.symbol}"
-    if c.hi is not None:
-        text += f" <= {c.hi}"
-    if c.multiple_of != 1:
-        text += f", {c.symbol} % {c.multiple_of} == 0"
-    return text
 
 
 # --------------------------------------------------------------------------------------
@@ -208,7 +199,7 @@ def _literal_ok(arr: np.ndarray, dtype: DType) -> bool:
 
 def _format_elements(arr: np.ndarray, dtype: DType) -> str:
     if arr.ndim == 0:
-        x = arr[()]
+        x = cast(np.generic, arr[()])  # numpy's stubs type arr[()] as an array; on a 0-d array it is a scalar
         if dtype is DType.bool:
             return "true" if bool(x) else "false"
         if dtype.is_float:
@@ -284,7 +275,7 @@ def print_function(fn: Function, indent: str = "  ") -> str:
                         for n, r in zip(fn.result_names, fn.results, strict=False))
     head = f"func @{format_name(fn.name)}({params}) -> ({results})"
     if fn.constraints:
-        head += " where " + ", ".join(format_constraint(c) for c in fn.constraints)
+        head += " where " + ", ".join(str(c) for c in fn.constraints)  # DimConstraint prints its .cir form
     lines = [indent + head + " {", *_op_lines(fn, indent + "  ")]
     lines.append(f"{indent}  return " + ", ".join(names[r] for r in fn.results))
     lines.append(indent + "}")

@@ -19,10 +19,15 @@ from typing import Any
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim, Sym
-from cuvil.ir.types import TensorType
+from cuvil.ir.types import TensorType, Typed
 
 # --------------------------------------------------------------------------------------
 # index expressions
+
+
+def _ix_operator(kind: str, swap: bool = False) -> Callable[[Ix, IxLike], Ix]:
+    """An arithmetic operator of :class:`Ix` (``swap``: the reflected form, the other operand first)."""
+    return lambda self, o: self._bin(kind, o, swap)
 
 
 @dataclass(frozen=True)
@@ -78,29 +83,14 @@ class Ix:
             return a
         return Ix(kind, (a, b))
 
-    def __add__(self, o: IxLike) -> Ix:
-        return self._bin("add", o)
-
-    def __radd__(self, o: IxLike) -> Ix:
-        return self._bin("add", o, swap=True)
-
-    def __sub__(self, o: IxLike) -> Ix:
-        return self._bin("sub", o)
-
-    def __rsub__(self, o: IxLike) -> Ix:
-        return self._bin("sub", o, swap=True)
-
-    def __mul__(self, o: IxLike) -> Ix:
-        return self._bin("mul", o)
-
-    def __rmul__(self, o: IxLike) -> Ix:
-        return self._bin("mul", o, swap=True)
-
-    def __floordiv__(self, o: IxLike) -> Ix:
-        return self._bin("floordiv", o)
-
-    def __mod__(self, o: IxLike) -> Ix:
-        return self._bin("mod", o)
+    __add__ = _ix_operator("add")
+    __radd__ = _ix_operator("add", swap=True)
+    __sub__ = _ix_operator("sub")
+    __rsub__ = _ix_operator("sub", swap=True)
+    __mul__ = _ix_operator("mul")
+    __rmul__ = _ix_operator("mul", swap=True)
+    __floordiv__ = _ix_operator("floordiv")
+    __mod__ = _ix_operator("mod")
 
     def __str__(self) -> str:
         if self.kind == "var":
@@ -134,6 +124,13 @@ def ix_max(a: IxLike, b: IxLike) -> Ix:
 # scalar expressions
 
 
+def _expr_operator(fn: str, swap: bool = False) -> Callable[[Expr, ExprLike], Expr]:
+    """An operator of :class:`Expr`: the primitive ``fn`` on both operands (``swap``: the reflected form)."""
+    if swap:
+        return lambda self, o: call(fn, o, self)
+    return lambda self, o: call(fn, self, o)
+
+
 @dataclass(frozen=True, eq=False)
 class Expr:
     """A scalar expression of a known dtype, evaluated at an index point."""
@@ -141,44 +138,21 @@ class Expr:
     dtype: DType
 
     # arithmetic sugar: literals take the other operand's dtype
-    def __add__(self, o: ExprLike) -> Expr:
-        return call("add", self, o)
-
-    def __radd__(self, o: ExprLike) -> Expr:
-        return call("add", o, self)
-
-    def __sub__(self, o: ExprLike) -> Expr:
-        return call("sub", self, o)
-
-    def __rsub__(self, o: ExprLike) -> Expr:
-        return call("sub", o, self)
-
-    def __mul__(self, o: ExprLike) -> Expr:
-        return call("mul", self, o)
-
-    def __rmul__(self, o: ExprLike) -> Expr:
-        return call("mul", o, self)
-
-    def __truediv__(self, o: ExprLike) -> Expr:
-        return call("div", self, o)
-
-    def __rtruediv__(self, o: ExprLike) -> Expr:
-        return call("div", o, self)
+    __add__ = _expr_operator("add")
+    __radd__ = _expr_operator("add", swap=True)
+    __sub__ = _expr_operator("sub")
+    __rsub__ = _expr_operator("sub", swap=True)
+    __mul__ = _expr_operator("mul")
+    __rmul__ = _expr_operator("mul", swap=True)
+    __truediv__ = _expr_operator("div")
+    __rtruediv__ = _expr_operator("div", swap=True)
+    __lt__ = _expr_operator("lt")
+    __le__ = _expr_operator("le")
+    __gt__ = _expr_operator("gt")
+    __ge__ = _expr_operator("ge")
 
     def __neg__(self) -> Expr:
         return call("neg", self)
-
-    def __lt__(self, o: ExprLike) -> Expr:  # type: ignore[override]
-        return call("lt", self, o)
-
-    def __le__(self, o: ExprLike) -> Expr:  # type: ignore[override]
-        return call("le", self, o)
-
-    def __gt__(self, o: ExprLike) -> Expr:  # type: ignore[override]
-        return call("gt", self, o)
-
-    def __ge__(self, o: ExprLike) -> Expr:  # type: ignore[override]
-        return call("ge", self, o)
 
 
 @dataclass(frozen=True, eq=False)
@@ -260,6 +234,14 @@ for _n in ["bit_and", "bit_or", "bit_xor", "shl", "shr"]:
 _prim("bit_not", 1, "same", "int", "bitwise not")
 _prim("select", 3, "cond", "any", "c ? a : b")
 _prim("cast", 1, "cast", "any", "convert to attr `to` (float->int truncates, ->bool is != 0)")
+
+_KIND_ACCEPTS = {"float": ("num", "float", "any"), "int": ("num", "int", "any"), "bool": ("bool", "any")}
+
+
+def primitives_for(kind: str) -> frozenset[str]:
+    """The primitives defined on elements of ``kind`` (``float``, ``int`` or ``bool``): what a reader of
+    the rules must implement for that kind (numpy also gives some arithmetic a bool meaning)."""
+    return frozenset(n for n, p in PRIMITIVES.items() if p.kinds in _KIND_ACCEPTS[kind])
 
 
 def lit(value: float | int | bool, dtype: DType) -> Lit:
@@ -519,23 +501,11 @@ def hardswish(x: Expr) -> Expr:
 
 
 @dataclass(frozen=True)
-class TensorRef:
+class TensorRef(Typed):
     """An operand as a rule sees it: its type and an ``at`` that builds loads."""
 
     index: int
     type: TensorType
-
-    @property
-    def shape(self) -> tuple[Dim, ...]:
-        return self.type.shape
-
-    @property
-    def dtype(self) -> DType:
-        return self.type.dtype
-
-    @property
-    def rank(self) -> int:
-        return self.type.rank
 
     def at(self, *idx: IxLike, oob: float | int | bool | None = None) -> Load:
         if len(idx) != self.rank:

@@ -152,9 +152,10 @@ class RuleInfo:
         """The rule of an op value (static shapes)."""
         opdef = get_op(v.op)
         in_types = [TensorType(o.dtype, tuple(int(d) for d in o.shape)) for o in v.operands]
-        out_type = TensorType(v.dtype, tuple(int(d) for d in v.shape))
+        out_shape = tuple(int(d) for d in v.shape)
+        out_type = TensorType(v.dtype, out_shape)
         attrs = {k: bind_attr(a, {}) for k, a in v.attrs}
-        return RuleInfo.build(opdef.make_rule(in_types, attrs, out_type), out_type.shape)
+        return RuleInfo.build(opdef.make_rule(in_types, attrs, out_type), out_shape)
 
     @staticmethod
     def build(rule: Expr, out_shape: Sequence[int]) -> RuleInfo:

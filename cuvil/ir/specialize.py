@@ -91,7 +91,7 @@ def specialize_dims(fn: Function, env: Mapping[str, int]) -> Function:
         memo[v] = _specialize_value(v, memo, env)
         if not v.is_const:
             where = f"input {v.name!r}" if v.is_param else v.op
-            check_tensor_size(memo[v].type.shape, f"the tensor of {where}", where)
+            check_tensor_size(memo[v].type.concrete(env), f"the tensor of {where}", where)
     return Function(fn.name, tuple(memo[p] for p in fn.params), tuple(memo[r] for r in fn.results),
                     fn.result_names)
 

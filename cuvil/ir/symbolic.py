@@ -9,7 +9,7 @@ canonical forms are, and shape rules can be written with ordinary ``+ - * //``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Union
 
 Dim = Union[int, "Sym"]
@@ -246,19 +246,20 @@ def sym(name: str) -> Sym:
 
 
 def sym_max(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    if a == b:
-        return a
-    return Sym({(_Atom("max", (a, b)),): 1})
+    return _extreme("max", max, a, b)
 
 
 def sym_min(a: Dim, b: Dim) -> Dim:
+    return _extreme("min", min, a, b)
+
+
+def _extreme(kind: str, pick: Callable[[int, int], int], a: Dim, b: Dim) -> Dim:
+    """max or min of two dims: computed when both are numbers, ``a`` when they are equal, else opaque."""
     if isinstance(a, int) and isinstance(b, int):
-        return min(a, b)
+        return pick(a, b)
     if a == b:
         return a
-    return Sym({(_Atom("min", (a, b)),): 1})
+    return Sym({(_Atom(kind, (a, b)),): 1})
 
 
 def is_static(d: Dim) -> bool:

@@ -70,6 +70,26 @@ class TensorType:
         return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
 
 
+class Typed:
+    """Something with a tensor ``type`` (a CIR value, an operand as a rule sees it): its shape,
+    dtype and rank read through to the type."""
+
+    __slots__ = ()
+    type: TensorType
+
+    @property
+    def shape(self) -> tuple[Dim, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    @property
+    def rank(self) -> int:
+        return self.type.rank
+
+
 @dataclass(frozen=True)
 class DimConstraint:
     """The values a symbol may take: ``lo <= sym <= hi`` and ``sym % multiple_of == 0``."""

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Sym
-from cuvil.ir.types import TensorType
+from cuvil.ir.types import TensorType, Typed
 
 AttrValue = Any  # int | float | bool | str | DType | Dim | None | tuple[AttrValue, ...] | Region
 
@@ -48,7 +48,7 @@ def normalize_attr(v: AttrValue) -> AttrValue:
     return v
 
 
-class Value:
+class Value(Typed):
     """One SSA value: ``op(operands...) {attrs} : type``. Immutable and interned."""
 
     __slots__ = ("__weakref__", "_key", "attrs", "op", "operands", "type")
@@ -92,14 +92,6 @@ class Value:
     @property
     def attr_dict(self) -> dict[str, AttrValue]:
         return dict(self.attrs)
-
-    @property
-    def dtype(self) -> DType:
-        return self.type.dtype
-
-    @property
-    def shape(self) -> tuple:
-        return self.type.shape
 
     @property
     def is_param(self) -> bool:

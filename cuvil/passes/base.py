@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from cuvil.ir.builder import Builder
 from cuvil.ir.module import Function, Module
@@ -71,7 +71,10 @@ class FunctionPass(Pass):
 PASS_REGISTRY: dict[str, type[Pass]] = {}
 
 
-def register(cls: type[Pass]) -> type[Pass]:
+_PassClass = TypeVar("_PassClass", bound=type[Pass])
+
+
+def register(cls: _PassClass) -> _PassClass:
     """Make a pass available by name to pipelines (``-p name,name``) and the CLI."""
     if not cls.name or cls.name != cls.name.lower() or " " in cls.name or "_" in cls.name:
         raise ValueError(f"pass name {cls.name!r} must be kebab-case")

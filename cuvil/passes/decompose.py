@@ -140,20 +140,23 @@ def _single_axis(v: Value) -> int | None:
     return norm_axis(axes[0], v.type.rank)
 
 
-def _recognize_softmax(m: Match, b: Builder) -> Value | None:
-    top, total = m["top"], m["total"]
-    axis = _single_axis(top)
-    if axis is None or _single_axis(total) != axis or m.ctx.uses(m["e"]) != 2:
+def _softmax_axis(m: Match, shared: str) -> int | None:
+    """The one axis both reductions of a matched (log-)softmax run over, when the value ``shared``
+    feeds nothing but the two places the pattern uses it."""
+    axis = _single_axis(m["top"])
+    if axis is None or _single_axis(m["total"]) != axis or m.ctx.uses(m[shared]) != 2:
         return None
-    return b.softmax(m["x"], axis=axis)
+    return axis
+
+
+def _recognize_softmax(m: Match, b: Builder) -> Value | None:
+    axis = _softmax_axis(m, "e")
+    return None if axis is None else b.softmax(m["x"], axis=axis)
 
 
 def _recognize_log_softmax(m: Match, b: Builder) -> Value | None:
-    top, total = m["top"], m["total"]
-    axis = _single_axis(top)
-    if axis is None or _single_axis(total) != axis or m.ctx.uses(m["shifted"]) != 2:
-        return None
-    return b.log_softmax(m["x"], axis=axis)
+    axis = _softmax_axis(m, "shifted")
+    return None if axis is None else b.log_softmax(m["x"], axis=axis)
 
 
 def _tail_axis(v: Value) -> int | None:

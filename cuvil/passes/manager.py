@@ -27,7 +27,8 @@ class PipelineError(CuvilError):
 class GateOutcome(Protocol):
     """What a gate returns: ``accept`` False rolls the pass application back."""
 
-    accept: bool
+    @property
+    def accept(self) -> bool: ...
 
 
 GateHook = Callable[[Pass, Module, Module], GateOutcome]

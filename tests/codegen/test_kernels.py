@@ -13,7 +13,7 @@ import ctypes
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,35 +22,17 @@ import pytest
 from cuvil.codegen.kernels import force_isa, generic_only
 from cuvil.codegen.kernels.pack import pack_a_tiles, pack_b_panels
 from cuvil.compiler import compile
-from cuvil.interp import bind_inputs, evaluate_op
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
-from cuvil.ir.opdef import get_op
-from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
+from tests.oracles import rule_reference
 
 RNG = np.random.default_rng(11)
 
 
 def _f32(*shape: int, scale: float = 1.0) -> np.ndarray:
     return (RNG.standard_normal(shape) * scale).astype(np.float32)
-
-
-def rule_reference(module: Module, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Every result of ``module.main``, each op evaluated from its compute rule."""
-    fn = module.main
-    arrays, _ = bind_inputs(fn, list(inputs))
-    memo: dict[Value, np.ndarray] = dict(zip(fn.params, arrays, strict=True))
-    for v in fn.values():
-        if v in memo:
-            continue
-        if v.is_const:
-            memo[v] = module.constants[v.const_hash]
-            continue
-        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], v.attr_dict,
-                              TensorType(v.dtype, v.type.shape), use_fast_path=False)
-    return [memo[r] for r in fn.results]
 
 
 def assert_close(got: np.ndarray, want: np.ndarray, k: int, what: str) -> None:
@@ -94,6 +76,7 @@ class Cases:
         want = rule_reference(module, self.inputs)
         for g, w, label, k in zip(got, want, self.labels, self.reductions, strict=True):
             assert_close(g, w, k, label)
+        assert model.manifest is not None
         kernels = model.manifest["kernels"]
         if expect_kernel is not None:
             tuned = [n for n in kernels if n.startswith(expect_kernel)]
@@ -234,7 +217,7 @@ def test_requantizing_epilogue_writes_int8():
     q = b.cast(b.clip(b.round(b.div(y, b.const(np.array(0.05, np.float32)))), min=-128.0, max=127.0), to=DType.i8)
     module = b.module(b.function("q", [x], [q]))
     model = compile(module, cache=False)
-    assert model.manifest["kernels"][0].startswith("gemm.")
+    assert model.manifest is not None and model.manifest["kernels"][0].startswith("gemm.")
     xs = _f32(9, 40)
     got, want = model(xs), rule_reference(module, [xs])[0]
     assert got.dtype == np.int8
@@ -314,7 +297,7 @@ def test_unsupported_dtypes_use_the_rule_lowering():
     x = b.param("x", DType.f64, (4, 6))
     module = b.module(b.function("f", [x], [b.matmul(x, b.const(np.ones((6, 3))))]))
     model = compile(module, cache=False)
-    assert model.manifest["kernels"] == ["rule"]
+    assert model.manifest is not None and model.manifest["kernels"] == ["rule"]
     a = np.arange(24, dtype=np.float64).reshape(4, 6)
     np.testing.assert_allclose(model(a), a @ np.ones((6, 3)))
 
@@ -357,6 +340,7 @@ BIG_MODULE, BIG_INPUTS = _big_case()
 def test_threaded_runs_match_single_thread_exactly():
     one = compile(BIG_MODULE, cache=False, threads=1)
     two = compile(BIG_MODULE, cache=False, threads=2)
+    assert one.manifest is not None and two.manifest is not None
     assert one.manifest["threads"] == 1 and two.manifest["threads"] == 2
     assert all(n != "rule" for n in two.manifest["kernels"])
     want = rule_reference(BIG_MODULE, BIG_INPUTS)
@@ -370,6 +354,7 @@ def test_pool_resizes_and_serves_concurrent_contexts():
     model = compile(BIG_MODULE, cache=False)
     want = model.run(BIG_INPUTS)
     lib = ctypes.CDLL(str(model.library_path))
+    assert model.manifest is not None
     set_threads = getattr(lib, f"{model.manifest['symbol_prefix']}_set_num_threads")
     set_threads.argtypes = [ctypes.c_int32]
     set_threads.restype = ctypes.c_int32

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import ml_dtypes
 import numpy as np
 import onnx
@@ -15,12 +13,7 @@ from bench.onnx_conformance import compare_exact
 from cuvil.errors import InputError
 
 RNG = np.random.default_rng(7)
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch) -> Iterator[None]:
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
-    yield
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: list[tuple[str, int, list]], outputs: list[str],
@@ -38,6 +31,7 @@ def test_compiled_mode_runs_native_code_and_matches_numpy() -> None:
     rep = backend.prepare(model, mode="compiled", opt_level=1)
     (out,) = rep.run([x, y])
     np.testing.assert_array_equal(out, np.maximum(x + y, 0))
+    assert rep.module is not None  # no input is needed statically
     compiled = rep.compiled(rep.module)
     assert compiled.library_path is not None and compiled.library_path.suffix == ".so"
     assert rep.compiled(rep.module) is compiled  # compiled once per module

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import cuvil  # noqa: E402
-from bench.models import agreement  # noqa: E402
 from cuvil.ir.parser import parse_module  # noqa: E402
+from tests.oracles import assert_agrees  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -74,14 +74,6 @@ def _eager(model: Any, inputs: dict[str, Any]) -> list[np.ndarray]:
     return [t.numpy() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
-def _assert_agrees(outs: list[np.ndarray], refs: list[np.ndarray]) -> None:
-    assert len(outs) == len(refs)
-    for got, want in zip(outs, refs, strict=True):
-        assert got.shape == want.shape and got.dtype == want.dtype
-        a = agreement(got, want)
-        assert a.within(rtol=1e-4, min_cosine=0.99999), a
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_hf_model_matches_eager(name: str) -> None:
     model, inputs = _build(name)
@@ -90,7 +82,7 @@ def test_hf_model_matches_eager(name: str) -> None:
     assert "last_hidden_state" in module.main.result_names
     assert parse_module(str(module)) == module
     outs = cuvil.run_reference(module, {k: v.numpy() for k, v in inputs.items()})
-    _assert_agrees(outs, _eager(model, inputs))
+    assert_agrees(outs, _eager(model, inputs))
 
 
 def test_hf_decoder_with_dynamic_sequence_length() -> None:
@@ -102,4 +94,4 @@ def test_hf_decoder_with_dynamic_sequence_length() -> None:
     for s in (3, 13):
         ids = {"input_ids": _ids(2, s, seed=s)}
         outs = cuvil.run_reference(module, {"input_ids": ids["input_ids"].numpy()})
-        _assert_agrees(outs, _eager(model, ids))
+        assert_agrees(outs, _eager(model, ids))

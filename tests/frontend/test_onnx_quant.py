@@ -3,14 +3,14 @@ QLinearMatMul, ConvInteger, QLinearConv) against ONNX Runtime. Integer outputs m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_testing import NodeCase
 
 from cuvil.frontend.onnx_import import import_onnx
 from cuvil.interp import run_reference
@@ -34,34 +34,16 @@ def scalar(v: Any, dtype: Any) -> np.ndarray:
 
 
 @dataclass
-class Case:
-    op: str
-    feeds: dict[str, np.ndarray]
-    consts: dict[str, np.ndarray] = field(default_factory=dict)
-    attrs: dict[str, Any] = field(default_factory=dict)
-    opset: int = 21
-    inputs: list[str] | None = None
-    outputs: int = 1
-    domain: str = ""
+class Case(NodeCase):
+    """The quantization cases default to opset 21 (blocked scales, 16-bit types, output_dtype)."""
 
-    def model(self) -> onnx.ModelProto:
-        names = self.inputs if self.inputs is not None else [*self.feeds, *self.consts]
-        outs = [f"y{k}" for k in range(self.outputs)]
-        node = helper.make_node(self.op, names, outs, **self.attrs)
-        graph = helper.make_graph(
-            [node], "g",
-            [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-             for n, a in self.feeds.items()],
-            [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs],
-            [numpy_helper.from_array(a, n) for n, a in self.consts.items()])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        return onnx.shape_inference.infer_shapes(model)
+    opset: int = 21
 
 
 def run_both(case: Case) -> tuple[list[np.ndarray], list[np.ndarray]]:
     model = case.model()
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = sess.run(None, case.feeds)
+    want = cast(list[np.ndarray], sess.run(None, case.feeds))  # a single-node model returns tensors only
     module = import_onnx(model)
     got = run_reference(module, {p.name: case.feeds[p.name] for p in module.main.params})
     return got, want

@@ -4,14 +4,14 @@ lacks the op). Shape-like operands are initializers unless a case says otherwise
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_testing import NodeCase as Case
 
 from cuvil.errors import CuvilError, RuntimeEvalError
 from cuvil.frontend.onnx_import import import_onnx
@@ -27,32 +27,6 @@ def i64(*v: Any) -> np.ndarray:
     return np.array(v, dtype=np.int64)
 
 
-@dataclass
-class Case:
-    op: str
-    feeds: dict[str, np.ndarray]
-    consts: dict[str, np.ndarray] = field(default_factory=dict)
-    attrs: dict[str, Any] = field(default_factory=dict)
-    opset: int = 17
-    inputs: list[str] | None = None  # node inputs in order ("" for an omitted optional one)
-    outputs: int = 1
-    symbolic: dict[str, list[Any]] | None = None  # declared input shapes with dim_param names
-    out: int = TensorProto.UNDEFINED  # output element type where shape inference cannot tell
-
-    def model(self) -> onnx.ModelProto:
-        names = self.inputs if self.inputs is not None else [*self.feeds, *self.consts]
-        outs = [f"y{k}" for k in range(self.outputs)]
-        node = helper.make_node(self.op, names, outs, **self.attrs)
-        graph = helper.make_graph(
-            [node], "g",
-            [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype),
-                                           (self.symbolic or {}).get(n, a.shape)) for n, a in self.feeds.items()],
-            [helper.make_tensor_value_info(o, self.out, None) for o in outs],
-            [numpy_helper.from_array(a, n) for n, a in self.consts.items()])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        return onnx.shape_inference.infer_shapes(model)
-
-
 def oracle(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     try:
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -61,8 +35,8 @@ def oracle(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndar
             raise
         from onnx.reference import ReferenceEvaluator
 
-        return list(ReferenceEvaluator(model).run(None, feeds))
-    return list(sess.run(None, feeds))
+        return cast(list[np.ndarray], list(ReferenceEvaluator(model).run(None, feeds)))
+    return cast(list[np.ndarray], list(sess.run(None, feeds)))  # a single-node model returns tensors only
 
 
 def ours(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

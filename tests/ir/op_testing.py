@@ -10,15 +10,28 @@ import torch
 from cuvil.interp import evaluate_rule, run_reference
 from cuvil.ir import Builder, DType
 from cuvil.ir.opdef import get_op
+from cuvil.ir.types import TensorType
 
 
-def run_op(name: str, arrays: list[np.ndarray], **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
+def run_fast(name: str, arrays: list[np.ndarray], **attrs: Any) -> tuple[np.ndarray, TensorType]:
+    """The op through a built module (the numpy fast path), with its result type."""
     b = Builder()
     params = [b.param(f"x{k}", DType.from_numpy(a.dtype), a.shape) for k, a in enumerate(arrays)]
     out = b.op(name, *params, **attrs)
     [fast] = run_reference(b.module(b.function("main", params, [out])), arrays)
+    return fast, out.type
+
+
+def run_rule(name: str, arrays: list[np.ndarray], out_type: TensorType, **attrs: Any) -> np.ndarray:
+    """The op through its compute rule."""
     op = get_op(name)
-    return fast, evaluate_rule(op, arrays, op.check_attrs(attrs), out.type)
+    return evaluate_rule(op, arrays, op.check_attrs(attrs), out_type)
+
+
+def run_op(name: str, arrays: list[np.ndarray], **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The op's result through the fast path and through its compute rule."""
+    fast, out_type = run_fast(name, arrays, **attrs)
+    return fast, run_rule(name, arrays, out_type, **attrs)
 
 
 def check(name: str, arrays: list[np.ndarray], expected: np.ndarray, tol: float = 0.0, **attrs: Any) -> None:

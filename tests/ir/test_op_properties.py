@@ -6,7 +6,7 @@ import pytest
 from cuvil.errors import OpDefinitionError
 from cuvil.ir import opdef
 from cuvil.ir import rules as R
-from cuvil.ir.opdef import contraction_ops, define, epilogue_fusible_ops, get_op, ops_with_precision, same_type
+from cuvil.ir.opdef import contraction_ops, define, epilogue_fusible_ops, get_op, ops_with_precision
 
 CONTRACTIONS = {"matmul", "conv"}
 EPILOGUE = {"add", "sub", "mul", "div", "relu", "clip", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "hardswish",
@@ -46,11 +46,15 @@ def test_a_contraction_contracts_its_first_two_operands() -> None:
         assert len(get_op(name).operands) >= 2
 
 
+def _first_type(types, **_):
+    return types[0]
+
+
 def test_queries_see_ops_defined_later(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(opdef, "OPS", dict(opdef.OPS))
     monkeypatch.setattr(opdef, "_NAMES", {})
     assert "my_dot" not in contraction_ops()
-    define("my_dot", ("a", "b"), shape=same_type, rule=R.elementwise(lambda a, b: a * b), contraction=True)
+    define("my_dot", ("a", "b"), shape=_first_type, rule=R.elementwise(lambda a, b: a * b), contraction=True)
     assert "my_dot" in contraction_ops()
 
 
@@ -58,5 +62,5 @@ def test_unknown_precision_policy_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(opdef, "OPS", dict(opdef.OPS))
     monkeypatch.setattr(opdef, "_NAMES", {})
     with pytest.raises(OpDefinitionError, match="precision policy"):
-        define("my_op", ("x",), shape=same_type, rule=R.elementwise(lambda x: x),
+        define("my_op", ("x",), shape=_first_type, rule=R.elementwise(lambda x: x),
                precision_policy="fp8")  # type: ignore[arg-type]

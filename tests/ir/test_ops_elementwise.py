@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from cuvil.errors import OpDefinitionError, ShapeError
-from cuvil.interp import evaluate_rule, run_reference
+from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType
 from cuvil.ir.opdef import get_op
 from cuvil.ir.types import TensorType
+from tests.ir.op_testing import run_op
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FLOATS = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BF16]
@@ -48,18 +49,6 @@ def int_inputs(dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([np.array(edges, dtype=dtype), rand.astype(dtype)])[:24].reshape(4, 6)
 
 
-def run_both(name: str, arrays: list[np.ndarray], **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The op's result through a built module (numpy fast path) and through its compute rule."""
-    b = Builder()
-    params = [b.param(f"x{k}", DType.from_numpy(a.dtype), a.shape) for k, a in enumerate(arrays)]
-    out = b.op(name, *params, **attrs)
-    [fast] = run_reference(b.module(b.function("main", params, [out])), arrays)
-    op = get_op(name)
-    full = op.check_attrs(attrs)
-    rule = evaluate_rule(op, arrays, full, out.type)
-    return fast, rule
-
-
 def assert_matches(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
@@ -72,7 +61,7 @@ def assert_matches(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 def check(name: str, arrays: list[np.ndarray], want: np.ndarray, **attrs: Any) -> None:
-    fast, rule = run_both(name, arrays, **attrs)
+    fast, rule = run_op(name, arrays, **attrs)
     assert_matches(fast, want, f"{name} fast path {attrs}")
     assert_matches(rule, want, f"{name} rule {attrs}")
 
@@ -182,7 +171,7 @@ def test_accurate_small_and_large_arguments() -> None:
     for name, fn in [("elu", F.elu), ("softplus", lambda t: F.softplus(t, threshold=1000.0)), ("celu", F.celu),
                      ("mish", F.mish)]:
         want = fn(torch.from_numpy(x.astype(np.float64))).numpy().astype(np.float32)
-        fast, rule = run_both(name, [x])
+        fast, rule = run_op(name, [x])
         for got in (fast, rule):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=name)
 
@@ -300,7 +289,7 @@ def test_int_division_by_zero_is_zero() -> None:
     a = np.array([[5, -5, 0]], dtype=np.int32)
     b = np.zeros((2, 3), dtype=np.int32)
     for name, attrs in [("div", {}), ("mod", {"fmod": False}), ("mod", {"fmod": True})]:
-        for got in run_both(name, [a, b], **attrs):
+        for got in run_op(name, [a, b], **attrs):
             assert not got.any()
 
 
@@ -411,7 +400,7 @@ def test_cast_matches_torch(src: DType, to: DType) -> None:
 
 def test_cast_nonfinite_float_to_int_is_zero() -> None:
     x = np.array([np.nan, np.inf, -np.inf, -2.7, 2.7], dtype=np.float32)
-    for got in run_both("cast", [x], to=DType.i32):
+    for got in run_op("cast", [x], to=DType.i32):
         np.testing.assert_array_equal(got, np.trunc(np.nan_to_num(x, nan=0, posinf=0, neginf=0)).astype(np.int32))
 
 
@@ -471,3 +460,41 @@ def test_symbolic_shapes_broadcast() -> None:
     tx, ty = torch.from_numpy(xv), torch.from_numpy(yv)
     want = torch.where(tx > ty, F.silu(tx), torch.clamp(ty, min=0.0)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def _rank0_unary_ops() -> list[str]:
+    """Every one-operand op that maps a rank-0 float tensor to a rank-0 tensor and a 1-element vector
+    to a 1-element vector with its default attributes (the elementwise ones, whatever their family)."""
+    from cuvil.errors import CuvilError
+    from cuvil.ir.opdef import all_ops
+
+    names = []
+    for op in all_ops():
+        if len(op.operands) != 1:
+            continue
+        b = Builder()
+        try:
+            scalar, vector = b.op(op.name, b.param("x", DType.f32, [])), b.op(op.name, b.param("v", DType.f32, [1]))
+        except (CuvilError, TypeError, ValueError):
+            continue
+        if scalar.type.shape == () and vector.type.shape == (1,):
+            names.append(op.name)
+    return sorted(names)
+
+
+RANK0_UNARY = _rank0_unary_ops()
+
+
+def test_rank0_unary_ops_cover_the_elementwise_family():
+    assert {"erf", "gelu", "exp", "tanh", "relu", "sqrt"} <= set(RANK0_UNARY) and len(RANK0_UNARY) >= 30
+
+
+@pytest.mark.parametrize("name", RANK0_UNARY)
+def test_rank0_tensor_gives_the_rank1_element(name):
+    """A 0-d tensor is one element: the fast path and the rule agree with the op on a 1-element vector."""
+    x = np.float32(0.375)
+    fast0, rule0 = run_op(name, [np.asarray(x)])
+    fast1, _ = run_op(name, [np.asarray([x])])
+    for got in (fast0, rule0):
+        assert isinstance(got, np.ndarray) and got.shape == () and got.dtype == fast1.dtype
+        np.testing.assert_array_equal(got.reshape(-1), fast1.reshape(-1))

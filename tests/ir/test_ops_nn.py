@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from cuvil.errors import ShapeError
-from cuvil.interp import evaluate_rule, run_reference
+from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType, sym
 from cuvil.ir.opdef import get_op
+from tests.ir.op_testing import run_fast, run_rule, t
 
 RTOL, ATOL = 1e-4, 1e-5
 RULE_MAX_WORK = 400_000  # output elements x reduction extent the rule evaluator is given
@@ -27,13 +28,9 @@ RULE_MAX_WORK = 400_000  # output elements x reduction extent the rule evaluator
 
 def run_op(name: str, arrays: list[np.ndarray], **attrs: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """The op through a built module (fast path) and through its compute rule (None when too big)."""
-    b = Builder()
-    params = [b.param(f"x{k}", DType.from_numpy(a.dtype), a.shape) for k, a in enumerate(arrays)]
-    out = b.op(name, *params, **attrs)
-    [fast] = run_reference(b.module(b.function("main", params, [out])), arrays)
-    op = get_op(name)
-    work = int(np.prod(out.shape)) * max(int(np.prod(a.shape[1:])) for a in arrays)
-    rule = evaluate_rule(op, arrays, op.check_attrs(attrs), out.type) if work <= RULE_MAX_WORK else None
+    fast, out_type = run_fast(name, arrays, **attrs)
+    work = int(np.prod(fast.shape)) * max(int(np.prod(a.shape[1:])) for a in arrays)
+    rule = run_rule(name, arrays, out_type, **attrs) if work <= RULE_MAX_WORK else None
     return fast, rule
 
 
@@ -50,10 +47,6 @@ def rand(rng: np.random.Generator, *shape: int, dtype: Any = np.float32) -> np.n
     return rng.standard_normal(shape).astype(dtype)
 
 
-def t(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
 def torch_pad(x: torch.Tensor, pads: list[int], value: float = 0.0) -> torch.Tensor:
     """ONNX-style [begins..., ends...] padding of the spatial axes for torch's F.pad (last axis first)."""
     nsp = len(pads) // 2
@@ -65,6 +58,20 @@ def torch_pad(x: torch.Tensor, pads: list[int], value: float = 0.0) -> torch.Ten
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _conv_case(seed: int, xs: tuple[int, ...], ws: tuple[int, ...],
+               attrs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
+    """Random input and weight, the number of spatial axes and the ONNX pads (zeros when not given)."""
+    rng = np.random.default_rng(seed)
+    x, w = rand(rng, *xs), rand(rng, *ws)
+    nsp = len(xs) - 2
+    return x, w, nsp, attrs.get("pads", [0] * 2 * nsp)
+
+
+def _torch_conv_args(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The ONNX attributes torch's conv functions take as keywords (padding goes through ``torch_pad``)."""
+    return {"stride": attrs.get("strides", 1), "dilation": attrs.get("dilations", 1), "groups": attrs.get("groups", 1)}
 
 
 # --------------------------------------------------------------------------------------
@@ -87,12 +94,8 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("xs, ws, attrs", CONV_CASES, ids=lambda v: str(v))
 def test_conv_matches_torch(xs, ws, attrs):
-    rng = np.random.default_rng(1)
-    x, w = rand(rng, *xs), rand(rng, *ws)
-    nsp = len(xs) - 2
-    pads = attrs.get("pads", [0] * 2 * nsp)
-    expected = _CONV[nsp](torch_pad(t(x), pads), t(w), stride=attrs.get("strides", 1),
-                          dilation=attrs.get("dilations", 1), groups=attrs.get("groups", 1)).numpy()
+    x, w, nsp, pads = _conv_case(1, xs, ws, attrs)
+    expected = _CONV[nsp](torch_pad(t(x), pads), t(w), **_torch_conv_args(attrs)).numpy()
     check("conv", [x, w], expected, **attrs)
 
 
@@ -155,14 +158,10 @@ CONV_T_CASES = [
 
 @pytest.mark.parametrize("xs, ws, attrs", CONV_T_CASES, ids=lambda v: str(v))
 def test_conv_transpose_matches_torch(xs, ws, attrs):
-    rng = np.random.default_rng(4)
-    x, w = rand(rng, *xs), rand(rng, *ws)
-    nsp = len(xs) - 2
-    pads = attrs.get("pads", [0] * 2 * nsp)
+    x, w, nsp, pads = _conv_case(4, xs, ws, attrs)
     out_pad = attrs.get("output_padding", [0] * nsp)
     # torch without padding gives the full result; ONNX pads crop it and output_padding extends it with zeros
-    full = _CONV_T[nsp](t(x), t(w), stride=attrs.get("strides", 1), dilation=attrs.get("dilations", 1),
-                        groups=attrs.get("groups", 1)).numpy()
+    full = _CONV_T[nsp](t(x), t(w), **_torch_conv_args(attrs)).numpy()
     ext = np.pad(full, [(0, 0), (0, 0)] + [(0, p) for p in out_pad])
     crop = tuple(slice(pads[j], ext.shape[2 + j] - pads[nsp + j]) for j in range(nsp))
     check("conv_transpose", [x, w], ext[(slice(None), slice(None), *crop)], **attrs)
@@ -219,6 +218,7 @@ def test_max_pool_propagates_nan():
     x = rand(np.random.default_rng(8), 1, 1, 4, 4)
     x[0, 0, 1, 1] = np.nan
     fast, rule = run_op("max_pool", [x], kernel=[2, 2], strides=[2, 2])
+    assert rule is not None
     assert np.isnan(fast[0, 0, 0, 0]) and np.isnan(rule[0, 0, 0, 0])
     assert not np.isnan(fast[0, 0, 1, 1])
 
@@ -239,6 +239,7 @@ def test_avg_pool_dilated_counts_taps_inside():
     x = rand(np.random.default_rng(10), 1, 2, 7, 6)
     k, s, d, pads = (2, 2), (2, 1), (2, 2), (1, 1, 1, 0)
     fast, rule = run_op("avg_pool", [x], kernel=k, strides=s, dilations=d, pads=pads)
+    assert rule is not None
     xp = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 0)], constant_values=np.nan)
     for oh in range(fast.shape[2]):
         for ow in range(fast.shape[3]):
@@ -252,13 +253,14 @@ def test_avg_pool_dilated_counts_taps_inside():
 @pytest.mark.parametrize("p", [2.0, 3.0])
 def test_lp_pool_matches_torch(p):
     x = np.abs(rand(np.random.default_rng(11), 2, 3, 7, 8)) + 0.1  # torch's lp_pool uses x^p, not |x|^p
-    expected = F.lp_pool2d(t(x), p, [3, 2], [2, 2], ceil_mode=False).numpy()
+    expected = F.lp_pool2d(t(x), p, (3, 2), (2, 2), ceil_mode=False).numpy()
     check("lp_pool", [x], expected, kernel=[3, 2], strides=[2, 2], p=p)
 
 
 def test_lp_pool_takes_absolute_values_and_pads_with_zero():
     x = rand(np.random.default_rng(12), 1, 2, 5, 5)
     fast, rule = run_op("lp_pool", [x], kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], p=3.0)
+    assert rule is not None
     xp = np.pad(np.abs(x.astype(np.float64)), [(0, 0), (0, 0), (1, 1), (1, 1)])
     expected = np.array([[[[np.sum(xp[n, c, 2 * i:2 * i + 3, 2 * j:2 * j + 3] ** 3) ** (1 / 3)
                             for j in range(3)] for i in range(3)] for c in range(2)] for n in range(1)])
@@ -332,6 +334,7 @@ def test_softmax_matches_torch(op, fn, axis):
 def test_softmax_is_stable_for_large_inputs(op, fn):
     x = np.array([[1000.0, 1001.0, 999.0], [-1000.0, -1002.0, -1001.0]], dtype=np.float32)
     fast, rule = run_op(op, [x], axis=1)
+    assert rule is not None
     expected = fn(t(x), 1).numpy()
     assert np.isfinite(fast).all() and np.isfinite(rule).all()
     np.testing.assert_allclose(fast, expected, rtol=RTOL, atol=ATOL)
@@ -439,6 +442,7 @@ def _resnet18() -> torch.nn.Module:
     net = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(512, 10))
     for m in net.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None  # tracked by default
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.5, 1.5)
     return net.eval()

@@ -10,18 +10,9 @@ import pytest
 import torch
 
 from cuvil.errors import ShapeError
-from cuvil.interp import evaluate_rule, run_reference
+from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType, sym
-from cuvil.ir.opdef import get_op
-
-
-def run_op(name: str, arrays: list[np.ndarray], **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
-    b = Builder()
-    params = [b.param(f"x{k}", DType.from_numpy(a.dtype), a.shape) for k, a in enumerate(arrays)]
-    out = b.op(name, *params, **attrs)
-    [fast] = run_reference(b.module(b.function("main", params, [out])), arrays)
-    op = get_op(name)
-    return fast, evaluate_rule(op, arrays, op.check_attrs(attrs), out.type)
+from tests.ir.op_testing import run_op
 
 
 def check(name: str, arrays: list[np.ndarray], expected: np.ndarray, **attrs: Any) -> None:

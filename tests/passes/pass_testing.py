@@ -1,5 +1,5 @@
 """Shared checks for pass tests: random inputs for a function's signature, the op sequence of
-a module, and the before/after comparison on the reference interpreter."""
+a module, a pass that must not fire, and the before/after comparison on the reference interpreter."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from cuvil.interp import run_reference
 from cuvil.ir import DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.symbolic import evaluate_dim
+from cuvil.passes import Pass
 
 
 def random_inputs(fn: Function, rng: np.random.Generator, env: Mapping[str, int] | None = None,
@@ -28,6 +29,14 @@ def random_inputs(fn: Function, rng: np.random.Generator, env: Mapping[str, int]
             info = np.iinfo(dt.np)
             out.append(rng.integers(max(info.min, -100), min(info.max, 100), shape, endpoint=True).astype(dt.np))
     return out
+
+
+def assert_unchanged(pass_: Pass, before: Module) -> Module:
+    """``pass_`` leaves ``before`` alone: it reports no change and hands back the very same module."""
+    res = pass_.run(before)
+    assert not res.changed
+    assert res.module is before
+    return res.module
 
 
 def ops(m: Module) -> list[str]:

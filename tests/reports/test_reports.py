@@ -9,11 +9,11 @@ import math
 import shutil
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
+from jsonschema_lite import ValidationError, validate
 
 from reports import (
     Evidence,
@@ -32,9 +32,6 @@ from reports import (
     write_sarif,
 )
 from reports.html import COLORS
-
-sys.path.insert(0, str(Path(__file__).parent))
-from jsonschema_lite import ValidationError, validate
 
 DATA = Path(__file__).parent / "data"
 SARIF_SCHEMA = json.loads((DATA / "sarif-schema-2.1.0.json").read_text())

@@ -9,11 +9,9 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """$CUVIL_CACHE_DIR for this test only (created on first use by the code under test)."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(root))
-    return root
+def private_cache(private_cache: Path) -> Path:
+    """tests/conftest.py's ``private_cache``, for every test here (each one compiles or loads a library)."""
+    return private_cache
 
 
 @pytest.fixture

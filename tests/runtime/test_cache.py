@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from runtime_models import SCALE, scaled_softmax, softmax_module
 
-import cuvil.compiler as compiler
+import cuvil.compiler.job as compile_job
+import cuvil.compiler.keys as compile_keys
+import cuvil.compiler.targets as compile_targets
 import cuvil.runtime.loader as loader
 from cuvil.codegen.artifact import file_sha256
 from cuvil.codegen.link import HostTarget
@@ -30,13 +32,13 @@ X = np.linspace(-2.0, 2.0, 32, dtype=np.float32).reshape(4, 8)
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Records every library build in this process (the output folder of each)."""
     seen: list[Path] = []
-    real = compiler.build_library
+    real = compile_job.build_library
 
     def counting(fn, constants, out_dir, **kwargs):
         seen.append(Path(out_dir))
         return real(fn, constants, out_dir, **kwargs)
 
-    monkeypatch.setattr(compiler, "build_library", counting)
+    monkeypatch.setattr(compile_job, "build_library", counting)
     return seen
 
 
@@ -258,8 +260,9 @@ def test_key_follows_options_constants_and_cpu(builds, monkeypatch):
     other = compile(softmax_module(scale=changed))
     assert other.cache_info["cache"] == "miss"
     np.testing.assert_allclose(other(X), scaled_softmax(X, scale=changed), rtol=1e-5, atol=1e-7)
-    host = compiler.host_target()
-    monkeypatch.setattr(compiler, "host_target", lambda: HostTarget(host.triple, host.cpu, host.features + ",-avx512f"))
+    host = compile_targets.host_target()
+    other_cpu = HostTarget(host.triple, host.cpu, host.features + ",-avx512f")
+    monkeypatch.setattr(compile_targets, "host_target", lambda: other_cpu)
     assert compile(softmax_module()).cache_info["cache"] == "miss"
     assert len(builds) == 6
 
@@ -267,12 +270,12 @@ def test_key_follows_options_constants_and_cpu(builds, monkeypatch):
 def test_model_file_hit_skips_the_import(tmp_path, monkeypatch, builds):
     from cuvil.ir.printer import export_ir
 
-    monkeypatch.setattr(compiler, "STAT_SETTLE_S", -1.0)  # remember the file's digest right away
+    monkeypatch.setattr(compile_keys, "STAT_SETTLE_S", -1.0)  # remember the file's digest right away
     path = export_ir(softmax_module(), tmp_path / "model.cir")
     assert compile(path).cache_info["cache"] == "miss"
     imports: list[object] = []
-    real_import = compiler.import_model
-    monkeypatch.setattr(compiler, "import_model", lambda *a, **k: imports.append(a) or real_import(*a, **k))
+    real_import = compile_job.import_model
+    monkeypatch.setattr(compile_job, "import_model", lambda *a, **k: imports.append(a) or real_import(*a, **k))
     hit = compile(path)
     assert hit.cache_info["cache"] == "hit" and imports == []
     np.testing.assert_allclose(hit(X), scaled_softmax(X), rtol=1e-5, atol=1e-7)
@@ -295,8 +298,8 @@ def test_unreadable_alias_means_import_again(tmp_path, monkeypatch, builds, priv
         if "signature" in record:
             alias.write_text(json.dumps({**record, "signature": {"inputs": "garbage"}}))
     imports: list[object] = []
-    real_import = compiler.import_model
-    monkeypatch.setattr(compiler, "import_model", lambda *a, **k: imports.append(a) or real_import(*a, **k))
+    real_import = compile_job.import_model
+    monkeypatch.setattr(compile_job, "import_model", lambda *a, **k: imports.append(a) or real_import(*a, **k))
     again = compile(path)
     assert len(imports) == 1 and again.cache_info["cache"] == "hit" and len(builds) == 1
     np.testing.assert_allclose(again(X), scaled_softmax(X), rtol=1e-5, atol=1e-7)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from runtime_models import scaled_softmax, softmax_module
 
-import cuvil.compiler as compiler
+import cuvil.compiler.job as compile_job
 from cuvil.compiler import compile
 from cuvil.errors import CodegenError, ConstraintError, InputError
 from cuvil.ir.builder import Builder
@@ -19,13 +19,13 @@ from cuvil.ir.types import DimConstraint
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """The specialized dims of every library built in this process."""
     seen: list[dict] = []
-    real = compiler.build_library
+    real = compile_job.build_library
 
     def counting(fn, constants, out_dir, **kwargs):
         seen.append(dict(kwargs.get("extra_manifest", {}).get("specialized_dims", {})))
         return real(fn, constants, out_dir, **kwargs)
 
-    monkeypatch.setattr(compiler, "build_library", counting)
+    monkeypatch.setattr(compile_job, "build_library", counting)
     return seen
 
 

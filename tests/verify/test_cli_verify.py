@@ -2,10 +2,10 @@
 loaded with --pass-plugin, and verdicts that do not depend on --jobs."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from jsonschema_lite import validate
 from unprovable_passes import doubling_model
 from wrong_passes import relu6_model
 
@@ -14,8 +14,6 @@ from cuvil.ir import Builder, DType
 from cuvil.ir.printer import export_ir
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "reports"))
-from jsonschema_lite import validate  # noqa: E402
 
 SARIF_SCHEMA = json.loads((ROOT / "tests" / "reports" / "data" / "sarif-schema-2.1.0.json").read_text())
 TINY_CNN = ROOT / "bench" / "examples" / "tiny_cnn.onnx"

@@ -12,6 +12,8 @@ from wrong_passes import relu6_model
 
 from cuvil import cli
 from cuvil import compiler as compiler_mod
+from cuvil.compiler import job as compile_job
+from cuvil.compiler.keys import callable_key
 from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
@@ -25,9 +27,7 @@ WRONG = ["--pass-plugin", "wrong_passes:Relu6AsRelu", "--passes", "canonicalize,
 UNPROVABLE = ["--pass-plugin", "unprovable_passes:DoubleAsSum", "--passes", "double-as-sum-plugin"]
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture
@@ -154,14 +154,14 @@ def test_gate_flags_conflict_exit_2(capsys, tmp_path, relu6_cir):
 
 
 def test_cache_keys_distinguish_gate_policies():
-    keys = {compiler_mod._callable_key(make_gate(p)) for p in ("strict", "degrade", "audit")}
-    keys.add(compiler_mod._callable_key(make_gate("degrade", roll_back_refuted=True)))
-    keys.add(compiler_mod._callable_key(None))
+    keys = {callable_key(make_gate(p)) for p in ("strict", "degrade", "audit")}
+    keys.add(callable_key(make_gate("degrade", roll_back_refuted=True)))
+    keys.add(callable_key(None))
     assert len(keys) == 5
     gate = make_gate("strict")
-    before = compiler_mod._callable_key(gate)
+    before = callable_key(gate)
     gate(relu_pass(), *_relu_pair())
-    assert compiler_mod._callable_key(gate) == before  # what was checked does not change the key
+    assert callable_key(gate) == before  # what was checked does not change the key
 
 
 def relu_pass():
@@ -179,11 +179,13 @@ def _relu_pair() -> tuple[Module, Module]:
 
 def test_a_cached_artifact_without_certificate_does_not_serve_a_gated_request(tmp_path, monkeypatch, relu6_cir):
     # make gated and ungated requests share one cache key, so only the certificate check tells them apart
-    monkeypatch.setattr(compiler_mod, "_callable_key", lambda obj: None)
+    monkeypatch.setattr(compile_job, "callable_key", lambda obj: None)
     plain = compiler_mod.compile(relu6_cir, passes="canonicalize")
+    assert plain.manifest is not None
     assert plain.cache_info["cache"] == "miss" and "verification" not in plain.manifest
     gated = compiler_mod.compile(relu6_cir, passes="canonicalize", gate=make_gate("strict"))
     assert gated.cache_info["cache"] == "miss"
-    assert "verification" in gated.manifest
+    assert gated.manifest is not None and "verification" in gated.manifest
     again = compiler_mod.compile(relu6_cir, passes="canonicalize", gate=make_gate("strict"))
+    assert again.manifest is not None
     assert again.cache_info["cache"] == "hit" and "verification" in again.manifest

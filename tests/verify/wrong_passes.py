@@ -10,13 +10,14 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.values import Value
-from cuvil.passes import Contract, Pass, PassResult, ValueRewrite
+from cuvil.passes import Contract, FunctionPass, Pass, ValueRewrite
 
 RNG = np.random.default_rng(11)
 
@@ -38,6 +39,30 @@ def _seeded(make: _ModelBuilder) -> _ModelBuilder:
     return build
 
 
+def _one_input(shape: list[int], body: Callable[[Builder, Value], Value]) -> Module:
+    """The model most entries need: one f32 input ``x`` and the single result ``body(b, x)``."""
+    b = Builder()
+    x = b.param("x", DType.f32, shape)
+    return b.module(b.function("main", [x], [body(b, x)]))
+
+
+@dataclass(frozen=True)
+class _Fold(ValueRewrite):
+    """Rewrites an ``outer`` op whose first operand is an ``inner`` op, the shape most of these
+    folds share; ``fold`` gets that inner value and may still decline."""
+
+    outer: ClassVar[str] = ""
+    inner: ClassVar[str] = ""
+
+    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
+        if v.op != self.outer or operands[0].op != self.inner:
+            return None
+        return self.fold(v, operands[0], operands, b)
+
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        raise NotImplementedError
+
+
 # --------------------------------------------------------------------------------------
 # batch-norm folding
 
@@ -49,38 +74,34 @@ def _bn_scale(b: Builder, bn: Value, eps: bool = True) -> Value:
 
 
 @dataclass(frozen=True)
-class BatchNormFoldWithoutEps(ValueRewrite):
+class BatchNormFoldWithoutEps(_Fold):
     """Folds conv + batch_norm but forgets epsilon in the variance (a classic exporter bug)."""
 
     name = "wrong-bn-fold-no-eps"
     contract = Contract.REAL
+    outer, inner = "batch_norm", "conv"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "batch_norm" or operands[0].op != "conv":
-            return None
-        conv = operands[0]
-        x, w = conv.operands
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        x, w = inner.operands
         s = _bn_scale(b, v, eps=False)
         out_ch = int(w.type.shape[0])
         w2 = b.mul(w, b.reshape(s, shape=(out_ch, 1, 1, 1)))
         shape = (out_ch, 1, 1)
         _, _, bias, mean, _ = operands
         shift = b.sub(b.reshape(bias, shape=shape), b.mul(b.reshape(mean, shape=shape), b.reshape(s, shape=shape)))
-        return b.add(b.conv(x, w2, **conv.attr_dict), shift)
+        return b.add(b.conv(x, w2, **inner.attr_dict), shift)
 
 
 @dataclass(frozen=True)
-class BatchNormFoldWrongAxis(ValueRewrite):
+class BatchNormFoldWrongAxis(_Fold):
     """Folds matmul + batch_norm scaling the weight's rows (input features) instead of its columns."""
 
     name = "wrong-bn-fold-axis"
     contract = Contract.REAL
+    outer, inner = "batch_norm", "matmul"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "batch_norm" or operands[0].op != "matmul":
-            return None
-        mm = operands[0]
-        x, w = mm.operands
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        x, w = inner.operands
         s = _bn_scale(b, v)
         rows = int(w.type.shape[0])
         w2 = b.mul(w, b.reshape(s, shape=(rows, 1)))  # should scale columns: shape (1, cols)
@@ -114,26 +135,22 @@ def matmul_bn_model(n: int = 4) -> Module:
 
 
 @dataclass(frozen=True)
-class DoubleTransposeDropsInner(ValueRewrite):
+class DoubleTransposeDropsInner(_Fold):
     """Folds transpose(transpose(x, p), q) to transpose(x, q): the inner permutation is lost
     (the shapes still agree when the dims it swaps have equal sizes)."""
 
     name = "wrong-transpose-fold"
     contract = Contract.EXACT
+    outer, inner = "transpose", "transpose"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "transpose" or operands[0].op != "transpose":
-            return None
-        out = b.transpose(operands[0].operands[0], perm=v.attr("perm"))
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        out = b.transpose(inner.operands[0], perm=v.attr("perm"))
         return out if out.type == v.type else None
 
 
 @_seeded
 def double_transpose_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [4, 4, 3])
-    y = b.transpose(b.transpose(x, perm=[1, 0, 2]), perm=[0, 2, 1])
-    return b.module(b.function("main", [x], [b.exp(y)]))
+    return _one_input([4, 4, 3], lambda b, x: b.exp(b.transpose(b.transpose(x, perm=[1, 0, 2]), perm=[0, 2, 1])))
 
 
 @dataclass(frozen=True)
@@ -154,9 +171,7 @@ class ReshapeColumnMajor(ValueRewrite):
 
 @_seeded
 def reshape_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [4, 6])
-    return b.module(b.function("main", [x], [b.reshape(x, shape=[3, 8])]))
+    return _one_input([4, 6], lambda b, x: b.reshape(x, shape=[3, 8]))
 
 
 @dataclass(frozen=True)
@@ -176,9 +191,7 @@ class BroadcastAxisConfused(ValueRewrite):
 
 @_seeded
 def bias_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [4, 4])
-    return b.module(b.function("main", [x], [b.add(x, b.const(_f(4)))]))
+    return _one_input([4, 4], lambda b, x: b.add(x, b.const(_f(4))))
 
 
 @dataclass(frozen=True)
@@ -229,10 +242,7 @@ class ConvPaddingOffByOne(ValueRewrite):
 
 @_seeded
 def conv_model(cin: int = 3, cout: int = 5) -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [2, cin, 5, 4])
-    y = b.conv(x, b.const(_f(cout, cin, 3, 3)), pads=[1, 1, 1, 1])
-    return b.module(b.function("main", [x], [y]))
+    return _one_input([2, cin, 5, 4], lambda b, x: b.conv(x, b.const(_f(cout, cin, 3, 3)), pads=[1, 1, 1, 1]))
 
 
 # --------------------------------------------------------------------------------------
@@ -240,25 +250,23 @@ def conv_model(cin: int = 3, cout: int = 5) -> Module:
 
 
 @dataclass(frozen=True)
-class ActivationBeforeBias(ValueRewrite):
+class ActivationBeforeBias(_Fold):
     """Moves the activation of relu(matmul + bias) before the bias add (a broken epilogue order)."""
 
     name = "wrong-epilogue-order"
     contract = Contract.EXACT
+    outer, inner = "relu", "add"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "relu" or operands[0].op != "add" or operands[0].operands[0].op != "matmul":
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        if inner.operands[0].op != "matmul":
             return None
-        mm, bias = operands[0].operands
+        mm, bias = inner.operands
         return b.add(b.relu(mm), bias)
 
 
 @_seeded
 def linear_relu_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [3, 5])
-    y = b.add(b.matmul(x, b.const(_f(5, 4))), b.const(_f(4)))
-    return b.module(b.function("main", [x], [b.relu(y)]))
+    return _one_input([3, 5], lambda b, x: b.relu(b.add(b.matmul(x, b.const(_f(5, 4))), b.const(_f(4)))))
 
 
 @dataclass(frozen=True)
@@ -276,9 +284,7 @@ class Relu6AsRelu(ValueRewrite):
 
 @_seeded
 def relu6_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [3, 4])
-    return b.module(b.function("main", [x], [b.clip(b.mul(x, b.scalar(4.0, DType.f32)), min=0.0, max=6.0)]))
+    return _one_input([3, 4], lambda b, x: b.clip(b.mul(x, b.scalar(4.0, DType.f32)), min=0.0, max=6.0))
 
 
 @dataclass(frozen=True)
@@ -294,46 +300,35 @@ class DroppedClamp(ValueRewrite):
 
 @_seeded
 def clamp_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [3, 5])
-    return b.module(b.function("main", [x], [b.exp(b.clip(x, min=-1.0, max=1.0))]))
+    return _one_input([3, 5], lambda b, x: b.exp(b.clip(x, min=-1.0, max=1.0)))
 
 
 @dataclass(frozen=True)
-class AttributeBlindCSE(Pass):
+class AttributeBlindCSE(FunctionPass):
     """Merges ops with the same name and operands, ignoring attributes."""
 
     name = "wrong-cse-attributes"
     contract = Contract.EXACT
 
-    def run(self, module: Module) -> PassResult:
-        b = Builder(module.constants)
-        fns = []
-        for fn in module.functions:
-            new: dict[Value, Value] = {}
-            seen: dict[tuple, Value] = {}
-            for v in fn.values():
-                if v.is_param or v.is_const:
-                    new[v] = v
-                    continue
-                operands = tuple(new[o] for o in v.operands)
-                key = (v.op, tuple(id(o) for o in operands))
-                if key in seen and seen[key].type == v.type:
-                    new[v] = seen[key]
-                    continue
-                new[v] = seen[key] = b.op(v.op, *operands, **v.attr_dict)
-            fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names,
-                                fn.constraints))
-        if tuple(fns) == module.functions:
-            return PassResult(module, False)
-        return PassResult(module.replace(functions=fns, constants=b.constants), True)
+    def run_on_function(self, fn: Function, b: Builder) -> Function:
+        new: dict[Value, Value] = {}
+        seen: dict[tuple, Value] = {}
+        for v in fn.values():
+            if v.is_param or v.is_const:
+                new[v] = v
+                continue
+            operands = tuple(new[o] for o in v.operands)
+            key = (v.op, tuple(id(o) for o in operands))
+            if key in seen and seen[key].type == v.type:
+                new[v] = seen[key]
+                continue
+            new[v] = seen[key] = b.op(v.op, *operands, **v.attr_dict)
+        return Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names, fn.constraints)
 
 
 @_seeded
 def leaky_pair_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [3, 4])
-    return b.module(b.function("main", [x], [b.add(b.leaky_relu(x, alpha=0.1), b.leaky_relu(x, alpha=0.3))]))
+    return _one_input([3, 4], lambda b, x: b.add(b.leaky_relu(x, alpha=0.1), b.leaky_relu(x, alpha=0.3)))
 
 
 @dataclass(frozen=True)
@@ -352,9 +347,7 @@ class AddZeroRemoved(ValueRewrite):
 
 @_seeded
 def add_zero_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [2, 3])
-    return b.module(b.function("main", [x], [b.add(b.neg(x), b.scalar(0.0, DType.f32))]))
+    return _one_input([2, 3], lambda b, x: b.add(b.neg(x), b.scalar(0.0, DType.f32)))
 
 
 @dataclass(frozen=True)
@@ -373,9 +366,7 @@ class SoftmaxWithoutMaxShift(ValueRewrite):
 
 @_seeded
 def softmax_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [2, 5])
-    return b.module(b.function("main", [x], [b.softmax(x, axis=1)]))
+    return _one_input([2, 5], lambda b, x: b.softmax(x, axis=1))
 
 
 @dataclass(frozen=True)
@@ -393,9 +384,7 @@ class MeanAsSum(ValueRewrite):
 
 @_seeded
 def pooled_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [2, 3, 4, 5])
-    return b.module(b.function("main", [x], [b.reduce_mean(x, axes=[2, 3], keepdims=True)]))
+    return _one_input([2, 3, 4, 5], lambda b, x: b.reduce_mean(x, axes=[2, 3], keepdims=True))
 
 
 # --------------------------------------------------------------------------------------
@@ -414,24 +403,18 @@ def _cone(roots: tuple[Value, ...]) -> set[Value]:
 
 
 @dataclass(frozen=True)
-class FirstOutputLiveness(Pass):
+class FirstOutputLiveness(FunctionPass):
     """Dead-code elimination seeded from the first result only: ops that only the other results
     reach are dropped, and those results read the buffer nobody writes any more (zeros)."""
 
     name = "wrong-dce-first-output"
     contract = Contract.EXACT
 
-    def run(self, module: Module) -> PassResult:
-        b = Builder(module.constants)
-        fns = []
-        for fn in module.functions:
-            live = _cone(fn.results[:1])
-            results = tuple(r if r in live or r.is_param or r.is_const
-                            else b.fill(shape=r.type.shape, value=0.0, dtype=r.type.dtype) for r in fn.results)
-            fns.append(Function(fn.name, fn.params, results, fn.result_names, fn.constraints))
-        if tuple(fns) == module.functions:
-            return PassResult(module, False)
-        return PassResult(module.replace(functions=fns, constants=b.constants), True)
+    def run_on_function(self, fn: Function, b: Builder) -> Function:
+        live = _cone(fn.results[:1])
+        results = tuple(r if r in live or r.is_param or r.is_const
+                        else b.fill(shape=r.type.shape, value=0.0, dtype=r.type.dtype) for r in fn.results)
+        return Function(fn.name, fn.params, results, fn.result_names, fn.constraints)
 
 
 @_seeded
@@ -479,9 +462,7 @@ class BlockedLayoutWrongChannel(ValueRewrite):
 
 @_seeded
 def channel_bias_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [2, 6, 4, 5])
-    return b.module(b.function("main", [x], [b.add(x, b.const(_f(6, 1, 1)))]))
+    return _one_input([2, 6, 4, 5], lambda b, x: b.add(x, b.const(_f(6, 1, 1))))
 
 
 # --------------------------------------------------------------------------------------
@@ -489,18 +470,17 @@ def channel_bias_model() -> Module:
 
 
 @dataclass(frozen=True)
-class RequantizeFoldInvertedScale(ValueRewrite):
+class RequantizeFoldInvertedScale(_Fold):
     """Folds quantize(dequantize(q, s_in), s_out) into one quantize of the integers with scale
     s_in / s_out: the requantization multiplier, where quantize divides by its scale (it needs
     s_out / s_in)."""
 
     name = "wrong-requantize-scale"
     contract = Contract.REAL
+    outer, inner = "quantize_linear", "dequantize_linear"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "quantize_linear" or operands[0].op != "dequantize_linear":
-            return None
-        q, s_in, zp_in = operands[0].operands
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        q, s_in, zp_in = inner.operands
         _, s_out, zp_out = operands
         if not (s_in.is_const and s_out.is_const) or s_in.type.rank or s_out.type.rank:
             return None
@@ -525,17 +505,18 @@ def _int_scalar(b: Builder, v: Value) -> int | None:
 
 
 @dataclass(frozen=True)
-class RequantizeShiftInverted(ValueRewrite):
+class RequantizeShiftInverted(_Fold):
     """Folds a fixed-point requantization ``(acc * 2**m) >> s`` into one shift, but shifts by
     ``s + m``: the power-of-two multiplier divides instead of multiplying."""
 
     name = "wrong-requantize-shift"
     contract = Contract.EXACT
+    outer, inner = "bit_shift", "mul"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "bit_shift" or v.attr("direction") != "right" or operands[0].op != "mul":
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        if v.attr("direction") != "right":
             return None
-        acc, mult = operands[0].operands
+        acc, mult = inner.operands
         m, s = _int_scalar(b, mult), _int_scalar(b, operands[1])
         if m is None or s is None or m <= 0 or m & (m - 1):
             return None
@@ -544,16 +525,15 @@ class RequantizeShiftInverted(ValueRewrite):
 
 
 @dataclass(frozen=True)
-class SaturationDropped(ValueRewrite):
+class SaturationDropped(_Fold):
     """Drops the clip to [-128, 127] before a cast to int8, as if the cast saturated (it wraps)."""
 
     name = "wrong-int8-saturation"
     contract = Contract.EXACT
+    outer, inner = "cast", "clip"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "cast" or v.attr("to") is not DType.i8 or operands[0].op != "clip":
-            return None
-        return b.cast(operands[0].operands[0], to=DType.i8)
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        return b.cast(inner.operands[0], to=DType.i8) if v.attr("to") is DType.i8 else None
 
 
 @_seeded
@@ -593,10 +573,7 @@ class StrideAsSliceWrongOffset(ValueRewrite):
 
 @_seeded
 def strided_conv_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [2, 3, 8, 6])
-    return b.module(b.function("main", [x], [b.conv(x, b.const(_f(4, 3, 3, 3)), strides=[2, 2],
-                                                    pads=[1, 1, 1, 1])]))
+    return _one_input([2, 3, 8, 6], lambda b, x: b.conv(x, b.const(_f(4, 3, 3, 3)), strides=[2, 2], pads=[1, 1, 1, 1]))
 
 
 @dataclass(frozen=True)
@@ -625,9 +602,7 @@ class GatherRangeAsSliceOffByOne(ValueRewrite):
 
 @_seeded
 def gather_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [4, 7])
-    return b.module(b.function("main", [x], [b.gather(x, b.const(np.array([2, 3, 4], np.int64)), axis=1)]))
+    return _one_input([4, 7], lambda b, x: b.gather(x, b.const(np.array([2, 3, 4], np.int64)), axis=1))
 
 
 @dataclass(frozen=True)
@@ -696,30 +671,26 @@ def attention_scores_model() -> Module:
 
 
 @dataclass(frozen=True)
-class Fp16SumOfSquares(ValueRewrite):
+class Fp16SumOfSquares(_Fold):
     """Lowers an L2 norm to FP16 whole, sum of squares included (mixed-precision lists keep
     norms and sums in FP32: x * x overflows FP16 beyond |x| = 256)."""
 
     name = "wrong-fp16-lowering"
     contract = Contract.REAL
+    outer, inner = "sqrt", "reduce_sum"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "sqrt" or operands[0].op != "reduce_sum" or v.type.dtype is not DType.f32:
-            return None
-        s = operands[0]
-        sq = s.operands[0]
-        if sq.op != "mul" or sq.operands[0] is not sq.operands[1]:
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        sq = inner.operands[0]
+        if v.type.dtype is not DType.f32 or sq.op != "mul" or sq.operands[0] is not sq.operands[1]:
             return None
         h = b.cast(sq.operands[0], to=DType.f16)
-        out = b.sqrt(b.reduce_sum(b.mul(h, h), **s.attr_dict))
+        out = b.sqrt(b.reduce_sum(b.mul(h, h), **inner.attr_dict))
         return b.cast(out, to=DType.f32)
 
 
 @_seeded
 def l2_norm_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [3, 6])
-    return b.module(b.function("main", [x], [b.sqrt(b.reduce_sum(b.mul(x, x), axes=[1], keepdims=True))]))
+    return _one_input([3, 6], lambda b, x: b.sqrt(b.reduce_sum(b.mul(x, x), axes=[1], keepdims=True)))
 
 
 # --------------------------------------------------------------------------------------
@@ -727,17 +698,16 @@ def l2_norm_model() -> Module:
 
 
 @dataclass(frozen=True)
-class SliceOfConcatInclusiveEnd(ValueRewrite):
+class SliceOfConcatInclusiveEnd(_Fold):
     """Folds slice(concat(...)) to the operand it selects, comparing the slice's exclusive end
     with the operand's last index (so a slice one element early matches)."""
 
     name = "wrong-slice-of-concat"
     contract = Contract.EXACT
+    outer, inner = "slice", "concat"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "slice" or operands[0].op != "concat":
-            return None
-        cat = operands[0]
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        cat = inner
         axis = cat.attr("axis") % cat.type.rank
         starts, ends, steps = v.attr("starts"), v.attr("ends"), v.attr("steps")
         if any(s != 1 for s in steps):
@@ -762,17 +732,18 @@ def slice_of_concat_model() -> Module:
 
 
 @dataclass(frozen=True)
-class PadFoldedOnWrongSide(ValueRewrite):
+class PadFoldedOnWrongSide(_Fold):
     """Folds an explicit zero pad into the following conv with begins and ends exchanged:
     SAME_UPPER padding (the odd pixel at the end) becomes SAME_LOWER."""
 
     name = "wrong-pad-fold-side"
     contract = Contract.EXACT
+    outer, inner = "conv", "pad"
 
-    def rewrite(self, v: Value, operands: list[Value], b: Builder) -> Value | None:
-        if v.op != "conv" or operands[0].op != "pad" or any(v.attr("pads") or ()):
+    def fold(self, v: Value, inner: Value, operands: list[Value], b: Builder) -> Value | None:
+        if any(v.attr("pads") or ()):
             return None
-        pad = operands[0]
+        pad = inner
         p = pad.attr("pads")
         if pad.attr("mode") != "constant" or pad.attr("value") != 0 or any(p[:2]) or any(p[4:6]):
             return None
@@ -783,10 +754,8 @@ class PadFoldedOnWrongSide(ValueRewrite):
 
 @_seeded
 def same_upper_conv_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [2, 3, 7, 6])
-    padded = b.pad(x, pads=[0, 0, 0, 0, 0, 0, 1, 1])
-    return b.module(b.function("main", [x], [b.conv(padded, b.const(_f(4, 3, 2, 2)))]))
+    return _one_input([2, 3, 7, 6],
+                      lambda b, x: b.conv(b.pad(x, pads=[0, 0, 0, 0, 0, 0, 1, 1]), b.const(_f(4, 3, 2, 2))))
 
 
 @dataclass(frozen=True)
@@ -812,9 +781,7 @@ class GeluTanhForErf(ValueRewrite):
 
 @_seeded
 def gelu_model() -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, [3, 5])
-    return b.module(b.function("main", [x], [b.gelu(b.matmul(x, b.const(_f(5, 4))))]))
+    return _one_input([3, 5], lambda b, x: b.gelu(b.matmul(x, b.const(_f(5, 4)))))
 
 
 CORPUS: dict[str, tuple[Pass, Callable[[], Module]]] = {

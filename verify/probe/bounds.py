@@ -417,11 +417,11 @@ def normalized_bound(e: Call, info: RuleInfo) -> float | None:
     var, eps = inner.args
     if not (isinstance(eps, Lit) and float(np.array(eps.value, dtype=eps.dtype.np)) > 0):
         return None
-    if not (isinstance(var, Call) and var.fn == "div" and isinstance(var.args[1], Lit)):
+    if not (isinstance(var, Call) and var.fn == "div"):
         return None
     total, count = var.args
-    if not (isinstance(total, Reduce) and total.kind == "sum" and isinstance(total.body, Call)
-            and total.body.fn == "mul" and total.body.args[0] is total.body.args[1]):
+    if not (isinstance(count, Lit) and isinstance(total, Reduce) and total.kind == "sum"
+            and isinstance(total.body, Call) and total.body.fn == "mul" and total.body.args[0] is total.body.args[1]):
         return None
     dev = total.body.args[0]
     if not (isinstance(dev, Call) and dev.fn == "sub" and dev.args[1] is mean and isinstance(dev.args[0], Load)):
@@ -526,7 +526,7 @@ class OpContext:
              watch: Watch | None = None) -> OpContext:
         opdef = get_op(op)
         full = opdef.check_attrs(attrs)
-        info = RuleInfo.build(opdef.make_rule(in_types, full, out_type), out_type.shape)
+        info = RuleInfo.build(opdef.make_rule(in_types, full, out_type), [int(d) for d in out_type.shape])
         info.operand_shapes = [tuple(int(d) for d in t.shape) for t in in_types]  # type: ignore[attr-defined]
         pair = bilinear(info) if opdef.numpy is not None else None
         return OpContext(op, full, [t.dtype for t in in_types], out_type, info, dict(watch or {}), pair)

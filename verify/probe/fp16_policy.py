@@ -57,10 +57,6 @@ class Decision:
         """Kept in float32 because float16 could not be shown safe (as opposed to not applying)."""
         return self.cause in (UNPROVED, CONSTANT)
 
-    def as_dict(self) -> dict[str, str]:
-        return {"value": self.name, "op": self.op, "precision": self.precision, "cause": self.cause,
-                "reason": self.reason}
-
 
 class Fp16Unproved(ProofIncomplete):
     """A gated FP16 compile found ops whose float16 sites are not proved safe: nothing is emitted."""

@@ -101,9 +101,6 @@ class Interval:
     def magnitude(self) -> np.ndarray:
         return np.maximum(np.abs(self.lo), np.abs(self.hi))
 
-    def hull(self, other: Interval) -> Interval:
-        return Interval(np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi), self.nan | other.nan)
-
     def intersect(self, lo: Any, hi: Any) -> Interval:
         """Tighten with another sound bound (keeping the NaN mask)."""
         new_lo = np.maximum(self.lo, lo)
@@ -527,29 +524,23 @@ _UNARY: dict[str, Callable[[Interval], Interval]] = {
     "round_even": lambda a: _monotone(np.round, a),
 }
 
+_BINARY: dict[str, Callable[[Interval, Interval], Interval]] = {
+    "add": add, "sub": sub, "mul": mul, "min": smin, "max": smax, "pow": ipow,
+}
+
+_BINARY_IN_DTYPE: dict[str, Callable[[Interval, Interval, DType], Interval]] = {"div": div, "mod": floored_mod}
+
 
 def apply(fn: str, args: list[Interval], dtype: DType, attrs: dict[str, Any], arg_dtypes: list[DType]) -> Interval:
     """The interval of ``fn(args)`` in ``dtype`` (before rounding to ``dtype``)."""
     if fn in _UNARY:
         return _UNARY[fn](args[0])
-    if fn == "add":
-        return add(*args)
-    if fn == "sub":
-        return sub(*args)
-    if fn == "mul":
-        return mul(*args)
-    if fn == "div":
-        return div(args[0], args[1], dtype)
-    if fn == "min":
-        return smin(*args)
-    if fn == "max":
-        return smax(*args)
-    if fn == "pow":
-        return ipow(*args)
+    if fn in _BINARY:
+        return _BINARY[fn](*args)
+    if fn in _BINARY_IN_DTYPE:
+        return _BINARY_IN_DTYPE[fn](args[0], args[1], dtype)
     if fn == "fmod":
         return fmod(*args) if dtype.is_float else fmod_int(*args)
-    if fn == "mod":
-        return floored_mod(args[0], args[1], dtype)
     if fn in ("eq", "ne", "lt", "le", "gt", "ge"):
         return _compare(fn, *args)
     if fn in ("and", "or", "xor", "not"):

@@ -35,6 +35,7 @@ from cuvil.ir.values import Value
 from verify.probe import interval as I
 from verify.probe.bounds import Bounds, BoundsEngine
 from verify.probe.interval import Interval
+from verify.reach import reachable
 
 DENSE_BUDGET = 1 << 23
 """Largest dense coefficient matrix (target elements x value elements) back-substitution builds."""
@@ -340,19 +341,17 @@ class LinearRefiner:
         only through a clamp, or where two substitution paths meet again at one value."""
         region: set[Value] = set()
         reached: Counter[Value] = Counter()
-        stack = [target]
-        while stack:
-            v = stack.pop()
-            if v in region:
-                continue
+
+        def step(v: Value) -> list[Value]:
             f = self.form(v)
             if f is None:
-                continue
+                return []
             region.add(v)
             operands = [v.operands[f.operand]] if isinstance(f, ClampOp) else [v.operands[k] for k in f.jac]
-            for o in operands:
-                reached[o] += 1
-                stack.append(o)
+            reached.update(operands)
+            return operands
+
+        reachable([target], step)
         useful = any(isinstance(self.forms.get(v), ClampOp) for v in region) or any(c > 1 for c in reached.values())
         return region, useful
 

@@ -34,6 +34,7 @@ from verify.probe.names import describe_origin, ssa_names
 from verify.probe.program import Program, SiteWatch, max_finite, reduced_program
 from verify.probe.witness import Searcher, Target, Witness
 from verify.probe.z3_witness import QUERY_TIMEOUT_S, Outcome
+from verify.reach import reachable
 
 SAFE, OVERFLOW, OPEN = "safe", "overflow", "open"
 
@@ -317,24 +318,29 @@ def _mark_downstream(results: list[SiteResult]) -> None:
     by_value = {r.value: r for r in results}
     upstream: dict[Value, set[str]] = {}
     for r in results:
-        found: set[str] = set()
-        stack = list(r.value.operands)
-        seen: set[Value] = set()
-        while stack:
-            u = stack.pop()
-            if u in seen:
-                continue
-            seen.add(u)
-            site = by_value.get(u)
-            if site is not None:
-                if site.verdict == OVERFLOW:
-                    found.add(site.name)
-                found |= upstream.get(u, set())
-                continue
-            stack.extend(u.operands)
+        found = _overflows_upstream(r.value, by_value, upstream)
         upstream[r.value] = found
         if r.verdict != SAFE:
             r.after = sorted(found)
+
+
+def _overflows_upstream(value: Value, sites: Mapping[Value, SiteResult], upstream: Mapping[Value, set[str]]
+                        ) -> set[str]:
+    """The confirmed overflows at the nearest sites ``value`` depends on, and upstream of those
+    (``upstream`` holds them for every site met before ``value``)."""
+    found: set[str] = set()
+
+    def step(u: Value) -> tuple[Value, ...]:
+        site = sites.get(u)
+        if site is None:
+            return u.operands
+        if site.verdict == OVERFLOW:
+            found.add(site.name)
+        found.update(upstream.get(u, set()))
+        return ()
+
+    reachable(value.operands, step)
+    return found
 
 
 def _excess_ratio(bounds: Bounds) -> float | None:

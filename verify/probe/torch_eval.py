@@ -20,6 +20,7 @@ from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce, reduction_identity
 from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker
 from cuvil.ir.values import Value
+from verify.reach import reachable
 
 
 def _torch() -> Any:
@@ -244,14 +245,7 @@ class TorchProgram:
         return hit
 
     def cone(self, targets: Sequence[Value]) -> list[Value]:
-        need: set[Value] = set()
-        stack = list(targets)
-        while stack:
-            v = stack.pop()
-            if v in need:
-                continue
-            need.add(v)
-            stack.extend(o for o in v.operands if o in self.live)
+        need = reachable(targets, lambda v: [o for o in v.operands if o in self.live])
         return sorted(need, key=self.position.__getitem__)
 
     def run(self, inputs: Mapping[str, Any], targets: Mapping[Value, Sequence[int]]) -> dict[Value, dict[int, Any]]:

@@ -48,6 +48,8 @@ from cuvil.ir.values import Value
 from verify.cone_encoder import ConeEncoder, EncodingError, IndexSpace, Leaf
 from verify.probe.bounds import BoundsEngine
 from verify.probe.program import Program
+from verify.reach import reachable
+from verify.z3_terms import arith, int_value, real_value
 
 Box = tuple[np.ndarray, np.ndarray]
 
@@ -134,16 +136,7 @@ class ConeSolver:
         by its size (an estimate of the encoder's work, not of z3's)."""
         need: dict[Value, int] = {v: 1}
         terms = 0
-        stack = [v]
-        seen: set[Value] = set()
-        cone: list[Value] = []
-        while stack:
-            u = stack.pop()
-            if u in seen:
-                continue
-            seen.add(u)
-            cone.append(u)
-            stack.extend(o for o in u.operands if o in self.engine.live)
+        cone = reachable([v], lambda u: [o for o in u.operands if o in self.engine.live])
         for u in sorted(cone, key=self._order.__getitem__, reverse=True):
             n = need.get(u, 0)
             if u.is_param:
@@ -184,7 +177,7 @@ class ConeSolver:
         elements it reads (per input: index and z3 constant)."""
         enc = ConeEncoder("real", self._leaf, unroll_limit=TERM_BUDGET, budget=2 * TERM_BUDGET)
         value = enc.value_at(v, tuple(IndexSpace.const(int(i)) for i in index))
-        term = enc.term(value, v.dtype)
+        term = arith(enc.term(value, v.dtype))
         return enc.ctx, term, enc.facts(), self._inputs_of(term)
 
     def _inputs_of(self, term: z3.ExprRef) -> dict[str, list[tuple[tuple[int, ...], z3.ArithRef]]]:
@@ -217,7 +210,7 @@ class ConeSolver:
                 args = [t.arg(j) for j in range(n)]
                 if not all(z3.is_int_value(x) for x in args):
                     raise EncodingError(f"input {self.params[k].name} is read at a computed index")
-                found.setdefault(self.params[k].name, []).append((tuple(x.as_long() for x in args), t))
+                found.setdefault(self.params[k].name, []).append((tuple(int_value(x) for x in args), t))
                 continue
             stack.extend(Z3C.Z3_get_app_arg(c, app, j) for j in range(n))
         return found
@@ -243,7 +236,7 @@ class ConeSolver:
                 return
             outcome.inputs = sum(len(x) for x in inputs.values())
             box = self._box_facts(ctx, inputs)
-            goal = term if side > 0 else -term
+            goal = term if side > 0 else arith(-term)
             outcome.status = "pending"
             for margin in MARGINS:
                 left = deadline - time.monotonic()
@@ -311,8 +304,7 @@ def _rational(x: float) -> Fraction:
 
 
 def _float(v: z3.ExprRef) -> float:
-    if z3.is_rational_value(v):
-        return float(Fraction(v.numerator_as_long(), v.denominator_as_long()))
-    if z3.is_algebraic_value(v):
-        return _float(v.approx(20))
-    raise EncodingError(f"the z3 model gives a non-numeric input value {v}")
+    x = real_value(v)
+    if x is None:
+        raise EncodingError(f"the z3 model gives a non-numeric input value {v}")
+    return x

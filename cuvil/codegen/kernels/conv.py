@@ -43,7 +43,6 @@ from cuvil.codegen.kernels.gemm import (
     choose_tiling,
     epilogue_emitter,
     fgep,
-    intrinsic,
     store_rows,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
@@ -56,7 +55,7 @@ from cuvil.codegen.loops import (
     row_major_strides,
     unravel,
 )
-from cuvil.codegen.scalar import F32, I32, I64, PTR
+from cuvil.codegen.scalar import F32, I32, I64, PTR, Builder, Val, declare
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
 
@@ -210,12 +209,12 @@ class ConvKernel:
         mt_count = -(-g.mg // t.mr)
         in_image = g.c_in * math.prod(g.in_sp)
 
-        def a_at(ctx: Ctx, prob: Any, m0: ir.Value, k0: ir.Value) -> AOperand:
+        def a_at(ctx: Ctx, prob: Any, m0: Val, k0: Val) -> AOperand:
             b = ctx.b
             tile = b.add(b.mul(prob["group"], const(mt_count)), b.udiv(m0, const(t.mr)))
             return AOperand("packed", fgep(b, packed, b.add(b.mul(tile, const(k * t.mr)), b.mul(k0, const(t.mr)))))
 
-        def b_at(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, cols: int, panel: ir.Value | None) -> BOperand:
+        def b_at(ctx: Ctx, prob: Any, n0: Val, k0: Val, cols: int, panel: Val | None) -> BOperand:
             b = ctx.b
             if panel is not None:
                 return BOperand("packed", panel)
@@ -226,7 +225,7 @@ class ConvKernel:
             base = fgep(b, ctx.scratch, b.add(prob["in_off"], n0))
             return BOperand("table", base, 0, b.gep(table, [k0], inbounds=True, source_etype=I32))
 
-        def chunk(ctx: Ctx, c: ir.Value) -> None:
+        def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
             image = b.udiv(c, const(g.groups * core.blocks))
             rest = b.urem(c, const(g.groups * core.blocks))
@@ -240,7 +239,7 @@ class ConvKernel:
                     "epi": epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)}
             core.emit_block(ctx, prob, block)
 
-        def b_pack(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, panel: ir.Value) -> None:
+        def b_pack(ctx: Ctx, prob: Any, n0: Val, k0: Val, panel: Val) -> None:
             """A 1x1 conv's B panel, ``panel[kk][j] = x[k0 + kk, n0 + j]`` (0 past the last position):
             its rows are whole channel planes apart, which would thrash L1 if read in place."""
             b = ctx.b
@@ -248,7 +247,7 @@ class ConvKernel:
             cols = imin(b, const(t.nr), b.sub(const(self.positions), n0))
             src = fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"], b.add(b.mul(k0, const(self.plane_size)), n0)))
 
-            def row(kk: ir.Value) -> None:
+            def row(kk: Val) -> None:
                 s_row = fgep(b, src, b.mul(kk, const(self.plane_size)))
                 d_row = fgep(b, panel, b.mul(kk, const(t.nr)))
                 for_range(b, 0, cols, "bp", lambda j: b.store(b.load(fgep(b, s_row, j), typ=F32, align=4),
@@ -267,7 +266,7 @@ class ConvKernel:
         kf.phase(g.batch * g.groups * core.blocks, flops, chunk)
         return kf.finish()
 
-    def _transposed_core(self, packed: ir.Value, table: ir.Value | None, k: int) -> GemmCore:
+    def _transposed_core(self, packed: Val, table: Val | None, k: int) -> GemmCore:
         """Rows are output positions (read in place at their plane offset + the step's table
         offset), columns output channels (the weights, packed as panels)."""
         g = self.g
@@ -276,7 +275,7 @@ class ConvKernel:
         nt_count = -(-g.mg // t.nr)
         plane_strides = row_major_strides(list(self.plane))
 
-        def a_at(ctx: Ctx, prob: Any, m0: ir.Value, k0: ir.Value) -> AOperand:
+        def a_at(ctx: Ctx, prob: Any, m0: Val, k0: Val) -> AOperand:
             b = ctx.b
             rows = []
             for i in range(t.mr):
@@ -285,7 +284,7 @@ class ConvKernel:
                     rows.append(fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"],
                                                                    b.add(p, b.mul(k0, const(self.plane_size))))))
                     continue
-                at: ir.Value = prob["in_off"]
+                at: Val = prob["in_off"]
                 for q, st in zip(unravel(b, p, g.out_sp), plane_strides, strict=True):
                     at = b.add(at, b.mul(q, const(st)))
                 rows.append(fgep(b, ctx.scratch, at))
@@ -293,28 +292,28 @@ class ConvKernel:
                 return AOperand("rows", rows, self.plane_size)
             return AOperand("rowtable", rows, 0, b.gep(table, [k0], inbounds=True, source_etype=I32))
 
-        def b_at(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, cols: int, panel: ir.Value | None) -> BOperand:
+        def b_at(ctx: Ctx, prob: Any, n0: Val, k0: Val, cols: int, panel: Val | None) -> BOperand:
             b = ctx.b
             tile = b.add(b.mul(prob["group"], const(nt_count)), b.udiv(n0, const(t.nr)))
             return BOperand("packed", fgep(b, packed, b.add(b.mul(tile, const(k * t.nr)), b.mul(k0, const(t.nr)))))
 
-        def store(ctx: Ctx, prob: Any, m0: ir.Value, n0: ir.Value, rows: ir.Value, cols: ir.Value,
-                  tile: ir.Value, stride: int) -> None:
+        def store(ctx: Ctx, prob: Any, m0: Val, n0: Val, rows: Val, cols: Val,
+                  tile: Val, stride: int) -> None:
             b = ctx.b
             channel0 = b.add(b.mul(prob["group"], const(g.mg)), n0)
             out_base = b.add(b.mul(prob["image"], const(g.c_out * out_plane)), b.mul(channel0, const(out_plane)))
 
-            def index_of(i: ir.Value, j: ir.Value) -> list[ir.Value]:
+            def index_of(i: Val, j: Val) -> list[Val]:
                 return [prob["image"], b.add(channel0, j), *unravel(b, b.add(m0, i), g.out_sp)]
 
-            def flat_of(i: ir.Value, j: ir.Value) -> ir.Value:
+            def flat_of(i: Val, j: Val) -> Val:
                 return b.add(out_base, b.add(b.mul(j, const(out_plane)), b.add(m0, i)))
 
             store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of, flat_of, by_columns=True)
 
         return GemmCore(out_plane, g.mg, k, t, a_at, b_at, store)
 
-    def _fill(self, ctx: Ctx, c: ir.Value) -> None:
+    def _fill(self, ctx: Ctx, c: Val) -> None:
         """Chunk ``image * C + channel``: its zero-padded, phase-split copy (and the slack, once per image)."""
         g = self.g
         b = ctx.b
@@ -338,14 +337,14 @@ class ConvKernel:
             hi = min(w, (n_last - 1 + p_last - r_last) // s_last + 1) if n_last - 1 + p_last - r_last >= 0 else 0
             hi = max(hi, lo)
 
-            def row(rv: ir.Value, phase: tuple[int, ...] = phase, plane: ir.Value = plane,
+            def row(rv: Val, phase: tuple[int, ...] = phase, plane: Val = plane,
                     outer: tuple[int, ...] = outer, w: int = w, r_last: int = r_last, s_last: int = s_last,
                     p_last: int = p_last, lo: int = lo, hi: int = hi) -> None:
                 """Plane row ``rv``: zeros, the input's row read every ``s_last``-th element, zeros."""
                 dst_row = fgep(b, plane, b.mul(rv, const(w)))
                 qs = unravel(b, rv, outer)
-                inside: ir.Value = ir.Constant(ir.IntType(1), 1)
-                src_off: ir.Value = const(0)
+                inside: Val = ir.Constant(ir.IntType(1), 1)
+                src_off: Val = const(0)
                 for j in range(nsp - 1):
                     pos = b.sub(b.add(b.mul(qs[j], const(self.split[j])), const(phase[j])), const(g.pads[j]))
                     inside = b.and_(inside, b.icmp_unsigned("<", pos, const(g.in_sp[j])))
@@ -373,8 +372,8 @@ class ConvKernel:
 
         if_then(b, b.icmp_signed("==", chan, const(0)), "slack", clear_slack)
 
-    def _store(self, ctx: Ctx, prob: Any, m0: ir.Value, n0: ir.Value, rows: ir.Value, cols: ir.Value,
-               tile: ir.Value, stride: int) -> None:
+    def _store(self, ctx: Ctx, prob: Any, m0: Val, n0: Val, rows: Val, cols: Val,
+               tile: Val, stride: int) -> None:
         """Write the tile's valid positions: one contiguous run per plane row it touches."""
         g = self.g
         b = ctx.b
@@ -389,10 +388,10 @@ class ConvKernel:
         end = b.add(n0, cols)
         last_row = b.udiv(b.sub(end, const(1)), const(w))
 
-        def plane_row(rv: ir.Value) -> None:
+        def plane_row(rv: Val) -> None:
             outer = unravel(b, rv, self.plane[:-1])
-            inside: ir.Value = ir.Constant(ir.IntType(1), 1)
-            out_row: ir.Value = const(0)
+            inside: Val = ir.Constant(ir.IntType(1), 1)
+            out_row: Val = const(0)
             for j, q in enumerate(outer):
                 inside = b.and_(inside, b.icmp_unsigned("<", q, const(g.out_sp[j])))
                 out_row = b.add(out_row, b.mul(q, const(out_strides[j])))
@@ -405,10 +404,10 @@ class ConvKernel:
                 col0 = b.sub(lo, n0)
                 x0 = b.sub(lo, row_start)
 
-                def index_of(i: ir.Value, j: ir.Value) -> list[ir.Value]:
+                def index_of(i: Val, j: Val) -> list[Val]:
                     return [prob["image"], b.add(channel0, i), *outer, b.add(x0, j)]
 
-                def flat_of(i: ir.Value, j: ir.Value) -> ir.Value:
+                def flat_of(i: Val, j: Val) -> Val:
                     return b.add(b.add(out_base, b.mul(i, const(out_plane))), b.add(out_row, b.add(x0, j)))
 
                 store_rows(ctx, epi, tile, stride, rows, b.sub(hi, lo), index_of, flat_of, col0)
@@ -447,7 +446,7 @@ class DepthwiseKernel(ConvKernel):
         ow = g.out_sp[-1]
         koff = [int(v) for v in self.koff]
 
-        def chunk(ctx: Ctx, c: ir.Value) -> None:
+        def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
             self._fill(ctx, c)
             image = b.udiv(c, const(g.c_in))
@@ -458,19 +457,19 @@ class DepthwiseKernel(ConvKernel):
             w = [b.load(fgep(b, w_row, t), typ=F32, align=4) for t in range(taps)]
             epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
             out_base = b.mul(c, const(out_plane))
-            fma = intrinsic(b.module, "llvm.fma.f32", F32, [F32, F32, F32])
+            fma = declare(b.module, "llvm.fma.f32", F32, [F32, F32, F32])
 
-            def row(r: ir.Value) -> None:
+            def row(r: Val) -> None:
                 outer = unravel(b, r, g.out_sp[:-1])
-                at: ir.Value = const(0)
+                at: Val = const(0)
                 for q, st, step in zip(outer, plane_strides[:-1], self.step[:-1], strict=True):
                     at = b.add(at, b.mul(q, const(st * step)))
                 row_ptr = fgep(b, base, at)
                 out_row = b.add(out_base, b.mul(r, const(ow)))
 
-                def column(x: ir.Value) -> None:
+                def column(x: Val) -> None:
                     p = fgep(b, row_ptr, b.mul(x, const(self.step[-1])))
-                    acc: ir.Value = ir.Constant(F32, 0.0)
+                    acc: Val = ir.Constant(F32, 0.0)
                     for t in range(taps):
                         acc = b.call(fma, [w[t], b.load(fgep(b, p, koff[t]), typ=F32, align=4), acc])
                     value = epi.element([image, chan, *outer, x], acc)
@@ -499,11 +498,11 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
         a.name = n
     dst.add_attribute("noalias")
     src.add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    b = Builder(fn.append_basic_block("entry"))
     zero = ir.Constant(F32, 0.0)
     for_range(b, 0, lo, "zl", lambda q: b.store(zero, fgep(b, dst, q), align=4))
 
-    def element(q: ir.Value) -> None:
+    def element(q: Val) -> None:
         at = b.add(b.mul(q, stride), shift)
         b.store(b.load(fgep(b, src, at), typ=F32, align=4), fgep(b, dst, q), align=4)
 

@@ -17,7 +17,7 @@ from typing import Any
 from llvmlite import ir
 
 from cuvil.codegen.lower_rule import Buffer, RuleKernel, _Keys
-from cuvil.codegen.scalar import ScalarEmitter
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.inline import value_rule
@@ -105,8 +105,8 @@ class EpilogueEmitter(RuleKernel):
     constructor is not called; the attributes it sets are set here.)
     """
 
-    def __init__(self, fn: ir.Function, alloca_builder: ir.IRBuilder, builder: ir.IRBuilder, rule: R.Expr,
-                 inputs: Sequence[Buffer], out: Buffer, op: str, marker: int, err: ir.Value) -> None:
+    def __init__(self, fn: ir.Function, alloca_builder: Builder, builder: Builder, rule: R.Expr,
+                 inputs: Sequence[Buffer], out: Buffer, op: str, marker: int, err: Val) -> None:
         self.op = op
         self.rule = rule
         self.out_type = None
@@ -124,16 +124,16 @@ class EpilogueEmitter(RuleKernel):
         self.bound = {}
         self.layers = [{}]
         self.marker = marker
-        self.acc: ir.Value | None = None
+        self.acc: Val | None = None
         self.env = {f"i{k}": ("o", k) for k in range(len(out.shape))}
 
-    def _load(self, e: R.Load, env: dict, depth: int) -> ir.Value:
+    def _load(self, e: R.Load, env: dict, depth: int) -> Val:
         if e.operand == self.marker:
             assert self.acc is not None
             return self.acc
         return super()._load(e, env, depth)
 
-    def element(self, index: Sequence[ir.Value], acc: ir.Value) -> ir.Value:
+    def element(self, index: Sequence[Val], acc: Val) -> Val:
         """The epilogue's value at output ``index`` (i64 values) when the contraction gave ``acc``."""
         with self._layer():
             for k, iv in enumerate(index):
@@ -144,5 +144,5 @@ class EpilogueEmitter(RuleKernel):
                 del self.bound[("o", k)]
         return value
 
-    def store(self, flat: ir.Value, value: ir.Value) -> None:
+    def store(self, flat: Val, value: Val) -> None:
         self._store(self.out, flat, value)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 from llvmlite import ir
@@ -30,6 +30,7 @@ from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
 from cuvil.codegen.loops import (
     NO_UNROLL,
     const,
+    counted_loop,
     for_range,
     i64,
     if_then,
@@ -39,7 +40,7 @@ from cuvil.codegen.loops import (
     unravel,
 )
 from cuvil.codegen.lower_rule import Buffer
-from cuvil.codegen.scalar import F32, I1, I32, I64, PTR
+from cuvil.codegen.scalar import F32, I1, I32, I64, PTR, Builder, Val, declare
 from cuvil.ir.types import TensorType
 
 PARALLEL_MIN_FLOPS = 2_000_000
@@ -92,7 +93,7 @@ def force_isa(name: str | None) -> None:
 # small IR helpers
 
 
-def fgep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
+def fgep(b: Builder, ptr: Val, offset: Val | int) -> Val:
     """``&((float*)ptr)[offset]``."""
     off = const(offset) if isinstance(offset, int) else offset
     return b.gep(ptr, [off], inbounds=True, source_etype=F32)
@@ -102,30 +103,23 @@ def vec_type(lanes: int) -> ir.VectorType:
     return ir.VectorType(F32, lanes)
 
 
-def splat(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+def splat(b: Builder, x: Val, lanes: int) -> Val:
     vt = vec_type(lanes)
     one = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
     return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
-def intrinsic(mod: ir.Module, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
-    found = mod.globals.get(name)
-    if isinstance(found, ir.Function):
-        return found
-    return ir.Function(mod, ir.FunctionType(ret, list(args)), name=name)
-
-
-def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
-    lanes = x.type.count
-    fn = intrinsic(b.module, f"llvm.fma.v{lanes}f32", x.type, [x.type] * 3)
+def fma(b: Builder, x: Val, y: Val, acc: Val) -> Val:
+    lanes = cast(ir.VectorType, x.type).count
+    fn = declare(b.module, f"llvm.fma.v{lanes}f32", x.type, [x.type] * 3)
     return b.call(fn, [x, y, acc])
 
 
-def masked_load(b: ir.IRBuilder, ptr: ir.Value, lanes: int, valid: int) -> ir.Value:
+def masked_load(b: Builder, ptr: Val, lanes: int, valid: int) -> Val:
     """The first ``valid`` lanes of ``ptr[0:lanes]``; the others read as 0 without touching memory."""
     vt = vec_type(lanes)
     mt = ir.VectorType(I1, lanes)
-    fn = intrinsic(b.module, f"llvm.masked.load.v{lanes}f32.p0", vt, [PTR, I32, mt, vt])
+    fn = declare(b.module, f"llvm.masked.load.v{lanes}f32.p0", vt, [PTR, I32, mt, vt])
     mask = ir.Constant(mt, [1 if j < valid else 0 for j in range(lanes)])
     return b.call(fn, [ptr, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])
 
@@ -135,13 +129,13 @@ def masked_load(b: ir.IRBuilder, ptr: ir.Value, lanes: int, valid: int) -> ir.Va
 
 
 class AAccess(Protocol):
-    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+    def rows(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
         """Row ``i``'s element at step ``k`` of the block, splatted, for ``i < count``."""
         ...
 
 
 class BAccess(Protocol):
-    def vectors(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+    def vectors(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
         """Vector ``j`` of row ``k`` of the block, for ``j < count``."""
         ...
 
@@ -150,10 +144,10 @@ class BAccess(Protocol):
 class PackedA:
     """A tile packed as ``[k][mr]`` (``base`` points at the block's first step)."""
 
-    base: ir.Value
+    base: Val
     stride: int
 
-    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+    def rows(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
         step = fgep(b, self.base, b.mul(k, const(self.stride), flags=("nsw",)))
         return [splat(b, b.load(fgep(b, step, i), typ=F32, align=4), lanes) for i in range(count)]
 
@@ -162,10 +156,10 @@ class PackedA:
 class RowsA:
     """Rows read in place: row ``i`` at ``rows[i] + k * kstride``."""
 
-    row_ptrs: list[ir.Value]
-    kstride: ir.Value
+    row_ptrs: list[Val]
+    kstride: Val
 
-    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+    def rows(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
         off = b.mul(k, self.kstride, flags=("nsw",))
         return [splat(b, b.load(fgep(b, self.row_ptrs[i], off), typ=F32, align=4), lanes) for i in range(count)]
 
@@ -175,10 +169,10 @@ class RowsTableA:
     """Rows read in place at ``rows[i] + table[k]`` (i32 element offsets shared by the rows):
     a convolution's output positions as GEMM rows, the (channel, tap) offsets as the table."""
 
-    row_ptrs: list[ir.Value]
-    table: ir.Value
+    row_ptrs: list[Val]
+    table: Val
 
-    def rows(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+    def rows(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
         off = b.sext(b.load(b.gep(self.table, [k], inbounds=True, source_etype=I32), typ=I32, align=4), I64)
         return [splat(b, b.load(fgep(b, self.row_ptrs[i], off), typ=F32, align=4), lanes) for i in range(count)]
 
@@ -187,11 +181,11 @@ class RowsTableA:
 class PackedB:
     """A panel packed as ``[k][nr]``."""
 
-    base: ir.Value
+    base: Val
     stride: int
     align: int = 4
 
-    def vectors(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+    def vectors(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
         step = fgep(b, self.base, b.mul(k, const(self.stride), flags=("nsw",)))
         vt = vec_type(lanes)
         return [b.load(fgep(b, step, j * lanes), typ=vt, align=self.align) for j in range(count)]
@@ -202,12 +196,12 @@ class DirectB:
     """Rows read in place at ``base + koff(k)``: ``kstride * k``, or ``table[k]`` (i32) when given.
     ``valid`` lanes of the last vector are read (a masked load) when it would run past the data."""
 
-    base: ir.Value
-    kstride: ir.Value
-    table: ir.Value | None = None
+    base: Val
+    kstride: Val
+    table: Val | None = None
     valid_last: int | None = None
 
-    def vectors(self, b: ir.IRBuilder, k: ir.Value, count: int, lanes: int) -> list[ir.Value]:
+    def vectors(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
         if self.table is not None:
             off = b.sext(b.load(b.gep(self.table, [k], inbounds=True, source_etype=I32), typ=I32, align=4), I64)
         else:
@@ -224,42 +218,23 @@ class DirectB:
         return out
 
 
-def micro_kernel(b: ir.IRBuilder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes: int, count: ir.Value,
-                 init: list[ir.Value], unroll: int = 4) -> list[ir.Value]:
+def micro_kernel(b: Builder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes: int, count: Val,
+                 init: list[Val], unroll: int = 4) -> list[Val]:
     """``acc[i*nv + j] += a[i, k] * b[k, j-th vector]`` for ``k < count``; accumulators stay in registers."""
-    fn = b.function
-
-    def step(k: ir.Value, acc: list[ir.Value]) -> list[ir.Value]:
+    def step(k: Val, acc: list[Val]) -> list[Val]:
         bv = bb.vectors(b, k, nv, lanes)
         av = a.rows(b, k, rows, lanes)
         return [fma(b, av[i], bv[j], acc[i * nv + j]) for i in range(rows) for j in range(nv)]
 
-    def loop(start: ir.Value, acc_in: list[ir.Value], stride: int, limit: ir.Value, name: str
-             ) -> tuple[ir.Value, list[ir.Value]]:
-        pre = b.block
-        head = fn.append_basic_block(f"{name}.head")
-        body = fn.append_basic_block(f"{name}.body")
-        done = fn.append_basic_block(f"{name}.end")
-        b.branch(head)
-        b.position_at_end(head)
-        k = b.phi(I64, name=f"{name}.k")
-        k.add_incoming(start, pre)
-        accs = []
-        for x in acc_in:
-            p = b.phi(x.type)
-            p.add_incoming(x, pre)
-            accs.append(p)
-        b.cbranch(b.icmp_signed("<=", b.add(k, const(stride)), limit), body, done)
-        b.position_at_end(body)
-        cur: list[ir.Value] = list(accs)
-        for u in range(stride):
-            cur = step(b.add(k, const(u)) if u else k, cur)
-        k.add_incoming(b.add(k, const(stride)), b.block)
-        for p, x in zip(accs, cur, strict=True):
-            p.add_incoming(x, b.block)
-        b.branch(head)
-        b.position_at_end(done)
-        return k, accs
+    def loop(start: Val, acc_in: list[Val], stride: int, limit: Val, name: str) -> tuple[Val, list[Val]]:
+        """Runs while a whole ``stride`` of steps is left, unrolled ``stride`` times."""
+        def steps(k: Val, acc: list[Val]) -> list[Val]:
+            for u in range(stride):
+                acc = step(b.add(k, const(u)) if u else k, acc)
+            return acc
+
+        return counted_loop(b, name, start, lambda k: b.icmp_signed("<=", b.add(k, const(stride)), limit), stride,
+                            steps, acc_in, index_name=f"{name}.k", flags=())
 
     k, acc = loop(const(0), init, unroll, count, "kloop") if unroll > 1 else (const(0), init)
     _, acc = loop(k, acc, 1, count, "krem")
@@ -272,9 +247,9 @@ class AOperand:
     ``rows`` (``ptr``: one pointer per row, read at ``k * kstride``) or ``rowtable``."""
 
     kind: str
-    ptr: ir.Value | list[ir.Value]
-    kstride: ir.Value | int = 0
-    table: ir.Value | None = None  # ``rowtable``: row i's step k is at ``ptr[i] + table[k]``
+    ptr: Val | list[Val]
+    kstride: Val | int = 0
+    table: Val | None = None  # ``rowtable``: row i's step k is at ``ptr[i] + table[k]``
 
 
 @dataclass
@@ -283,9 +258,9 @@ class BOperand:
     at ``k * kstride``) or ``table`` (row ``k`` at ``table[k]``, i32 element offsets)."""
 
     kind: str
-    ptr: ir.Value
-    kstride: ir.Value | int = 0
-    table: ir.Value | None = None
+    ptr: Val
+    kstride: Val | int = 0
+    table: Val | None = None
 
 
 MICRO_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, PTR, I1])
@@ -311,11 +286,12 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
         arg.name = nm
     for arg in (a_ptr, b_ptr, table, tile):
         arg.add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    b = Builder(fn.append_basic_block("entry"))
     if a_kind == "packed":
         a: AAccess = PackedA(a_ptr, mr)
     else:
-        rows = [b.load(b.gep(a_ptr, [const(i)], inbounds=True, source_etype=PTR), typ=PTR) for i in range(mr)]
+        rows: list[Val] = [b.load(b.gep(a_ptr, [const(i)], inbounds=True, source_etype=PTR), typ=PTR)
+                           for i in range(mr)]
         a = RowsTableA(rows, table) if a_kind == "rowtable" else RowsA(rows, a_kstride)
     assert not (a_kind == "rowtable" and b_kind == "table"), "one offset table per micro-kernel"
     if b_kind == "packed":
@@ -348,14 +324,14 @@ class Ctx:
     """The function a chunk is being emitted into."""
 
     fn: ir.Function
-    b: ir.IRBuilder
-    alloca: ir.IRBuilder
-    out: ir.Value
-    ins: list[ir.Value]
-    scratch: ir.Value
-    err: ir.Value
+    b: Builder
+    alloca: Builder
+    out: Val
+    ins: list[Val]
+    scratch: Val
+    err: Val
 
-    def entry_alloca(self, ty: ir.Type, name: str, align: int = 64) -> ir.Value:
+    def entry_alloca(self, ty: ir.Type, name: str, align: int = 64) -> Val:
         return opaque_alloca(self.alloca, ty, name, align)
 
 
@@ -374,10 +350,10 @@ class KernelFunction:
         for k, a in enumerate(self.fn.args[1:-1]):
             a.name = f"in{k}"
         self.fn.args[-1].name = "scratch"
-        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.b = Builder(self.fn.append_basic_block("entry"))
         self.phases = 0
 
-    def phase(self, nchunks: int, flops: float, emit_chunk: Callable[[Ctx, ir.Value], None]) -> None:
+    def phase(self, nchunks: int, flops: float, emit_chunk: Callable[[Ctx, Val], None]) -> None:
         """Run ``emit_chunk`` for chunks ``0..nchunks`` (in parallel when the work is large enough)."""
         if nchunks <= 0:
             return
@@ -408,15 +384,15 @@ class KernelFunction:
         self.b.ret(ir.Constant(I32, abi.OK))
         return self.fn
 
-    def _body(self, name: str, emit_chunk: Callable[[Ctx, ir.Value], None]) -> ir.Function:
+    def _body(self, name: str, emit_chunk: Callable[[Ctx, Val], None]) -> ir.Function:
         n = self.n_inputs
         fn = ir.Function(self.mod, ir.FunctionType(I32, [PTR] * (n + 2) + [I64, I64]), name=name)
         fn.linkage = "internal"
         for a in fn.args[: n + 2]:
             a.add_attribute("noalias")
-        entry = ir.IRBuilder(fn.append_basic_block("entry"))
+        entry = Builder(fn.append_basic_block("entry"))
         start = fn.append_basic_block("start")
-        b = ir.IRBuilder(start)
+        b = Builder(start)
         err = entry.alloca(I1, name="err")
         entry.store(ir.Constant(I1, 0), err)
         ctx = Ctx(fn, b, entry, fn.args[0], list(fn.args[1:n + 1]), fn.args[n + 1], err)
@@ -430,7 +406,7 @@ class KernelFunction:
         fn = ir.Function(self.mod, TASK_TYPE, name=name)
         fn.linkage = "internal"
         slots, chunk = fn.args
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b = Builder(fn.append_basic_block("entry"))
         nargs = self.n_inputs + 2
         ptrs = [b.load(b.gep(slots, [const(j)], inbounds=True, source_etype=I64), typ=PTR) for j in range(nargs)]
         rc = b.call(body, [*ptrs, chunk, b.add(chunk, const(1))])
@@ -496,7 +472,7 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
     return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
 
 
-StoreTile = Callable[[Ctx, Any, ir.Value, ir.Value, ir.Value, ir.Value, ir.Value, int], None]
+StoreTile = Callable[[Ctx, Any, Val, Val, Val, Val, Val, int], None]
 """``store(ctx, problem, m0, n0, rows, cols, tile_ptr, tile_row_stride)``: write the valid part of a tile."""
 
 
@@ -511,9 +487,9 @@ class GemmCore:
     """
 
     def __init__(self, m: int, n: int, k: int, tiling: Tiling,
-                 a_at: Callable[[Ctx, Any, ir.Value, ir.Value], AOperand],
-                 b_at: Callable[[Ctx, Any, ir.Value, ir.Value, int, ir.Value | None], BOperand],
-                 store: StoreTile, b_pack: Callable[[Ctx, Any, ir.Value, ir.Value, ir.Value], None] | None = None,
+                 a_at: Callable[[Ctx, Any, Val, Val], AOperand],
+                 b_at: Callable[[Ctx, Any, Val, Val, int, Val | None], BOperand],
+                 store: StoreTile, b_pack: Callable[[Ctx, Any, Val, Val, Val], None] | None = None,
                  b_masked_edge: bool = False) -> None:
         self.m, self.n, self.k = m, n, k
         self.t = tiling
@@ -534,7 +510,7 @@ class GemmCore:
     def blocks(self) -> int:
         return self.mblocks * self.nblocks
 
-    def emit_block(self, ctx: Ctx, problem: Any, block: ir.Value) -> None:
+    def emit_block(self, ctx: Ctx, problem: Any, block: Val) -> None:
         """Emit block ``block`` (``0 <= block < self.blocks``) of ``problem``."""
         b = ctx.b
         t = self.t
@@ -553,19 +529,20 @@ class GemmCore:
         panel = ctx.entry_alloca(ir.ArrayType(F32, t.kc * nr), "panel") if self.b_pack is not None else None
         row_ptrs = ctx.entry_alloca(ir.ArrayType(PTR, t.mr), "rows", 8)
 
-        def k_block(kb: ir.Value) -> None:
+        def k_block(kb: Val) -> None:
             k0 = b.mul(kb, const(t.kc))
             kn = imin(b, const(t.kc), b.sub(const(self.k), k0))
             first = b.icmp_signed("==", kb, const(0))
             last = b.icmp_signed("==", kb, const(self.kblocks - 1))
 
-            def n_tile(nt: ir.Value) -> None:
+            def n_tile(nt: Val) -> None:
                 n0 = b.mul(nt, const(nr))
                 cols = imin(b, const(nr), b.sub(const(self.n), n0))
                 if self.b_pack is not None:
+                    assert panel is not None
                     self.b_pack(ctx, problem, n0, k0, panel)
 
-                def m_tile(mtv: ir.Value) -> None:
+                def m_tile(mtv: Val) -> None:
                     m0 = b.mul(mtv, const(t.mr))
                     rows = imin(b, const(t.mr), b.sub(const(self.m), m0))
                     slot = b.add(b.mul(b.sub(mtv, mt0), const(t.nb_tiles)), b.sub(nt, nt0)) if blocked else const(0)
@@ -584,7 +561,7 @@ class GemmCore:
                             for i, p in enumerate(rows):
                                 b.store(p, b.gep(row_ptrs, [const(i)], inbounds=True, source_etype=PTR))
                         else:
-                            assert isinstance(a.ptr, ir.Value)
+                            assert not isinstance(a.ptr, list)
                             a_arg = a.ptr
                         null = ir.Constant(PTR, None)
                         acc = b.not_(first) if blocked else ir.Constant(I1, 0)
@@ -630,9 +607,9 @@ def epilogue_emitter(ctx: Ctx, contraction: Contraction, in_types: Sequence[Tens
                            ctx.err)
 
 
-def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: ir.Value, tile_stride: int, rows: int | ir.Value,
-               cols: int | ir.Value, index_of: Callable[[ir.Value, ir.Value], Sequence[ir.Value]],
-               flat_of: Callable[[ir.Value, ir.Value], ir.Value], col0: ir.Value | int = 0,
+def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows: int | Val,
+               cols: int | Val, index_of: Callable[[Val, Val], Sequence[Val]],
+               flat_of: Callable[[Val, Val], Val], col0: Val | int = 0,
                by_columns: bool = False) -> None:
     """For ``i < rows``, ``j < cols``: ``out[flat_of(i, j)] = epilogue(tile[i][col0 + j])`` at
     output index ``index_of(i, j)``. The inner loop runs along a tile row (contiguous there, so
@@ -640,8 +617,8 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: ir.Value, tile_stride: int,
     b = ctx.b
     c0 = const(col0) if isinstance(col0, int) else col0
     if by_columns:
-        def column(j: ir.Value) -> None:
-            def element(i: ir.Value) -> None:
+        def column(j: Val) -> None:
+            def element(i: Val) -> None:
                 acc = b.load(fgep(b, tile, b.add(b.mul(i, const(tile_stride)), b.add(c0, j))), typ=F32, align=4)
                 epi.store(flat_of(i, j), epi.element(index_of(i, j), acc))
 
@@ -650,10 +627,10 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: ir.Value, tile_stride: int,
         for_range(b, 0, cols, "col", column, hints=NO_UNROLL)
         return
 
-    def row(i: ir.Value) -> None:
+    def row(i: Val) -> None:
         base = fgep(b, tile, b.add(b.mul(i, const(tile_stride)), c0))
 
-        def col(j: ir.Value) -> None:
+        def col(j: Val) -> None:
             acc = b.load(fgep(b, base, j), typ=F32, align=4)
             value = epi.element(index_of(i, j), acc)
             epi.store(flat_of(i, j), value)
@@ -663,12 +640,12 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: ir.Value, tile_stride: int,
     for_range(b, 0, rows, "row", row, hints=NO_UNROLL)  # one copy of the (vectorized) epilogue loop
 
 
-def broadcast_offset(b: ir.IRBuilder, index: Sequence[ir.Value], in_shape: Sequence[int],
-                     out_shape: Sequence[int], block: int) -> ir.Value:
+def broadcast_offset(b: Builder, index: Sequence[Val], in_shape: Sequence[int],
+                     out_shape: Sequence[int], block: int) -> Val:
     """Element offset of the batch ``index`` (of ``out_shape``) in an operand with batch dims
     ``in_shape`` (numpy broadcasting) whose batch entries are ``block`` elements apart."""
     strides = row_major_strides(list(in_shape))
-    off: ir.Value = const(0)
+    off: Val = const(0)
     lead = len(out_shape) - len(in_shape)
     for d, (n, s) in enumerate(zip(in_shape, strides, strict=True)):
         if n == 1:
@@ -739,7 +716,7 @@ class MatmulKernel:
         a_block, b_block = m * k, k * n
         packed_block = self.packed.shape[-3] * k * t.nr if self.packed is not None else 0
 
-        def a_at(ctx: Ctx, prob: Any, m0: ir.Value, k0: ir.Value) -> AOperand:
+        def a_at(ctx: Ctx, prob: Any, m0: Val, k0: Val) -> AOperand:
             b = ctx.b
             base = fgep(ctx.b, ctx.ins[self.c.lhs], prob["a_off"])
             ptrs = []
@@ -751,7 +728,7 @@ class MatmulKernel:
                     ptrs.append(fgep(b, base, b.add(b.mul(row, const(k)), k0)))
             return AOperand("rows", ptrs, m if self.ta else 1)
 
-        def b_at(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, cols: int, panel: ir.Value | None) -> BOperand:
+        def b_at(ctx: Ctx, prob: Any, n0: Val, k0: Val, cols: int, panel: Val | None) -> BOperand:
             b = ctx.b
             if packed is not None:
                 nt = b.udiv(n0, const(t.nr))
@@ -762,18 +739,18 @@ class MatmulKernel:
             base = fgep(b, ctx.ins[self.c.rhs], b.add(prob["b_off"], b.add(b.mul(k0, const(n)), n0)))
             return BOperand("direct", base, n)
 
-        def b_pack(ctx: Ctx, prob: Any, n0: ir.Value, k0: ir.Value, panel: ir.Value) -> None:
+        def b_pack(ctx: Ctx, prob: Any, n0: Val, k0: Val, panel: Val) -> None:
             """panel[kk][j] = b[n0 + j, k0 + kk] (0 past N): a transposed rhs, packed per tile."""
             b = ctx.b
             src = fgep(b, ctx.ins[self.c.rhs], prob["b_off"])
             kn = imin(b, const(t.kc), b.sub(const(k), k0))
 
-            def col(j: ir.Value) -> None:
+            def col(j: Val) -> None:
                 nn = b.add(n0, j)
                 inside = b.icmp_signed("<", nn, const(n))
                 row = fgep(b, src, b.add(b.mul(imin(b, nn, const(n - 1)), const(k)), k0))
 
-                def step(kk: ir.Value) -> None:
+                def step(kk: Val) -> None:
                     v = b.load(fgep(b, row, kk), typ=F32, align=4)
                     b.store(b.select(inside, v, ir.Constant(F32, 0.0)),
                             fgep(b, panel, b.add(b.mul(kk, const(t.nr)), j)), align=4)
@@ -782,16 +759,16 @@ class MatmulKernel:
 
             for_range(b, 0, t.nr, "pj", col)
 
-        def store(ctx: Ctx, prob: Any, m0: ir.Value, n0: ir.Value, rows: ir.Value, cols: ir.Value,
-                  tile: ir.Value, stride: int) -> None:
+        def store(ctx: Ctx, prob: Any, m0: Val, n0: Val, rows: Val, cols: Val,
+                  tile: Val, stride: int) -> None:
             b = ctx.b
             epi = prob["epi"]
             out_base = b.mul(prob["batch"], const(m * n))
 
-            def index_of(i: ir.Value, j: ir.Value) -> list[ir.Value]:
+            def index_of(i: Val, j: Val) -> list[Val]:
                 return [*prob["bidx"], b.add(m0, i), b.add(n0, j)]
 
-            def flat_of(i: ir.Value, j: ir.Value) -> ir.Value:
+            def flat_of(i: Val, j: Val) -> Val:
                 return b.add(out_base, b.add(b.mul(b.add(m0, i), const(n)), b.add(n0, j)))
 
             store_rows(ctx, epi, tile, stride, rows, cols, index_of, flat_of)
@@ -799,7 +776,7 @@ class MatmulKernel:
         core = GemmCore(m, n, k, t, a_at, b_at, store, b_pack if self.b_mode == "pack" else None,
                         b_masked_edge=self.b_mode == "direct")
 
-        def chunk(ctx: Ctx, c: ir.Value) -> None:
+        def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
             batch = b.udiv(c, const(core.blocks))
             block = b.urem(c, const(core.blocks))

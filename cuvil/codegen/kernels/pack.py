@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from cuvil.codegen.scalar import I8
+from cuvil.codegen.scalar import I8, GlobalVariable
 
 
 def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
@@ -45,14 +45,14 @@ def _escaped(data: bytes) -> str:
     return out.tobytes().decode("ascii")
 
 
-def embed_array(mod: ir.Module, name: str, array: np.ndarray, align: int = 64) -> ir.GlobalVariable:
+def embed_array(mod: ir.Module, name: str, array: np.ndarray, align: int = 64) -> GlobalVariable:
     """A private constant global holding ``array``'s bytes (reused when the name exists)."""
     found = mod.globals.get(name)
-    if isinstance(found, ir.GlobalVariable):
+    if isinstance(found, GlobalVariable):
         return found
     data = np.ascontiguousarray(array).tobytes() or b"\0"
     ty = ir.ArrayType(I8, len(data))
-    g = ir.GlobalVariable(mod, ty, name=name)
+    g = GlobalVariable(mod, ty, name=name)
     if any(data):
         g.initializer = ir.FormattedConstant(ty, f'c"{_escaped(data)}"')
     else:

@@ -20,11 +20,13 @@ fresh one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
 
-from cuvil.codegen.scalar import I8, I32, I64, PTR
+from cuvil.codegen.loops import for_range, if_then
+from cuvil.codegen.scalar import I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
 
 MAX_THREADS = 64
 SPIN_PAUSES = 1024  # ~30-150 us depending on the CPU's pause latency: short enough to never matter
@@ -54,34 +56,32 @@ def _x86_host() -> bool:
     return arch in ("x86_64", "i386", "i686")
 
 
-def _decl(mod: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    found = mod.globals.get(name)
-    if isinstance(found, ir.Function):
-        return found
-    return ir.Function(mod, ir.FunctionType(ret, args), name=name)
-
-
-def _global(mod: ir.Module, name: str, ty: ir.Type, align: int = 8) -> ir.GlobalVariable:
-    g = ir.GlobalVariable(mod, ty, name=name)
+def _global(mod: ir.Module, name: str, ty: ir.Type, align: int = 8) -> GlobalVariable:
+    g = GlobalVariable(mod, ty, name=name)
     g.linkage = "internal"
     g.initializer = ir.Constant(ty, None)
     g.align = align
     return g
 
 
-def _c_string(mod: ir.Module, name: str, text: str) -> ir.GlobalVariable:
+def _c_string(mod: ir.Module, name: str, text: str) -> GlobalVariable:
     data = bytearray(text.encode() + b"\0")
-    g = ir.GlobalVariable(mod, ir.ArrayType(I8, len(data)), name=name)
+    g = GlobalVariable(mod, ir.ArrayType(I8, len(data)), name=name)
     g.linkage = "private"
     g.global_constant = True
     g.initializer = ir.Constant(ir.ArrayType(I8, len(data)), data)
     return g
 
 
+def _blocks(fn: ir.Function, *names: str) -> list[ir.Block]:
+    """New blocks at the end of ``fn``, in order."""
+    return [fn.append_basic_block(n) for n in names]
+
+
 def set_default_threads(mod: ir.Module, threads: int | None) -> None:
     """The pool size a library starts with (None or 0: detect); a no-op when no kernel uses the pool."""
     want = mod.globals.get("cuvil.pool.want")
-    if isinstance(want, ir.GlobalVariable) and threads:
+    if isinstance(want, GlobalVariable) and threads:
         want.initializer = ir.Constant(I32, max(1, min(int(threads), MAX_THREADS)))
 
 
@@ -112,35 +112,35 @@ class _PoolEmitter:
         self.pid = _global(mod, "cuvil.pool.pid", I32)
         self.threads = _global(mod, "cuvil.pool.threads", ir.ArrayType(I64, MAX_THREADS))
         self.env_name = _c_string(mod, "cuvil.pool.env", "CUVIL_NUM_THREADS")
-        self.pause = _decl(mod, "llvm.x86.sse2.pause", VOID, []) if _x86_host() else None
-        self.lock = _decl(mod, "pthread_mutex_lock", I32, [PTR])
-        self.unlock = _decl(mod, "pthread_mutex_unlock", I32, [PTR])
-        self.cwait = _decl(mod, "pthread_cond_wait", I32, [PTR, PTR])
-        self.broadcast = _decl(mod, "pthread_cond_broadcast", I32, [PTR])
-        self.signal = _decl(mod, "pthread_cond_signal", I32, [PTR])
-        self.create = _decl(mod, "pthread_create", I32, [PTR, PTR, PTR, PTR])
-        self.join = _decl(mod, "pthread_join", I32, [I64, PTR])
-        self.getpid = _decl(mod, "getpid", I32, [])
-        self.getenv = _decl(mod, "getenv", PTR, [PTR])
-        self.atoi = _decl(mod, "atoi", I32, [PTR])
-        self.affinity = _decl(mod, "sched_getaffinity", I32, [I32, I64, PTR])
-        self.memset = _decl(mod, "llvm.memset.p0.i64", VOID, [PTR, I8, I64, ir.IntType(1)])
-        self.ctpop = _decl(mod, "llvm.ctpop.i64", I64, [I64])
+        self.pause = declare(mod, "llvm.x86.sse2.pause", VOID, []) if _x86_host() else None
+        self.lock = declare(mod, "pthread_mutex_lock", I32, [PTR])
+        self.unlock = declare(mod, "pthread_mutex_unlock", I32, [PTR])
+        self.cwait = declare(mod, "pthread_cond_wait", I32, [PTR, PTR])
+        self.broadcast = declare(mod, "pthread_cond_broadcast", I32, [PTR])
+        self.signal = declare(mod, "pthread_cond_signal", I32, [PTR])
+        self.create = declare(mod, "pthread_create", I32, [PTR, PTR, PTR, PTR])
+        self.join = declare(mod, "pthread_join", I32, [I64, PTR])
+        self.getpid = declare(mod, "getpid", I32, [])
+        self.getenv = declare(mod, "getenv", PTR, [PTR])
+        self.atoi = declare(mod, "atoi", I32, [PTR])
+        self.affinity = declare(mod, "sched_getaffinity", I32, [I32, I64, PTR])
+        self.memset = declare(mod, "llvm.memset.p0.i64", VOID, [PTR, I8, I64, ir.IntType(1)])
+        self.ctpop = declare(mod, "llvm.ctpop.i64", I64, [I64])
 
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
     def _func(mod: ir.Module, name: str, ret: ir.Type, args: list[ir.Type], internal: bool = True
-              ) -> tuple[ir.Function, ir.IRBuilder]:
+              ) -> tuple[ir.Function, Builder]:
         fn = ir.Function(mod, ir.FunctionType(ret, args), name=name)
         if internal:
             fn.linkage = "internal"
-        return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+        return fn, Builder(fn.append_basic_block("entry"))
 
-    def _spin(self, b: ir.IRBuilder) -> None:
+    def _spin(self, b: Builder) -> None:
         if self.pause is not None:
             b.call(self.pause, [])
 
-    def _back_off(self, b: ir.IRBuilder, spins: ir.Value, spin: ir.Block, sleep: ir.Block) -> None:
+    def _back_off(self, b: Builder, spins: Val, spin: ir.Block, sleep: ir.Block) -> None:
         """One pause, then spin again until SPIN_PAUSES pauses have passed, then go to sleep (so an
         oversubscribed machine is not burnt by waiters)."""
         self._spin(b)
@@ -148,14 +148,14 @@ class _PoolEmitter:
         b.store(n, spins)
         b.cbranch(b.icmp_signed("<", n, ir.Constant(I32, SPIN_PAUSES)), spin, sleep)
 
-    def _load(self, b: ir.IRBuilder, g: ir.Value, ty: ir.Type) -> ir.Value:
+    def _load(self, b: Builder, g: Val, ty: ir.Type) -> Val:
         return b.load_atomic(g, _SEQ, 8 if ty == I64 else 4, typ=ty)
 
-    def _store(self, b: ir.IRBuilder, v: ir.Value, g: ir.Value) -> None:
+    def _store(self, b: Builder, v: Val, g: Val) -> None:
         b.store_atomic(v, g, _SEQ, 8 if v.type == I64 else 4)
 
     @staticmethod
-    def _gen(b: ir.IRBuilder, s: ir.Value) -> ir.Value:
+    def _gen(b: Builder, s: Val) -> Val:
         return b.lshr(s, ir.Constant(I64, _GEN_SHIFT))
 
     # -- emission --------------------------------------------------------------------------
@@ -174,11 +174,7 @@ class _PoolEmitter:
         """i64 claim(i64 gen): the next chunk of job ``gen``, or -1 when it has none left."""
         fn, b = self._func(self.mod, "cuvil.pool.claim", I64, [I64])
         gen = fn.args[0]
-        loop = fn.append_basic_block("loop")
-        none = fn.append_basic_block("none")
-        check = fn.append_basic_block("check")
-        cas = fn.append_basic_block("cas")
-        got = fn.append_basic_block("got")
+        loop, none, check, cas, got = _blocks(fn, "loop", "none", "check", "cas", "got")
         b.branch(loop)
         b.position_at_end(loop)
         s = self._load(b, self.state, I64)
@@ -204,10 +200,7 @@ class _PoolEmitter:
         count = b.and_(b.lshr(s, ir.Constant(I64, _CHUNK_BITS)), ir.Constant(I64, _MASK20))
         task = b.load(self.task, typ=PTR)
         args = b.load(self.args, typ=PTR)
-        loop = fn.append_basic_block("loop")
-        body = fn.append_basic_block("body")
-        last = fn.append_basic_block("last")
-        out = fn.append_basic_block("out")
+        loop, body, last, out = _blocks(fn, "loop", "body", "last", "out")
         b.branch(loop)
         b.position_at_end(loop)
         c = b.call(self.claim, [gen])
@@ -232,102 +225,98 @@ class _PoolEmitter:
         spins = b.alloca(I32, name="spins")
         b.store(self._gen(b, self._load(b, self.state, I64)), seen_slot)
         wait = fn.append_basic_block("wait")
-        spin = fn.append_basic_block("spin")
-        spin_next = fn.append_basic_block("spin.next")
-        sleep = fn.append_basic_block("sleep")
-        sleep_check = fn.append_basic_block("sleep.check")
-        sleep_wait = fn.append_basic_block("sleep.wait")
-        woke = fn.append_basic_block("woke")
-        work = fn.append_basic_block("work")
-        leave = fn.append_basic_block("leave")
         b.branch(wait)
 
+        def woken() -> Val:
+            """A new job was published, or the pool is shutting down."""
+            changed = b.icmp_unsigned("!=", self._gen(b, self._load(b, self.state, I64)), b.load(seen_slot, typ=I64))
+            return b.or_(changed, self._stopping(b))
+
         b.position_at_end(wait)
-        b.store(ir.Constant(I32, 0), spins)
-        b.branch(spin)
-
-        b.position_at_end(spin)
-        s = self._load(b, self.state, I64)
-        changed = b.icmp_unsigned("!=", self._gen(b, s), b.load(seen_slot, typ=I64))
-        stop = b.icmp_unsigned("!=", self._load(b, self.shutdown, I32), ir.Constant(I32, 0))
-        b.cbranch(b.or_(changed, stop), woke, spin_next)
-
-        b.position_at_end(spin_next)
-        self._back_off(b, spins, spin, sleep)
-
-        b.position_at_end(sleep)
-        b.call(self.lock, [self.mutex])
-        b.branch(sleep_check)
-        b.position_at_end(sleep_check)
-        s2 = self._load(b, self.state, I64)
-        same = b.icmp_unsigned("==", self._gen(b, s2), b.load(seen_slot, typ=I64))
-        running = b.icmp_unsigned("==", self._load(b, self.shutdown, I32), ir.Constant(I32, 0))
-        b.cbranch(b.and_(same, running), sleep_wait, woke_unlock := fn.append_basic_block("sleep.done"))
-        b.position_at_end(sleep_wait)
-        b.call(self.cwait, [self.cond_work, self.mutex])
-        b.branch(sleep_check)
-        b.position_at_end(woke_unlock)
-        b.call(self.unlock, [self.mutex])
-        b.branch(woke)
-
-        b.position_at_end(woke)
-        b.cbranch(b.icmp_unsigned("!=", self._load(b, self.shutdown, I32), ir.Constant(I32, 0)), leave, work)
+        self._wait_until(b, fn, "idle", spins, woken, self.cond_work, "woke")
+        work, leave = _blocks(fn, "work", "leave")
+        b.cbranch(self._stopping(b), leave, work)
 
         b.position_at_end(work)
-        s3 = self._load(b, self.state, I64)
-        b.store(self._gen(b, s3), seen_slot)
-        b.call(self.work, [s3])
+        s = self._load(b, self.state, I64)
+        b.store(self._gen(b, s), seen_slot)
+        b.call(self.work, [s])
         b.branch(wait)
 
         b.position_at_end(leave)
         b.ret(ir.Constant(PTR, None))
         return fn
 
+    def _stopping(self, b: Builder) -> Val:
+        """Whether the pool is shutting down."""
+        return b.icmp_unsigned("!=", self._load(b, self.shutdown, I32), ir.Constant(I32, 0))
+
+    def _wait_until(self, b: Builder, fn: ir.Function, name: str, spins: Val, ready: Callable[[], Val], cond: Val,
+                    after: str) -> None:
+        """Wait until ``ready()`` holds: spin (see :meth:`_back_off`), then sleep on ``cond`` under the
+        mutex, checking again at each wake-up. Goes on in a new block named ``after``."""
+        b.store(ir.Constant(I32, 0), spins)
+        spin, spin_next, sleep, check, wait, unlock, done = _blocks(
+            fn, *(f"{name}.{step}" for step in ("spin", "next", "sleep", "check", "wait", "unlock")), after)
+        b.branch(spin)
+        b.position_at_end(spin)
+        b.cbranch(ready(), done, spin_next)
+        b.position_at_end(spin_next)
+        self._back_off(b, spins, spin, sleep)
+        b.position_at_end(sleep)
+        b.call(self.lock, [self.mutex])
+        b.branch(check)
+        b.position_at_end(check)
+        b.cbranch(ready(), unlock, wait)
+        b.position_at_end(wait)
+        b.call(self.cwait, [cond, self.mutex])
+        b.branch(check)
+        b.position_at_end(unlock)
+        b.call(self.unlock, [self.mutex])
+        b.branch(done)
+        b.position_at_end(done)
+
     def _emit_stop(self) -> ir.Function:
         """void stop(): ask every worker to leave, join them, and reset the pool to 'not started'."""
         fn, b = self._func(self.mod, "cuvil.pool.stop", VOID, [])
         n = b.load(self.started, typ=I32)
-        has = fn.append_basic_block("has")
-        done = fn.append_basic_block("done")
-        b.cbranch(b.icmp_signed(">", n, ir.Constant(I32, 0)), has, done)
-        b.position_at_end(has)
-        b.call(self.lock, [self.mutex])
-        self._store(b, ir.Constant(I32, 1), self.shutdown)
-        b.call(self.broadcast, [self.cond_work])
-        b.call(self.unlock, [self.mutex])
-        i_slot = b.alloca(I32)
-        b.store(ir.Constant(I32, 0), i_slot)
-        head = fn.append_basic_block("join.head")
-        body = fn.append_basic_block("join.body")
-        end = fn.append_basic_block("join.end")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.load(i_slot, typ=I32)
-        b.cbranch(b.icmp_signed("<", i, n), body, end)
-        b.position_at_end(body)
-        tid = b.load(b.gep(self.threads, [ir.Constant(I64, 0), b.sext(i, I64)], inbounds=True,
-                           source_etype=self.threads.value_type), typ=I64)
-        b.call(self.join, [tid, ir.Constant(PTR, None)])
-        b.store(b.add(i, ir.Constant(I32, 1)), i_slot)
-        b.branch(head)
-        b.position_at_end(end)
-        b.store(ir.Constant(I32, 0), self.started)
-        self._store(b, ir.Constant(I32, 0), self.shutdown)
-        b.branch(done)
-        b.position_at_end(done)
+
+        def join(i: Val) -> None:
+            b.call(self.join, [b.load(self._thread_slot(b, i), typ=I64), ir.Constant(PTR, None)])
+
+        def stop_started() -> None:
+            b.call(self.lock, [self.mutex])
+            self._store(b, ir.Constant(I32, 1), self.shutdown)
+            b.call(self.broadcast, [self.cond_work])
+            b.call(self.unlock, [self.mutex])
+            for_range(b, 0, b.sext(n, I64), "join", join)
+            b.store(ir.Constant(I32, 0), self.started)
+            self._store(b, ir.Constant(I32, 0), self.shutdown)
+
+        if_then(b, b.icmp_signed(">", n, ir.Constant(I32, 0)), "has", stop_started)
         b.ret_void()
         return fn
+
+    def _thread_slot(self, b: Builder, i: Val) -> Val:
+        """Where worker ``i`` (i64) keeps its ``pthread_t``."""
+        return b.gep(self.threads, [ir.Constant(I64, 0), i], inbounds=True, source_etype=self.threads.value_type)
+
+    def _take(self, b: Builder) -> Val:
+        """Mark the pool busy; true when it was free (no run, and no resize, is in progress)."""
+        res = b.cmpxchg(self.busy, ir.Constant(I32, 0), ir.Constant(I32, 1), _SEQ, _SEQ)
+        return b.extract_value(res, 1)
+
+    def _stop_own_workers(self, b: Builder) -> None:
+        """Stop the workers if this process started them (a forked child inherits none of them)."""
+        same_process = b.icmp_signed("==", b.call(self.getpid, []), b.load(self.pid, typ=I32))
+        if_then(b, same_process, "stop", lambda: b.call(self.stop, []))
 
     def _emit_resolve(self) -> ir.Function:
         """i32 resolve(): the pool size: the requested one, else $CUVIL_NUM_THREADS, else the CPUs we may use."""
         fn, b = self._func(self.mod, "cuvil.pool.resolve", I32, [])
         want = b.load(self.want, typ=I32)
-        given = fn.append_basic_block("given")
-        env = fn.append_basic_block("env")
-        env_set = fn.append_basic_block("env.set")
-        env_num = fn.append_basic_block("env.num")
-        cpus = fn.append_basic_block("cpus")
-        finish = fn.append_basic_block("finish")
+        given, env, env_set, env_num, cpus, finish = _blocks(fn, "given", "env", "env.set", "env.num", "cpus",
+                                                             "finish")
         b.cbranch(b.icmp_signed(">", want, ir.Constant(I32, 0)), given, env)
         b.position_at_end(given)
         b.branch(finish)
@@ -344,7 +333,7 @@ class _PoolEmitter:
         mask = b.alloca(ir.ArrayType(I64, words))
         b.call(self.memset, [mask, ir.Constant(I8, 0), ir.Constant(I64, 8 * words), ir.Constant(ir.IntType(1), 0)])
         rc = b.call(self.affinity, [ir.Constant(I32, 0), ir.Constant(I64, 8 * words), mask])
-        count: ir.Value = ir.Constant(I64, 0)
+        count: Val = ir.Constant(I64, 0)
         for w in range(words):
             word = b.load(b.gep(mask, [ir.Constant(I64, 0), ir.Constant(I64, w)], inbounds=True,
                                 source_etype=mask.allocated_type), typ=I64)
@@ -365,19 +354,10 @@ class _PoolEmitter:
         fn, b = self._func(self.mod, "cuvil.pool.run", VOID, [PTR, PTR, I64])
         task, args, nchunks = fn.args
         task.name, args.name, nchunks.name = "task", "args", "nchunks"
-        serial = fn.append_basic_block("serial")
-        try_pool = fn.append_basic_block("try")
-        owned = fn.append_basic_block("owned")
-        forked = fn.append_basic_block("forked")
-        sized = fn.append_basic_block("sized")
-        need_size = fn.append_basic_block("need_size")
-        have_size = fn.append_basic_block("have_size")
-        start_head = fn.append_basic_block("start.head")
-        start_body = fn.append_basic_block("start.body")
-        start_fail = fn.append_basic_block("start.fail")
-        started = fn.append_basic_block("started")
-        publish = fn.append_basic_block("publish")
-        release_serial = fn.append_basic_block("release.serial")
+        (serial, try_pool, owned, forked, sized, need_size, have_size, start_head, start_body, start_fail, started,
+         publish, release_serial) = _blocks(fn, "serial", "try", "owned", "forked", "sized", "need_size",
+                                            "have_size", "start.head", "start.body", "start.fail", "started",
+                                            "publish", "release.serial")
 
         few = b.icmp_signed("<=", nchunks, ir.Constant(I64, 1))
         too_many = b.icmp_signed(">", nchunks, ir.Constant(I64, MAX_CHUNKS))
@@ -385,12 +365,12 @@ class _PoolEmitter:
 
         # serial: every chunk on the calling thread
         b.position_at_end(serial)
-        self._serial_loop(b, fn, task, args, nchunks)
+        for_range(b, 0, nchunks, "chunk", lambda i: b.call(_Callee(task), [args, i]))
+        b.ret_void()
 
         # take the pool, or run serially when another run holds it
         b.position_at_end(try_pool)
-        res = b.cmpxchg(self.busy, ir.Constant(I32, 0), ir.Constant(I32, 1), _SEQ, _SEQ)
-        b.cbranch(b.extract_value(res, 1), owned, serial)
+        b.cbranch(self._take(b), owned, serial)
 
         b.position_at_end(owned)
         pid = b.call(self.getpid, [])
@@ -421,8 +401,7 @@ class _PoolEmitter:
         wanted = b.sub(b.load(self.size, typ=I32), ir.Constant(I32, 1))
         b.cbranch(b.icmp_signed("<", running, wanted), start_body, started)
         b.position_at_end(start_body)
-        slot = b.gep(self.threads, [ir.Constant(I64, 0), b.sext(running, I64)], inbounds=True,
-                     source_etype=self.threads.value_type)
+        slot = self._thread_slot(b, b.sext(running, I64))
         rc = b.call(self.create, [slot, ir.Constant(PTR, None), self.worker, ir.Constant(PTR, None)])
         ok_block = fn.append_basic_block("start.ok")
         b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, 0)), ok_block, start_fail)
@@ -454,76 +433,25 @@ class _PoolEmitter:
         b.call(self.unlock, [self.mutex])
         b.call(self.work, [new_state])
 
-        # wait until every chunk has finished: spin briefly, then sleep
+        # wait until every chunk has finished
         spins = b.alloca(I32)
-        b.store(ir.Constant(I32, 0), spins)
-        spin = fn.append_basic_block("wait.spin")
-        spin_next = fn.append_basic_block("wait.next")
-        sleep = fn.append_basic_block("wait.sleep")
-        sleep_check = fn.append_basic_block("wait.check")
-        sleep_wait = fn.append_basic_block("wait.wait")
-        sleep_done = fn.append_basic_block("wait.unlock")
-        finished = fn.append_basic_block("finished")
-        b.branch(spin)
-        b.position_at_end(spin)
-        all_done = b.icmp_unsigned("==", self._load(b, self.done, I64), nchunks)
-        b.cbranch(all_done, finished, spin_next)
-        b.position_at_end(spin_next)
-        self._back_off(b, spins, spin, sleep)
-        b.position_at_end(sleep)
-        b.call(self.lock, [self.mutex])
-        b.branch(sleep_check)
-        b.position_at_end(sleep_check)
-        b.cbranch(b.icmp_unsigned("==", self._load(b, self.done, I64), nchunks), sleep_done, sleep_wait)
-        b.position_at_end(sleep_wait)
-        b.call(self.cwait, [self.cond_done, self.mutex])
-        b.branch(sleep_check)
-        b.position_at_end(sleep_done)
-        b.call(self.unlock, [self.mutex])
-        b.branch(finished)
-        b.position_at_end(finished)
+        self._wait_until(b, fn, "wait", spins, lambda: b.icmp_unsigned("==", self._load(b, self.done, I64), nchunks),
+                         self.cond_done, "finished")
         self._store(b, ir.Constant(I32, 0), self.busy)
         b.ret_void()
         return fn
-
-    def _serial_loop(self, b: ir.IRBuilder, fn: ir.Function, task: ir.Value, args: ir.Value,
-                     nchunks: ir.Value) -> None:
-        pre = b.block
-        head = fn.append_basic_block("serial.head")
-        body = fn.append_basic_block("serial.body")
-        end = fn.append_basic_block("serial.end")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64)
-        i.add_incoming(ir.Constant(I64, 0), pre)
-        b.cbranch(b.icmp_signed("<", i, nchunks), body, end)
-        b.position_at_end(body)
-        b.call(_Callee(task), [args, i])
-        i.add_incoming(b.add(i, ir.Constant(I64, 1)), body)
-        b.branch(head)
-        b.position_at_end(end)
-        b.ret_void()
 
     def _emit_set_threads(self) -> ir.Function:
         """Exported ``int32_t <prefix>_set_num_threads(int32_t n)``: the pool size from the next run on."""
         fn, b = self._func(self.mod, f"{self.mod.name}_set_num_threads", I32, [I32], internal=False)
         n = fn.args[0]
         n.name = "n"
-        busy = fn.append_basic_block("busy")
-        free = fn.append_basic_block("free")
-        res = b.cmpxchg(self.busy, ir.Constant(I32, 0), ir.Constant(I32, 1), _SEQ, _SEQ)
-        b.cbranch(b.extract_value(res, 1), free, busy)
+        busy, free = _blocks(fn, "busy", "free")
+        b.cbranch(self._take(b), free, busy)
         b.position_at_end(busy)  # a run is in progress: the caller must not race with it
         b.ret(ir.Constant(I32, 1))
         b.position_at_end(free)
-        same_process = b.icmp_signed("==", b.call(self.getpid, []), b.load(self.pid, typ=I32))
-        stop_block = fn.append_basic_block("stop")
-        after = fn.append_basic_block("after")
-        b.cbranch(same_process, stop_block, after)
-        b.position_at_end(stop_block)
-        b.call(self.stop, [])
-        b.branch(after)
-        b.position_at_end(after)
+        self._stop_own_workers(b)
         clean = b.select(b.icmp_signed(">", n, ir.Constant(I32, 0)), n, ir.Constant(I32, 0))
         b.store(clean, self.want)
         b.store(ir.Constant(I32, 0), self.size)
@@ -534,17 +462,10 @@ class _PoolEmitter:
     def _emit_destructor(self) -> None:
         """Join the workers when the library is unloaded (dlclose or exit), before its code goes away."""
         fn, b = self._func(self.mod, "cuvil.pool.fini", VOID, [])
-        same_process = b.icmp_signed("==", b.call(self.getpid, []), b.load(self.pid, typ=I32))
-        stop_block = fn.append_basic_block("stop")
-        after = fn.append_basic_block("after")
-        b.cbranch(same_process, stop_block, after)
-        b.position_at_end(stop_block)
-        b.call(self.stop, [])
-        b.branch(after)
-        b.position_at_end(after)
+        self._stop_own_workers(b)
         b.ret_void()
         entry_ty = ir.LiteralStructType([I32, PTR, PTR])
-        dtors = ir.GlobalVariable(self.mod, ir.ArrayType(entry_ty, 1), name="llvm.global_dtors")
+        dtors = GlobalVariable(self.mod, ir.ArrayType(entry_ty, 1), name="llvm.global_dtors")
         dtors.linkage = "appending"
         dtors.initializer = ir.Constant(ir.ArrayType(entry_ty, 1),
                                         [ir.Constant(entry_ty, [ir.Constant(I32, 65535), fn, ir.Constant(PTR, None)])])
@@ -553,7 +474,7 @@ class _PoolEmitter:
 class _Callee(ir.Value):
     """A ``ptr`` called indirectly as a task (``void (ptr, i64)``): llvmlite wants a function type on callees."""
 
-    def __init__(self, ptr: ir.Value) -> None:
+    def __init__(self, ptr: Val) -> None:
         self.ptr = ptr
         self.type = ptr.type
         self.function_type = TASK_TYPE

@@ -45,6 +45,20 @@ def _neg_inf_bias(b: Builder, allowed: Value, dtype: DType) -> Value:
     return b.where(allowed, scalar(b, 0.0, dtype), scalar(b, -np.inf, dtype))
 
 
+def _mask_bias(b: Builder, mask: Value, dtype: DType, kv_len: Dim) -> Value:
+    """The attention mask as an additive bias of ``dtype``; keys it does not cover (a mask shorter
+    than past plus new keys) are masked out."""
+    bias = _neg_inf_bias(b, mask, dtype) if mask.dtype is DType.bool else mask
+    if bias.dtype is not dtype:
+        bias = b.cast(bias, to=dtype)
+    short = kv_len - bias.shape[-1]
+    if isinstance(short, int) and short > 0:
+        pads = [0] * (2 * bias.type.rank)
+        pads[2 * bias.type.rank - 1] = short
+        bias = b.pad(bias, pads=pads, mode="constant", value=-np.inf)
+    return bias
+
+
 @onnx_op("Attention", emits=("matmul", "softmax", "where", "add", "sub", "mul", "div", "neg", "reshape", "transpose",
                              "concat", "expand", "iota", "fill", "less", "less_equal", "logical_and", "tanh",
                              "reduce_max", "equal", "cast", "pad"))
@@ -78,17 +92,7 @@ def attention(ctx: NodeCtx) -> list[Value | None]:
     root = scalar(b, math.sqrt(scale), dt)
 
     # additive bias [.., q_len, kv_len]
-    bias: Value | None = None
-    if ctx.has_input(3):
-        mask = ctx.input(3)
-        bias = _neg_inf_bias(b, mask, dt) if mask.dtype is DType.bool else mask
-        if bias.dtype is not dt:
-            bias = b.cast(bias, to=dt)
-        short = kv_len - bias.shape[-1]
-        if isinstance(short, int) and short > 0:
-            pads = [0] * (2 * bias.type.rank)
-            pads[2 * bias.type.rank - 1] = short
-            bias = b.pad(bias, pads=pads, mode="constant", value=-np.inf)
+    bias = _mask_bias(b, ctx.input(3), dt, kv_len) if ctx.has_input(3) else None
     nonpad = ctx.input(6) if ctx.has_input(6) else None
     if nonpad is not None and ctx.has_input(4):
         raise ctx.unsupported("nonpad_kv_seqlen cannot be combined with past_key")
@@ -173,7 +177,7 @@ def flex_attention(ctx: NodeCtx) -> Value:
     dt = q.dtype
     q_heads, head = q.shape[1], q.shape[3]
     kv_heads = k.shape[1]
-    if not all(isinstance(d, int) for d in (q_heads, head, kv_heads)):
+    if not (isinstance(q_heads, int) and isinstance(head, int) and isinstance(kv_heads, int)):
         raise ctx.unsupported("needs static head counts and head size")
     if q_heads != kv_heads:
         if q_heads % kv_heads:
@@ -257,14 +261,15 @@ def tensor_scatter(ctx: NodeCtx) -> Value:
     if mode not in ("linear", "circular"):
         raise ctx.unsupported(f"mode {mode!r}")
     seq = update.shape[axis]
-    pos_shape = [1] * rank
+    pos_shape: list[Dim] = [1] * rank
     pos_shape[axis] = seq
     pos = positions(b, pos_shape)
     if ctx.has_input(2):
         start = b.cast(ctx.input(2), to=DType.i64) if ctx.input(2).dtype is not DType.i64 else ctx.input(2)
         pos = b.add(pos, reshape_to(b, start, [past.shape[0]] + [1] * (rank - 1)))
     if mode == "circular":
-        pos = b.mod(pos, scalar(b, past.shape[axis], DType.i64)) if isinstance(past.shape[axis], int) else \
+        size = past.shape[axis]
+        pos = b.mod(pos, scalar(b, size, DType.i64)) if isinstance(size, int) else \
             b.mod(pos, b.cast(take(b, b.shape(past), 0, axis), to=DType.i64))
     idx = b.expand(pos, shape=list(update.shape))
     return b.scatter_elements(past, idx, update, axis=axis, reduction="none")

@@ -129,13 +129,18 @@ def trilu(ctx: NodeCtx) -> Value:
 # Range, ConstantOfShape
 
 
-def _count(start: float | int | Dim, limit: float | int | Dim, delta: float | int) -> Dim:
+def _count(start: float | Dim, limit: float | Dim, delta: float | int) -> Dim:
     """max(ceil((limit - start) / delta), 0); symbolic when a bound comes from a symbolic shape."""
     if isinstance(start, Sym) or isinstance(limit, Sym):
         if not (isinstance(delta, int) and delta > 0):
             raise ValueError("a symbolic range needs a positive integer step")
-        return (limit - start + (delta - 1)) // delta
+        return (_as_dim(limit) - _as_dim(start) + (delta - 1)) // delta
     return max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _as_dim(v: float | Dim) -> Dim:
+    """A bound beside a symbolic one: a number counts as its integer part, as :meth:`Sym.lift` takes it."""
+    return v if isinstance(v, Sym) else int(v)
 
 
 @onnx_op("Range", emits=("iota",))

@@ -7,6 +7,7 @@ the pure index-level meanings (conv without bias, layer_norm over trailing axes)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -22,7 +23,7 @@ _HALF = (DType.f16, DType.bf16)
 # window attributes
 
 
-def _window_attrs(ctx: NodeCtx, nsp: int, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+def window_attrs(ctx: NodeCtx, nsp: int, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
     """strides, dilations and explicit-or-automatic pads (begins then ends) of a windowed node."""
     strides = ctx.attr_ints("strides", None) or [1] * nsp
     dilations = ctx.attr_ints("dilations", None) or [1] * nsp
@@ -40,23 +41,53 @@ def _window_attrs(ctx: NodeCtx, nsp: int, kernel: Sequence[int]) -> tuple[list[i
     if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
         raise ctx.unsupported(f"auto_pad {auto_pad!r}")
     x = ctx.input(0)
-    begins: list[int] = []
-    ends: list[int] = []
+    totals: list[int] = []
     for j in range(nsp):
         size = x.shape[2 + j]
         if not isinstance(size, int):
             raise ctx.unsupported(f"auto_pad {auto_pad} on the symbolic spatial dim {size}")
         out = -(-size // strides[j])
-        total = max((out - 1) * strides[j] + (kernel[j] - 1) * dilations[j] + 1 - size, 0)
+        totals.append(max((out - 1) * strides[j] + (kernel[j] - 1) * dilations[j] + 1 - size, 0))
+    return strides, dilations, _split_pads(totals, auto_pad)
+
+
+def _split_pads(totals: Sequence[int], auto_pad: str) -> list[int]:
+    """Begin then end pads sharing each axis' total padding; SAME_UPPER puts the odd one at the end."""
+    begins: list[int] = []
+    ends: list[int] = []
+    for total in totals:
         small, big = total // 2, total - total // 2
         begins.append(small if auto_pad == "SAME_UPPER" else big)
         ends.append(big if auto_pad == "SAME_UPPER" else small)
-    return strides, dilations, begins + ends
+    return begins + ends
+
+
+def _spatial_rank(ctx: NodeCtx, x: Value) -> int:
+    """How many spatial axes an NC* input has (at least one)."""
+    nsp = x.type.rank - 2
+    if nsp < 1:
+        raise ctx.unsupported(f"input of rank {x.type.rank} (needs N, C and spatial dims)")
+    return nsp
+
+
+def conv_kernel(ctx: NodeCtx, x: Value, w: Value) -> tuple[int, list[int]]:
+    """The number of spatial axes of a convolution and its kernel shape (the attribute, or the weight's)."""
+    nsp = _spatial_rank(ctx, x)
+    kernel = ctx.attr_ints("kernel_shape", None) or list(w.shape[2:])
+    # a symbolic weight extent is not checked here: the conv ops refuse it (they need a static kernel)
+    return nsp, cast(list[int], kernel)
 
 
 def _channel_view(ctx: NodeCtx, v: Value, rank: int) -> Value:
     """A per-channel vector [C] reshaped to [C, 1, ...] so it broadcasts over N, C, spatial..."""
     return ctx.b.reshape(v, shape=[v.shape[0]] + [1] * (rank - 2))
+
+
+def _with_bias(ctx: NodeCtx, y: Value) -> Value:
+    """``y`` plus the optional per-channel bias (input 2) of a convolution."""
+    if not ctx.has_input(2):
+        return y
+    return ctx.b.add(y, _channel_view(ctx, ctx.input(2), y.type.rank))
 
 
 # --------------------------------------------------------------------------------------
@@ -66,26 +97,18 @@ def _channel_view(ctx: NodeCtx, v: Value, rank: int) -> Value:
 @onnx_op("Conv", emits=("conv", "reshape", "add"))
 def conv(ctx: NodeCtx) -> Value:
     x, w = ctx.input(0), ctx.input(1)
-    nsp = x.type.rank - 2
-    if nsp < 1:
-        raise ctx.unsupported(f"input of rank {x.type.rank} (needs N, C and spatial dims)")
-    kernel = ctx.attr_ints("kernel_shape", None) or list(w.shape[2:])
+    nsp, kernel = conv_kernel(ctx, x, w)
     if list(kernel) != list(w.shape[2:]):
         raise ctx.unsupported(f"kernel_shape {kernel} differs from the weight's {list(w.shape[2:])}")
-    strides, dilations, pads = _window_attrs(ctx, nsp, kernel)
+    strides, dilations, pads = window_attrs(ctx, nsp, kernel)
     y = ctx.b.conv(x, w, strides=strides, pads=pads, dilations=dilations, groups=ctx.attr_int("group", 1))
-    if ctx.has_input(2):
-        y = ctx.b.add(y, _channel_view(ctx, ctx.input(2), y.type.rank))
-    return y
+    return _with_bias(ctx, y)
 
 
 @onnx_op("ConvTranspose", emits=("conv_transpose", "reshape", "add"))
 def conv_transpose(ctx: NodeCtx) -> Value:
     x, w = ctx.input(0), ctx.input(1)
-    nsp = x.type.rank - 2
-    if nsp < 1:
-        raise ctx.unsupported(f"input of rank {x.type.rank} (needs N, C and spatial dims)")
-    kernel = ctx.attr_ints("kernel_shape", None) or list(w.shape[2:])
+    nsp, kernel = conv_kernel(ctx, x, w)
     strides = ctx.attr_ints("strides", None) or [1] * nsp
     dilations = ctx.attr_ints("dilations", None) or [1] * nsp
     out_pad = ctx.attr_ints("output_padding", None) or [0] * nsp
@@ -103,19 +126,12 @@ def conv_transpose(ctx: NodeCtx) -> Value:
         if out_shape is None:
             out_shape = [int(d) * s for d, s in zip(in_sp, strides, strict=True)]
         out_shape = list(out_shape)[-nsp:]
-        begins, ends = [], []
-        for j in range(nsp):
-            total = strides[j] * (int(in_sp[j]) - 1) + out_pad[j] + (kernel[j] - 1) * dilations[j] + 1 - out_shape[j]
-            small, big = total // 2, total - total // 2
-            begins.append(small if auto_pad == "SAME_UPPER" else big)
-            ends.append(big if auto_pad == "SAME_UPPER" else small)
-        pads = begins + ends
+        pads = _split_pads([strides[j] * (int(in_sp[j]) - 1) + out_pad[j] + (kernel[j] - 1) * dilations[j] + 1
+                            - out_shape[j] for j in range(nsp)], auto_pad)
     pads = pads or [0] * (2 * nsp)
     y = ctx.b.conv_transpose(x, w, strides=strides, pads=pads, dilations=dilations, groups=groups,
                              output_padding=out_pad)
-    if ctx.has_input(2):
-        y = ctx.b.add(y, _channel_view(ctx, ctx.input(2), y.type.rank))
-    return y
+    return _with_bias(ctx, y)
 
 
 # --------------------------------------------------------------------------------------
@@ -124,11 +140,9 @@ def conv_transpose(ctx: NodeCtx) -> Value:
 
 def _pool_common(ctx: NodeCtx) -> tuple[Value, dict]:
     x = ctx.input(0)
-    nsp = x.type.rank - 2
-    if nsp < 1:
-        raise ctx.unsupported(f"input of rank {x.type.rank} (needs N, C and spatial dims)")
+    nsp = _spatial_rank(ctx, x)
     kernel = ctx.attr_ints("kernel_shape")
-    strides, dilations, pads = _window_attrs(ctx, nsp, kernel)
+    strides, dilations, pads = window_attrs(ctx, nsp, kernel)
     return x, {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dilations,
                "ceil_mode": bool(ctx.attr_int("ceil_mode", 0))}
 
@@ -155,9 +169,7 @@ def lp_pool(ctx: NodeCtx) -> Value:
 
 
 def _spatial_axes(ctx: NodeCtx, x: Value) -> list[int]:
-    if x.type.rank < 3:
-        raise ctx.unsupported(f"input of rank {x.type.rank} (needs N, C and spatial dims)")
-    return list(range(2, x.type.rank))
+    return list(range(2, 2 + _spatial_rank(ctx, x)))
 
 
 @onnx_op("GlobalAveragePool", emits=("reduce_mean",))
@@ -214,14 +226,19 @@ def _unit_layer_norm(ctx: NodeCtx, x: Value, axis: int, epsilon: float) -> Value
     return ctx.b.layer_norm(x, ones, zeros, axis=axis, epsilon=epsilon)
 
 
+def _first_normalized_axis(ctx: NodeCtx, rank: int) -> int:
+    """The ``axis`` attribute (default -1) made non-negative: the node normalizes over axes [axis, rank)."""
+    axis = ctx.attr_int("axis", -1)
+    if not -rank <= axis < rank:
+        raise ctx.unsupported(f"axis {axis} for rank {rank}")
+    return axis % rank
+
+
 @onnx_op("LayerNormalization", emits=("layer_norm", "cast", "reduce_mean", "sub", "mul", "add", "rsqrt"))
 def layer_norm(ctx: NodeCtx) -> list[Value]:
     x = ctx.input(0)
     rank = x.type.rank
-    axis = ctx.attr_int("axis", -1)
-    if not -rank <= axis < rank:
-        raise ctx.unsupported(f"axis {axis} for rank {rank}")
-    axis %= rank
+    axis = _first_normalized_axis(ctx, rank)
     eps = ctx.attr_float("epsilon", 1e-5)
     xs = _stash(ctx, x)
     scale = _as_dtype(ctx, ctx.input(1), xs.dtype)
@@ -316,10 +333,7 @@ def rms_normalization(ctx: NodeCtx) -> Value:
     """x / sqrt(mean(x^2 over axes [axis, rank)) + eps) * scale."""
     x = ctx.input(0)
     rank = x.type.rank
-    axis = ctx.attr_int("axis", -1)
-    if not -rank <= axis < rank:
-        raise ctx.unsupported(f"axis {axis} for rank {rank}")
-    axis %= rank
+    axis = _first_normalized_axis(ctx, rank)
     b = ctx.b
     xs = _stash(ctx, x)
     ms = b.reduce_mean(b.mul(xs, xs), axes=list(range(axis, rank)), keepdims=True)

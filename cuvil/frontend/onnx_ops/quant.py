@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
-from cuvil.frontend.onnx_ops.nn import _window_attrs
+from cuvil.frontend.onnx_ops.nn import conv_kernel, window_attrs
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
 
@@ -157,11 +157,8 @@ def qlinear_matmul(ctx: NodeCtx) -> Value:
 
 
 def _conv_i32(ctx: NodeCtx, x: Value, x_zp: Value | None, w: Value, w_zp: Value | None) -> Value:
-    nsp = x.type.rank - 2
-    if nsp < 1:
-        raise ctx.unsupported(f"input of rank {x.type.rank} (needs N, C and spatial dims)")
-    kernel = ctx.attr_ints("kernel_shape", None) or list(w.shape[2:])
-    strides, dilations, pads = _window_attrs(ctx, nsp, kernel)
+    nsp, kernel = conv_kernel(ctx, x, w)
+    strides, dilations, pads = window_attrs(ctx, nsp, kernel)
     xc = _centered(ctx, x, _per_tensor(ctx, x_zp) if x_zp is not None else None)
     wc = _centered(ctx, w, _channel_param(ctx, w_zp, w.type.rank))
     return ctx.b.conv(xc, wc, strides=strides, pads=pads, dilations=dilations, groups=ctx.attr_int("group", 1))

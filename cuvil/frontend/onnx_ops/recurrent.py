@@ -13,6 +13,8 @@ _ALPHA_DEFAULT = {"LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "ScaledTanh": 1.0, 
 _BETA_DEFAULT = {"ScaledTanh": 1.0, "HardSigmoid": 0.5, "Affine": 0.0}
 
 Activation = Callable[[Value], Value]
+Step = Callable[[int, list[Value]], list[Value]]
+"""One time step: (t, states) -> new states, the hidden state first."""
 _RECURRENT_EMITS = ("matmul", "add", "mul", "sub", "gather", "split", "where", "less", "concat", "reshape", "fill",
                     "relu", "sigmoid", "tanh", "leaky_relu", "thresholded_relu", "elu", "softsign", "softplus",
                     "hardsigmoid", "clip")
@@ -141,29 +143,47 @@ class _Recurrence:
             return h
         return self.b.where(mask, h, scalar(self.b, 0.0, self.dt))
 
+    def unroll(self, d: int, state: list[Value], step: Step) -> tuple[list[Value], list[Value]]:
+        """``step`` over direction d's time steps, each state kept as it was past a sequence's end:
+        the hidden state per step (zero past the end) and the final states. The first state is H."""
+        per_t: dict[int, Value] = {}
+        for t in self.steps(d):
+            new = step(t, state)
+            m = self.mask(t)
+            per_t[t] = self.zero_out(m, new[0])
+            state = [self.keep(m, n, old) for n, old in zip(new, state, strict=True)]
+        return [per_t[t] for t in range(self.seq)], state
+
+    def run(self, direction: Callable[[int], tuple[list[Value], Step]]) -> list[Value | None]:
+        """Unroll every direction (``direction(d)``: its initial states and step) into the op's outputs."""
+        ys, finals = [], []
+        for d in range(self.dirs):
+            y, final = self.unroll(d, *direction(d))
+            ys.append(y)
+            finals.append(final)
+        return self.outputs(ys, finals)
+
 
 @onnx_op("RNN", emits=_RECURRENT_EMITS)
 def rnn(ctx: NodeCtx) -> list[Value | None]:
     rec = _Recurrence(ctx, ["Tanh"])
     b = ctx.b
-    ys, finals = [], []
-    for d in range(rec.dirs):
+
+    def direction(d: int) -> tuple[list[Value], Step]:
         w, r, wb, rb = rec.weights(d)
         xw = rec.projected_inputs(w, wb)
         (f,) = rec.acts[d]
-        h = rec.initial(5, d)
-        per_t: list[Value | None] = [None] * rec.seq
-        for t in rec.steps(d):
+
+        def step(t: int, state: list[Value]) -> list[Value]:
+            (h,) = state
             pre = b.add(take(b, xw, 0, t), b.matmul(h, r, transpose_b=True))
             if rb is not None:
                 pre = b.add(pre, rb)
-            h_new = f(rec.clipped(pre))
-            m = rec.mask(t)
-            per_t[t] = rec.zero_out(m, h_new)
-            h = rec.keep(m, h_new, h)
-        ys.append(per_t)
-        finals.append([h])
-    return rec.outputs(ys, finals)  # type: ignore[arg-type]
+            return [f(rec.clipped(pre))]
+
+        return [rec.initial(5, d)], step
+
+    return rec.run(direction)
 
 
 @onnx_op("GRU", emits=_RECURRENT_EMITS)
@@ -171,23 +191,23 @@ def gru(ctx: NodeCtx) -> list[Value | None]:
     rec = _Recurrence(ctx, ["Sigmoid", "Tanh"])
     b = ctx.b
     linear_before_reset = bool(ctx.attr_int("linear_before_reset", 0))
-    ys, finals = [], []
-    for d in range(rec.dirs):
+
+    def direction(d: int) -> tuple[list[Value], Step]:
         w, r, wb, rb = rec.weights(d)
         xw = rec.projected_inputs(w, wb)
         rz, rr, rh = split_equal(b, r, 0, 3)
         rbz, rbr, rbh = split_equal(b, rb, 0, 3) if rb is not None else (None, None, None)
         f, g = rec.acts[d]
-        h = rec.initial(5, d)
+        h0 = rec.initial(5, d)
         one = scalar(b, 1.0, rec.dt)
-        per_t: list[Value | None] = [None] * rec.seq
-        for t in rec.steps(d):
+
+        def gate(xg: Value, rg: Value, bg: Value | None, state: Value) -> Value:
+            pre = b.add(xg, b.matmul(state, rg, transpose_b=True))
+            return b.add(pre, bg) if bg is not None else pre
+
+        def step(t: int, state: list[Value]) -> list[Value]:
+            (h,) = state
             xz, xr, xh = split_equal(b, take(b, xw, 0, t), 1, 3)
-
-            def gate(xg: Value, rg: Value, bg: Value | None, state: Value) -> Value:
-                pre = b.add(xg, b.matmul(state, rg, transpose_b=True))
-                return b.add(pre, bg) if bg is not None else pre
-
             z = f(rec.clipped(gate(xz, rz, rbz, h)))
             rt = f(rec.clipped(gate(xr, rr, rbr, h)))
             if linear_before_reset:
@@ -198,13 +218,11 @@ def gru(ctx: NodeCtx) -> list[Value | None]:
             else:
                 pre_h = gate(xh, rh, rbh, b.mul(rt, h))
             cand = g(rec.clipped(pre_h))
-            h_new = b.add(b.mul(b.sub(one, z), cand), b.mul(z, h))
-            m = rec.mask(t)
-            per_t[t] = rec.zero_out(m, h_new)
-            h = rec.keep(m, h_new, h)
-        ys.append(per_t)
-        finals.append([h])
-    return rec.outputs(ys, finals)  # type: ignore[arg-type]
+            return [b.add(b.mul(b.sub(one, z), cand), b.mul(z, h))]
+
+        return [h0], step
+
+    return rec.run(direction)
 
 
 @onnx_op("LSTM", emits=_RECURRENT_EMITS)
@@ -212,18 +230,19 @@ def lstm(ctx: NodeCtx) -> list[Value | None]:
     rec = _Recurrence(ctx, ["Sigmoid", "Tanh", "Tanh"])
     b = ctx.b
     input_forget = bool(ctx.attr_int("input_forget", 0))
-    ys, finals = [], []
-    for d in range(rec.dirs):
+
+    def direction(d: int) -> tuple[list[Value], Step]:
         w, r, wb, rb = rec.weights(d)
         xw = rec.projected_inputs(w, wb)
         if rb is not None:
             xw = b.add(xw, rb)
         peep = split_equal(b, take(b, ctx.input(7), 0, d), 0, 3) if ctx.has_input(7) else None
         f, g, hact = rec.acts[d]
-        h, c = rec.initial(5, d), rec.initial(6, d)
+        h0, c0 = rec.initial(5, d), rec.initial(6, d)
         one = scalar(b, 1.0, rec.dt)
-        per_t: list[Value | None] = [None] * rec.seq
-        for t in rec.steps(d):
+
+        def step(t: int, state: list[Value]) -> list[Value]:
+            h, c = state
             pre = b.add(take(b, xw, 0, t), b.matmul(h, r, transpose_b=True))
             pi, po, pf, pc = split_equal(b, pre, 1, 4)
             if peep is not None:
@@ -235,10 +254,8 @@ def lstm(ctx: NodeCtx) -> list[Value | None]:
             if peep is not None:
                 po = b.add(po, b.mul(peep[1], c_new))
             ot = f(rec.clipped(po))
-            h_new = b.mul(ot, hact(c_new))
-            m = rec.mask(t)
-            per_t[t] = rec.zero_out(m, h_new)
-            h, c = rec.keep(m, h_new, h), rec.keep(m, c_new, c)
-        ys.append(per_t)
-        finals.append([h, c])
-    return rec.outputs(ys, finals)  # type: ignore[arg-type]
+            return [b.mul(ot, hact(c_new)), c_new]
+
+        return [h0, c0], step
+
+    return rec.run(direction)

@@ -358,39 +358,43 @@ def center_crop_pad(ctx: NodeCtx) -> Value:
 # DepthToSpace, SpaceToDepth
 
 
-@onnx_op("DepthToSpace", emits=("reshape", "transpose"))
-def depth_to_space(ctx: NodeCtx) -> Value:
+def _blocked_input(ctx: NodeCtx) -> tuple[Value, int]:
+    """The NCHW input of DepthToSpace / SpaceToDepth and its blocksize."""
     x = ctx.input(0)
     if x.type.rank != 4:
         raise ctx.unsupported(f"input of rank {x.type.rank} (expected 4)")
-    bs = ctx.attr_int("blocksize")
+    return x, ctx.attr_int("blocksize")
+
+
+def _rearranged(ctx: NodeCtx, x: Value, split: list[Dim], perm: list[int], out: list[Dim]) -> Value:
+    """``x`` viewed as ``split``, its axes permuted by ``perm``, then viewed as ``out``."""
+    t = ctx.b.transpose(ctx.b.reshape(x, shape=split), perm=perm)
+    return ctx.b.reshape(t, shape=out)
+
+
+@onnx_op("DepthToSpace", emits=("reshape", "transpose"))
+def depth_to_space(ctx: NodeCtx) -> Value:
+    x, bs = _blocked_input(ctx)
     n, c, h, w = x.shape
     if isinstance(c, int) and c % (bs * bs):
         raise ShapeError(f"{c} channels do not divide by blocksize^2 = {bs * bs}", location=ctx.location)
     cb = c // (bs * bs)
+    out: list[Dim] = [n, cb, h * bs, w * bs]
     if ctx.attr_str("mode", "DCR") == "DCR":
-        t = ctx.b.reshape(x, shape=[n, bs, bs, cb, h, w])
-        t = ctx.b.transpose(t, perm=[0, 3, 4, 1, 5, 2])
-    else:
-        t = ctx.b.reshape(x, shape=[n, cb, bs, bs, h, w])
-        t = ctx.b.transpose(t, perm=[0, 1, 4, 2, 5, 3])
-    return ctx.b.reshape(t, shape=[n, cb, h * bs, w * bs])
+        return _rearranged(ctx, x, [n, bs, bs, cb, h, w], [0, 3, 4, 1, 5, 2], out)
+    return _rearranged(ctx, x, [n, cb, bs, bs, h, w], [0, 1, 4, 2, 5, 3], out)
 
 
 @onnx_op("SpaceToDepth", emits=("reshape", "transpose"))
 def space_to_depth(ctx: NodeCtx) -> Value:
-    x = ctx.input(0)
-    if x.type.rank != 4:
-        raise ctx.unsupported(f"input of rank {x.type.rank} (expected 4)")
-    bs = ctx.attr_int("blocksize")
+    x, bs = _blocked_input(ctx)
     n, c, h, w = x.shape
     for d in (h, w):
         if isinstance(d, int) and d % bs:
             raise ShapeError(f"spatial dim {d} does not divide by blocksize {bs}", location=ctx.location)
-    t = ctx.b.reshape(x, shape=[n, c, h // bs, bs, w // bs, bs])
     crd = ctx.attr_str("mode", "DCR") == "CRD"
-    t = ctx.b.transpose(t, perm=[0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4])
-    return ctx.b.reshape(t, shape=[n, c * bs * bs, h // bs, w // bs])
+    return _rearranged(ctx, x, [n, c, h // bs, bs, w // bs, bs], [0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4],
+                       [n, c * bs * bs, h // bs, w // bs])
 
 
 # --------------------------------------------------------------------------------------
@@ -492,7 +496,11 @@ def _keep_aspect(ctx: NodeCtx, x: Value, sizes: list[Dim], axes: list[int], poli
 
 def _resize_kept(ctx: NodeCtx, x: Value, scales: list[float], axes: list[int], **attrs: object) -> Value:
     """keep_aspect_ratio_policy: one scale for every resized axis, sizes rounded half up."""
-    out: list[Dim] = [int(scales[k] * x.shape[k] + 0.5) if k in axes else x.shape[k] for k in range(x.type.rank)]
+    out: list[Dim] = list(x.shape)
+    for k in axes:
+        d = x.shape[k]
+        assert isinstance(d, int)  # _keep_aspect refuses symbolic dims on the resized axes
+        out[k] = int(scales[k] * d + 0.5)
     return ctx.b.resize(x, sizes=out, scales=scales, **attrs)
 
 

@@ -73,6 +73,7 @@ def _dft(b: Builder, x: Value, axis: int, length: int, inverse: bool, onesided: 
     xt = b.transpose(x, perm=perm) if perm != list(range(rank)) else x
     parts = xt.shape[-1]
     n_in = xt.shape[-2]
+    assert isinstance(n_in, int)  # DFT and STFT check that the signal axis is static
     real_out = inverse and onesided
     rows = min(n_in, length // 2 + 1 if real_out else length)
     cols = length // 2 + 1 if onesided and not inverse else length

@@ -24,7 +24,7 @@ def reshape_to(ctx: AtenCtx, x: Value, shape: Sequence[Dim]) -> Value:
 
 
 def slice_axis(b: Builder, x: Value, axis: int, start: Dim, end: Dim, step: int = 1) -> Value:
-    starts = [0] * x.type.rank
+    starts: list[Dim] = [0] * x.type.rank
     ends = list(x.shape)
     steps = [1] * x.type.rank
     starts[axis], ends[axis], steps[axis] = start, end, step

@@ -108,10 +108,6 @@ def _np_clip(xs: list[np.ndarray], out: TensorType, min: float | None, max: floa
     return x
 
 
-def _np_softplus(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
-
-
 def _np_sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 

@@ -236,6 +236,16 @@ define("embedding", ("table", "ids"), shape=_embedding_type, rule=_embedding_rul
 # scatter_elements / scatter_nd
 
 
+def _row_major(extents: Sequence[Dim]) -> tuple[list[Dim], Dim]:
+    """The row-major strides of a grid of ``extents`` and its number of elements."""
+    strides: list[Dim] = []
+    total: Dim = 1
+    for d in reversed(list(extents)):
+        strides.insert(0, total)
+        total = total * d
+    return strides, total
+
+
 def _combine(kind: str, x: R.Expr, extents: Sequence[Dim], match: Any, update: Any, position: Any) -> R.Expr:
     """x combined with the updates whose index matches this output element.
     ``match(ks)``: does update ks target it; ``position(ks)``: ks flattened (i64);
@@ -249,11 +259,7 @@ def _combine(kind: str, x: R.Expr, extents: Sequence[Dim], match: Any, update: A
         return R.select(last >= 0, update(None, last), x)
     red = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}[kind]
     neutral = {"add": -0.0 if dt.is_float else 0, "mul": 1, "max": R.lowest(dt), "min": R.highest(dt)}[kind]
-    strides: list[Dim] = []
-    total: Dim = 1
-    for d in reversed(list(extents)):
-        strides.insert(0, total)
-        total = total * d
+    strides, total = _row_major(extents)
 
     def term(f: R.Ix) -> R.Expr:
         g = f - 1  # term 0 is x itself; term g + 1 is update g
@@ -264,13 +270,20 @@ def _combine(kind: str, x: R.Expr, extents: Sequence[Dim], match: Any, update: A
     return R.reduce(red, [total + 1], term)
 
 
-def _scatter_elements_type(types: list[TensorType], axis: int, reduction: str) -> TensorType:
+def _scatter_operands(types: list[TensorType], what: str,
+                      reduction: str) -> tuple[TensorType, TensorType, TensorType]:
+    """x, indices, updates of a scatter, checked: integer indices, a known reduction, updates of x's dtype."""
     x, ind, upd = types
-    _require_int(ind, "scatter indices")
+    _require_int(ind, what)
     if reduction not in SCATTER_REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r} (expected one of {', '.join(SCATTER_REDUCTIONS)})")
     if upd.dtype is not x.dtype:
         raise TypeError(f"updates dtype {upd.dtype} differs from x's {x.dtype}")
+    return x, ind, upd
+
+
+def _scatter_elements_type(types: list[TensorType], axis: int, reduction: str) -> TensorType:
+    x, ind, upd = _scatter_operands(types, "scatter indices", reduction)
     _axis(axis, x.rank)
     if not ind.rank == upd.rank == x.rank:
         raise ValueError(f"x {x}, indices {ind} and updates {upd} must have one rank")
@@ -300,8 +313,10 @@ def _scatter_elements_rule(c: R.RuleCtx) -> R.Expr:
         return hit if inb is None else R.call("and", inb, hit)
 
     def update(ks: tuple[R.Ix, ...] | None, flat: R.Expr | None) -> R.Expr:
-        k = ks[0] if ks is not None else R.Ix.dyn(flat)
-        return upd.at(*at(k), oob=0)
+        if ks is None:
+            assert flat is not None  # _combine passes one of the two
+            ks = (R.Ix.dyn(flat),)
+        return upd.at(*at(ks[0]), oob=0)
 
     return _combine(c.attrs["reduction"], x.at(*c.out), [ind.shape[ax]], match, update,
                     lambda ks: _ix_scalar(ks[0]))
@@ -321,7 +336,7 @@ def _scatter_into(out: np.ndarray, where: tuple[np.ndarray, ...], upd: np.ndarra
 def _scatter_elements_numpy(xs: list[np.ndarray], out: TensorType, axis: int, reduction: str) -> np.ndarray:
     x, ind, upd = xs
     ax = _axis(axis, x.ndim)
-    grid = list(np.indices(ind.shape, sparse=True))
+    grid: list[np.ndarray] = list(np.indices(ind.shape, sparse=True))
     grid[ax] = _checked(ind, x.shape[ax], "scatter_elements")
     return _scatter_into(x.copy(), tuple(grid), upd, reduction)
 
@@ -346,12 +361,7 @@ define("scatter_elements", ("x", "indices", "updates"), attrs={"axis": ("int", 0
 
 
 def _scatter_nd_type(types: list[TensorType], reduction: str) -> TensorType:
-    x, ind, upd = types
-    _require_int(ind, "scatter_nd indices")
-    if reduction not in SCATTER_REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r} (expected one of {', '.join(SCATTER_REDUCTIONS)})")
-    if upd.dtype is not x.dtype:
-        raise TypeError(f"updates dtype {upd.dtype} differs from x's {x.dtype}")
+    x, ind, upd = _scatter_operands(types, "scatter_nd indices", reduction)
     if ind.rank < 1 or not isinstance(ind.shape[-1], int) or ind.shape[-1] > x.rank:
         raise ValueError(f"the last dim of indices {ind} must be static and at most {x.rank}")
     k = ind.shape[-1]
@@ -365,11 +375,7 @@ def _scatter_nd_rule(c: R.RuleCtx) -> R.Expr:
     x, ind, upd = c.inputs
     k = ind.shape[-1]
     qext = list(ind.shape[:-1])
-    strides: list[Dim] = []
-    acc: Dim = 1
-    for d in reversed(qext):
-        strides.insert(0, acc)
-        acc = acc * d
+    strides, _ = _row_major(qext)
 
     def match(ks: tuple[R.Ix, ...]) -> R.Expr:
         hit: R.Expr | None = None
@@ -387,6 +393,7 @@ def _scatter_nd_rule(c: R.RuleCtx) -> R.Expr:
 
     def update(ks: tuple[R.Ix, ...] | None, flat: R.Expr | None) -> R.Expr:
         if ks is None:
+            assert flat is not None  # _combine passes one of the two
             f = R.ix_max(R.Ix.dyn(flat), 0)
             ks = tuple((f // s) % d for s, d in zip(strides, qext, strict=True))
         return upd.at(*ks, *c.out[k:], oob=0)
@@ -514,8 +521,9 @@ def _iota_rule(c: R.RuleCtx) -> R.Expr:
 
 def _iota_numpy(xs: list[np.ndarray], out: TensorType, shape: tuple, start: Any, step: Any,
                 dtype: DType) -> np.ndarray:
-    n = int(np.prod(out.shape, dtype=np.int64))
-    pos = np.arange(n, dtype=np.int64).reshape(out.shape).astype(dtype.np)
+    shape = tuple(int(d) for d in out.shape)  # a fast path runs on concrete types
+    n = int(np.prod(shape, dtype=np.int64))
+    pos = np.arange(n, dtype=np.int64).reshape(shape).astype(dtype.np)
     return pos * _scalar(step, dtype) + _scalar(start, dtype)
 
 

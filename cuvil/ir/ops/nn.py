@@ -25,8 +25,11 @@ from cuvil.ir.types import TensorType
 # window parameters shared by convolution and pooling
 
 
-def window_params(nsp: int, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int]
-                  ) -> tuple[list[int], list[int], list[int], list[int]]:
+WindowParams = tuple[list[int], list[int], list[int], list[int]]
+"""Per-axis strides, begin pads, end pads and dilations."""
+
+
+def window_params(nsp: int, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int]) -> WindowParams:
     """Expand (possibly empty) strides/pads/dilations to per-axis lists: strides, begins, ends, dilations."""
     s = list(strides) or [1] * nsp
     d = list(dilations) or [1] * nsp
@@ -37,6 +40,12 @@ def window_params(nsp: int, strides: Sequence[int], pads: Sequence[int], dilatio
     if any(v < 1 for v in s) or any(v < 1 for v in d):
         raise ValueError(f"strides {s} and dilations {d} must be >= 1")
     return s, p[:nsp], p[nsp:], d
+
+
+def _rule_window(c: R.RuleCtx) -> tuple[int, WindowParams]:
+    """The number of spatial axes of a windowed op's first operand (NC* layout) and its window parameters."""
+    nsp = c.inputs[0].rank - 2
+    return nsp, window_params(nsp, c.attrs["strides"], c.attrs["pads"], c.attrs.get("dilations", ()))
 
 
 def window_out_dim(size: Dim, k: int, s: int, pb: int, pe: int, d: int, ceil_mode: bool = False) -> Dim:
@@ -109,33 +118,50 @@ def _spatial_examples(rng: np.random.Generator, *shape: int) -> np.ndarray:
 # conv
 
 
-def _conv_type(types: list[TensorType], strides: tuple[int, ...], pads: tuple[int, ...],
-               dilations: tuple[int, ...], groups: int) -> TensorType:
+def _conv_operands(op: str, types: list[TensorType], strides: Sequence[int], pads: Sequence[int],
+                   dilations: Sequence[int]) -> tuple[TensorType, TensorType, int, WindowParams]:
+    """x, w, the number of spatial axes and the window parameters of a convolution, checked:
+    one dtype, x of rank >= 3 and w of the same rank."""
     x, w = types
     if x.dtype is not w.dtype:
         raise TypeError(f"operand dtypes differ: {x.dtype} vs {w.dtype}")
     if x.rank < 3 or w.rank != x.rank:
-        raise ValueError(f"conv needs x of rank >= 3 and w of the same rank, got {x} and {w}")
+        raise ValueError(f"{op} needs x of rank >= 3 and w of the same rank, got {x} and {w}")
     nsp = x.rank - 2
-    s, pb, pe, d = window_params(nsp, strides, pads, dilations)
+    return x, w, nsp, window_params(nsp, strides, pads, dilations)
+
+
+def _check_groups(groups: int) -> None:
     if groups < 1:
         raise ValueError(f"groups must be >= 1, got {groups}")
+
+
+def _static_kernel(w: TensorType) -> list[int]:
+    """The spatial extents of a convolution's weight, which must be static."""
+    ks = w.shape[2:]
+    static = [k for k in ks if isinstance(k, int)]
+    if len(static) != len(ks):
+        raise ValueError(f"kernel dims must be static, got {list(map(str, ks))}")
+    return static
+
+
+def _conv_type(types: list[TensorType], strides: tuple[int, ...], pads: tuple[int, ...],
+               dilations: tuple[int, ...], groups: int) -> TensorType:
+    x, w, nsp, (s, pb, pe, d) = _conv_operands("conv", types, strides, pads, dilations)
+    _check_groups(groups)
     c_in, c_out = x.shape[1], w.shape[0]
     if isinstance(c_out, int) and c_out % groups:
         raise ValueError(f"{c_out} output channels do not split into {groups} groups")
     if isinstance(c_in, int) and isinstance(w.shape[1], int) and c_in != w.shape[1] * groups:
         raise ValueError(f"x has {c_in} channels, w expects {w.shape[1]} per group x {groups} groups")
-    ks = w.shape[2:]
-    if not all(isinstance(k, int) for k in ks):
-        raise ValueError(f"kernel dims must be static, got {list(map(str, ks))}")
+    ks = _static_kernel(w)
     out = [window_out_dim(x.shape[2 + j], ks[j], s[j], pb[j], pe[j], d[j]) for j in range(nsp)]
     return TensorType(x.dtype, (x.shape[0], c_out, *out))
 
 
 def _conv_rule(c: R.RuleCtx) -> R.Expr:
     x, w = c.inputs
-    nsp = x.rank - 2
-    s, pb, _, d = window_params(nsp, c.attrs["strides"], c.attrs["pads"], c.attrs["dilations"])
+    nsp, (s, pb, _, d) = _rule_window(c)
     groups = c.attrs["groups"]
     n, o, *sp = c.out
     cg = w.shape[1]
@@ -196,25 +222,16 @@ define("conv", ("x", "w"),
 
 def _conv_transpose_type(types: list[TensorType], strides: tuple[int, ...], pads: tuple[int, ...],
                          dilations: tuple[int, ...], groups: int, output_padding: tuple[int, ...]) -> TensorType:
-    x, w = types
-    if x.dtype is not w.dtype:
-        raise TypeError(f"operand dtypes differ: {x.dtype} vs {w.dtype}")
-    if x.rank < 3 or w.rank != x.rank:
-        raise ValueError(f"conv_transpose needs x of rank >= 3 and w of the same rank, got {x} and {w}")
-    nsp = x.rank - 2
-    s, pb, pe, d = window_params(nsp, strides, pads, dilations)
+    x, w, nsp, (s, pb, pe, d) = _conv_operands("conv_transpose", types, strides, pads, dilations)
     op = list(output_padding) or [0] * nsp
     if len(op) != nsp:
         raise ValueError(f"output_padding needs {nsp} entries, got {len(op)}")
-    if groups < 1:
-        raise ValueError(f"groups must be >= 1, got {groups}")
+    _check_groups(groups)
     if isinstance(x.shape[1], int) and isinstance(w.shape[0], int) and x.shape[1] != w.shape[0]:
         raise ValueError(f"x has {x.shape[1]} channels, w has {w.shape[0]} input channels")
     if isinstance(w.shape[0], int) and w.shape[0] % groups:
         raise ValueError(f"{w.shape[0]} input channels do not split into {groups} groups")
-    ks = w.shape[2:]
-    if not all(isinstance(k, int) for k in ks):
-        raise ValueError(f"kernel dims must be static, got {list(map(str, ks))}")
+    ks = _static_kernel(w)
     out = [(x.shape[2 + j] - 1) * s[j] + (ks[j] - 1) * d[j] + 1 - pb[j] - pe[j] + op[j] for j in range(nsp)]
     if any(isinstance(v, int) and v < 1 for v in out):
         raise ValueError(f"output spatial shape {out} is empty")
@@ -224,8 +241,7 @@ def _conv_transpose_type(types: list[TensorType], strides: tuple[int, ...], pads
 def _conv_transpose_rule(c: R.RuleCtx) -> R.Expr:
     """out[n, o, h] = sum over c, k of x[n, c, (h + p - k*d) / s] * w[c, o, k], where the division is exact."""
     x, w = c.inputs
-    nsp = x.rank - 2
-    s, pb, _, d = window_params(nsp, c.attrs["strides"], c.attrs["pads"], c.attrs["dilations"])
+    nsp, (s, pb, _, d) = _rule_window(c)
     groups = c.attrs["groups"]
     n, o, *sp = c.out
     og = w.shape[1]
@@ -288,9 +304,7 @@ def _pool_type(types: list[TensorType], kernel: tuple[int, ...], strides: tuple[
 
 
 def _window_positions(c: R.RuleCtx, taps: Sequence[R.Ix]) -> list[R.Ix]:
-    x = c.inputs[0]
-    nsp = x.rank - 2
-    s, pb, _, d = window_params(nsp, c.attrs["strides"], c.attrs["pads"], c.attrs.get("dilations", ()))
+    nsp, (s, pb, _, d) = _rule_window(c)
     return [c.out[2 + j] * s[j] + taps[j] * d[j] - pb[j] for j in range(nsp)]
 
 
@@ -450,8 +464,7 @@ define("max_pool", ("x",), attrs={**_POOL_ATTRS, "output": ("str", "values"), "s
 def _avg_count(c: R.RuleCtx, taps: Sequence[R.Ix]) -> R.Expr:
     """How many taps of the window at ``c.out`` the average divides by."""
     (x,) = c.inputs
-    nsp = x.rank - 2
-    _, pb, pe, _ = window_params(nsp, c.attrs["strides"], c.attrs["pads"], c.attrs["dilations"])
+    nsp, (_, pb, pe, _) = _rule_window(c)
     pos = _window_positions(c, taps)
     if c.attrs["count_include_pad"]:
         inside = [_index_in(pos[j], -pb[j], x.shape[2 + j] + pe[j]) for j in range(nsp)]

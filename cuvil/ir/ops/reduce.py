@@ -138,6 +138,8 @@ def _arg_rule(kind: str) -> Callable[[R.RuleCtx], R.Expr]:
 
     def rule(c: R.RuleCtx) -> R.Expr:
         (x,) = c.inputs
+        if x.rank == 0:  # one element, at position 0 (as numpy and torch answer)
+            return R.lit(0, DType.i64)
         ax = norm_axis(c.attrs["axis"], x.rank)
         red = (ax,)
         n = x.shape[ax]

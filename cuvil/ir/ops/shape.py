@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from types import SimpleNamespace
+from typing import Any, Literal
 
 import numpy as np
 
@@ -319,6 +321,9 @@ def _pad_value(value: float, dtype: DType) -> float | int | bool:
     return int(value) if dtype.is_int else value
 
 
+_NUMPY_PAD_MODES: dict[str, Literal["reflect", "edge", "wrap"]] = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+
+
 def _pad_numpy(xs: list[np.ndarray], out: TensorType, pads: tuple[int, ...], mode: str, value: float) -> np.ndarray:
     x = xs[0]
     r = x.ndim
@@ -328,7 +333,7 @@ def _pad_numpy(xs: list[np.ndarray], out: TensorType, pads: tuple[int, ...], mod
     if mode == "constant":
         return np.pad(x, widths, mode="constant",
                       constant_values=np.array(_pad_value(value, out.dtype), dtype=x.dtype))
-    return np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])
+    return np.pad(x, widths, mode=_NUMPY_PAD_MODES[mode])
 
 
 define("pad", ("x",), attrs={"pads": ("ints", REQUIRED), "mode": ("str", "constant"), "value": ("float", 0.0)},
@@ -380,46 +385,16 @@ COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "alig
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-class _RuleMath:
-    """Scalar math on rule expressions (float64)."""
+# The scalar math a resize coordinate needs, in both readings of the op: (name, rule primitive,
+# numpy function). _RULE_MATH builds rule expressions (float64), _NUMPY_MATH computes on float64 arrays.
+_SCALAR_MATH = (("floor", "floor", np.floor), ("ceil", "ceil", np.ceil), ("abs", "abs", np.abs),
+                ("eq", "eq", np.equal), ("lt", "lt", np.less), ("gt", "gt", np.greater),
+                ("le", "le", np.less_equal), ("ge", "ge", np.greater_equal), ("either", "or", np.logical_or))
 
-    @staticmethod
-    def const(v: float) -> Any:
-        return R.lit(v, DType.f64)
-
-    floor = staticmethod(lambda x: R.call("floor", x))
-    ceil = staticmethod(lambda x: R.call("ceil", x))
-    abs = staticmethod(lambda x: R.call("abs", x))
-    eq = staticmethod(lambda a, b: R.call("eq", a, b))
-    lt = staticmethod(lambda a, b: R.call("lt", a, b))
-    gt = staticmethod(lambda a, b: R.call("gt", a, b))
-    le = staticmethod(lambda a, b: R.call("le", a, b))
-    ge = staticmethod(lambda a, b: R.call("ge", a, b))
-    either = staticmethod(lambda a, b: R.call("or", a, b))
-    select = staticmethod(R.select)
-    maximum = staticmethod(R.smax)
-    minimum = staticmethod(R.smin)
-
-
-class _NumpyMath:
-    """The same scalar math on float64 arrays."""
-
-    @staticmethod
-    def const(v: float) -> Any:
-        return np.float64(v)
-
-    floor = staticmethod(np.floor)
-    ceil = staticmethod(np.ceil)
-    abs = staticmethod(np.abs)
-    eq = staticmethod(np.equal)
-    lt = staticmethod(np.less)
-    gt = staticmethod(np.greater)
-    le = staticmethod(np.less_equal)
-    ge = staticmethod(np.greater_equal)
-    either = staticmethod(np.logical_or)
-    select = staticmethod(np.where)
-    maximum = staticmethod(np.maximum)
-    minimum = staticmethod(np.minimum)
+_RULE_MATH = SimpleNamespace(const=lambda v: R.lit(v, DType.f64), select=R.select, maximum=R.smax, minimum=R.smin,
+                             **{name: partial(R.call, prim) for name, prim, _ in _SCALAR_MATH})
+_NUMPY_MATH = SimpleNamespace(const=np.float64, select=np.where, maximum=np.maximum, minimum=np.minimum,
+                              **{name: fn for name, _, fn in _SCALAR_MATH})
 
 
 def _source_coord(m: Any, o: Any, in_w: Any, out_w: Any, scale: float, mode: str,
@@ -562,10 +537,10 @@ def _roi(attrs: dict[str, Any], k: int, rank: int) -> tuple[float, float]:
 def _finish(v: Any, dtype: DType, m: Any) -> Any:
     """float64 result -> the tensor's dtype (integers round half to even and saturate)."""
     if dtype.is_float:
-        return R.cast(v, dtype) if m is _RuleMath else v.astype(dtype.np)
+        return R.cast(v, dtype) if m is _RULE_MATH else v.astype(dtype.np)
     info = np.iinfo(dtype.np)
     lo, hi = float(info.min), float(info.max)
-    if m is _RuleMath:
+    if m is _RULE_MATH:
         return R.cast(R.smin(R.smax(R.call("round_even", v), lo), hi), dtype)
     return np.clip(np.round(v), lo, hi).astype(dtype.np)
 
@@ -573,7 +548,7 @@ def _finish(v: Any, dtype: DType, m: Any) -> Any:
 def _resize_rule(c: R.RuleCtx) -> R.Expr:
     (x,) = c.inputs
     a = dict(c.attrs)
-    m = _RuleMath
+    m = _RULE_MATH
     axes = _resize_axes(x.type, c.out_type.shape, a)
     rank = x.rank
 
@@ -624,10 +599,10 @@ def _resize_rule(c: R.RuleCtx) -> R.Expr:
 
 def _resize_numpy(xs: list[np.ndarray], out: TensorType, **a: Any) -> np.ndarray:
     x = xs[0]
-    m = _NumpyMath
+    m = _NUMPY_MATH
     axes = _resize_axes(x.shape, out.shape, a)
     nearest = a["mode"] == "nearest"
-    res = x if nearest else x.astype(np.float64)
+    res: np.ndarray = x if nearest else x.astype(np.float64)
     for k in axes:
         in_w, out_n = x.shape[k], int(out.shape[k])
         o = np.arange(out_n, dtype=np.float64)
@@ -642,11 +617,12 @@ def _resize_numpy(xs: list[np.ndarray], out: TensorType, **a: Any) -> np.ndarray
                 res = np.where(mask.reshape(view), np.array(fill).astype(x.dtype), res)
             continue
         first, weights = _axis_taps(m, coord, float(in_w), a["scales"][k], a)
-        acc = None
+        acc: np.ndarray | None = None
         for t, w in enumerate(weights):
             idx = np.clip((first + float(t)).astype(np.int64), 0, in_w - 1)
             term = np.take(res, idx, axis=k) * np.broadcast_to(w, (out_n,)).reshape(view)
             acc = term if acc is None else acc + term
+        assert acc is not None
         res = acc if mask is None else np.where(mask.reshape(view), a["extrapolation_value"], acc)
     if nearest:
         return np.array(res)

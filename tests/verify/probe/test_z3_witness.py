@@ -62,6 +62,7 @@ def test_z3_confirms_a_thin_corner_the_gradient_search_misses(tmp_path: Path, sq
     site = rep.sites[-1]
     assert site.name == last.name and site.verdict == OVERFLOW
     assert site.witness_method == "z3" and site.z3 is not None and site.z3.status == "sat"
+    assert site.witness is not None
     assert rep.witnesses[site.witness].method == "z3"
 
     files = save_witnesses(rep, tmp_path)

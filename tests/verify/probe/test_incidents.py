@@ -5,13 +5,10 @@ the probe proves safe fails on 10,000 sampled and adversarial inputs."""
 from __future__ import annotations
 
 import functools
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 from incidents import INCIDENTS, TWINS, Incident
 from sampling import sampled_violations
 
@@ -38,6 +35,7 @@ def test_incident_overflow_is_confirmed_with_a_witness(name: str, tmp_path: Path
     files = save_witnesses(rep, tmp_path)
     lo, hi = inc.ranges["x"]
     for k in {s.witness for s in failed}:
+        assert k is not None
         x = np.load(files[k]["x"])
         assert x.shape == tuple(int(d) for d in rep.program.function.params[0].shape)
         assert x.dtype == np.float32 and np.all((x >= lo) & (x <= hi))

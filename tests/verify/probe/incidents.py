@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -135,7 +136,7 @@ def naive_softmax_safe(batch: int = 1) -> Module:
 # INT8: a QDQ linear layer whose output scale was calibrated on a narrower range than it is used on
 
 
-def int8_weights(calibrated: float) -> dict[str, np.ndarray]:
+def int8_weights(calibrated: float) -> dict[str, Any]:
     rng = np.random.default_rng(17)
     d, out = 16, 8
     w = rng.standard_normal((d, out)) * 0.5

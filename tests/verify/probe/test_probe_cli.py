@@ -4,23 +4,19 @@ calibration ranges and usage errors."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import incidents
 import numpy as np
 import pytest
+from jsonschema_lite import validate
 
 from cuvil.cli import main
 from cuvil.ir.printer import export_ir
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "reports"))
-import incidents  # noqa: E402
-from jsonschema_lite import validate  # noqa: E402
-
-REPORT_SCHEMA = json.loads((HERE.parents[1] / "reports" / "report.schema.json").read_text())
-SARIF_SCHEMA = json.loads((HERE.parent / "reports" / "data" / "sarif-schema-2.1.0.json").read_text())
+ROOT = Path(__file__).resolve().parents[3]
+REPORT_SCHEMA = json.loads((ROOT / "reports" / "report.schema.json").read_text())
+SARIF_SCHEMA = json.loads((ROOT / "tests" / "reports" / "data" / "sarif-schema-2.1.0.json").read_text())
 
 
 def _cir(tmp: Path, name: str, module) -> str:  # type: ignore[no-untyped-def]

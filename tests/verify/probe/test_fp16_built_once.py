@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cuvil
-import cuvil.compiler
+import cuvil.compiler.job
 import verify.probe.fp16_policy as policy
 from bench.models import ZOO_SMALL
 from cuvil.ir.builder import Builder
@@ -86,7 +86,7 @@ def test_an_fp16_compile_ships_the_program_the_prober_proved(name: str, tmp_path
     ranges = {p.name: (-half, half) for p in module.main.params}
     probed: list[Module] = []
     shipped: list[Module] = []
-    real_analysis, real_pipeline = policy.Analysis, cuvil.compiler.run_pipeline
+    real_analysis, real_pipeline = policy.Analysis, cuvil.compiler.job.run_pipeline
 
     def analysis(program: Any, *args: Any, **kwargs: Any) -> Any:
         probed.append(program.module)
@@ -97,7 +97,7 @@ def test_an_fp16_compile_ships_the_program_the_prober_proved(name: str, tmp_path
         return real_pipeline(start, *args, **kwargs)
 
     monkeypatch.setattr(policy, "Analysis", analysis)
-    monkeypatch.setattr(cuvil.compiler, "run_pipeline", pipeline)
+    monkeypatch.setattr(cuvil.compiler.job, "run_pipeline", pipeline)
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
     model = cuvil.compile(module, fp16=True, ranges=ranges, cache=False)
     assert len(shipped) == 1 and probed
@@ -108,4 +108,4 @@ def test_an_fp16_compile_ships_the_program_the_prober_proved(name: str, tmp_path
     built = narrow_function(module.main, b, DType.f16, DEFAULT_KEEP, kept).function
     assert module_hash(shipped[0]) == module_hash(Module((built,), b.constants, module.metadata))
     assert any(v.dtype is DType.f16 for v in shipped[0].main.ops())
-    assert model.manifest["precision"]["fp16_ops"] > 0
+    assert model.manifest is not None and model.manifest["precision"]["fp16_ops"] > 0

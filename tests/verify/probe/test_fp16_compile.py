@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,23 +17,19 @@ import cuvil
 from bench.models import ZOO, ZOO_SMALL
 from cuvil import cli
 from cuvil.errors import InputError
-from cuvil.interp import evaluate_op, run_reference
+from cuvil.interp import run_reference
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
-from cuvil.ir.opdef import get_op
 from cuvil.ir.printer import export_ir
+from tests.oracles import rule_reference
 from verify.probe.fp16_policy import Fp16Unproved, fp16_module, fp16_safe_ops, plan_fp16
 
 # relative to the output's largest magnitude, FP16 build against the FP32 interpreter
 FP16_REL_TOL = 2e-2
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(root))
-    return root
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @functools.cache
@@ -72,6 +69,7 @@ def _check_zoo_fp16_build(name: str, small: bool, n_inputs: int, n_compared: int
     module = _zoo_module(name, small)
     box = _box(module)
     model = cuvil.compile(module, fp16=True, ranges=box, cache=False)
+    assert model.manifest is not None
     entry = model.manifest["precision"]
     f32_ops = [v for v in module.main.ops() if v.dtype is DType.f32]
     # one decision per float32 op of the model, each with its reason
@@ -123,21 +121,6 @@ def test_full_zoo_fp16_build_is_finite_on_1000_inputs_in_the_box(name: str) -> N
 # the compiled FP16 program means what the interpreter's rules say
 
 
-def _rule_run(module: Module, xs: list[np.ndarray]) -> list[np.ndarray]:
-    """The module evaluated by its ops' rules only (no numpy fast path): the literal meaning."""
-    fn = module.main
-    memo: dict = dict(zip(fn.params, xs, strict=True))
-    for v in fn.values():
-        if v in memo:
-            continue
-        if v.is_const:
-            memo[v] = module.constants[v.const_hash]
-            continue
-        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], dict(v.attrs), v.type,
-                              use_fast_path=False)
-    return [memo[r] for r in fn.results]
-
-
 @pytest.mark.parametrize("opt_level", [0, 3])
 def test_compiled_fp16_mlp_matches_the_rules_bit_for_bit(opt_level: int) -> None:
     """Each float16 primitive rounds its result (products inside matmul included), sums accumulate in
@@ -151,7 +134,7 @@ def test_compiled_fp16_mlp_matches_the_rules_bit_for_bit(opt_level: int) -> None
     for _ in range(5):
         xs = _draw(module, box, rng)
         got = lib.run(xs)
-        want = _rule_run(program, xs)
+        want = rule_reference(program, xs)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
         # the interpreter's numpy fast path (np.matmul keeps products exact, so it is not bit-equal to the
@@ -182,6 +165,7 @@ WIDE = {"x": (-100.0, 100.0)}
 def test_overflowing_layer_stays_fp32_and_the_build_is_finite(tmp_path: Path) -> None:
     module = _wide_linear()
     model = cuvil.compile(module, fp16=True, ranges=WIDE, output_dir=tmp_path)
+    assert model.manifest is not None
     entry = model.manifest["precision"]
     kept = {k["value"]: k for k in entry["kept_fp32"]}
     assert kept["%0"]["op"] == "matmul" and kept["%0"]["cause"] == "unproved"
@@ -205,11 +189,12 @@ def test_strict_fp16_refuses_an_unproved_op(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("*.so"))
     # a box the prover can handle passes the strict check
     model = cuvil.compile(_wide_linear(), fp16=True, ranges={"x": (-1e-3, 1e-3)}, fp16_strict=True, cache=False)
+    assert model.manifest is not None
     assert model.manifest["precision"]["unproved"] == 0 and model.manifest["precision"]["fp16_ops"] > 0
     assert model.manifest["precision"]["strict"] is True
 
 
-def _cli(argv: list[str]) -> int:
+def _cli(argv: Sequence[str | Path]) -> int:
     return int(cli.main([str(a) for a in argv]))
 
 
@@ -292,6 +277,7 @@ def test_cache_key_includes_fp16_and_the_ranges() -> None:
     keys = [m.cache_info["key"] for m in (plain, a, b)]
     assert len(set(keys)) == 3
     assert again.cache_info["cache"] == "hit" and again.cache_info["key"] == keys[1]
+    assert plain.manifest is not None and again.manifest is not None
     assert "precision" not in plain.manifest and again.manifest["precision"]["ranges"] == {"x": [-1.0, 1.0]}
     strict = cuvil.compile(module, fp16=True, ranges={"x": (-1.0, 1.0)}, fp16_strict=True)
     assert strict.cache_info["key"] != keys[1]

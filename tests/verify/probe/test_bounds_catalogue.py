@@ -117,7 +117,8 @@ def check_op(op: OpDef, arrays: list[np.ndarray], attrs: dict, rng: np.random.Ge
         return
     # hill climbing: push the element with the least slack towards its bound
     xs = draw(corner=False)
-    lo, hi = (np.broadcast_to(b, out_t.shape).reshape(-1) for b in (bound.lo, bound.hi))
+    shape = tuple(int(d) for d in out_t.shape)
+    lo, hi = (np.broadcast_to(b, shape).reshape(-1) for b in (bound.lo, bound.hi))
     y = run(xs, True).astype(np.float64).reshape(-1)
     with np.errstate(invalid="ignore"):
         slack = np.minimum(y - lo, hi - y)

@@ -3,18 +3,13 @@ inf/NaN on inputs in the declared box."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import incidents
 import numpy as np
 import pytest
 
 from cuvil.interp import evaluate_values
 from cuvil.ir.dtypes import DType
 from verify.probe.fp16_policy import fp16_module, fp16_safe_ops
-
-sys.path.insert(0, str(Path(__file__).parent))
-import incidents
 
 FP16_CASES = [i for i in incidents.INCIDENTS + incidents.TWINS if i.precision == "fp16"]
 

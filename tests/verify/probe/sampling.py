@@ -36,7 +36,7 @@ def _rows(a: np.ndarray, n: int) -> np.ndarray:
     a = np.asarray(a)
     if a.ndim == 0:
         return np.full(n, bool(a))
-    flat = a.reshape(a.shape[0], -1).any(axis=1)
+    flat = np.asarray(a.reshape(a.shape[0], -1).any(axis=1))
     return np.broadcast_to(flat, (n,)) if flat.shape[0] == 1 else flat
 
 

@@ -1,0 +1,269 @@
+"""One compile request: the model imported once (or not at all on a cache hit), specialized per
+shape signature, planned for FP16 when asked, optimized under the gate, and built into a library
+(or found in the artifact cache)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from cuvil.codegen.artifact import Artifact, build_library
+from cuvil.codegen.link import HostTarget
+from cuvil.compiler.keys import (
+    CACHE_KEY_FORMAT,
+    Unkeyable,
+    callable_key,
+    pipeline_key,
+    source_digest,
+    stable,
+    toolchain_fingerprint,
+)
+from cuvil.errors import InputError
+from cuvil.frontend.dispatch import import_model
+from cuvil.ir import hashing
+from cuvil.ir.module import Function, Module
+from cuvil.ir.specialize import specialize_dims
+from cuvil.log import stage
+from cuvil.passes import parse_pipeline, run_pipeline
+from cuvil.runtime.cache import ArtifactCache, Entry, key_of
+from cuvil.runtime.loader import NativeLibrary, Signature
+
+logger = logging.getLogger("cuvil")
+
+
+def certifies(gate: Any) -> bool:
+    """A gate that records what it checked (the verifier's): its certificate goes into the manifest."""
+    return callable(getattr(gate, "mark", None)) and callable(getattr(gate, "report", None))
+
+
+def valid_record(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An alias record that names a module hash and a readable signature (else None: import)."""
+    if record is None or not isinstance(record.get("module_hash"), str):
+        return None
+    try:
+        Signature.from_json(record["signature"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return record
+
+
+class CompileJob:
+    """Everything needed to produce (or find) the library of one specialization of one model."""
+
+    def __init__(self, model: Any, *, example_inputs: Any, import_options: Mapping[str, Any], function: str | None,
+                 passes: str | Sequence[Any], gate: Any, opt_level: int, name: str | None, keep_ir: bool,
+                 threads: int | None, target: HostTarget, store: ArtifactCache | None,
+                 output_dir: Path | None, fp16: Mapping[str, Any] | None = None) -> None:
+        self.model = model
+        self.fp16 = fp16  # {"ranges": ..., "strict": ...}: lower to float16 where proved (see _fp16_plan)
+        self._fp16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
+        self.example_inputs = example_inputs
+        self.import_options = dict(import_options)
+        self.function_name = function
+        self.passes = passes
+        self.gate = gate
+        self.opt_level = opt_level
+        self.name = name
+        self.keep_ir = keep_ir
+        self.threads = threads
+        self.target = target
+        self.store = store
+        self.output_dir = output_dir
+        self.per_shape_folders = False  # a dynamic model writes each specialization to output_dir/<dims>/
+        self._module: Module | None = model if isinstance(model, Module) else None
+        self._function: Function | None = None
+        self._record: dict[str, Any] | None = None
+        self._alias = self._alias_key() if store is not None else None
+        if self._alias is not None and store is not None:
+            self._record = valid_record(store.read_alias(self._alias))
+            if self._record is not None:
+                logger.debug("cache: %s is known (module %s); import skipped", self._describe(),
+                             str(self._record["module_hash"])[:16])
+        self._options = self._options_key()
+
+    def _describe(self) -> str:
+        return str(self.model) if isinstance(self.model, (str, os.PathLike)) else type(self.model).__name__
+
+    def _alias_key(self) -> str | None:
+        if isinstance(self.model, Module):
+            return None
+        digest = source_digest(self.model, self.store)
+        if digest is None:
+            return None
+        try:
+            options = stable(self.import_options)
+        except Unkeyable:
+            return None
+        return key_of({"kind": "alias", "format": CACHE_KEY_FORMAT, "source": digest, "options": options,
+                       "function": self.function_name, "toolchain": toolchain_fingerprint()})
+
+    def _options_key(self) -> dict[str, Any]:
+        pipeline = self.passes if isinstance(self.passes, str) else [str(p) for p in self.passes]
+        return {"backend": "llvm", "opt_level": self.opt_level, "pipeline_spec": pipeline,
+                "pipeline": pipeline_key(self.passes), "gate": callable_key(self.gate), "name": self.name,
+                "keep_ir": self.keep_ir, "threads": self.threads,
+                **({"fp16": dict(self.fp16)} if self.fp16 is not None else {})}
+
+    # -- the model -----------------------------------------------------------------------
+    def module(self) -> Module:
+        if self._module is None:
+            with stage(f"import {self._describe()}"):
+                self._module = import_model(self.model, self.example_inputs, **self.import_options)
+        return self._module
+
+    def function(self) -> Function:
+        if self._function is None:
+            m = self.module()
+            self._function = m.function(self.function_name) if self.function_name else m.main
+        return self._function
+
+    def release(self) -> None:
+        """Drop the imported module (it is imported again if the IR is asked for)."""
+        if not isinstance(self.model, Module):
+            self._module = None
+            self._function = None
+
+    def _ensure_record(self) -> dict[str, Any]:
+        if self._record is None:
+            fn = self.function()
+            self._record = {"module_hash": hashing.compiled_function_hash(fn, self.module().constants),
+                            "signature": Signature.of(fn).to_json()}
+            if self._alias is not None and self.store is not None:
+                self.store.write_alias(self._alias, self._record)
+        return self._record
+
+    def signature(self) -> Signature:
+        record = self._ensure_record()
+        if self._function is not None:
+            return Signature.of(self._function)
+        return Signature.from_json(record["signature"])
+
+    # -- building ------------------------------------------------------------------------
+    def material(self, env: Mapping[str, int]) -> dict[str, Any]:
+        record = self._ensure_record()
+        return {"format": CACHE_KEY_FORMAT, "module": record["module_hash"],
+                "function": record["signature"]["function"], "dims": dict(sorted(env.items())),
+                "options": self._options, "toolchain": toolchain_fingerprint(),
+                "target": {"triple": self.target.triple, "cpu": self.target.cpu, "features": self.target.features}}
+
+    def optimized(self, env: Mapping[str, int] | None) -> Module:
+        """The optimized module at ``env`` (the symbolic one when ``env`` is None)."""
+        fn = self.function()
+        if env:
+            with stage("specialize " + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))):
+                fn = specialize_dims(fn, env)
+        label = self.passes if isinstance(self.passes, str) else "custom pipeline"
+        module = self.module()
+        start = Module((fn,), module.constants, module.metadata)
+        if self.fp16 is not None:
+            start = self._fp16_plan(start, env).module
+        with stage(f"optimize ({label})"):
+            return run_pipeline(start, self.passes, gate=self.gate).module
+
+    def _fp16_plan(self, module: Module, env: Mapping[str, int] | None) -> Any:
+        """The float16 program of ``module`` (float16 exactly where the prober proves it safe), planned
+        once per specialization; under a strict request, an unproved op stops the compile here."""
+        assert self.fp16 is not None
+        key = tuple(sorted((env or {}).items()))
+        if key not in self._fp16_plans:
+            if not all(p.type.is_static for p in module.main.params):
+                raise InputError("FP16 is planned per specialization (the prober needs static shapes)",
+                                 location=module.main.name, hint="give the dims to export the IR of")
+            from verify.probe.fp16_policy import plan_fp16
+
+            with stage("fp16 policy"):
+                plan = plan_fp16(module, self.fp16["ranges"])
+            logger.debug("fp16: %d ops in float16, %d kept float32 (%d unproved) in %.2f s", len(plan.fp16_ops),
+                         len(plan.fp32_ops), len(plan.unproved), plan.seconds)
+            self._fp16_plans[key] = plan
+        plan = self._fp16_plans[key]
+        if self.fp16["strict"]:
+            plan.require_all_proved()
+        return plan
+
+    def _build(self, env: Mapping[str, int], out_dir: Path, cache_key: str | None) -> Artifact:
+        mark = self.gate.mark() if certifies(self.gate) else None
+        optimized = self.optimized(env)
+        extra: dict[str, Any] = {"specialized_dims": dict(env)} if env else {}
+        extra["pipeline"] = self._options["pipeline_spec"]
+        if self.fp16 is not None:
+            extra["precision"] = {**self._fp16_plans[tuple(sorted(env.items()))].manifest(),
+                                  "strict": self.fp16["strict"]}
+        provenance: dict[str, str] = {}
+        if mark is not None:
+            extra["verification"] = self._certificate(mark, optimized)
+            provenance["certificate"] = extra["verification"]["digest"]
+        if cache_key is not None:
+            extra["cache_key"] = cache_key
+        with stage("codegen"):
+            artifact = build_library(optimized.main, optimized.constants, out_dir, name=self.name,
+                                     opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra,
+                                     provenance=provenance, threads=self.threads)
+        for step, seconds in artifact.manifest.get("compile_times", {}).items():
+            logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
+                         seconds)
+        return artifact
+
+    def _certificate(self, mark: int, optimized: Module) -> dict[str, Any]:
+        """The gate's certificate for the applications since ``mark``, bound to the function compiled."""
+        names = [p.name for p in parse_pipeline(self.passes)]
+        report = self.gate.report(names, since=mark)
+        return report.certificate(function_hash=hashing.compiled_function_hash(optimized.main, optimized.constants))
+
+    def _usable(self, entry: Entry | None) -> TypeGuard[Entry]:
+        """A cached artifact serves a verified request only if it carries a certificate."""
+        return entry is not None and (not certifies(self.gate) or "verification" in entry.manifest)
+
+    def library(self, env: Mapping[str, int]) -> NativeLibrary:
+        """The loaded library of the specialization at ``env``: from the cache, or built now."""
+        if self.store is None:
+            return self._library_uncached(env)
+        store = self.store
+        key = key_of(self.material(env))
+        start = time.perf_counter()
+        entry = store.lookup(key)
+        if self._usable(entry):
+            return self._load_entry(entry.library_path, entry.manifest, key, start, "hit")
+        logger.debug("cache miss %s", key[:16])
+        with store.lock(key) as waited:
+            entry = store.lookup(key)
+            if self._usable(entry):  # built by the process we waited for
+                return self._load_entry(entry.library_path, entry.manifest, key, start, "hit", waited=waited)
+            build_dir = store.new_build_dir(key)
+            try:
+                artifact = self._build(env, build_dir, key)
+                with stage("cache store"):
+                    entry = store.publish(key, artifact.library_path, artifact.manifest_path, self.material(env))
+            finally:
+                if build_dir.parent.exists():
+                    shutil.rmtree(build_dir.parent, ignore_errors=True)
+        return self._load_entry(entry.library_path, entry.manifest, key, start, "miss", waited=waited)
+
+    def _load_entry(self, path: Path, manifest: dict[str, Any], key: str, start: float, status: str,
+                    waited: float = 0.0) -> NativeLibrary:
+        with stage("load"):
+            lib = NativeLibrary(path, manifest, verify_hash=False)  # the cache checked the hash just now
+        seconds = time.perf_counter() - start
+        lib.info = {"cache": status, "key": key, "seconds": round(seconds, 4), "waited_s": round(waited, 4)}
+        logger.debug("cache %s %s: %s in %.3f s", status, key[:16], path.name, seconds)
+        return lib
+
+    def _library_uncached(self, env: Mapping[str, int]) -> NativeLibrary:
+        start = time.perf_counter()
+        if self.output_dir is None:
+            out = Path(tempfile.mkdtemp(prefix="cuvil-"))
+        elif self.per_shape_folders:
+            out = self.output_dir / "_".join(f"{k}{v}" for k, v in sorted(env.items()))
+        else:
+            out = self.output_dir
+        artifact = self._build(env, out, None)
+        with stage("load"):
+            lib = NativeLibrary(artifact.library_path, artifact.manifest)
+        lib.info = {"cache": "off", "seconds": round(time.perf_counter() - start, 4)}
+        return lib
