@@ -113,6 +113,19 @@ FORWARD = RuleSet((
     Rule("decompose-silu", op("silu", any_("x")), _silu, "silu -> x * sigmoid(x)"),
 ))
 
+
+def normalized_ratio(v: Value) -> Value | None:
+    """The numerator ``a`` when ``v`` is the float normalisation ``a / reduce_sum(a, keepdims=True)`` (as the
+    softmax decomposition writes it): each element of ``a`` is one of the summands of the sum it is divided by,
+    over whichever axes, so for ``a >= 0`` the ratio lies in [0, 1]. None for any other value."""
+    if v.op != "div":
+        return None
+    a, s = v.operands
+    if s.op == "reduce_sum" and s.operands[0] is a and s.attr("keepdims") and v.dtype.is_float:
+        return a
+    return None
+
+
 # --------------------------------------------------------------------------------------
 # reverse: primitive patterns -> composite
 

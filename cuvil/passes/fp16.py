@@ -122,6 +122,13 @@ def narrow_function(fn: Function, b: Builder, dtype: DType = DType.f16, keep_ops
     return Narrowed(Function(fn.name, fn.params, results, fn.result_names, fn.constraints), origin, frozenset(kept))
 
 
+def is_boundary_cast(v: Value, origin: Mapping[Value, Value]) -> bool:
+    """Whether ``v`` is a cast :func:`narrow_function` inserted where a value crosses between the wide and
+    narrow types (its origin is the value it converts), not a cast of the model carried over."""
+    o = origin.get(v)
+    return v.op == "cast" and (o is None or o.op != "cast" or o.dtype is not v.dtype)
+
+
 @register
 @dataclass(frozen=True)
 class Fp16(FunctionPass):

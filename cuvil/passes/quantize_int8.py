@@ -13,6 +13,7 @@ at the end only, so results may differ by one quantization step: the contract is
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Function
 from cuvil.ir.opdef import contraction_ops
 from cuvil.ir.values import Value, walk
 from cuvil.passes.base import Contract, register
@@ -152,6 +154,55 @@ RULES = RuleSet((
     Rule("qdq-to-integer", op("quantize_linear", any_(), any_(), any_()), _requantize,
          "quantize(f(dequantize(x) @ dequantize(w))) -> requantize(int32 (x - zx) @ (w - zw)); f: bias add, relu"),
 ))
+
+
+# --------------------------------------------------------------------------------------
+# the patterns this lowering writes, for the analyses that read its output
+
+QDQ_OPS = ("quantize_linear", "dequantize_linear")
+
+
+def has_qdq(fn: Function) -> bool:
+    """Whether ``fn`` has quantize/dequantize ops: without them this lowering has nothing to turn into integers."""
+    return any(v.op in QDQ_OPS for v in fn.values())
+
+
+def requantization_target(v: Value, uses: Mapping[Value, Sequence[Value]]) -> DType | None:
+    """The integer type ``v`` saturates to when it is a requantization's clamp: a ``clip`` whose bounds are
+    that type's range, consumed by a cast to that type (as :func:`_requantize` writes it). None otherwise."""
+    if v.op != "clip" or v.attr("min") is None or v.attr("max") is None:
+        return None
+    for u in uses.get(v, []):
+        to = u.attr("to") if u.op == "cast" else None
+        if isinstance(to, DType) and to.is_int and to is not DType.bool:
+            info = np.iinfo(to.np)
+            if float(v.attr("min")) == int(info.min) and float(v.attr("max")) == int(info.max):
+                return to
+    return None
+
+
+def requantization_zero_point(clamp: Value, constants: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The zero point a requantization adds just before its ``clamp`` (``x + cast(zero)``), when constant:
+    at an end of the type's range, clamping there is a folded ReLU rather than saturation."""
+    return _added_zero_point(clamp.operands[0], constants)
+
+
+def quantize_zero_point(v: Value, constants: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The constant zero point of a ``quantize_linear`` (None for any other op, or a zero point computed
+    at run time)."""
+    return _added_zero_point(v.operands[2], constants) if v.op == "quantize_linear" else None
+
+
+def _added_zero_point(v: Value, constants: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """A constant zero point, or the ``cast(constant)`` operand of an ``add`` (how :func:`_requantize` adds it)."""
+    if v.op == "add":
+        for o in v.operands:
+            if o.op == "cast" and o.operands[0].is_const:
+                return np.asarray(constants[o.operands[0].const_hash])
+        return None
+    if v.is_const:
+        return np.asarray(constants[v.const_hash])
+    return None
 
 
 @register

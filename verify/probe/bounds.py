@@ -41,6 +41,7 @@ from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker, chunks
 from cuvil.ir.specialize import bind_attr
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
+from cuvil.passes.decompose import normalized_ratio
 from verify.probe import interval as I
 from verify.probe.interval import Interval
 from verify.probe.program import SiteSpec
@@ -769,14 +770,10 @@ class BoundsEngine:
 
 
 def value_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval]) -> OpBounds:
-    """Facts across ops: ``a / reduce_sum(a)`` over the same axes is in [0, 1] when ``a >= 0``
-    (one of the summands is ``a`` itself, and adding nonnegative terms never rounds below it)."""
-    if v.op != "div":
-        return ob
-    a, s = v.operands
-    if not (s.op == "reduce_sum" and s.operands[0] is a and s.attr("keepdims") and v.dtype.is_float):
-        return ob
-    if float(np.min(values[a].lo)) < 0:
+    """Facts across ops: ``a / reduce_sum(a, keepdims)`` is in [0, 1] when ``a >= 0`` (one of the summands
+    is ``a`` itself, and adding nonnegative terms never rounds below it)."""
+    a = normalized_ratio(v)
+    if a is None or float(np.min(values[a].lo)) < 0:
         return ob
     value = ob.value.intersect(0.0, 1.0)
     for rec in ob.records.values():

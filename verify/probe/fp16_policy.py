@@ -23,7 +23,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
 from cuvil.ir.printer import value_names
 from cuvil.ir.values import Value
-from cuvil.passes.fp16 import fits
+from cuvil.passes.fp16 import fits, is_boundary_cast
 from verify.errors import ProofIncomplete
 from verify.probe.probe import Analysis, ProbeOptions
 from verify.probe.program import DEFAULT_KEEP, max_finite, reduced_program, uses_of
@@ -105,7 +105,7 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
             worst = max(ob.records.values(), key=lambda r: r.excess if math.isfinite(r.excess) else math.inf)
             bound = f"bound [{worst.lo:.6g}, {worst.hi:.6g}]{' (may be NaN)' if worst.nan else ''}"
             where = "its result" if worst.node == 0 else worst.label
-            boundary = _is_boundary(v, program.origin) and v.dtype is DType.f16
+            boundary = is_boundary_cast(v, program.origin) and v.dtype is DType.f16
             for target in _owners(v, program.origin, uses, ops):
                 if target not in keep:
                     new.add(target)
@@ -120,13 +120,13 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
         keep |= new
     if not converged:  # out of time or rounds: every op still in float16 is unproved, so it stays wide
         left = {program.origin[v] for v in program.function.ops()
-                if v.dtype is DType.f16 and program.origin.get(v) in ops and not _is_boundary(v, program.origin)}
+                if v.dtype is DType.f16 and program.origin.get(v) in ops and not is_boundary_cast(v, program.origin)}
         for v in left - keep:
             why[v] = "not proved: the time limit was reached before its sites were proved"
         keep |= left
         program = reduced_program(module, "fp16", keep_values=keep)
     kept_ops = {program.origin[v] for v in program.function.ops() if v.dtype is DType.f32
-                and program.origin.get(v) is not None and not _is_boundary(v, program.origin)}
+                and program.origin.get(v) is not None and not is_boundary_cast(v, program.origin)}
     from cuvil.ir.builder import Builder
 
     b = Builder(module.constants)
@@ -156,17 +156,11 @@ def _structural_reason(v: Value, b: Any) -> tuple[str, str]:
     return TYPE, "the op is not defined on float16 operands"
 
 
-def _is_boundary(v: Value, origin: Mapping[Value, Value]) -> bool:
-    """A cast the conversion inserted (its origin is the value it converts, not a cast of the model)."""
-    o = origin.get(v)
-    return v.op == "cast" and (o is None or o.op != "cast" or o.dtype is not v.dtype)
-
-
 def _owners(v: Value, origin: Mapping[Value, Value], uses: Mapping[Value, list[Value]], ops: set[Value]
             ) -> list[Value]:
     """The model ops to keep wide for an unsafe site: the op itself, or, for a boundary cast into
     float16, the ops consuming it (their input does not fit float16)."""
-    if _is_boundary(v, origin) and v.dtype is DType.f16:
+    if is_boundary_cast(v, origin) and v.dtype is DType.f16:
         return [origin[u] for u in uses.get(v, []) if origin.get(u) in ops]
     o = origin.get(v)
     return [o] if o in ops else []

@@ -28,6 +28,13 @@ from cuvil.ir.rules import Call, Expr, Lit, Reduce
 from cuvil.ir.rulewalk import RuleInfo
 from cuvil.ir.values import Value
 from cuvil.passes.fp16 import KEEP_FP32, narrow_function
+from cuvil.passes.quantize_int8 import (
+    QuantizeInt8,
+    has_qdq,
+    quantize_zero_point,
+    requantization_target,
+    requantization_zero_point,
+)
 from verify.probe.interval import ROUNDING
 
 PRECISIONS = ("fp16", "bf16", "int8")
@@ -105,10 +112,8 @@ def _keep_list(spec: str) -> tuple[str, ...]:
 
 
 def _int8_program(module: Module) -> Program:
-    from cuvil.passes.quantize_int8 import QuantizeInt8
-
     fn = module.main
-    if not any(v.op in ("quantize_linear", "dequantize_linear") for v in fn.values()):
+    if not has_qdq(fn):
         raise InputError("the model has no quantize/dequantize ops, so it has no INT8 program to probe",
                          location=fn.name, hint="quantize it first (QDQ format), or probe --precision fp16")
     result = QuantizeInt8().run(module)
@@ -178,20 +183,6 @@ def uses_of(fn: Function) -> dict[Value, list[Value]]:
     return uses
 
 
-def clamp_target(v: Value, uses: Mapping[Value, list[Value]]) -> DType | None:
-    """The integer type a ``clip`` saturates to: its bounds are that type's range and a cast to it
-    consumes it (the requantization a QDQ lowering writes)."""
-    if v.op != "clip" or v.attr("min") is None or v.attr("max") is None:
-        return None
-    for u in uses.get(v, []):
-        to = u.attr("to") if u.op == "cast" else None
-        if isinstance(to, DType) and to.is_int and to is not DType.bool:
-            lo, hi = int_range(to)
-            if float(v.attr("min")) == lo and float(v.attr("max")) == hi:
-                return to
-    return None
-
-
 def is_site_value(program: Program, v: Value, uses: Mapping[Value, list[Value]]) -> bool:
     if v.is_param or v.is_const:
         return False
@@ -200,7 +191,7 @@ def is_site_value(program: Program, v: Value, uses: Mapping[Value, list[Value]])
         return v.dtype is narrow
     if v.dtype in SITE_INT_TYPES:
         return True
-    return clamp_target(v, uses) is not None
+    return requantization_target(v, uses) is not None
 
 
 class SiteWatch:
@@ -214,6 +205,7 @@ class SiteWatch:
         self.program = program
         self.uses = uses_of(program.function)
         self.live = input_dependent(program.function)
+        self.constants = program.module.constants
 
     def __call__(self, v: Value, info: RuleInfo) -> dict[int, SiteSpec]:
         if v not in self.live or v.is_param or v.is_const:
@@ -238,13 +230,13 @@ class SiteWatch:
 
     def _integer(self, v: Value, info: RuleInfo) -> dict[int, SiteSpec]:
         out: dict[int, SiteSpec] = {}
-        target = clamp_target(v, self.uses)
+        target = requantization_target(v, self.uses)
         if target is not None:
             root = info.rule
             inner = _clamped(root)
             if inner is not None:
-                out[info.index[id(inner[0])]] = self._intended(saturation_spec(target),
-                                                               self._zero_point(v.operands[0]))
+                zero = requantization_zero_point(v, self.constants)
+                out[info.index[id(inner[0])]] = self._intended(saturation_spec(target), zero)
         if v.dtype in SITE_INT_TYPES:
             out[0] = int_spec(v.dtype)
         for k, e in enumerate(info.nodes):
@@ -253,7 +245,7 @@ class SiteWatch:
                 inner = _clamped(e.args[0])
                 if inner is not None and to.is_int and to is not DType.bool and \
                         (inner[1], inner[2]) == tuple(float(x) for x in int_range(to)):
-                    zero = self._zero_point(v.operands[2]) if v.op == "quantize_linear" else None
+                    zero = quantize_zero_point(v, self.constants)
                     out[info.index[id(inner[0])]] = self._intended(saturation_spec(to), zero)
             if e.dtype not in SITE_INT_TYPES:
                 continue
@@ -261,18 +253,6 @@ class SiteWatch:
                     (isinstance(e, Reduce) and e.kind in ("sum", "prod")):
                 out[k] = int_spec(e.dtype)
         return out
-
-
-    def _zero_point(self, v: Value) -> np.ndarray | None:
-        """The zero point a requantization adds (a constant, or ``cast(constant)`` added last)."""
-        if v.op == "add":
-            for o in v.operands:
-                if o.op == "cast" and o.operands[0].is_const:
-                    return np.asarray(self.program.module.constants[o.operands[0].const_hash])
-            return None
-        if v.is_const:
-            return np.asarray(self.program.module.constants[v.const_hash])
-        return None
 
     @staticmethod
     def _intended(spec: SiteSpec, zero: np.ndarray | None) -> SiteSpec:
