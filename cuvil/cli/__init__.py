@@ -27,9 +27,9 @@ from cuvil.cli.common import (
 )
 from cuvil.errors import CuvilError
 
-COMMANDS = ("ops", "ir", "run_reference", "opt", "compile", "run", "verify", "probe")
+COMMANDS = ("ops", "ir", "run_reference", "opt", "compile", "run", "verify", "probe", "lora")
 """The subcommand modules of this package, in the order ``cuvil --help`` lists them."""
-NEEDS_VERIFIER = ("verify", "probe")
+NEEDS_VERIFIER = ("verify", "probe", "lora")
 
 
 def build_parser() -> ArgumentParser:

@@ -1,0 +1,72 @@
+"""``cuvil lora check``: an adapter checked against the base model it claims to fit, before it is
+loaded or merged (exit 0 every check passes, 1 a check fails, 2 usage or input error)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from cuvil.cli.common import EXIT_CODES, EXIT_FAILED, EXIT_OK, check_output
+from cuvil.errors import InputError
+
+
+def _base(path: str) -> Any:
+    from lora.base import BaseModel
+
+    p = Path(path)
+    if p.is_dir():
+        return BaseModel.from_directory(p)
+    if not p.exists():
+        raise InputError(f"--base {path}: no such file or directory", location="--base")
+    raise InputError(f"--base {path}: an adapter is checked against a Hugging Face model directory "
+                     "(config.json + safetensors weights)", location="--base",
+                     hint="save the base with model.save_pretrained(DIR, safe_serialization=True)")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from cuvil import __version__
+    from lora.adapter import Adapter
+    from lora.checks import check_adapter
+    from lora.report import to_report
+    from reports import render_terminal, write_html, write_json, write_sarif
+
+    for flag, value in (("--json", args.json), ("--sarif", args.sarif), ("--html", args.html)):
+        check_output(value, flag)
+    adapter = Adapter(args.adapter)
+    base = _base(args.base)
+    result = check_adapter(adapter, base, dtype=args.dtype, identity=args.identity)
+    settings = {"dtype": args.dtype, "identity": args.identity,
+                "command_line": " ".join(["cuvil", *sys.argv[1:]]) if sys.argv else "cuvil lora check"}
+    report = to_report(result, version=__version__, settings=settings)
+    if args.json:
+        write_json(report, args.json)
+    if args.sarif:
+        write_sarif(report, args.sarif)
+    if args.html:
+        write_html(report, args.html)
+    if not args.quiet:
+        render_terminal(report)
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
+def register(sub: Any) -> None:
+    """Add ``lora`` (with ``check``) to the ``cuvil`` command's subparsers."""
+    p = sub.add_parser("lora", help="check LoRA adapters against their base model before loading or merging")
+    actions = p.add_subparsers(dest="lora_command", metavar="ACTION", required=True)
+    c = actions.add_parser("check", help="check an adapter's keys, shapes, values and merged range",
+                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--base", required=True, metavar="MODEL",
+                   help="the base model: a Hugging Face model directory (config.json + safetensors), loaded offline")
+    c.add_argument("--adapter", required=True, metavar="DIR",
+                   help="a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)")
+    c.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="the dtype the merged weights would ship in (overflow and precision are judged in it)")
+    c.add_argument("--identity", choices=("warn", "error"), default="warn",
+                   help="whether a base model other than the one the adapter records is an error")
+    c.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    c.add_argument("--sarif", metavar="FILE", help="write the report as SARIF 2.1.0")
+    c.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    c.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+    c.set_defaults(handler=cmd_check)

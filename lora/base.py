@@ -1,0 +1,166 @@
+"""The base model an adapter claims to fit, as the adapter sees it: its adaptable modules
+(linear, embedding, convolution, GPT-2's transposed ``Conv1D``) by name, with their weights.
+
+A base is a ``torch.nn.Module`` (a ``transformers`` model built in-process, say) or a Hugging Face
+model directory (``config.json`` + safetensors weights), loaded offline."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import CuvilError
+from lora.safetensors_file import SafetensorsFile
+
+
+class BaseModelError(CuvilError):
+    """The base model given for an adapter check cannot be loaded."""
+
+    code = "CUVIL-LORA-BASE"
+    default_hint = "give a Hugging Face model directory (config.json + *.safetensors) or a torch.nn.Module"
+
+
+@dataclass(frozen=True)
+class BaseModule:
+    """One module an adapter may target: ``weight`` is as stored (``fan_in_fan_out``: ``[in, out]``)."""
+
+    name: str
+    kind: str  # "linear" | "embedding" | "conv"
+    weight: np.ndarray
+    fan_in_fan_out: bool = False
+    output_layer: bool = False
+
+    @property
+    def out_features(self) -> int:
+        if self.kind == "embedding":
+            return int(self.weight.shape[1])
+        return int(self.weight.shape[1] if self.fan_in_fan_out else self.weight.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        if self.kind == "embedding":
+            return int(self.weight.shape[0])  # the vocabulary: lora_embedding_A is [r, num_embeddings]
+        if self.kind == "conv":
+            return int(np.prod(self.weight.shape[1:]))
+        return int(self.weight.shape[0] if self.fan_in_fan_out else self.weight.shape[1])
+
+    @property
+    def is_linear(self) -> bool:
+        return self.kind == "linear"
+
+
+@dataclass
+class BaseModel:
+    """The adaptable modules of a base model by name, and what identifies it."""
+
+    modules: dict[str, BaseModule]
+    name_or_path: str | None = None
+    revision: str | None = None
+
+    def __iter__(self) -> Iterator[BaseModule]:
+        return iter(self.modules.values())
+
+    @classmethod
+    def from_torch(cls, model: Any, name_or_path: str | None = None,
+                   weights: Callable[[str, Any], np.ndarray] | None = None) -> BaseModel:
+        """The adaptable modules of ``model``; ``weights(module_name, parameter)`` supplies a weight
+        the module itself does not hold (a model built on the meta device)."""
+        modules: dict[str, BaseModule] = {}
+        output = _output_layer(model)
+        for name, m in model.named_modules():
+            kind = _kind(m) if name else None
+            if kind is None:
+                continue
+            weight = m.weight
+            arr = weights(name, weight) if weights is not None else _numpy(weight)
+            modules[name] = BaseModule(name, kind[0], arr, kind[1], output_layer=m is output)
+        config = getattr(model, "config", None)
+        return cls(modules, name_or_path or getattr(config, "_name_or_path", None) or None)
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> BaseModel:
+        """A Hugging Face model directory, built with ``transformers`` from its ``config.json`` and
+        safetensors weights, offline (nothing is downloaded, no pickle is read)."""
+        path = Path(directory)
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise BaseModelError(f"{path} has no config.json", location=str(path))
+        if not any(path.glob("*.safetensors")):
+            raise BaseModelError(f"{path} has no safetensors weights (pickled weights are never loaded)",
+                                 location=str(path))
+        try:
+            architectures = json.loads(config_path.read_text()).get("architectures") or []
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise BaseModelError(f"{config_path} is not a JSON object: {e}", location=str(config_path)) from None
+        try:
+            import torch
+            import transformers
+        except ImportError:
+            raise BaseModelError("loading a Hugging Face directory needs torch and transformers", location=str(path),
+                                 hint="pip install torch transformers") from None
+        model_class = getattr(transformers, architectures[0], None) if architectures else None
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+            with torch.device("meta"):  # module types and names only: no weight is allocated
+                model = model_class(config) if model_class is not None else \
+                    transformers.AutoModel.from_config(config)
+        except Exception as e:  # transformers raises many types for a bad directory
+            raise BaseModelError(f"transformers cannot build the model of {path}: {e}", location=str(path)) from None
+        files = [SafetensorsFile(f) for f in sorted(path.glob("*.safetensors"))]
+        stored = {key: f for f in files for key in f}
+        aliases: dict[int, list[str]] = {}
+        for pname, param in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(param), []).append(pname)
+
+        def weight(module: str, param: Any) -> np.ndarray:
+            names = [f"{module}.weight", *aliases.get(id(param), [])]
+            key = next((n for n in names if n in stored), None)
+            if key is None:
+                raise BaseModelError(f"the weights of {path} have no {module}.weight", location=str(path),
+                                     hint="the directory's weights do not match its config.json")
+            return stored[key].array(key)
+
+        return cls.from_torch(model, str(path), weights=weight)
+
+
+def _kind(m: Any) -> tuple[str, bool] | None:
+    """``(kind, fan_in_fan_out)`` of an adaptable module, or None."""
+    import torch
+
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        Conv1D = ()
+    if not isinstance(getattr(m, "weight", None), torch.Tensor):
+        return None
+    if isinstance(m, torch.nn.Linear):
+        return "linear", False
+    if Conv1D and isinstance(m, Conv1D):
+        return "linear", True
+    if isinstance(m, torch.nn.Embedding):
+        return "embedding", False
+    if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+        return "conv", False
+    return None
+
+
+def _output_layer(model: Any) -> Any:
+    get_out = getattr(model, "get_output_embeddings", None)
+    try:
+        return get_out() if callable(get_out) else None
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def _numpy(weight: Any) -> np.ndarray:
+    import torch
+
+    t = weight.detach().cpu()
+    arr = t.to(torch.float32).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    arr.flags.writeable = False
+    return arr

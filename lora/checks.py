@@ -1,0 +1,377 @@
+"""What is checked before an adapter is loaded or merged, each finding with the module, tensor
+and dimension at fault and what was expected against what was found.
+
+Structure: every key is one PEFT reads; every adapter module exists in the base and is targeted
+by the config; every targeted module has both factors; shapes agree with the base and the rank;
+no empty tensors; float factors. Numbers: every value finite; the merged weight
+``W + s·B·A`` (DoRA: rescaled per output row) computed exactly, rounded to the target dtype, and
+refused where an element overflows or loses more than the stated relative precision; a sound
+bound ``|W| + |s|·|B|·|A|`` recorded beside it; the update's size relative to ``W``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from lora.adapter import Adapter, ModuleTensors
+from lora.base import BaseModel, BaseModule
+
+TARGET_DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
+                                      "bf16": np.dtype(ml_dtypes.bfloat16)}
+RELATIVE_PRECISION = {"fp32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
+"""The relative error a merged element may have after rounding (twice the unit roundoff of a normal
+number): elements past it are subnormal in the target type and reported."""
+MAX_LISTED = 10
+BOUND_MARGIN = 1.0 + 2.0 ** -40  # covers the float64 rounding of the bound's own sums and products
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str  # "error" | "warning"
+    message: str
+    module: str | None = None
+    tensor: str | None = None
+    expected: Any = None
+    found: Any = None
+    elements: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ModuleReport:
+    """What was measured for one adapted module."""
+
+    module: str
+    kind: str
+    rank: int
+    scale: float
+    update_norm_ratio: float | None = None  # ||s·B·A||_F / ||W||_F
+    merged_max: float | None = None  # max |merged element|, exact
+    bound_max: float | None = None  # max of the sound bound |W| + |s|·|B|·|A|
+    dora: bool = False
+
+
+@dataclass
+class AdapterCheck:
+    adapter: str
+    base: str | None
+    dtype: str
+    findings: list[Finding] = field(default_factory=list)
+    modules: list[ModuleReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def passed(self) -> bool:
+        return not self.errors
+
+
+def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", identity: str = "warn"
+                  ) -> AdapterCheck:
+    """Every check on ``adapter`` against ``base``, merged weights judged in ``dtype``."""
+    if dtype not in TARGET_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
+    start = time.perf_counter()
+    out = AdapterCheck(str(adapter.directory), base.name_or_path, dtype)
+    out.findings += _identity(adapter, base, identity)
+    for s in adapter.stray:
+        out.findings.append(Finding("lora-key", "error", f"key {s.key!r} {s.reason}", tensor=s.key))
+    out.findings += _coverage(adapter, base)
+    out.findings += _copies(adapter, base)
+    for entry in adapter.lora_modules:
+        module = base.modules.get(entry.module)
+        if module is None or not _targeted(adapter, module):
+            continue
+        found = _structure(adapter, entry, module)
+        out.findings += found
+        if found:
+            continue
+        report, numeric = _numbers(adapter, entry, module, dtype)
+        out.modules.append(report)
+        out.findings += numeric
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# identity and coverage
+
+
+def _identity(adapter: Adapter, base: BaseModel, policy: str) -> list[Finding]:
+    claimed = adapter.config.base_model_name_or_path
+    if not claimed or not base.name_or_path:
+        return []
+    severity = "error" if policy == "error" else "warning"
+    if PurePosixPath(claimed.rstrip("/")).name != PurePosixPath(base.name_or_path.rstrip("/")).name:
+        return [Finding("lora-base-identity", severity,
+                        f"the adapter was trained on {claimed!r}, the base given is {base.name_or_path!r}",
+                        expected=claimed, found=base.name_or_path)]
+    if adapter.config.revision and adapter.config.revision != base.revision:
+        return [Finding("lora-base-identity", severity,
+                        f"the adapter names revision {adapter.config.revision!r} of its base; the base given "
+                        f"{'is revision ' + repr(base.revision) if base.revision else 'records no revision'}",
+                        expected=adapter.config.revision, found=base.revision)]
+    return []
+
+
+def _targeted(adapter: Adapter, module: BaseModule) -> bool:
+    return adapter.config.targets(module.name, is_linear=module.is_linear, is_output_layer=module.output_layer)
+
+
+def _coverage(adapter: Adapter, base: BaseModel) -> list[Finding]:
+    findings = []
+    for entry in adapter.lora_modules:
+        module = base.modules.get(entry.module)
+        if module is None:
+            findings.append(Finding("lora-module", "error", _unknown_module(entry.module, base), module=entry.module,
+                                    tensor=entry.a or entry.b or entry.magnitude))
+        elif not _targeted(adapter, module):
+            findings.append(Finding("lora-module", "error",
+                                    f"the adapter has tensors for {entry.module!r}, which its target_modules "
+                                    f"({adapter.config.target_modules!r}) do not select: PEFT would drop them",
+                                    module=entry.module))
+    for module in base:
+        if _targeted(adapter, module) and (module.name not in adapter.modules
+                                           or adapter.modules[module.name] not in adapter.lora_modules):
+            findings.append(Finding("lora-missing", "error",
+                                    f"{module.name!r} ({module.kind}) is targeted by the config but the adapter has "
+                                    "no lora_A/lora_B for it", module=module.name,
+                                    expected="lora_A and lora_B", found="nothing"))
+    return findings
+
+
+def _copies(adapter: Adapter, base: BaseModel) -> list[Finding]:
+    """A base weight the adapter carries a copy of (PEFT saves embeddings it resized) must be the base's."""
+    findings = []
+    for entry in adapter.modules.values():
+        key = entry.copies.get("weight")
+        module = base.modules.get(entry.module)
+        if key is None or module is None or key not in adapter.file or entry.module in adapter.config.modules_to_save:
+            continue
+        info = adapter.info(key)
+        if info.shape != module.weight.shape:
+            findings.append(Finding("lora-base-identity", "error",
+                                    f"the adapter's copy of {entry.module!r}.weight has shape {list(info.shape)}, the "
+                                    f"base's is {list(module.weight.shape)} (a resized vocabulary?)",
+                                    module=entry.module, tensor=key, expected=list(module.weight.shape),
+                                    found=list(info.shape)))
+        elif not np.array_equal(_as64(adapter.array(key)), _as64(module.weight)):
+            findings.append(Finding("lora-base-identity", "error",
+                                    f"the adapter's copy of {entry.module!r}.weight differs from the base's: the "
+                                    "adapter was trained on another base model", module=entry.module, tensor=key))
+    return findings
+
+
+def _unknown_module(name: str, base: BaseModel) -> str:
+    text = f"{name!r} is no adaptable module of the base model"
+    close = [m for m in base.modules if m.endswith("." + name) or name.endswith("." + m)]
+    if close:
+        text += f" (did you mean {close[0]!r}? a prefix differs)"
+    return text
+
+
+# --------------------------------------------------------------------------------------
+# structure
+
+
+def _expected_shapes(adapter: Adapter, entry: ModuleTensors, module: BaseModule) -> dict[str, tuple[int, ...]]:
+    r = adapter.config.rank(module.name)
+    if module.kind == "embedding":
+        return {"a": (r, module.in_features), "b": (module.out_features, r)}
+    if module.kind == "conv":
+        w = module.weight.shape
+        return {"a": (r, *w[1:]), "b": (w[0], r, *([1] * (len(w) - 2))), "magnitude": (w[0],)}
+    return {"a": (r, module.in_features), "b": (module.out_features, r), "magnitude": (module.out_features,)}
+
+
+def _structure(adapter: Adapter, entry: ModuleTensors, module: BaseModule) -> list[Finding]:
+    findings = []
+    want_embedding = module.kind == "embedding"
+    if entry.embedding != want_embedding and (entry.a or entry.b):
+        findings.append(Finding("lora-shape", "error",
+                                f"{module.name!r} is a{'n embedding' if want_embedding else ' ' + module.kind} layer "
+                                f"but the adapter stores {'embedding' if entry.embedding else 'linear'} factors",
+                                module=module.name))
+    for slot in ("a", "b"):
+        if getattr(entry, slot) is None and (entry.a or entry.b):
+            other = "B" if slot == "a" else "A"
+            findings.append(Finding("lora-missing", "error",
+                                    f"{module.name!r} has lora_{other} but no lora_{slot.upper()}",
+                                    module=module.name, expected=f"lora_{slot.upper()}", found="nothing"))
+    if entry.magnitude is not None and not adapter.config.use_dora:
+        findings.append(Finding("lora-config", "error", f"{module.name!r} has a DoRA magnitude vector but the "
+                                "config does not set use_dora", module=module.name, tensor=entry.magnitude))
+    if adapter.config.use_dora and entry.magnitude is None and module.kind != "embedding" and (entry.a or entry.b):
+        findings.append(Finding("lora-missing", "error", f"use_dora is set but {module.name!r} has no "
+                                "lora_magnitude_vector", module=module.name))
+    expected = _expected_shapes(adapter, entry, module)
+    for slot in ("a", "b", "magnitude"):
+        key = getattr(entry, slot)
+        if key is None:
+            continue
+        info = adapter.info(key)
+        if info.size == 0:
+            findings.append(Finding("lora-shape", "error", f"{key!r} is empty (shape {list(info.shape)})",
+                                    module=module.name, tensor=key, found=list(info.shape)))
+            continue
+        if info.dtype.kind not in "fV" and info.dtype != np.dtype(ml_dtypes.bfloat16):
+            findings.append(Finding("lora-dtype", "error", f"{key!r} has dtype {info.dtype}, not a float type",
+                                    module=module.name, tensor=key, expected="float", found=str(info.dtype)))
+        want = expected.get(slot)
+        if want is not None and info.shape != want:
+            findings.append(Finding("lora-shape", "error", _shape_message(key, want, info.shape, adapter, module),
+                                    module=module.name, tensor=key, expected=list(want), found=list(info.shape)))
+    return findings
+
+
+def _shape_message(key: str, want: tuple[int, ...], got: tuple[int, ...], adapter: Adapter,
+                   module: BaseModule) -> str:
+    dims = [k for k in range(max(len(want), len(got))) if k >= len(want) or k >= len(got) or want[k] != got[k]]
+    text = f"{key!r} has shape {list(got)}, expected {list(want)}"
+    if len(want) == len(got):
+        text += "; " + ", ".join(f"dim {k}: expected {want[k]}, found {got[k]}" for k in dims)
+    r = adapter.config.rank(module.name)
+    text += f" (rank {r} from the config; the base weight of {module.name!r} is {list(module.weight.shape)})"
+    return text
+
+
+# --------------------------------------------------------------------------------------
+# numbers
+
+
+def _as64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def _nonfinite(name: str, arr: np.ndarray, module: str) -> Finding | None:
+    bad = ~np.isfinite(arr)
+    n = int(bad.sum())
+    if not n:
+        return None
+    where = [{"index": [int(i) for i in ix], "value": float(arr[tuple(ix)])} for ix in np.argwhere(bad)[:MAX_LISTED]]
+    return Finding("lora-finite", "error", f"{name!r} has {n} non-finite values", module=module, tensor=name,
+                   found=n, elements=where)
+
+
+def _delta(entry: ModuleTensors, module: BaseModule, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
+    """``s·B·A`` laid out like the base weight as stored."""
+    if module.kind == "conv":
+        return (scale * (b.reshape(b.shape[0], -1) @ a.reshape(a.shape[0], -1))).reshape(module.weight.shape)
+    prod = scale * (b @ a)
+    if module.kind == "embedding" or module.fan_in_fan_out:
+        return prod.T
+    return prod
+
+
+def _numbers(adapter: Adapter, entry: ModuleTensors, module: BaseModule, dtype: str
+             ) -> tuple[ModuleReport, list[Finding]]:
+    assert entry.a is not None and entry.b is not None
+    cfg = adapter.config
+    scale = cfg.scale(module.name)
+    report = ModuleReport(module.name, module.kind, cfg.rank(module.name), scale, dora=entry.magnitude is not None)
+    findings = [f for f in (_nonfinite(k, _as64(adapter.array(k)), module.name)
+                            for k in (entry.a, entry.b, entry.magnitude) if k is not None) if f is not None]
+    w = _as64(module.weight)
+    if (f := _nonfinite(f"{module.name}.weight (base)", w, module.name)) is not None:
+        findings.append(f)
+    if findings:
+        return report, findings
+    merged, bound, delta = _merge(adapter, entry, module)
+    w_norm = float(np.linalg.norm(w))
+    report.update_norm_ratio = float(np.linalg.norm(delta)) / w_norm if w_norm > 0 else math.inf
+    report.merged_max = float(np.max(np.abs(merged))) if merged.size else 0.0
+    report.bound_max = float(np.max(bound)) * BOUND_MARGIN if bound.size else 0.0
+    findings += _rounding(merged, module, dtype)
+    return report, findings
+
+
+def _merge(adapter: Adapter, entry: ModuleTensors, module: BaseModule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The merged weight (exact, float64, laid out like the base weight), the sound elementwise bound of
+    its magnitude, and the low-rank update ``s·B·A``."""
+    assert entry.a is not None and entry.b is not None
+    scale = adapter.config.scale(module.name)
+    w = _as64(module.weight)
+    a, b = _as64(adapter.array(entry.a)), _as64(adapter.array(entry.b))
+    delta = _delta(entry, module, a, b, scale)
+    merged = w + delta
+    bound = np.abs(w) + _delta(entry, module, np.abs(a), np.abs(b), abs(scale))
+    if entry.magnitude is not None:
+        merged, bound = _dora(merged, bound, _as64(adapter.array(entry.magnitude)), module)
+    return merged, bound, delta
+
+
+def merged_weights(adapter: Adapter, base: BaseModel) -> dict[str, np.ndarray]:
+    """The exact merged weight (float64) of every module the adapter adapts, by module name."""
+    out = {}
+    for entry in adapter.lora_modules:
+        module = base.modules.get(entry.module)
+        if module is not None and entry.a is not None and entry.b is not None:
+            out[entry.module] = _merge(adapter, entry, module)[0]
+    return out
+
+
+def _dora(merged: np.ndarray, bound: np.ndarray, magnitude: np.ndarray, module: BaseModule
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """DoRA's merged weight: each output row of ``W + s·B·A`` scaled to the norm ``magnitude``; the bound
+    of a row scaled the same way (|m| / ||row|| times the row's bound)."""
+    rows = merged.T if module.fan_in_fan_out else merged.reshape(merged.shape[0], -1)
+    norms = np.linalg.norm(rows, axis=1)
+    factor = np.divide(magnitude, norms, out=np.full_like(norms, np.inf), where=norms > 0)
+    scaled_rows = rows * factor[:, None]
+    brows = (bound.T if module.fan_in_fan_out else bound.reshape(bound.shape[0], -1)) * np.abs(factor)[:, None]
+    shape = merged.shape
+    if module.fan_in_fan_out:
+        return scaled_rows.T, brows.T
+    return scaled_rows.reshape(shape), brows.reshape(shape)
+
+
+def _rounding(merged: np.ndarray, module: BaseModule, dtype: str) -> list[Finding]:
+    target = TARGET_DTYPES[dtype]
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = merged.astype(target).astype(np.float64)
+    findings = []
+    over = np.isinf(rounded) & np.isfinite(merged)
+    if over.any():
+        findings.append(Finding(
+            "lora-merge-overflow", "error",
+            f"merging into {module.name!r} in {dtype} overflows {int(over.sum())} elements (largest |merged| "
+            f"{float(np.max(np.abs(merged))):.6g}, {dtype} max {float(np.finfo(target).max):.6g})",
+            module=module.name, tensor=f"{module.name}.weight", expected=f"|merged| <= {float(np.finfo(target).max)}",
+            found=float(np.max(np.abs(merged))), elements=_listed(over, merged)))
+    limit = RELATIVE_PRECISION[dtype]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.abs(rounded - merged) / np.abs(merged)
+    lossy = (merged != 0) & np.isfinite(rounded) & (rel > limit)
+    if lossy.any():
+        findings.append(Finding(
+            "lora-merge-precision", "warning",
+            f"merging into {module.name!r} in {dtype} loses more than {limit:.3g} relative precision on "
+            f"{int(lossy.sum())} elements (they are subnormal in {dtype})", module=module.name,
+            tensor=f"{module.name}.weight", expected=f"relative error <= {limit:.3g}",
+            found=float(np.max(rel[lossy])), elements=_listed(lossy, merged)))
+    return findings
+
+
+def _listed(mask: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
+    return [{"index": [int(i) for i in ix], "value": float(values[tuple(ix)])} for ix in np.argwhere(mask)[:MAX_LISTED]]
+
+
+def summarize(check: AdapterCheck) -> Iterable[str]:
+    """Lines for a terminal: one per finding, then one per module measured."""
+    for f in check.findings:
+        yield f"{f.severity.upper():7} {f.rule:22} {f.message}"
+    for m in check.modules:
+        ratio = "n/a" if m.update_norm_ratio is None else f"{m.update_norm_ratio:.3g}"
+        yield (f"module  {m.module}: {m.kind}, rank {m.rank}, scale {m.scale:.6g}{', DoRA' if m.dora else ''}, "
+               f"|update|/|W| {ratio}, max |merged| {m.merged_max:.6g} (bound {m.bound_max:.6g})")
