@@ -102,6 +102,10 @@ class Adapter:
             else:
                 entry.copies[m.group("p")] = key
             return
+        module, _, param = rest.rpartition(".")
+        if module and any(re.match(rf"(^|.*\.){m}$", module) for m in self.config.modules_to_save):
+            self.modules.setdefault(module, ModuleTensors(module)).copies[param] = key  # a module saved whole
+            return
         self.stray.append(StrayKey(key, "is not a LoRA tensor name (lora_A, lora_B, lora_embedding_A/B, "
                                         "lora_magnitude_vector, base_layer, modules_to_save)"))
 

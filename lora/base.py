@@ -6,6 +6,7 @@ model directory (``config.json`` + safetensors weights), loaded offline."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,13 +28,20 @@ class BaseModelError(CuvilError):
 
 @dataclass(frozen=True)
 class BaseModule:
-    """One module an adapter may target: ``weight`` is as stored (``fan_in_fan_out``: ``[in, out]``)."""
+    """One module an adapter may target: ``weight`` is as stored (``fan_in_fan_out``: ``[in, out]``).
+
+    ``source`` is the array or a function mapping it from its file on each use, so that the pages
+    of a checked module are released once its check is done."""
 
     name: str
     kind: str  # "linear" | "embedding" | "conv"
-    weight: np.ndarray
+    source: np.ndarray | Callable[[], np.ndarray]
     fan_in_fan_out: bool = False
     output_layer: bool = False
+
+    @property
+    def weight(self) -> np.ndarray:
+        return self.source() if callable(self.source) else self.source
 
     @property
     def out_features(self) -> int:
@@ -76,9 +84,8 @@ class BaseModel:
             kind = _kind(m) if name else None
             if kind is None:
                 continue
-            weight = m.weight
-            arr = weights(name, weight) if weights is not None else _numpy(weight)
-            modules[name] = BaseModule(name, kind[0], arr, kind[1], output_layer=m is output)
+            source = functools.partial(weights, name, m.weight) if weights is not None else _numpy(m.weight)
+            modules[name] = BaseModule(name, kind[0], source, kind[1], output_layer=m is output)
         config = getattr(model, "config", None)
         return cls(modules, name_or_path or getattr(config, "_name_or_path", None) or None)
 
@@ -117,15 +124,15 @@ class BaseModel:
         for pname, param in model.named_parameters(remove_duplicate=False):
             aliases.setdefault(id(param), []).append(pname)
 
-        def weight(module: str, param: Any) -> np.ndarray:
-            names = [f"{module}.weight", *aliases.get(id(param), [])]
-            key = next((n for n in names if n in stored), None)
-            if key is None:
-                raise BaseModelError(f"the weights of {path} have no {module}.weight", location=str(path),
-                                     hint="the directory's weights do not match its config.json")
-            return stored[key].array(key)
-
-        return cls.from_torch(model, str(path), weights=weight)
+        keys: dict[str, str] = {}
+        for name, m in model.named_modules():
+            if name and _kind(m) is not None:
+                found = next((n for n in [f"{name}.weight", *aliases.get(id(m.weight), [])] if n in stored), None)
+                if found is None:
+                    raise BaseModelError(f"the weights of {path} have no {name}.weight", location=str(path),
+                                         hint="the directory's weights do not match its config.json")
+                keys[name] = found
+        return cls.from_torch(model, str(path), weights=lambda module, _: stored[keys[module]].array(keys[module]))
 
 
 def _kind(m: Any) -> tuple[str, bool] | None:
@@ -161,6 +168,7 @@ def _numpy(weight: Any) -> np.ndarray:
     import torch
 
     t = weight.detach().cpu()
-    arr = t.to(torch.float32).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    # a copy: the model may be trained or merged in place after the check
+    arr = t.to(torch.float32).numpy() if t.dtype == torch.bfloat16 else t.numpy().copy()
     arr.flags.writeable = False
     return arr

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import ml_dtypes
@@ -23,6 +23,7 @@ import numpy as np
 
 from lora.adapter import Adapter, ModuleTensors
 from lora.base import BaseModel, BaseModule
+from lora.merged import Block, MergedWeight, to_float64
 
 TARGET_DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
                                       "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -113,7 +114,7 @@ def _identity(adapter: Adapter, base: BaseModel, policy: str) -> list[Finding]:
     if not claimed or not base.name_or_path:
         return []
     severity = "error" if policy == "error" else "warning"
-    if PurePosixPath(claimed.rstrip("/")).name != PurePosixPath(base.name_or_path.rstrip("/")).name:
+    if not _same_model(claimed, base.name_or_path):
         return [Finding("lora-base-identity", severity,
                         f"the adapter was trained on {claimed!r}, the base given is {base.name_or_path!r}",
                         expected=claimed, found=base.name_or_path)]
@@ -123,6 +124,19 @@ def _identity(adapter: Adapter, base: BaseModel, policy: str) -> list[Finding]:
                         f"{'is revision ' + repr(base.revision) if base.revision else 'records no revision'}",
                         expected=adapter.config.revision, found=base.revision)]
     return []
+
+
+def _same_model(claimed: str, given: str) -> bool:
+    """Hub ids must be equal; a local directory is known only by its name, compared with the id's last part."""
+    claimed, given = claimed.rstrip("/"), given.rstrip("/")
+    if _local(claimed) or _local(given):
+        return PurePosixPath(claimed).name == PurePosixPath(given).name
+    return claimed == given
+
+
+def _local(name: str) -> bool:
+    """A path on this machine rather than a hub id (``org/name``)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") != 1 or Path(name).exists()
 
 
 def _targeted(adapter: Adapter, module: BaseModule) -> bool:
@@ -188,10 +202,10 @@ def _unknown_module(name: str, base: BaseModel) -> str:
 def _expected_shapes(adapter: Adapter, entry: ModuleTensors, module: BaseModule) -> dict[str, tuple[int, ...]]:
     r = adapter.config.rank(module.name)
     if module.kind == "embedding":
-        return {"a": (r, module.in_features), "b": (module.out_features, r)}
-    if module.kind == "conv":
+        return {"a": (r, module.in_features), "b": (module.out_features, r), "magnitude": (module.out_features,)}
+    if module.kind == "conv":  # PEFT keeps a conv's magnitude shaped to broadcast: [1, out, 1, ...]
         w = module.weight.shape
-        return {"a": (r, *w[1:]), "b": (w[0], r, *([1] * (len(w) - 2))), "magnitude": (w[0],)}
+        return {"a": (r, *w[1:]), "b": (w[0], r, *([1] * (len(w) - 2))), "magnitude": (1, w[0], *([1] * (len(w) - 2)))}
     return {"a": (r, module.in_features), "b": (module.out_features, r), "magnitude": (module.out_features,)}
 
 
@@ -250,8 +264,7 @@ def _shape_message(key: str, want: tuple[int, ...], got: tuple[int, ...], adapte
 # numbers
 
 
-def _as64(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64)
+_as64 = to_float64
 
 
 def _nonfinite(name: str, arr: np.ndarray, module: str) -> Finding | None:
@@ -264,107 +277,95 @@ def _nonfinite(name: str, arr: np.ndarray, module: str) -> Finding | None:
                    found=n, elements=where)
 
 
-def _delta(entry: ModuleTensors, module: BaseModule, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
-    """``s·B·A`` laid out like the base weight as stored."""
-    if module.kind == "conv":
-        return (scale * (b.reshape(b.shape[0], -1) @ a.reshape(a.shape[0], -1))).reshape(module.weight.shape)
-    prod = scale * (b @ a)
-    if module.kind == "embedding" or module.fan_in_fan_out:
-        return prod.T
-    return prod
+def _merged(adapter: Adapter, entry: ModuleTensors, module: BaseModule) -> MergedWeight:
+    assert entry.a is not None and entry.b is not None
+    magnitude = adapter.array(entry.magnitude) if entry.magnitude is not None else None
+    return MergedWeight(module, adapter.array(entry.a), adapter.array(entry.b), adapter.config.scale(module.name),
+                        magnitude)
+
+
+def merged_weights(adapter: Adapter, base: BaseModel) -> dict[str, np.ndarray]:
+    """The exact merged weight (float64, in the base weight's layout) of every module the adapter adapts."""
+    out = {}
+    for entry in adapter.lora_modules:
+        module = base.modules.get(entry.module)
+        if module is not None and entry.a is not None and entry.b is not None:
+            out[entry.module] = _merged(adapter, entry, module).full()
+    return out
+
+
+@dataclass
+class _Tally:
+    """Elements of one module matching a condition, counted over blocks; the first few kept."""
+
+    count: int = 0
+    worst: float = 0.0
+    listed: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, merge: MergedWeight, block: Block, mask: np.ndarray, values: np.ndarray, score: np.ndarray) -> None:
+        n = int(mask.sum())
+        if not n:
+            return
+        self.count += n
+        self.worst = max(self.worst, float(np.max(score[mask])))
+        for r, c in np.argwhere(mask)[:MAX_LISTED - len(self.listed)]:
+            self.listed.append({"index": list(merge.stored_index(block.rows.start + int(r), int(c))),
+                                "value": float(values[r, c])})
 
 
 def _numbers(adapter: Adapter, entry: ModuleTensors, module: BaseModule, dtype: str
              ) -> tuple[ModuleReport, list[Finding]]:
     assert entry.a is not None and entry.b is not None
     cfg = adapter.config
-    scale = cfg.scale(module.name)
-    report = ModuleReport(module.name, module.kind, cfg.rank(module.name), scale, dora=entry.magnitude is not None)
+    report = ModuleReport(module.name, module.kind, cfg.rank(module.name), cfg.scale(module.name),
+                          dora=entry.magnitude is not None)
     findings = [f for f in (_nonfinite(k, _as64(adapter.array(k)), module.name)
                             for k in (entry.a, entry.b, entry.magnitude) if k is not None) if f is not None]
-    w = _as64(module.weight)
-    if (f := _nonfinite(f"{module.name}.weight (base)", w, module.name)) is not None:
-        findings.append(f)
     if findings:
         return report, findings
-    merged, bound, delta = _merge(adapter, entry, module)
-    w_norm = float(np.linalg.norm(w))
-    report.update_norm_ratio = float(np.linalg.norm(delta)) / w_norm if w_norm > 0 else math.inf
-    report.merged_max = float(np.max(np.abs(merged))) if merged.size else 0.0
-    report.bound_max = float(np.max(bound)) * BOUND_MARGIN if bound.size else 0.0
-    findings += _rounding(merged, module, dtype)
-    return report, findings
-
-
-def _merge(adapter: Adapter, entry: ModuleTensors, module: BaseModule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The merged weight (exact, float64, laid out like the base weight), the sound elementwise bound of
-    its magnitude, and the low-rank update ``s·B·A``."""
-    assert entry.a is not None and entry.b is not None
-    scale = adapter.config.scale(module.name)
-    w = _as64(module.weight)
-    a, b = _as64(adapter.array(entry.a)), _as64(adapter.array(entry.b))
-    delta = _delta(entry, module, a, b, scale)
-    merged = w + delta
-    bound = np.abs(w) + _delta(entry, module, np.abs(a), np.abs(b), abs(scale))
-    if entry.magnitude is not None:
-        merged, bound = _dora(merged, bound, _as64(adapter.array(entry.magnitude)), module)
-    return merged, bound, delta
-
-
-def merged_weights(adapter: Adapter, base: BaseModel) -> dict[str, np.ndarray]:
-    """The exact merged weight (float64) of every module the adapter adapts, by module name."""
-    out = {}
-    for entry in adapter.lora_modules:
-        module = base.modules.get(entry.module)
-        if module is not None and entry.a is not None and entry.b is not None:
-            out[entry.module] = _merge(adapter, entry, module)[0]
-    return out
-
-
-def _dora(merged: np.ndarray, bound: np.ndarray, magnitude: np.ndarray, module: BaseModule
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """DoRA's merged weight: each output row of ``W + s·B·A`` scaled to the norm ``magnitude``; the bound
-    of a row scaled the same way (|m| / ||row|| times the row's bound)."""
-    rows = merged.T if module.fan_in_fan_out else merged.reshape(merged.shape[0], -1)
-    norms = np.linalg.norm(rows, axis=1)
-    factor = np.divide(magnitude, norms, out=np.full_like(norms, np.inf), where=norms > 0)
-    scaled_rows = rows * factor[:, None]
-    brows = (bound.T if module.fan_in_fan_out else bound.reshape(bound.shape[0], -1)) * np.abs(factor)[:, None]
-    shape = merged.shape
-    if module.fan_in_fan_out:
-        return scaled_rows.T, brows.T
-    return scaled_rows.reshape(shape), brows.reshape(shape)
-
-
-def _rounding(merged: np.ndarray, module: BaseModule, dtype: str) -> list[Finding]:
-    target = TARGET_DTYPES[dtype]
-    with np.errstate(over="ignore", invalid="ignore"):
-        rounded = merged.astype(target).astype(np.float64)
-    findings = []
-    over = np.isinf(rounded) & np.isfinite(merged)
-    if over.any():
+    info = ml_dtypes.finfo(TARGET_DTYPES[dtype])
+    overflow_at = float(info.max) + 2.0 ** (info.maxexp - 1 - info.nmant) / 2  # rounds to inf from here on
+    tiny, limit = float(info.smallest_normal), RELATIVE_PRECISION[dtype]
+    merge = _merged(adapter, entry, module)
+    nonfinite, over, lossy = _Tally(), _Tally(), _Tally()
+    w_sq = d_sq = merged_max = bound_max = 0.0
+    for blk in merge.blocks():
+        bad = ~np.isfinite(blk.weight)
+        if bad.any():
+            nonfinite.add(merge, blk, bad, blk.weight, np.zeros_like(blk.weight))
+            continue
+        w_sq += float(np.sum(blk.weight * blk.weight))
+        d_sq += float(np.sum(blk.delta * blk.delta))
+        mag = np.abs(blk.merged)
+        merged_max = max(merged_max, float(np.max(mag, initial=0.0)))
+        bound_max = max(bound_max, float(np.max(blk.bound, initial=0.0)))
+        over.add(merge, blk, mag >= overflow_at, blk.merged, mag)
+        small = (mag < tiny) & (mag > 0)
+        if small.any():
+            rel = np.zeros_like(mag)
+            vals = blk.merged[small]
+            rel[small] = np.abs(vals.astype(TARGET_DTYPES[dtype]).astype(np.float64) - vals) / np.abs(vals)
+            lossy.add(merge, blk, rel > limit, blk.merged, rel)
+    if nonfinite.count:
+        name = f"{module.name}.weight (base)"
+        return report, [Finding("lora-finite", "error", f"{name!r} has {nonfinite.count} non-finite values",
+                                module=module.name, tensor=name, found=nonfinite.count, elements=nonfinite.listed)]
+    report.update_norm_ratio = float(np.sqrt(d_sq / w_sq)) if w_sq > 0 else math.inf
+    report.merged_max, report.bound_max = merged_max, bound_max * BOUND_MARGIN
+    target = f"{module.name}.weight"
+    if over.count:
         findings.append(Finding(
             "lora-merge-overflow", "error",
-            f"merging into {module.name!r} in {dtype} overflows {int(over.sum())} elements (largest |merged| "
-            f"{float(np.max(np.abs(merged))):.6g}, {dtype} max {float(np.finfo(target).max):.6g})",
-            module=module.name, tensor=f"{module.name}.weight", expected=f"|merged| <= {float(np.finfo(target).max)}",
-            found=float(np.max(np.abs(merged))), elements=_listed(over, merged)))
-    limit = RELATIVE_PRECISION[dtype]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.abs(rounded - merged) / np.abs(merged)
-    lossy = (merged != 0) & np.isfinite(rounded) & (rel > limit)
-    if lossy.any():
+            f"merging into {module.name!r} in {dtype} overflows {over.count} elements (largest |merged| "
+            f"{over.worst:.6g}, {dtype} max {float(info.max):.6g})", module=module.name, tensor=target,
+            expected=f"|merged| <= {float(info.max)}", found=over.worst, elements=over.listed))
+    if lossy.count:
         findings.append(Finding(
             "lora-merge-precision", "warning",
             f"merging into {module.name!r} in {dtype} loses more than {limit:.3g} relative precision on "
-            f"{int(lossy.sum())} elements (they are subnormal in {dtype})", module=module.name,
-            tensor=f"{module.name}.weight", expected=f"relative error <= {limit:.3g}",
-            found=float(np.max(rel[lossy])), elements=_listed(lossy, merged)))
-    return findings
-
-
-def _listed(mask: np.ndarray, values: np.ndarray) -> list[dict[str, Any]]:
-    return [{"index": [int(i) for i in ix], "value": float(values[tuple(ix)])} for ix in np.argwhere(mask)[:MAX_LISTED]]
+            f"{lossy.count} elements (they are subnormal in {dtype})", module=module.name, tensor=target,
+            expected=f"relative error <= {limit:.3g}", found=lossy.worst, elements=lossy.listed))
+    return report, findings
 
 
 def summarize(check: AdapterCheck) -> Iterable[str]:

@@ -20,7 +20,7 @@ ALL_LINEAR = "all-linear"
 
 def _pattern_match(pattern: str, module: str) -> bool:
     """PEFT's rule for ``rank_pattern``/``alpha_pattern`` keys: the key matches the end of the module path."""
-    return re.match(rf"(.*\.)?{pattern}$", module) is not None
+    return re.match(rf"(.*\.)?({pattern})$", module) is not None
 
 
 @dataclass(frozen=True)
@@ -62,29 +62,39 @@ class AdapterConfig:
         return self.alpha(module) / (math.sqrt(r) if self.use_rslora else r)
 
     def targets(self, module: str, *, is_linear: bool, is_output_layer: bool = False) -> bool:
-        """Whether PEFT would put a LoRA layer on ``module`` (list: exact name or suffix after a dot;
-        string: a regular expression matching the whole name; ``all-linear``: every linear layer but
-        the output layer), restricted to ``layers_to_transform``."""
+        """Whether PEFT would put a LoRA layer on ``module``, by PEFT's own rules: never on an excluded
+        module or a module to save; a string is a regular expression matching the whole name; a list
+        matches the exact name, or a dotted suffix restricted to ``layers_to_transform``;
+        ``all-linear`` is every linear layer but the output layer."""
         if self.exclude_modules is not None and _names_match(self.exclude_modules, module):
+            return False
+        if any(re.match(rf"(^|.*\.){m}($|\..*)", module) for m in self.modules_to_save):
             return False
         t = self.target_modules
         if t is None:
             return False
-        if t == ALL_LINEAR or (isinstance(t, tuple) and t == (ALL_LINEAR,)):
-            hit = is_linear and not is_output_layer
-        else:
-            hit = _names_match(t, module)
-        return hit and self._in_layers(module)
+        if t == ALL_LINEAR or t == (ALL_LINEAR,):
+            return is_linear and not is_output_layer
+        if isinstance(t, str):
+            return re.fullmatch(t, module) is not None
+        if module in t:
+            return True
+        return any(module.endswith("." + n) for n in t) and self._in_layers(module)
 
     def _in_layers(self, module: str) -> bool:
-        if self.layers_to_transform is None:
+        """The layer index PEFT reads from a module name: the first numbered segment (after one of
+        ``layers_pattern`` when given) must be in ``layers_to_transform``."""
+        if self.layers_to_transform is None or len(self.layers_to_transform) == 0:
             return True
-        patterns = self.layers_pattern or ("layers", "h", "blocks", "layer")
-        for p in patterns:
-            m = re.search(rf"\.{re.escape(p)}\.(\d+)\.", f".{module}.")
-            if m:
-                return int(m.group(1)) in self.layers_to_transform
-        return False
+        if not self.layers_pattern:
+            m = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", module)
+        else:
+            m = None
+            for p in self.layers_pattern:
+                m = re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", module)
+                if m is not None:
+                    break
+        return m is not None and int(m.group("idx")) in self.layers_to_transform
 
     # -- reading ------------------------------------------------------------------------------
     @classmethod

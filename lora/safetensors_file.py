@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
 
 class SafetensorsFile:
@@ -60,11 +61,14 @@ class SafetensorsFile:
             raise self._error("the file ends inside its header")
         try:
             header = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise self._error(f"the header is not JSON ({e})") from None
+        except (ValueError, RecursionError) as e:  # malformed, undecodable, too deep, a number too long
+            raise self._error(f"the header is not JSON ({type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(header, dict):
             raise self._error("the header is not a JSON object")
-        self.metadata: dict[str, str] = {str(k): str(v) for k, v in (header.pop("__metadata__", None) or {}).items()}
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise self._error("__metadata__ is not a JSON object")
+        self.metadata: dict[str, str] = {str(k): str(v) for k, v in metadata.items()}
         self.data_start = 8 + n
         self.tensors: dict[str, TensorInfo] = {}
         spans = []
@@ -91,7 +95,8 @@ class SafetensorsFile:
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                  for d in shape):
             raise self._error(f"tensor {name!r} has the malformed shape {shape!r}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
                 and 0 <= offsets[0] <= offsets[1] <= data_bytes):
             raise self._error(f"tensor {name!r} has data offsets {offsets!r} outside the file's "
                               f"{data_bytes} data bytes")
@@ -124,7 +129,7 @@ def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray], metadata: M
     offset = 0
     arrays = []
     for name, arr in tensors.items():
-        a = np.ascontiguousarray(arr)
+        a = np.asarray(arr, order="C")
         header[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
         arrays.append(a)
