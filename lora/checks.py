@@ -302,6 +302,13 @@ class _Tally:
     worst: float = 0.0
     listed: list[dict[str, Any]] = field(default_factory=list)
 
+    def finding(self, rule: str, severity: str, tensor: str, expected: str, message: str) -> list[Finding]:
+        """One finding for the elements counted (none when there are none)."""
+        if not self.count:
+            return []
+        return [Finding(rule, severity, message, module=tensor.rsplit(".", 1)[0], tensor=tensor, expected=expected,
+                        found=self.worst, elements=self.listed)]
+
     def add(self, merge: MergedWeight, block: Block, mask: np.ndarray, values: np.ndarray, score: np.ndarray) -> None:
         n = int(mask.sum())
         if not n:
@@ -353,18 +360,13 @@ def _numbers(adapter: Adapter, entry: ModuleTensors, module: BaseModule, dtype: 
     report.update_norm_ratio = float(np.sqrt(d_sq / w_sq)) if w_sq > 0 else math.inf
     report.merged_max, report.bound_max = merged_max, bound_max * BOUND_MARGIN
     target = f"{module.name}.weight"
-    if over.count:
-        findings.append(Finding(
-            "lora-merge-overflow", "error",
-            f"merging into {module.name!r} in {dtype} overflows {over.count} elements (largest |merged| "
-            f"{over.worst:.6g}, {dtype} max {float(info.max):.6g})", module=module.name, tensor=target,
-            expected=f"|merged| <= {float(info.max)}", found=over.worst, elements=over.listed))
-    if lossy.count:
-        findings.append(Finding(
-            "lora-merge-precision", "warning",
-            f"merging into {module.name!r} in {dtype} loses more than {limit:.3g} relative precision on "
-            f"{lossy.count} elements (they are subnormal in {dtype})", module=module.name, tensor=target,
-            expected=f"relative error <= {limit:.3g}", found=lossy.worst, elements=lossy.listed))
+    max_text = f"{float(info.max):.6g}"
+    findings += over.finding("lora-merge-overflow", "error", target, f"|merged| <= {float(info.max)}",
+                             f"merging into {module.name!r} in {dtype} overflows {over.count} elements (largest "
+                             f"|merged| {over.worst:.6g}, {dtype} max {max_text})")
+    findings += lossy.finding("lora-merge-precision", "warning", target, f"relative error <= {limit:.3g}",
+                              f"merging into {module.name!r} in {dtype} loses more than {limit:.3g} relative "
+                              f"precision on {lossy.count} elements (they are subnormal in {dtype})")
     return report, findings
 
 

@@ -8,28 +8,32 @@ from typing import Any
 from lora.checks import AdapterCheck, Finding
 from reports.model import Evidence, Location, Report, Result, Rule
 
-RULES = {
-    "lora-key": Rule("lora-key", "Key PEFT applies", "Every tensor key is one PEFT's loader applies to the model.",
-                     "A key with a doubled or missing 'base_model.model.' prefix or a torch.compile '_orig_mod.' "
-                     "is silently skipped by PEFT: save the adapter from the plain PEFT model."),
-    "lora-module": Rule("lora-module", "Module of the base, targeted", "Every adapted module exists in the base "
-                        "model and is selected by target_modules.", "Check the base model and target_modules."),
-    "lora-missing": Rule("lora-missing", "Complete factors", "Every targeted module has lora_A and lora_B (and a "
-                         "magnitude vector under DoRA).", "The adapter file is incomplete: save it again."),
-    "lora-shape": Rule("lora-shape", "Shapes fit the base", "Factor shapes agree with the base weight and the rank, "
-                       "and no tensor is empty.", "The adapter was trained for another model or rank."),
-    "lora-dtype": Rule("lora-dtype", "Float factors", "Factors are floating-point tensors.", ""),
-    "lora-config": Rule("lora-config", "Config agrees with tensors", "The config describes the tensors present.", ""),
-    "lora-finite": Rule("lora-finite", "Finite values", "Every adapter and base value is finite.", ""),
-    "lora-base-identity": Rule("lora-base-identity", "The base it was trained on", "The base model is the one the "
-                               "adapter records (name, revision, saved copies of base weights).", ""),
-    "lora-merge-overflow": Rule("lora-merge-overflow", "Merge fits the dtype", "Every merged weight element is "
-                                "finite in the target dtype.", "Merge in a wider dtype, or keep the adapter unmerged."),
-    "lora-merge-precision": Rule("lora-merge-precision", "Merge keeps precision", "Merged elements keep the target "
-                                 "dtype's relative precision (not subnormal).", ""),
-    "lora-module-measured": Rule("lora-module-measured", "Module merged and measured", "The module passes every "
-                                 "check; its scale, update size and merged range are recorded.", ""),
-}
+_RULES = (
+    ("lora-key", "Key PEFT applies", "Every tensor key is one PEFT's loader applies to the model.",
+     "A key with a doubled or missing 'base_model.model.' prefix or a torch.compile '_orig_mod.' is silently "
+     "skipped by PEFT: save the adapter from the plain PEFT model."),
+    ("lora-module", "Module of the base, targeted",
+     "Every adapted module exists in the base model and is selected by target_modules.",
+     "Check the base model and target_modules."),
+    ("lora-missing", "Complete factors",
+     "Every targeted module has lora_A and lora_B (and a magnitude vector under DoRA).",
+     "The adapter file is incomplete: save it again."),
+    ("lora-shape", "Shapes fit the base",
+     "Factor shapes agree with the base weight and the rank, and no tensor is empty.",
+     "The adapter was trained for another model or rank."),
+    ("lora-dtype", "Float factors", "Factors are floating-point tensors.", ""),
+    ("lora-config", "Config agrees with tensors", "The config describes the tensors present.", ""),
+    ("lora-finite", "Finite values", "Every adapter and base value is finite.", ""),
+    ("lora-base-identity", "The base it was trained on",
+     "The base model is the one the adapter records (name, revision, saved copies of base weights).", ""),
+    ("lora-merge-overflow", "Merge fits the dtype", "Every merged weight element is finite in the target dtype.",
+     "Merge in a wider dtype, or keep the adapter unmerged."),
+    ("lora-merge-precision", "Merge keeps precision",
+     "Merged elements keep the target dtype's relative precision (not subnormal).", ""),
+    ("lora-module-measured", "Module merged and measured",
+     "The module passes every check; its scale, update size and merged range are recorded.", ""),
+)
+RULES = {r[0]: Rule(*r) for r in _RULES}
 
 
 def _finding_result(k: int, f: Finding) -> Result:

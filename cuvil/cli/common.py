@@ -320,3 +320,29 @@ def plugins_from_args(args: Any) -> list[Pass]:
 
     set_plugin_time_limit(check_seconds(args.pass_time_limit, "--pass-time-limit"))
     return [load_pass_plugin(s) for s in args.pass_plugin]
+
+
+REPORT_FILES = (("--json", "json", "write the report as JSON"), ("--sarif", "sarif", "write the report as SARIF 2.1.0"),
+                ("--html", "html", "write a self-contained HTML report"))
+"""The report files a checking command writes: flag, argument name, help."""
+
+
+def add_report_arguments(parser: Any) -> None:
+    for flag, _, text in REPORT_FILES:
+        parser.add_argument(flag, metavar="FILE", help=text)
+
+
+def check_report_outputs(args: Any) -> None:
+    """Refuse an unwritable report path before any work is done."""
+    for flag, name, _ in REPORT_FILES:
+        check_output(getattr(args, name), flag)
+
+
+def write_reports(report: Any, args: Any) -> None:
+    """Write ``report`` (a :class:`reports.Report`) to every file the command line asked for."""
+    from reports import write_html, write_json, write_sarif
+
+    writers = {"json": write_json, "sarif": write_sarif, "html": write_html}
+    for _, name, _ in REPORT_FILES:
+        if getattr(args, name):
+            writers[name](report, getattr(args, name))

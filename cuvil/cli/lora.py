@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cuvil.cli.common import EXIT_CODES, EXIT_FAILED, EXIT_OK, check_output
+from cuvil.cli.common import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_OK,
+    add_report_arguments,
+    check_report_outputs,
+    write_reports,
+)
 from cuvil.errors import InputError
 
 
@@ -30,22 +37,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     from lora.adapter import Adapter
     from lora.checks import check_adapter
     from lora.report import to_report
-    from reports import render_terminal, write_html, write_json, write_sarif
+    from reports import render_terminal
 
-    for flag, value in (("--json", args.json), ("--sarif", args.sarif), ("--html", args.html)):
-        check_output(value, flag)
+    check_report_outputs(args)
     adapter = Adapter(args.adapter)
     base = _base(args.base)
     result = check_adapter(adapter, base, dtype=args.dtype, identity=args.identity)
     settings = {"dtype": args.dtype, "identity": args.identity,
                 "command_line": " ".join(["cuvil", *sys.argv[1:]]) if sys.argv else "cuvil lora check"}
     report = to_report(result, version=__version__, settings=settings)
-    if args.json:
-        write_json(report, args.json)
-    if args.sarif:
-        write_sarif(report, args.sarif)
-    if args.html:
-        write_html(report, args.html)
+    write_reports(report, args)
     if not args.quiet:
         render_terminal(report)
     return EXIT_OK if result.passed else EXIT_FAILED
@@ -65,8 +66,6 @@ def register(sub: Any) -> None:
                    help="the dtype the merged weights would ship in (overflow and precision are judged in it)")
     c.add_argument("--identity", choices=("warn", "error"), default="warn",
                    help="whether a base model other than the one the adapter records is an error")
-    c.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    c.add_argument("--sarif", metavar="FILE", help="write the report as SARIF 2.1.0")
-    c.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    add_report_arguments(c)
     c.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     c.set_defaults(handler=cmd_check)

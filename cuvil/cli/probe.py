@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from cuvil.cli.common import EXIT_CODES as COMMON_EXIT_CODES
-from cuvil.cli.common import calibration_ranges, check_output, check_seconds, import_model_file, parse_range
+from cuvil.cli.common import (
+    add_report_arguments,
+    calibration_ranges,
+    check_output,
+    check_report_outputs,
+    check_seconds,
+    import_model_file,
+    parse_range,
+    write_reports,
+)
 from cuvil.errors import InputError
 
 EXIT_CODES = COMMON_EXIT_CODES + """
@@ -44,14 +53,13 @@ def _specialize(module: Any, dims: Mapping[str, int]) -> Any:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from cuvil import __version__
-    from reports import render_terminal, write_html, write_json, write_sarif
+    from reports import render_terminal
     from verify.probe.names import onnx_node_names
     from verify.probe.probe import ProbeOptions, probe, save_witnesses
     from verify.probe.report import to_report
 
     check_seconds(args.time_limit, "--time-limit")
-    for flag, value in (("--json", args.json), ("--sarif", args.sarif), ("--html", args.html)):
-        check_output(value, flag)
+    check_report_outputs(args)
     check_output(args.witness_dir, "--witness-dir", folder=True)
     if args.keep_fp32 not in ("none", "default", ""):
         from verify.probe.program import _keep_list
@@ -98,12 +106,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 "command_line": " ".join(["cuvil", *sys.argv[1:]]) if sys.argv else "cuvil probe"}
     report = to_report(rep, model=str(args.model), model_hash=_hash(args.model), settings=settings,
                        witness_files=files, version=__version__)
-    if args.json:
-        write_json(report, args.json)
-    if args.sarif:
-        write_sarif(report, args.sarif)
-    if args.html:
-        write_html(report, args.html)
+    write_reports(report, args)
     if not args.quiet:
         render_terminal(report)
         for k, f in enumerate(files):
@@ -123,9 +126,7 @@ def register(sub: Any) -> None:
                    help="the declared range of an input (every element in [LO, HI]); repeatable")
     p.add_argument("--calibrate", metavar="DIR", help="take missing ranges from .npy/.npz samples in DIR "
                                                       "(NAME.npy, NAME_*.npy, or .npz with named arrays)")
-    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    p.add_argument("--sarif", metavar="FILE", help="write the report as SARIF 2.1.0")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    add_report_arguments(p)
     p.add_argument("--witness-dir", metavar="DIR", help="where witnesses go (DIR/wN/<input>.npy; default "
                                                         "./<model>-witnesses)")
     p.add_argument("--keep-fp32", default="none", metavar="OPS",
