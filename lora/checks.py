@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -78,9 +78,10 @@ class AdapterCheck:
         return not self.errors
 
 
-def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", identity: str = "warn"
-                  ) -> AdapterCheck:
-    """Every check on ``adapter`` against ``base``, merged weights judged in ``dtype``."""
+def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", identity: str = "warn",
+                  progress: Callable[[int, int, str], None] | None = None) -> AdapterCheck:
+    """Every check on ``adapter`` against ``base``, merged weights judged in ``dtype``; ``progress(done,
+    total, module)`` is called as each adapted module is checked."""
     if dtype not in TARGET_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
     start = time.perf_counter()
@@ -90,7 +91,10 @@ def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", ide
         out.findings.append(Finding("lora-key", "error", f"key {s.key!r} {s.reason}", tensor=s.key))
     out.findings += _coverage(adapter, base)
     out.findings += _copies(adapter, base)
-    for entry in adapter.lora_modules:
+    entries = adapter.lora_modules
+    for done, entry in enumerate(entries, 1):
+        if progress is not None:
+            progress(done, len(entries), entry.module)
         module = base.modules.get(entry.module)
         if module is None or not _targeted(adapter, module):
             continue

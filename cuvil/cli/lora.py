@@ -4,7 +4,9 @@ loaded or merged (exit 0 every check passes, 1 a check fails, 2 usage or input e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,23 @@ def _base(path: str) -> Any:
                      hint="save the base with model.save_pretrained(DIR, safe_serialization=True)")
 
 
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """A transient progress bar on stderr over the adapted modules."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True, disable=not enabled)
+    task = bar.add_task("checking", total=None)
+
+    def advance(done: int, total: int, module: str) -> None:
+        bar.update(task, completed=done, total=total, description=f"checking {module}")
+
+    with bar:
+        yield advance
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from cuvil import __version__
     from lora.adapter import Adapter
@@ -42,7 +61,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     check_report_outputs(args)
     adapter = Adapter(args.adapter)
     base = _base(args.base)
-    result = check_adapter(adapter, base, dtype=args.dtype, identity=args.identity)
+    with _progress(enabled=not args.quiet) as advance:
+        result = check_adapter(adapter, base, dtype=args.dtype, identity=args.identity, progress=advance)
     settings = {"dtype": args.dtype, "identity": args.identity,
                 "command_line": " ".join(["cuvil", *sys.argv[1:]]) if sys.argv else "cuvil lora check"}
     report = to_report(result, version=__version__, settings=settings)

@@ -67,3 +67,15 @@ def test_unreadable_inputs_are_usage_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["lora"])
     assert exit_info.value.code == 2 and "CUVIL-USAGE" in capsys.readouterr().err
+
+
+def test_progress_reports_every_adapted_module_once(tmp_path):
+    from lora import Adapter, BaseModel, check_adapter
+
+    base, adapter_dir = _saved_pair(tmp_path)
+    adapter = Adapter(adapter_dir)
+    seen: list[tuple[int, int, str]] = []
+    check_adapter(adapter, BaseModel.from_directory(base), progress=lambda *a: seen.append(a))
+    assert [d for d, _, _ in seen] == list(range(1, len(adapter.lora_modules) + 1))
+    assert {t for _, t, _ in seen} == {len(adapter.lora_modules)}
+    assert sorted(m for _, _, m in seen) == sorted(m.module for m in adapter.lora_modules)
