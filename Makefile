@@ -44,7 +44,7 @@ conformance: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check cuvil verify lora failsafe reports bench tests
-	$(BIN)/basedpyright
+	$(BIN)/basedpyright --project pyproject.toml
 
 clean:
 	rm -rf $(VENV) $(LATEST) .pytest_cache build *.egg-info

@@ -12,8 +12,10 @@ bound ``|W| + |s|·|B|·|A|`` recorded beside it; the update's size relative to 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -31,6 +33,7 @@ RELATIVE_PRECISION = {"fp32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
 """The relative error a merged element may have after rounding (twice the unit roundoff of a normal
 number): elements past it are subnormal in the target type and reported."""
 MAX_LISTED = 10
+MAX_WORKERS = 8
 BOUND_MARGIN = 1.0 + 2.0 ** -40  # covers the float64 rounding of the bound's own sums and products
 
 
@@ -78,10 +81,15 @@ class AdapterCheck:
         return not self.errors
 
 
+def _workers(jobs: int) -> int:
+    return max(1, min(jobs, MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
+
+
 def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", identity: str = "warn",
                   progress: Callable[[int, int, str], None] | None = None) -> AdapterCheck:
     """Every check on ``adapter`` against ``base``, merged weights judged in ``dtype``; ``progress(done,
-    total, module)`` is called as each adapted module is checked."""
+    total, module)`` is called as each module's numbers are done."""
     if dtype not in TARGET_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
     start = time.perf_counter()
@@ -91,20 +99,24 @@ def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", ide
         out.findings.append(Finding("lora-key", "error", f"key {s.key!r} {s.reason}", tensor=s.key))
     out.findings += _coverage(adapter, base)
     out.findings += _copies(adapter, base)
-    entries = adapter.lora_modules
-    for done, entry in enumerate(entries, 1):
-        if progress is not None:
-            progress(done, len(entries), entry.module)
+    measured: list[tuple[ModuleTensors, BaseModule]] = []
+    for entry in adapter.lora_modules:
         module = base.modules.get(entry.module)
         if module is None or not _targeted(adapter, module):
             continue
         found = _structure(adapter, entry, module)
         out.findings += found
-        if found:
-            continue
-        report, numeric = _numbers(adapter, entry, module, dtype)
-        out.modules.append(report)
-        out.findings += numeric
+        if not found:
+            measured.append((entry, module))
+    # modules are independent and numpy releases the GIL in its loops: a few threads, results in module order
+    with ThreadPoolExecutor(max_workers=_workers(len(measured))) as pool:
+        futures = [pool.submit(_numbers, adapter, entry, module, dtype) for entry, module in measured]
+        for done, ((entry, _), future) in enumerate(zip(measured, futures, strict=True), 1):
+            report, numeric = future.result()
+            out.modules.append(report)
+            out.findings += numeric
+            if progress is not None:
+                progress(done, len(measured), entry.module)
     out.seconds = time.perf_counter() - start
     return out
 
@@ -341,22 +353,29 @@ def _numbers(adapter: Adapter, entry: ModuleTensors, module: BaseModule, dtype: 
     nonfinite, over, lossy = _Tally(), _Tally(), _Tally()
     w_sq = d_sq = merged_max = bound_max = 0.0
     for blk in merge.blocks():
-        bad = ~np.isfinite(blk.weight)
-        if bad.any():
-            nonfinite.add(merge, blk, bad, blk.weight, np.zeros_like(blk.weight))
-            continue
-        w_sq += float(np.sum(blk.weight * blk.weight))
-        d_sq += float(np.sum(blk.delta * blk.delta))
+        flat = blk.weight.ravel()
+        block_sq = float(np.dot(flat, flat))
+        if not math.isfinite(block_sq):  # an inf or NaN in the base weight (or squares past float64): look closer
+            bad = ~np.isfinite(blk.weight)
+            if bad.any():
+                nonfinite.add(merge, blk, bad, blk.weight, np.zeros_like(blk.weight))
+                continue
+        w_sq += block_sq
+        flat = blk.delta.ravel()
+        d_sq += float(np.dot(flat, flat))
         mag = np.abs(blk.merged)
-        merged_max = max(merged_max, float(np.max(mag, initial=0.0)))
+        block_max = float(np.max(mag, initial=0.0))
+        merged_max = max(merged_max, block_max)
         bound_max = max(bound_max, float(np.max(blk.bound, initial=0.0)))
-        over.add(merge, blk, mag >= overflow_at, blk.merged, mag)
-        small = (mag < tiny) & (mag > 0)
-        if small.any():
-            rel = np.zeros_like(mag)
-            vals = blk.merged[small]
-            rel[small] = np.abs(vals.astype(TARGET_DTYPES[dtype]).astype(np.float64) - vals) / np.abs(vals)
-            lossy.add(merge, blk, rel > limit, blk.merged, rel)
+        if block_max >= overflow_at:
+            over.add(merge, blk, mag >= overflow_at, blk.merged, mag)
+        if float(np.min(mag, initial=math.inf)) < tiny:
+            small = (mag < tiny) & (mag > 0)
+            if small.any():
+                rel = np.zeros_like(mag)
+                vals = blk.merged[small]
+                rel[small] = np.abs(vals.astype(TARGET_DTYPES[dtype]).astype(np.float64) - vals) / np.abs(vals)
+                lossy.add(merge, blk, rel > limit, blk.merged, rel)
     if nonfinite.count:
         name = f"{module.name}.weight (base)"
         return report, [Finding("lora-finite", "error", f"{name!r} has {nonfinite.count} non-finite values",

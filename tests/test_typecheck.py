@@ -21,7 +21,9 @@ def _checker() -> str | None:
 
 @pytest.mark.skipif(_checker() is None, reason="basedpyright is not installed (it comes with the dev extra)")
 def test_packages_type_check_clean():
-    run = subprocess.run([_checker(), "--outputjson", "--pythonpath", sys.executable], cwd=ROOT,
+    # the project's own configuration, named: a pyrightconfig.json in a folder above must not take over
+    run = subprocess.run([_checker(), "--outputjson", "--project", str(ROOT / "pyproject.toml"),
+                          "--pythonpath", sys.executable], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     report = json.loads(run.stdout)
     errors = [f"{d['file']}:{d['range']['start']['line'] + 1}: {d['message']}"
