@@ -25,7 +25,7 @@ import numpy as np
 
 from lora.adapter import Adapter, ModuleTensors
 from lora.base import BaseModel, BaseModule
-from lora.merged import Block, MergedWeight, to_float64
+from lora.merged import Block, FastScreen, MergedWeight, Screen, to_float64
 
 TARGET_DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
                                       "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -350,6 +350,9 @@ def _numbers(adapter: Adapter, entry: ModuleTensors, module: BaseModule, dtype: 
     overflow_at = float(info.max) + 2.0 ** (info.maxexp - 1 - info.nmant) / 2  # rounds to inf from here on
     tiny, limit = float(info.smallest_normal), RELATIVE_PRECISION[dtype]
     merge = _merged(adapter, entry, module)
+    screen = FastScreen(merge).run(overflow_at, tiny)
+    if screen is not None:
+        return report, findings + _screened(report, merge, screen, module, dtype, overflow_at, float(info.max))
     nonfinite, over, lossy = _Tally(), _Tally(), _Tally()
     w_sq = d_sq = merged_max = bound_max = 0.0
     for blk in merge.blocks():
@@ -391,6 +394,46 @@ def _numbers(adapter: Adapter, entry: ModuleTensors, module: BaseModule, dtype: 
                               f"merging into {module.name!r} in {dtype} loses more than {limit:.3g} relative "
                               f"precision on {lossy.count} elements (they are subnormal in {dtype})")
     return report, findings
+
+
+def _screened(report: ModuleReport, merge: MergedWeight, screen: Screen, module: BaseModule, dtype: str,
+              overflow_at: float, max_finite: float) -> list[Finding]:
+    """Findings from the float32 screen: exact float64 values only for the rows and elements it could not clear."""
+    fast = FastScreen(merge)
+    report.update_norm_ratio = math.sqrt(screen.update_sq / screen.weight_sq) if screen.weight_sq > 0 else math.inf
+    report.merged_max, report.bound_max = fast.exact_max(screen), screen.bound
+    target, limit = f"{module.name}.weight", RELATIVE_PRECISION[dtype]
+    over, lossy = _Tally(), _Tally()
+    if screen.big_rows:
+        rows = np.repeat(np.asarray(screen.big_rows), merge.cols)
+        cols = np.tile(np.arange(merge.cols), len(screen.big_rows))
+        values = fast.exact(rows, cols)
+        _tally_elements(over, merge, rows, cols, values, np.abs(values) >= overflow_at, np.abs(values))
+    if screen.small_rows:
+        rows, cols = np.concatenate(screen.small_rows), np.concatenate(screen.small_cols)
+        values = fast.exact(rows, cols)
+        mag = np.abs(values)
+        small = (mag > 0) & (mag < float(ml_dtypes.finfo(TARGET_DTYPES[dtype]).smallest_normal))
+        rel = np.zeros_like(mag)
+        rel[small] = np.abs(values[small].astype(TARGET_DTYPES[dtype]).astype(np.float64) - values[small]) / mag[small]
+        _tally_elements(lossy, merge, rows, cols, values, rel > limit, rel)
+    return (over.finding("lora-merge-overflow", "error", target, f"|merged| <= {max_finite}",
+                         f"merging into {module.name!r} in {dtype} overflows {over.count} elements (largest "
+                         f"|merged| {over.worst:.6g}, {dtype} max {max_finite:.6g})")
+            + lossy.finding("lora-merge-precision", "warning", target, f"relative error <= {limit:.3g}",
+                            f"merging into {module.name!r} in {dtype} loses more than {limit:.3g} relative "
+                            f"precision on {lossy.count} elements (they are subnormal in {dtype})"))
+
+
+def _tally_elements(tally: _Tally, merge: MergedWeight, rows: np.ndarray, cols: np.ndarray, values: np.ndarray,
+                    mask: np.ndarray, score: np.ndarray) -> None:
+    n = int(mask.sum())
+    if not n:
+        return
+    tally.count += n
+    tally.worst = max(tally.worst, float(np.max(score[mask])))
+    for k in np.flatnonzero(mask)[:MAX_LISTED - len(tally.listed)]:
+        tally.listed.append({"index": list(merge.stored_index(int(rows[k]), int(cols[k]))), "value": float(values[k])})
 
 
 def summarize(check: AdapterCheck) -> Iterable[str]:
