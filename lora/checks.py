@@ -4,9 +4,10 @@ and dimension at fault and what was expected against what was found.
 Structure: every key is one PEFT reads; every adapter module exists in the base and is targeted
 by the config; every targeted module has both factors; shapes agree with the base and the rank;
 no empty tensors; float factors. Numbers: every value finite; the merged weight
-``W + s·B·A`` (DoRA: rescaled per output row) computed exactly, rounded to the target dtype, and
-refused where an element overflows or loses more than the stated relative precision; a sound
-bound ``|W| + |s|·|B|·|A|`` recorded beside it; the update's size relative to ``W``.
+``W + s·B·A`` (DoRA: rescaled per output row) rounded to the target dtype and refused where an
+element overflows or loses more than the stated relative precision, decided exactly (a float32
+screen with a sound error bound, float64 for what it cannot clear: :mod:`lora.merged`); a sound
+bound on every merged element recorded beside it; the update's size relative to ``W``.
 """
 
 from __future__ import annotations
