@@ -59,13 +59,15 @@ class MergedWeight:
         else:
             self.rows, self.cols = shape[0], shape[1]
 
-    def _weight_rows(self, rows: slice) -> np.ndarray:
+    def stored_rows(self, rows: slice) -> np.ndarray:
+        """Rows of the canonical layout, as stored (a view: no conversion, nothing read yet)."""
         w = self.weight
         if self.module.kind == "conv":
-            return to_float64(w[rows]).reshape(rows.stop - rows.start, -1)
-        if self.module.fan_in_fan_out:
-            return to_float64(w[:, rows]).T
-        return to_float64(w[rows])
+            return w[rows].reshape(rows.stop - rows.start, -1)
+        return w[:, rows].T if self.module.fan_in_fan_out else w[rows]
+
+    def _weight_rows(self, rows: slice) -> np.ndarray:
+        return to_float64(self.stored_rows(rows))
 
     def _update(self, a: np.ndarray, b: np.ndarray, scale: float, rows: slice) -> np.ndarray:
         if self.module.kind == "embedding":  # W[v, :] += s·(B·A)[:, v]
@@ -204,14 +206,7 @@ class FastScreen:
         return out
 
     def _weight_rows(self, rows: slice) -> np.ndarray | None:
-        m = self.merge
-        if m.module.kind == "conv":
-            w = to_float32(m.weight[rows])
-            return None if w is None else w.reshape(rows.stop - rows.start, -1)
-        w = to_float32(m.weight[:, rows] if m.module.fan_in_fan_out else m.weight[rows])
-        if w is None:
-            return None
-        return np.ascontiguousarray(w.T) if m.module.fan_in_fan_out else w
+        return to_float32(self.merge.stored_rows(rows))
 
     def exact_max(self, screen: Screen) -> float:
         """The exact largest |merged| element: only elements within twice the error of the float32

@@ -42,7 +42,7 @@ ASSUMPTIONS = (f"a symbolic dim without an upper constraint is at most 2^{DIM_LI
                "(no tensor axis can be longer)",)
 
 _SEMANTICS_SOURCES = ("cuvil/ir", "verify/cone_encoder.py", "verify/scalar_semantics.py", "verify/narrow_bits.py",
-                      "verify/poly.py", "verify/z3_terms.py", "verify/axioms.py", "verify/cone.py", "verify/reach.py")
+                      "verify/poly.py", "verify/z3_terms.py", "verify/axioms.py", "verify/cone.py")
 
 
 @functools.cache

@@ -26,9 +26,8 @@ from cuvil.ir.module import Function, content_hash
 from cuvil.ir.opdef import get_op
 from cuvil.ir.region import Region
 from cuvil.ir.types import TensorType
-from cuvil.ir.values import Value, param, walk
+from cuvil.ir.values import Value, param, reachable, walk
 from verify.cone_encoder import Leaf
-from verify.reach import reachable
 
 CONCRETE_LIMIT = 16
 """Constants only one side has are read element by element up to this size (splats at any size)."""

@@ -62,6 +62,14 @@ class Function:
     def ops(self) -> list[Value]:
         return [v for v in self.values() if not (v.is_param or v.is_const)]
 
+    def users(self) -> dict[Value, list[Value]]:
+        """For each used value, the values taking it as an operand, in order (once per operand slot)."""
+        users: dict[Value, list[Value]] = {}
+        for v in self.values():
+            for o in v.operands:
+                users.setdefault(o, []).append(v)
+        return users
+
     def constraint(self, symbol: str) -> DimConstraint:
         for c in self.constraints:
             if c.symbol == symbol:

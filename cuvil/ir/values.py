@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from cuvil.ir.dtypes import DType
@@ -126,6 +126,23 @@ class Value(Typed):
 
 def param(name: str, type: TensorType) -> Value:
     return Value("param", (), {"name": name}, type)
+
+
+def reachable(roots: Iterable[Value], step: Callable[[Value], Iterable[Value]]) -> list[Value]:
+    """Every value reachable from ``roots``, each once, in the depth-first order they are first met.
+    ``step(v)`` gives the values to go on to from ``v`` (none: the walk stops there); it is called
+    once per value reached, so it may also record what it sees."""
+    seen: set[Value] = set()
+    order: list[Value] = []
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        order.append(v)
+        stack.extend(step(v))
+    return order
 
 
 def walk(roots: tuple[Value, ...] | list[Value]) -> Iterator[Value]:

@@ -55,14 +55,6 @@ class _Group:
         return "+".join(v.op for v in self.members)
 
 
-def _users(fn: Function) -> dict[Value, list[Value]]:
-    users: dict[Value, list[Value]] = defaultdict(list)
-    for v in fn.values():
-        for o in v.operands:
-            users[o].append(v)
-    return users
-
-
 @register
 @dataclass(frozen=True)
 class FuseElementwise(Pass):
@@ -87,7 +79,7 @@ class FuseElementwise(Pass):
     def _groups(self, fn: Function) -> list[_Group]:
         values = fn.values()
         uses = use_counts(fn)
-        users = _users(fn)
+        users = fn.users()
         results = set(fn.results)
         claimed: set[Value] = set()
         groups: list[_Group] = []

@@ -161,16 +161,13 @@ class LayoutNchwc(Pass):
                               "weights": weight_layout(v.type.rank, self.block, blocked_input)})
             elif self._follows(v, blocked):
                 blocked.add(v)
-        users: dict[Value, list[Value]] = defaultdict(list)
-        for v in values:
-            for o in v.operands:
-                users[o].append(v)
+        users = fn.users()
         to_blocked: dict[Value, list[int]] = defaultdict(list)
         to_plain: list[dict[str, Any]] = []
         for v in values:
             if v not in blocked:
                 continue
-            plain_users = sorted({order[u] for u in users[v] if u not in blocked})
+            plain_users = sorted({order[u] for u in users.get(v, []) if u not in blocked})
             if plain_users or v in fn.results:
                 to_plain.append({"value": order[v], "to": "plain", "users": plain_users,
                                  "result": v in fn.results})

@@ -26,7 +26,7 @@ from cuvil.ir.values import Value
 from cuvil.passes.fp16 import fits, is_boundary_cast
 from verify.errors import ProofIncomplete
 from verify.probe.probe import Analysis, ProbeOptions
-from verify.probe.program import DEFAULT_KEEP, max_finite, reduced_program, uses_of
+from verify.probe.program import DEFAULT_KEEP, max_finite, reduced_program
 
 F16_MAX = max_finite(DType.f16)
 
@@ -97,7 +97,7 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
             break
         analysis = Analysis(program, ranges, options)
         bounds, _ = analysis.bounds(1.0, deadline=deadline)
-        uses = uses_of(program.function)
+        uses = program.function.users()
         new: set[Value] = set()
         for v, ob in bounds.ops.items():
             if not ob.records or ob.safe:

@@ -31,11 +31,10 @@ from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
 from cuvil.ir.rulewalk import ArrayWalker, RuleInfo, dyn_exprs
 from cuvil.ir.types import TensorType
-from cuvil.ir.values import Value
+from cuvil.ir.values import Value, reachable
 from verify.probe import interval as I
 from verify.probe.bounds import Bounds, BoundsEngine
 from verify.probe.interval import Interval
-from verify.reach import reachable
 
 DENSE_BUDGET = 1 << 23
 """Largest dense coefficient matrix (target elements x value elements) back-substitution builds."""

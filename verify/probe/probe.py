@@ -26,7 +26,7 @@ import numpy as np
 
 from cuvil.errors import InputError
 from cuvil.ir.module import Module
-from cuvil.ir.values import Value
+from cuvil.ir.values import Value, reachable
 from verify.probe.bounds import Bounds, BoundsEngine, NodeRecord, OpBounds
 from verify.probe.interval import Interval
 from verify.probe.linear import LinearRefiner
@@ -34,7 +34,6 @@ from verify.probe.names import describe_origin, ssa_names
 from verify.probe.program import Program, SiteWatch, max_finite, reduced_program
 from verify.probe.witness import Searcher, Target, Witness
 from verify.probe.z3_witness import QUERY_TIMEOUT_S, Outcome
-from verify.reach import reachable
 
 SAFE, OVERFLOW, OPEN = "safe", "overflow", "open"
 

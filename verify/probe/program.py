@@ -161,7 +161,7 @@ SITE_INT_TYPES = (DType.i8, DType.u8, DType.i16, DType.u16, DType.i32, DType.u32
 def site_values(program: Program) -> list[Value]:
     """The values of the program that are sites, operands before users."""
     fn = program.function
-    uses = uses_of(fn)
+    uses = fn.users()
     live = input_dependent(fn)
     return [v for v in fn.ops() if v in live and is_site_value(program, v, uses)]
 
@@ -173,14 +173,6 @@ def input_dependent(fn: Function) -> set[Value]:
         if v.is_param or any(o in live for o in v.operands):
             live.add(v)
     return live
-
-
-def uses_of(fn: Function) -> dict[Value, list[Value]]:
-    uses: dict[Value, list[Value]] = {}
-    for v in fn.values():
-        for o in v.operands:
-            uses.setdefault(o, []).append(v)
-    return uses
 
 
 def is_site_value(program: Program, v: Value, uses: Mapping[Value, list[Value]]) -> bool:
@@ -203,7 +195,7 @@ class SiteWatch:
 
     def __init__(self, program: Program) -> None:
         self.program = program
-        self.uses = uses_of(program.function)
+        self.uses = program.function.users()
         self.live = input_dependent(program.function)
         self.constants = program.module.constants
 

@@ -19,8 +19,7 @@ from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce, reduction_identity
 from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker
-from cuvil.ir.values import Value
-from verify.reach import reachable
+from cuvil.ir.values import Value, reachable
 
 
 def _torch() -> Any:

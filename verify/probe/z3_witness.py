@@ -44,11 +44,10 @@ from z3 import z3core as Z3C
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.rules import Call
-from cuvil.ir.values import Value
+from cuvil.ir.values import Value, reachable
 from verify.cone_encoder import ConeEncoder, EncodingError, IndexSpace, Leaf
 from verify.probe.bounds import BoundsEngine
 from verify.probe.program import Program
-from verify.reach import reachable
 from verify.z3_terms import arith, int_value, real_value
 
 Box = tuple[np.ndarray, np.ndarray]
