@@ -11,6 +11,7 @@ from cuvil.passes import (  # noqa: F401
     fp16,
     fuse_elementwise,
     layout_nchwc,
+    merge_low_rank,
     quantize_int8,
 )
 

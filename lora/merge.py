@@ -1,0 +1,111 @@
+"""Merging adapters into a CIR module with a proof: the adapters are attached unmerged
+(:mod:`lora.attach`), ``merge-low-rank`` folds every update into its weight and ``fold-constants``
+materializes the merged weights, each application checked by the verifier under the gate's policy
+(``real``: equal over the reals), and the floating-point distance between the merged and the
+unmerged computation bounded per adapted op (:mod:`lora.merge_bound`). The certificate holds all
+of it; nothing is merged that the adapter checks refuse."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cuvil.ir.module import Module
+from cuvil.passes.manager import run_pipeline
+from lora.adapter import Adapter
+from lora.attach import Attachment, WeightedAdapter, attach
+from lora.base import BaseModel
+from lora.checks import AdapterCheck, check_adapter
+from lora.errors import AdapterError
+from lora.merge_bound import SiteBound, site_bounds
+from verify.certificate import Verification, seal
+from verify.gate import make_gate
+from verify.obligations import DEFAULT_TIMEOUT
+from verify.probe.fp16_policy import normalize_ranges
+
+MERGE_PIPELINE = ("merge-low-rank", "fold-constants")
+
+
+@dataclass
+class LoraMerge:
+    """The unmerged and merged modules, what was attached, the verifier's record and the bounds."""
+
+    unmerged: Module
+    merged: Module
+    attachments: list[Attachment]
+    verification: Verification
+    bounds: list[SiteBound]
+    checks: list[AdapterCheck]
+    ranges: dict[str, tuple[float, float]] | None = None
+
+    @property
+    def max_per_unit(self) -> float:
+        """The largest per-op bound per unit of the op's ``max |x|``."""
+        return max((b.max_per_unit for b in self.bounds), default=0.0)
+
+    def certificate(self) -> dict[str, Any]:
+        cert = self.verification.certificate()
+        cert["lora"] = {
+            "adapters": sorted({a.adapter for a in self.attachments}),
+            "modules": [{"module": a.module, "kind": a.kind, "rank": a.rank, "scale": a.scale, "dora": a.dora,
+                         "sites": len(a.sites)} for a in self.attachments],
+            "input_box": {k: list(v) for k, v in (self.ranges or {}).items()} or None,
+            "error_bound": {
+                "meaning": "per adapted op, |merged output - unmerged output| for the same input x to that op, "
+                           "float rounding included: at most per_unit_max_abs_x * max|x| for every input, and "
+                           "absolute_in_box for model inputs in input_box; valid where the unmerged values are "
+                           "finite",
+                "max_per_unit_max_abs_x": self.max_per_unit,
+                "sites": [b.to_json() for b in self.bounds]},
+        }
+        return seal(cert)
+
+
+def as_weighted(adapters: Adapter | WeightedAdapter | Sequence[Adapter | WeightedAdapter]) -> list[WeightedAdapter]:
+    items = [adapters] if isinstance(adapters, (Adapter, WeightedAdapter)) else list(adapters)
+    return [a if isinstance(a, WeightedAdapter) else WeightedAdapter(a) for a in items]
+
+
+def checked(adapters: list[WeightedAdapter], base: BaseModel, dtype: str) -> list[AdapterCheck]:
+    """Every adapter's checks; an adapter that fails one is refused with its first errors."""
+    out = []
+    for w in adapters:
+        check = check_adapter(w.adapter, base, dtype=dtype)
+        if check.errors:
+            first = "; ".join(f.message for f in check.errors[:3])
+            more = f" (and {len(check.errors) - 3} more)" if len(check.errors) > 3 else ""
+            raise AdapterError(f"the adapter fails {len(check.errors)} check(s): {first}{more}",
+                               location=str(w.adapter.directory),
+                               hint="`cuvil lora check` lists every finding with the elements at fault")
+        out.append(check)
+    return out
+
+
+def merge_adapters(module: Module, base: BaseModel,
+                   adapters: Adapter | WeightedAdapter | Sequence[Adapter | WeightedAdapter], *,
+                   dtype: str = "fp32", ranges: Mapping[str, tuple[float, float]] | None = None,
+                   policy: str = "strict", timeout: float = DEFAULT_TIMEOUT) -> LoraMerge:
+    """Check, attach, merge with every pass application verified, and bound the merge's rounding.
+
+    ``policy`` is the gate's: ``strict`` raises when a step is refuted or unproved, ``audit``
+    records it. ``dtype`` is the precision the merged weights ship in (the checks refuse merges
+    that overflow it)."""
+    weighted = as_weighted(adapters)
+    checks = checked(weighted, base, dtype)
+    unmerged, attachments = attach(module, base, weighted)
+    gate = make_gate(policy, timeout)
+    merged = run_pipeline(unmerged, MERGE_PIPELINE, gate=gate).module
+    _all_merged(merged, attachments)
+    box = normalize_ranges(unmerged, ranges) if ranges else None
+    return LoraMerge(unmerged, merged, attachments, gate.report(list(MERGE_PIPELINE)),
+                     site_bounds(unmerged, attachments, base, weighted, box), checks, box)
+
+
+def _all_merged(merged: Module, attachments: list[Attachment]) -> None:
+    """No low-rank factor may be left in the merged module: judged by content, not by what the pass said."""
+    used = merged.used_constants()
+    left = [att.module for att in attachments if att.factors & used]
+    if left:
+        raise AdapterError(f"the update of {len(left)} module(s) stays unmerged: {', '.join(left[:5])}",
+                           hint="the model reads these weights in a form merge-low-rank does not recognize")

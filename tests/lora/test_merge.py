@@ -1,0 +1,149 @@
+"""Adapters attached to and merged into a compiled model: the unmerged CIR computes what PEFT's own
+unmerged forward computes, the merge is proved (``merge-low-rank`` over the reals, ``fold-constants``
+bit for bit) and matches PEFT, the merged and unmerged native libraries agree within the
+certificate's bound on 1,000 inputs, and what cannot be attached or merged is refused by name."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lora_models import ARCHS, lora_options, peft, save_adapter
+
+import cuvil
+from cuvil.interp import run_reference
+from lora import Adapter, AdapterError, BaseModel
+from lora.attach import WeightedAdapter, attach
+from lora.merge import merge_adapters
+
+CASES = {
+    "bert lora": ("bert", {}),
+    "bert patterns": ("bert", {"rank_pattern": {"value": 2}, "alpha_pattern": {"value": 3}}),
+    "gpt2 lora (fan_in_fan_out)": ("gpt2", {}),
+    "llama dora": ("llama", {"use_dora": True}),
+    "llama embedding": ("llama", {"target_modules": ["embed_tokens", "q_proj"]}),
+    "vit rslora": ("vit", {"use_rslora": True, "r": 16}),
+}
+
+
+def _inputs(name: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    if name == "vit":
+        return (torch.randn(2, 3, 8, 8, generator=g),)
+    return (torch.randint(0, 64, (2, 5), generator=g),)
+
+
+def _peft_case(name: str, variant: dict, directory: Path):
+    """The base model (untouched), the saved adapter and PEFT's unmerged outputs on two inputs."""
+    arch = ARCHS[name]
+    torch.manual_seed(0)
+    model = arch.build().eval()
+    model.config.use_cache = False
+    base = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **lora_options(arch, **variant)))
+        with torch.no_grad():
+            for key, p in pm.named_parameters():
+                if "lora_magnitude_vector" in key:
+                    p.mul_(0.5 + torch.rand_like(p))
+            pm.save_pretrained(directory)
+            wants = [pm(*_inputs(name, seed))[0].numpy() for seed in (0, 1)]
+    return base, Adapter(directory), wants
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_attached_and_merged_models_match_peft_and_the_merge_is_proved(case, tmp_path):
+    name, variant = CASES[case]
+    base, adapter, wants = _peft_case(name, variant, tmp_path / "adapter")
+    module = cuvil.import_model(base, example_inputs=_inputs(name))
+    result = merge_adapters(module, BaseModel.from_torch(base), adapter)
+    assert result.verification.proved and result.verification.count("proved") >= 2, result.verification.summary()
+    assert [a.pass_name for a in result.verification.applications] == ["merge-low-rank", "fold-constants"]
+    assert {a.module for a in result.attachments} == set(adapter.lora_modules and
+                                                         (m.module for m in adapter.lora_modules))
+    for seed, want in enumerate(wants):
+        feed = [t.numpy() for t in _inputs(name, seed)]
+        assert _rel(run_reference(result.unmerged, feed)[0], want) <= 1e-5
+        assert _rel(run_reference(result.merged, feed)[0], want) <= 1e-5
+    cert = result.certificate()
+    assert cert["summary"]["proved"] == cert["summary"]["obligations"] >= 2
+    assert len(cert["lora"]["error_bound"]["sites"]) == sum(len(a.attached) for a in result.attachments)
+
+
+def test_the_bound_holds_between_merged_and_unmerged_libraries_on_1000_inputs(tmp_path):
+    """A linear model whose output is the adapted op: both libraries compiled natively, 1,000 inputs,
+    every output within the bound per unit of max|x| (and the box bound for inputs in the box)."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48)).eval()
+    saved = save_adapter(copy.deepcopy(model), tmp_path / "adapter", r=8, lora_alpha=16, target_modules=["0"])
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(1000, 64),))
+    result = merge_adapters(module, saved.base, saved.load(), ranges={module.main.params[0].name: (-4.0, 4.0)})
+    (site,) = result.bounds
+    x = np.random.default_rng(0).uniform(-4, 4, (1000, 64)).astype(np.float32)
+    merged = cuvil.compile(result.merged, cache=False)(x)
+    unmerged = cuvil.compile(result.unmerged, cache=False)(x)
+    diff = np.abs(np.asarray(merged) - np.asarray(unmerged))
+    allowed = site.per_unit[None, :] * np.max(np.abs(x), axis=1, keepdims=True)
+    assert np.all(diff <= allowed), float(np.max(diff / allowed))
+    assert site.absolute is not None and np.all(diff <= site.absolute[None, :])
+    assert np.max(diff) > 0 or np.array_equal(merged, unmerged)  # the libraries really are two programs
+    assert site.max_absolute is not None and site.max_absolute < 1e-3
+
+
+def test_a_second_adapter_adds_its_weighted_update(tmp_path):
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6)).eval()
+    first = save_adapter(copy.deepcopy(model), tmp_path / "a", r=2, lora_alpha=2, target_modules=["0"])
+    torch.manual_seed(5)
+    second = save_adapter(copy.deepcopy(model), tmp_path / "b", r=3, lora_alpha=6, target_modules=["0"])
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(4, 8),))
+    result = merge_adapters(module, first.base, [WeightedAdapter(first.load(), 0.25), WeightedAdapter(second.load(),
+                                                                                                        -1.5)])
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    w = model[0].weight.detach().double().numpy()
+    want = x @ (w + 0.25 * (first.merged["0"] - w) - 1.5 * (second.merged["0"] - w)).T + model[0].bias.detach().numpy()
+    assert _rel(run_reference(result.merged, [x])[0], want) <= 1e-5
+    assert result.verification.proved
+
+
+def test_a_weight_the_model_does_not_hold_is_named(tmp_path):
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6)).eval()
+    saved = save_adapter(copy.deepcopy(model), tmp_path / "a", r=2, lora_alpha=2, target_modules=["0"])
+    with torch.no_grad():
+        model[0].weight[0, 0] += 1.0  # the compiled model is not the base the adapter was checked against
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(4, 8),))
+    with pytest.raises(AdapterError, match=r"the weight of '0' \(linear, shape \[6, 8\]\) is read by no matmul"):
+        attach(module, saved.base, [saved.load()])
+
+
+def test_dora_is_never_combined(tmp_path):
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6)).eval()
+    dora = save_adapter(copy.deepcopy(model), tmp_path / "d", r=2, lora_alpha=2, target_modules=["0"], use_dora=True)
+    plain = save_adapter(copy.deepcopy(model), tmp_path / "p", r=2, lora_alpha=2, target_modules=["0"])
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(4, 8),))
+    with pytest.raises(AdapterError, match="DoRA adapters cannot be combined"):
+        attach(module, dora.base, [dora.load(), plain.load()])
+
+
+def test_a_merge_the_checks_refuse_is_not_made(tmp_path):
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6)).eval()
+    saved = save_adapter(copy.deepcopy(model), tmp_path / "a", r=2, lora_alpha=2, target_modules=["0"])
+    from lora_models import scale_tensors
+
+    scale_tensors(saved.directory, "lora_B", 1e8)  # merged elements far past the float16 range
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(4, 8),))
+    with pytest.raises(AdapterError, match=r"fails \d+ check"):
+        merge_adapters(module, saved.base, saved.load(), dtype="fp16")
+    assert merge_adapters(module, saved.base, saved.load(), dtype="fp32").verification.proved
