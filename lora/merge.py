@@ -17,7 +17,7 @@ from lora.adapter import Adapter
 from lora.attach import Attachment, WeightedAdapter, attach
 from lora.base import BaseModel
 from lora.checks import AdapterCheck, check_adapter
-from lora.errors import AdapterError
+from lora.errors import AdapterError, AdapterRefused
 from lora.merge_bound import SiteBound, site_bounds
 from verify.certificate import Verification, seal
 from verify.gate import make_gate
@@ -75,9 +75,8 @@ def checked(adapters: list[WeightedAdapter], base: BaseModel, dtype: str) -> lis
         if check.errors:
             first = "; ".join(f.message for f in check.errors[:3])
             more = f" (and {len(check.errors) - 3} more)" if len(check.errors) > 3 else ""
-            raise AdapterError(f"the adapter fails {len(check.errors)} check(s): {first}{more}",
-                               location=str(w.adapter.directory),
-                               hint="`cuvil lora check` lists every finding with the elements at fault")
+            raise AdapterRefused(f"the adapter fails {len(check.errors)} check(s): {first}{more}",
+                                 location=str(w.adapter.directory))
         out.append(check)
     return out
 

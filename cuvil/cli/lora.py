@@ -1,5 +1,7 @@
 """``cuvil lora check``: an adapter checked against the base model it claims to fit, before it is
-loaded or merged (exit 0 every check passes, 1 a check fails, 2 usage or input error)."""
+loaded or merged (exit 0 every check passes, 1 a check fails, 2 usage or input error).
+``cuvil lora merge``: adapters merged into the base's CIR with every step proved (exit 0 merged and
+proved, 1 a check fails or a step is refuted, 3 a step could not be proved)."""
 
 from __future__ import annotations
 
@@ -72,6 +74,43 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if result.passed else EXIT_FAILED
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    import json
+
+    from cuvil.cli.common import check_output, parse_range, parse_shapes
+    from cuvil.frontend.dispatch import import_model
+    from cuvil.ir.printer import export_ir
+    from lora.adapter import Adapter
+    from lora.attach import WeightedAdapter
+    from lora.base import BaseModel
+    from lora.hf_model import example_inputs, load_model
+    from lora.merge import merge_adapters
+
+    check_output(args.output, "--output", suffix=".cir")
+    check_output(args.certificate, "--certificate")
+    weights = args.weight or [1.0] * len(args.adapter)
+    if len(weights) != len(args.adapter):
+        raise InputError(f"{len(weights)} --weight for {len(args.adapter)} --adapter", location="--weight",
+                         hint="give one --weight per --adapter, in the same order, or none")
+    if not Path(args.base).is_dir():
+        raise InputError(f"--base {args.base}: adapters are merged into a Hugging Face model directory "
+                         "(config.json + safetensors weights)", location="--base")
+    adapters = [WeightedAdapter(Adapter(d), w) for d, w in zip(args.adapter, weights, strict=True)]
+    model = load_model(args.base)
+    module = import_model(model, example_inputs=example_inputs(model, parse_shapes(args.shape or [])))
+    ranges = dict(parse_range(r) for r in args.range or []) or None
+    result = merge_adapters(module, BaseModel.from_torch(model, args.base), adapters, dtype=args.dtype, ranges=ranges,
+                            timeout=args.timeout)
+    export_ir(result.merged, args.output)
+    if args.certificate:
+        Path(args.certificate).write_text(json.dumps(result.certificate(), indent=2) + "\n")
+    if not args.quiet:
+        summary = result.verification.summary().splitlines()[-1]
+        sys.stderr.write(f"merged {len(result.attachments)} adapted module(s) into {args.output}: {summary}; "
+                         f"rounding of merged vs unmerged <= {result.max_per_unit:.3g} x max|x| per op\n")
+    return EXIT_OK
+
+
 def register(sub: Any) -> None:
     """Add ``lora`` (with ``check``) to the ``cuvil`` command's subparsers."""
     p = sub.add_parser("lora", help="check LoRA adapters against their base model before loading or merging")
@@ -89,3 +128,23 @@ def register(sub: Any) -> None:
     add_report_arguments(c)
     c.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     c.set_defaults(handler=cmd_check)
+    m = actions.add_parser("merge", help="merge adapters into the base model's CIR, every step proved",
+                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("--base", required=True, metavar="MODEL",
+                   help="the base model: a Hugging Face model directory (config.json + safetensors), loaded offline")
+    m.add_argument("--adapter", required=True, action="append", metavar="DIR",
+                   help="a PEFT adapter directory; repeat to combine several (DoRA adapters merge alone)")
+    m.add_argument("--weight", action="append", type=float, metavar="W",
+                   help="the weight of each --adapter's update, in order (default 1)")
+    m.add_argument("-o", "--output", required=True, metavar="OUT.cir", help="where the merged CIR goes")
+    m.add_argument("--certificate", metavar="FILE.json",
+                   help="write the certificate: the proofs of the merge and the rounding bound per adapted op")
+    m.add_argument("--shape", action="append", metavar="NAME=DIMS",
+                   help="the shape the model is exported at (default input_ids=1x8, or one image); repeatable")
+    m.add_argument("--range", action="append", metavar="NAME=LO:HI",
+                   help="an input box: the certificate then also bounds the rounding absolutely; repeatable")
+    m.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="the dtype the merged weights ship in (the checks refuse merges that overflow it)")
+    m.add_argument("--timeout", type=float, default=60.0, metavar="S", help="time limit per proof (seconds)")
+    m.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    m.set_defaults(handler=cmd_merge)

@@ -41,7 +41,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
             output_dir: str | Path | None = None, name: str | None = None, keep_ir: bool = False,
             cache: bool = True, dynamic: bool | None = None, fp16: bool = False,
             ranges: Mapping[str, tuple[float, float]] | None = None, fp16_strict: bool | None = None,
-            **import_options: Any) -> CompiledModel:
+            lora: Any = None, merge: bool = True, lora_base: Any = None, **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
     The optimization pipeline is ``O<opt_level>`` unless ``passes`` names one (``"O2"``,
@@ -61,8 +61,22 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     ``precision`` entry lists them with the reason. ``fp16_strict=True`` (default: whether
     ``gate`` is a strict gate) refuses instead (``CUVIL-FP16-UNPROVED``, nothing emitted) when any
     op float16 applies to is not proved.
+
+    ``lora`` adds PEFT adapters (a directory, ``(directory, weight)``, or a list of them), each checked
+    first: ``merge=True`` merges them into the weights by ``merge-low-rank`` and ``fold-constants``,
+    proved under ``gate`` like every pass; ``merge=False`` keeps each update as two small matrix
+    products beside its weight. ``lora_base`` names the modules when ``model`` is not the ``torch``
+    module the adapters were trained on (a Hugging Face directory or :class:`lora.BaseModel`).
     """
     fp16_request = _fp16_request(fp16, ranges, fp16_strict, gate)
+    if lora is not None:
+        from cuvil.passes.manager import parse_pipeline
+        from lora.compiled import with_adapters
+
+        model, first = with_adapters(model, lora, merge=merge, example_inputs=example_inputs, base=lora_base,
+                                     dtype="fp16" if fp16 else "fp32", **import_options)
+        passes = [*first, *parse_pipeline(passes if passes is not None else f"O{opt_level}")]
+        import_options = {}
     if backend not in BACKENDS:
         raise CodegenError(f"unknown backend {backend!r}", hint="backends: " + ", ".join(BACKENDS))
     if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:

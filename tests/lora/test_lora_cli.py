@@ -79,3 +79,44 @@ def test_progress_reports_every_adapted_module_once(tmp_path):
     assert [d for d, _, _ in seen] == list(range(1, len(adapter.lora_modules) + 1))
     assert {t for _, t, _ in seen} == {len(adapter.lora_modules)}
     assert [m for _, _, m in seen] == [m.module for m in adapter.lora_modules]  # in module order
+
+
+def _peft_logits(base: Path, adapter: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = transformers.LlamaForCausalLM.from_pretrained(base, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return peft.PeftModel.from_pretrained(model, adapter).eval()(ids, use_cache=False).logits
+
+
+def test_merge_writes_the_proved_merged_model_and_its_certificate(tmp_path, capsys):
+    import numpy as np
+
+    from cuvil import import_model
+    from cuvil.interp import run_reference
+
+    base, adapter = _saved_pair(tmp_path)
+    out, cert = tmp_path / "merged.cir", tmp_path / "cert.json"
+    code = main(["lora", "merge", "--base", str(base), "--adapter", str(adapter), "-o", str(out),
+                 "--certificate", str(cert), "--shape", "input_ids=1x6", "--range", "input_ids=0:63"])
+    assert code == 0, capsys.readouterr()
+    assert "merged 2 adapted module(s)" in capsys.readouterr().err
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
+    got = run_reference(import_model(str(out)), [ids.numpy()])[0]
+    want = _peft_logits(base, adapter, ids).numpy()
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    certificate = json.loads(cert.read_text())
+    assert certificate["summary"]["proved"] == certificate["summary"]["obligations"] >= 2
+    assert certificate["pipeline"] == ["merge-low-rank", "fold-constants"]
+    sites = certificate["lora"]["error_bound"]["sites"]
+    assert len(sites) == 2 and all(s["absolute_in_box"] is not None for s in sites)
+
+
+def test_merge_refuses_what_the_checks_refuse_with_exit_1(tmp_path, capsys):
+    base, adapter = _saved_pair(tmp_path, scale_b=1e6)
+    out = tmp_path / "merged.cir"
+    code = main(["lora", "merge", "--base", str(base), "--adapter", str(adapter), "-o", str(out), "--dtype", "fp16"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "CUVIL-LORA-REFUSED" in err and "q_proj" in err
+    assert not out.exists()
+    assert main(["lora", "merge", "--base", str(base), "--adapter", str(adapter), "--adapter", str(adapter),
+                 "--weight", "1", "-o", str(out)]) == 2  # two adapters, one weight

@@ -147,3 +147,45 @@ def test_a_merge_the_checks_refuse_is_not_made(tmp_path):
     with pytest.raises(AdapterError, match=r"fails \d+ check"):
         merge_adapters(module, saved.base, saved.load(), dtype="fp16")
     assert merge_adapters(module, saved.base, saved.load(), dtype="fp32").verification.proved
+
+
+def test_compile_with_an_adapter_merged_and_unmerged(tmp_path):
+    """``cuvil.compile(model, lora=DIR, merge=...)``: both libraries compute PEFT's output; the merged
+    one has the merge proved in its certificate, the unmerged one keeps the low-rank products."""
+    from verify import make_gate
+
+    base, adapter, wants = _peft_case("gpt2", {}, tmp_path / "adapter")
+    ids = _inputs("gpt2")
+    gate = make_gate("strict", 60)
+    merged = cuvil.compile(base, example_inputs=ids, lora=str(adapter.directory), merge=True, gate=gate, cache=False)
+    unmerged = cuvil.compile(base, example_inputs=ids, lora=str(adapter.directory), merge=False, cache=False)
+    for lib in (merged, unmerged):
+        out = lib(ids[0].numpy())
+        assert _rel(np.asarray(out[0] if isinstance(out, (list, tuple)) else out), wants[0]) <= 1e-5
+    report = gate.report()
+    assert [a.pass_name for a in report.applications][:2] == ["merge-low-rank", "fold-constants"]
+    assert report.proved and report.count("proved") >= 2
+    factors = {h for m in adapter.lora_modules for h in _factor_hashes(adapter, m)}
+    used = {}
+    for label, lib in (("merged", merged), ("unmerged", unmerged)):
+        used[label] = cuvil.import_model(str(lib.export_ir(tmp_path / f"{label}.cir"))).used_constants()
+    assert factors & used["unmerged"] and not factors & used["merged"]
+
+
+def _factor_hashes(adapter: Adapter, entry) -> set[str]:
+    from cuvil.ir.module import content_hash
+
+    return {content_hash(np.asarray(adapter.array(k), dtype=np.float32)) for k in (entry.a, entry.b) if k}
+
+
+def test_compile_names_what_it_needs_for_a_model_without_module_names(tmp_path):
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6)).eval()
+    saved = save_adapter(copy.deepcopy(model), tmp_path / "a", r=2, lora_alpha=2, target_modules=["0"])
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(4, 8),))
+    with pytest.raises(cuvil.CuvilError, match="lora_base"):
+        cuvil.compile(module, lora=str(saved.directory), cache=False)
+    lib = cuvil.compile(module, lora=str(saved.directory), lora_base=saved.base, cache=False)
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    want = x @ saved.merged["0"].T + model[0].bias.detach().numpy()
+    assert _rel(np.asarray(lib(x)), want) <= 1e-5
