@@ -10,7 +10,7 @@ module adds, with a proof."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,9 +57,10 @@ class WeightedAdapter:
     weight: float = 1.0
 
 
-def attach(module: Module, base: BaseModel,
-           adapters: Sequence[Adapter | WeightedAdapter]) -> tuple[Module, list[Attachment]]:
-    """``module`` with every adapter's update added beside the base weights it adapts."""
+def attach(module: Module, base: BaseModel, adapters: Sequence[Adapter | WeightedAdapter], *,
+           only: Collection[str] | None = None) -> tuple[Module, list[Attachment]]:
+    """``module`` with every adapter's update added beside the base weights it adapts (``only``: the
+    modules of these names, the others left out)."""
     weighted = [a if isinstance(a, WeightedAdapter) else WeightedAdapter(a) for a in adapters]
     if not weighted:
         raise AdapterError("no adapter to attach")
@@ -72,6 +73,8 @@ def attach(module: Module, base: BaseModel,
     updates: dict[Value, list[tuple[Attachment, WeightedAdapter, ModuleTensors]]] = {}
     for w in weighted:
         for entry in w.adapter.lora_modules:
+            if only is not None and entry.module not in only:
+                continue
             att = _locate(fn, module, base, w, entry)
             attachments.append(att)
             for site in att.sites:

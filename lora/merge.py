@@ -11,7 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from cuvil.ir.builder import Builder
 from cuvil.ir.module import Module
+from cuvil.ir.values import Value
 from cuvil.passes.manager import run_pipeline
 from lora.adapter import Adapter
 from lora.attach import Attachment, WeightedAdapter, attach
@@ -108,3 +112,41 @@ def _all_merged(merged: Module, attachments: list[Attachment]) -> None:
     if left:
         raise AdapterError(f"the update of {len(left)} module(s) stays unmerged: {', '.join(left[:5])}",
                            hint="the model reads these weights in a form merge-low-rank does not recognize")
+
+
+def site_weights(result: LoraMerge, base: BaseModel,
+                 adapters: Adapter | WeightedAdapter | Sequence[Adapter | WeightedAdapter]) -> list[SiteWeight]:
+    """The merged weight each adapted op reads, as the op reads it, bit for bit what the proved merge
+    holds: each site is merged again on its own by the same passes, and its weight must be one of the
+    merged module's constants (checked by content)."""
+    weighted = {str(w.adapter.directory): w for w in as_weighted(adapters)}
+    used = result.merged.used_constants()
+    out = []
+    for att in result.attachments:
+        for k, site in enumerate(att.attached):
+            b = Builder(result.unmerged.constants)
+            data_at = 1 if site.op == "matmul" else 0
+            free = 1 - data_at
+            operand = site.operands[free]
+            param = b.param("input", operand.dtype, operand.shape)
+            ops = [param, site.operands[data_at]] if free == 0 else [site.operands[data_at], param]
+            one = b.module(b.function("main", [param], [b.op(site.op, *ops, **site.attr_dict)]))
+            attached, _ = attach(one, base, [weighted[att.adapter]], only={att.module})
+            merged = run_pipeline(attached, MERGE_PIPELINE).module
+            (reader,) = [v for v in merged.main.ops() if param in v.operands]
+            weight = reader.operands[data_at]
+            if not weight.is_const or weight.const_hash not in used:
+                raise RuntimeError(f"the merged weight of {att.module!r} (site {k}) is not one the proved merge "
+                                   "holds")
+            out.append(SiteWeight(att.module, k, site, np.asarray(merged.constant(weight))))
+    return out
+
+
+@dataclass(frozen=True)
+class SiteWeight:
+    """The merged weight read at one adapted op, in the layout that op reads its weight operand."""
+
+    module: str
+    site: int
+    op: Value  # the op in the unmerged module
+    weight: np.ndarray
