@@ -101,9 +101,11 @@ class BaseModel:
             raise BaseModelError(f"{path} has no safetensors weights (pickled weights are never loaded)",
                                  location=str(path))
         try:
-            architectures = json.loads(config_path.read_text()).get("architectures") or []
+            config_data = json.loads(config_path.read_text())
+            architectures = config_data.get("architectures") or []
         except (json.JSONDecodeError, AttributeError) as e:
             raise BaseModelError(f"{config_path} is not a JSON object: {e}", location=str(config_path)) from None
+        _refuse_quantized(config_data.get("quantization_config"), path)
         try:
             import torch
             import transformers
@@ -133,6 +135,28 @@ class BaseModel:
                                          hint="the directory's weights do not match its config.json")
                 keys[name] = found
         return cls.from_torch(model, str(path), weights=lambda module, _: stored[keys[module]].array(keys[module]))
+
+
+def _refuse_quantized(quantization: Any, path: Path) -> None:
+    """A quantized checkpoint stores packed integers and scales, not the tensors an adapter adds to: a
+    QLoRA adapter was trained against the *dequantized* weights, and merging it onto the packed
+    tensors (or onto the original full-precision ones it was never trained with) computes another
+    model. Such a base is refused by name until it is dequantized."""
+    if not quantization:
+        return
+    method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else "unknown"
+    detail = ""
+    if isinstance(quantization, dict) and quantization.get("load_in_4bit"):
+        detail = f" {quantization.get('bnb_4bit_quant_type', 'fp4')} 4-bit"
+    elif isinstance(quantization, dict) and quantization.get("load_in_8bit"):
+        detail = " 8-bit"
+    raise BaseModelError(
+        f"the base at {path} is quantized ({method}{detail}, per config.json): its weights are stored packed, "
+        "so no adapter can be checked or merged against them as they are. A QLoRA adapter adds to the "
+        "dequantized weights it was trained with, not to the packed tensors nor to the original full-precision "
+        "ones", location=str(path / "config.json"),
+        hint="dequantize the base first (transformers: model.dequantize(), then save_pretrained with "
+             "safetensors) and give that directory")
 
 
 def _kind(m: Any) -> tuple[str, bool] | None:

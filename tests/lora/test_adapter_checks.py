@@ -188,6 +188,21 @@ def test_a_base_read_from_a_directory_equals_the_model_saved_there(tmp_path: Pat
         BaseModel.from_directory(tmp_path / "pickled")
 
 
+@pytest.mark.parametrize("quantization, named", [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "bitsandbytes nf4 4-bit"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "bitsandbytes 8-bit"),
+    ({"quant_method": "gptq", "bits": 4}, "gptq")])
+def test_a_quantized_base_is_refused_until_dequantized(tmp_path: Path, quantization: dict, named: str) -> None:
+    """QLoRA: the adapter adds to the dequantized weights it was trained with; a quantized checkpoint
+    holds packed integers, so checking or merging against it is refused by name, before any weight is read."""
+    torch.manual_seed(0)
+    tiny_llama().save_pretrained(tmp_path / "base", safe_serialization=True)
+    config = json.loads((tmp_path / "base" / "config.json").read_text())
+    (tmp_path / "base" / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+    with pytest.raises(BaseModelError, match=f"quantized \\({named}, per config.json\\).*dequantized weights"):
+        BaseModel.from_directory(tmp_path / "base")
+
+
 # -- incidents on one Llama adapter -------------------------------------------------------------------------------
 
 
