@@ -22,13 +22,34 @@ import z3
 from cuvil.errors import CuvilError
 
 MAX_POWER = 8
+MAX_DEPTH = 100
+
+
+def _depth(tree: ast.AST) -> int:
+    """The nesting depth of a tree, without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
+def _char_column(source: str, byte_offset: int) -> int:
+    """ast counts UTF-8 bytes from 1; the user counts characters."""
+    return len(source.encode()[:max(byte_offset - 1, 0)].decode(errors="ignore")) + 1
 
 
 class ExprError(CuvilError):
-    """A spec expression that cannot be read (syntax, unknown name, wrong kind)."""
+    """A spec expression that cannot be read (syntax, unknown name, wrong kind); ``column`` is the
+    1-based character column in the expression's text, when one is at fault."""
 
     code = "CUVIL-FAILSAFE-SPEC"
     default_hint = "expressions use numbers, names, + - * / **, comparisons, and/or/not, if-else, min, max, abs"
+
+    def __init__(self, message: str, *, column: int | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.column = column
 
 
 @dataclass(frozen=True)
@@ -60,7 +81,14 @@ def parse_expr(text: str | int | float | bool, kinds: Mapping[str, str], *, wher
     try:
         tree = ast.parse(source, mode="eval").body
     except SyntaxError as e:
-        raise ExprError(f"{source!r} is not an expression: {e.msg} (column {e.offset or 0})", location=where) from None
+        column = _char_column(source, e.offset) if e.offset else len(source) + 1  # 0: at the end of the text
+        raise ExprError(f"{source!r} is not an expression: {e.msg} (column {column})", location=where,
+                        column=column) from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"{source[:40]!r}... nests too deeply", location=where) from None
+    if _depth(tree) > MAX_DEPTH:
+        raise ExprError(f"{source[:40]!r}... nests deeper than {MAX_DEPTH} levels", location=where,
+                        hint="split it with definitions (define)")
     checker = _Kinds(kinds, source, where)
     kind = checker.visit(tree)
     if expect is not None and kind != expect:
@@ -100,8 +128,8 @@ class _Kinds(ast.NodeVisitor):
         self.names: set[str] = set()
 
     def fail(self, node: ast.AST, message: str) -> ExprError:
-        col = getattr(node, "col_offset", 0) + 1
-        return ExprError(f"{self.source!r}, column {col}: {message}", location=self.where)
+        col = _char_column(self.source, getattr(node, "col_offset", 0) + 1)
+        return ExprError(f"{self.source!r}, column {col}: {message}", location=self.where, column=col)
 
     def generic_visit(self, node: ast.AST) -> str:
         raise self.fail(node, f"{type(node).__name__} is not allowed in a spec expression")

@@ -27,9 +27,9 @@ from cuvil.cli.common import (
 )
 from cuvil.errors import CuvilError
 
-COMMANDS = ("ops", "ir", "run_reference", "opt", "compile", "run", "verify", "probe", "lora")
+COMMANDS = ("ops", "ir", "run_reference", "opt", "compile", "run", "verify", "probe", "lora", "failsafe")
 """The subcommand modules of this package, in the order ``cuvil --help`` lists them."""
-NEEDS_VERIFIER = ("verify", "probe", "lora")
+NEEDS_VERIFIER = ("verify", "probe", "lora", "failsafe")
 
 
 def build_parser() -> ArgumentParser:

@@ -50,7 +50,8 @@ EXIT_CODES = f"""exit codes (the same for every subcommand):
 """
 
 VERDICT_EXITS = {"CUVIL-PROOF-REFUTED": EXIT_FAILED, "CUVIL-PROOF-UNKNOWN": EXIT_UNDECIDED,
-                 "CUVIL-FP16-UNPROVED": EXIT_UNDECIDED, "CUVIL-LORA-REFUSED": EXIT_FAILED}
+                 "CUVIL-FP16-UNPROVED": EXIT_UNDECIDED, "CUVIL-LORA-REFUSED": EXIT_FAILED,
+                 "CUVIL-FAILSAFE-GUARD": EXIT_FAILED}
 """Errors that carry a verdict: their exit code is the verdict's, not a usage error's."""
 
 

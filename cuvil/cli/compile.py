@@ -134,7 +134,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         model = compile_model(model_path, target=args.target, opt_level=opt_level, threads=args.threads,
                               input_shapes=shapes or None, passes=passes, gate=gate, name=args.name or
                               _symbol_name(model_path), cache=not args.no_cache, output_dir=staging,
-                              dynamic=False, **options)
+                              dynamic=False, failsafe=args.failsafe, **options)
         assert model.library_path is not None and model.manifest is not None
         header, manifest_path = _install(model.library_path, model.manifest, output)
     except CuvilError as e:
@@ -162,6 +162,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         out.write("  dims      " + ", ".join(f"{k}={v}" for k, v in man["specialized_dims"].items()) + "\n")
     _print_verification(man.get("verification"))
     _print_precision(man.get("precision"))
+    _print_guard(man.get("guard"), man.get("failsafe"))
     return EXIT_OK
 
 
@@ -225,6 +226,17 @@ def _print_precision(entry: Any) -> None:
         sys.stdout.write(f"    ... and {len(unproved) - 10} more\n")
 
 
+def _print_guard(guard: Any, policy: Any) -> None:
+    if not isinstance(guard, dict) or not isinstance(policy, dict):
+        return
+    checks = [f"{c.get('side')} {c.get('tensor')} in [{c.get('lo')}, {c.get('hi')}]" if c.get("check") == "box"
+              else f"{c.get('side')} {c.get('tensor')} finite" for c in guard.get("checks", [])]
+    sys.stdout.write(f"  guard     policy {str(policy.get('policy_digest'))[:16]} (spec "
+                     f"{policy.get('spec', {}).get('name')}): {'; '.join(checks) or 'nothing to check'}\n")
+    sys.stdout.write(f"            faults: inputs -> {guard.get('input_fault')}, outputs -> {guard.get('output_fault')}"
+                     f"; {guard.get('symbol')}(code) names them\n")
+
+
 def _print_verification(cert: Any) -> None:
     if not isinstance(cert, dict):
         return
@@ -283,4 +295,8 @@ def register(sub: Any) -> None:
     p.add_argument("--calibrate", metavar="DIR",
                    help="with --enable-fp16: take the ranges not given by --range from .npy/.npz samples in DIR "
                         "(NAME.npy, NAME_*.npy, or .npz with named arrays)")
+    p.add_argument("--failsafe", metavar="POLICY.json", default=None,
+                   help="build the fail-safe policy's guard into the library: inputs finite and inside the "
+                        "policy's boxes, outputs finite, checked before and after each run (a violation returns "
+                        "CUVIL_ERR_INPUT_BOX, CUVIL_ERR_INPUT_NONFINITE or CUVIL_ERR_OUTPUT_NONFINITE)")
     p.set_defaults(handler=cmd_compile)

@@ -37,10 +37,17 @@ ERR_RANK = 3  # a tensor's rank differs from the manifest
 ERR_SHAPE = 4  # a tensor's dims differ from the manifest
 ERR_DTYPE = 5  # a tensor's dtype code differs from the manifest
 ERR_INDEX = 6  # a data-dependent index (gather, ...) was out of range
+# the fail-safe guard (a library compiled with a policy; see cuvil.codegen.guard)
+ERR_INPUT_BOX = 7  # an input element outside the box the policy's proofs cover
+ERR_INPUT_NONFINITE = 8  # an input element is NaN or infinite
+ERR_OUTPUT_NONFINITE = 9  # an output element is NaN or infinite (the outputs were written: do not use them)
+GUARD_CODES = frozenset({ERR_INPUT_BOX, ERR_INPUT_NONFINITE, ERR_OUTPUT_NONFINITE})
 
 ERROR_NAMES: dict[int, str] = {
     OK: "OK", ERR_NULL: "ERR_NULL", ERR_ARITY: "ERR_ARITY", ERR_RANK: "ERR_RANK",
     ERR_SHAPE: "ERR_SHAPE", ERR_DTYPE: "ERR_DTYPE", ERR_INDEX: "ERR_INDEX",
+    ERR_INPUT_BOX: "ERR_INPUT_BOX", ERR_INPUT_NONFINITE: "ERR_INPUT_NONFINITE",
+    ERR_OUTPUT_NONFINITE: "ERR_OUTPUT_NONFINITE",
 }
 
 ERROR_TEXT: dict[int, str] = {
@@ -50,6 +57,9 @@ ERROR_TEXT: dict[int, str] = {
     ERR_SHAPE: "a tensor has the wrong shape",
     ERR_DTYPE: "a tensor has the wrong dtype",
     ERR_INDEX: "an index read from the input data is out of range",
+    ERR_INPUT_BOX: "an input element is outside the box the fail-safe policy was proved for",
+    ERR_INPUT_NONFINITE: "an input element is NaN or infinite",
+    ERR_OUTPUT_NONFINITE: "an output element is NaN or infinite",
 }
 
 ARENA_ALIGN = 64

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.codegen import abi
+from cuvil.codegen.guard import GuardChecks
 from cuvil.codegen.header import render_header
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
 from cuvil.codegen.llvm_module import PROVENANCE_PREFIX, embed_provenance, lower_function
@@ -159,15 +160,16 @@ def _write_atomic(path: Path, text: str) -> None:
 def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: str | os.PathLike, *,
                   name: str | None = None, opt_level: int = 3, keep_ir: bool = False,
                   extra_manifest: Mapping[str, Any] | None = None, threads: int | None = None,
-                  provenance: Mapping[str, str] | None = None) -> Artifact:
+                  provenance: Mapping[str, str] | None = None, guard: GuardChecks | None = None) -> Artifact:
     """Compile ``fn`` (static shapes) into a shared library with its header and manifest in ``out_dir``.
     ``threads`` is the library's default thread count (None: the CPUs it may use when it runs);
-    ``provenance``: fields embedded in the library besides its function hash (a certificate digest)."""
+    ``provenance``: fields embedded in the library besides its function hash (a certificate digest);
+    ``guard``: the value checks of a fail-safe policy (listed in the manifest's ``guard``)."""
     from cuvil.version import __version__
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    lowered = lower_function(fn, constants, name=name, threads=threads)
+    lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard)
     target = host_target()
     p = lowered.prefix
     lib = Path(out_dir) / f"lib{p}.so"
@@ -191,6 +193,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
         "opt_level": opt_level,
         "function_hash": lowered.function_hash,
         "error_codes": {abi.ERROR_NAMES[c]: c for c in sorted(abi.ERROR_NAMES)},
+        **({"guard": guard.to_json(p, lowered.inputs, lowered.outputs)} if guard is not None else {}),
         **(extra_manifest or {}),
     }
     embed_provenance(lowered.module, p, {"function": lowered.function_hash, **(provenance or {}),

@@ -32,6 +32,32 @@ def _spec_lines(kind: str, specs: tuple[TensorSpec, ...], macro: str) -> list[st
     return lines
 
 
+def _guard_section(lf: LoweredFunction) -> str:
+    """The declaration of ``P_guard_fault`` and what the guard checks (empty for an unguarded library)."""
+    if lf.guard is None:
+        return ""
+    p, guard = lf.prefix, lf.guard
+    lines = []
+    for c in guard.plan(lf.inputs, lf.outputs):
+        what = f"in [{c.lo!r}, {c.hi!r}]" if c.kind == "box" else "finite"
+        lines.append(f" *   {c.side} {c.index} {abi.c_comment(c.spec.name)}: every element {what}")
+    faults = ", ".join(f"{abi.ERROR_NAMES[code]} -> {abi.c_comment(name)}" for code in sorted(abi.GUARD_CODES)
+                       if (name := guard.fault(code)) is not None) or "none named"
+    return f"""
+/* Fail-safe guard: {p}_run (and so {p}_run_checked) also checks the values, inputs before the ops run
+ * and outputs after them:
+{chr(10).join(lines) or " *   (no tensor holds numbers to check)"}
+ * The first failing check decides the code: CUVIL_ERR_INPUT_BOX (an element outside its box),
+ * CUVIL_ERR_INPUT_NONFINITE (a NaN or infinite input element) or CUVIL_ERR_OUTPUT_NONFINITE (the
+ * outputs were written, but must not be used). */
+#define {p.upper()}_GUARDED 1
+
+/* The policy's fault a guard code stands for ({faults}), or NULL for any other code or where the policy
+ * names no fault. The string is static: never free it. */
+const char* {p}_guard_fault(int32_t code);
+"""
+
+
 def render_header(lf: LoweredFunction, manifest_hash: str) -> str:
     p = lf.prefix
     macro = p.upper()
@@ -90,7 +116,7 @@ int32_t {p}_run(void* ctx, void* const* inputs, void* const* outputs);
  * without touching any buffer when they do not match the signature. */
 int32_t {p}_run_checked(void* ctx, const cuvil_tensor* inputs, int64_t n_inputs,
                         const cuvil_tensor* outputs, int64_t n_outputs);
-
+{_guard_section(lf)}
 #ifdef __cplusplus
 }}
 #endif

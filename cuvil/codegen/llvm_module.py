@@ -9,7 +9,10 @@ Exported symbols (``P`` is ``cuvil_<function name>``; see :mod:`cuvil.codegen.he
 - ``int32_t P_run_checked(void* ctx, const cuvil_tensor* inputs, int64_t n_inputs,
   const cuvil_tensor* outputs, int64_t n_outputs)``: checks counts, ranks, dims, dtypes and
   null pointers against the compiled signature first, and returns an error code instead of
-  touching memory when anything differs.
+  touching memory when anything differs;
+- ``const char* P_guard_fault(int32_t code)``, in a library compiled with a fail-safe policy only:
+  the policy's fault a guard code stands for (see :mod:`cuvil.codegen.guard`; ``P_run`` then checks
+  the input and output values too).
 
 Every entry point returns 0 or one of the codes in :mod:`cuvil.codegen.abi`. One context
 must not run on two threads at once; separate contexts are independent.
@@ -25,6 +28,7 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.abi import TensorSpec
+from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
 from cuvil.codegen.kernels import Kernel, select_kernel
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
@@ -57,6 +61,7 @@ class LoweredFunction:
     ops: tuple[str, ...]
     function_hash: str
     kernels: tuple[str, ...] = ()  # per step: the tuned kernel's name, or "rule" (generic lowering)
+    guard: GuardChecks | None = None  # the value checks of a fail-safe policy
 
     @property
     def arena_bytes(self) -> int:
@@ -78,9 +83,10 @@ def embed_provenance(mod: ir.Module, prefix: str, fields: Mapping[str, str]) -> 
 
 
 def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None = None,
-                   threads: int | None = None) -> LoweredFunction:
+                   threads: int | None = None, guard: GuardChecks | None = None) -> LoweredFunction:
     """Build the LLVM module of ``fn`` (static shapes only); ``threads`` is the default size of the
-    thread pool tuned kernels run on (None: the CPUs the process may use)."""
+    thread pool tuned kernels run on (None: the CPUs the process may use); ``guard``: the value checks
+    the run entry point makes before and after the ops."""
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
     _check_storage(fn)
@@ -129,10 +135,14 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     const_bytes += sum(kn.constant_bytes for kn in tuned.values())
     scratch = max((kn.scratch_bytes for kn in tuned.values()), default=0)
     set_default_threads(mod, threads)
-    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs, tuned, scratch)
+    checks: list[tuple[TensorCheck, ir.Function]] = []
+    if guard is not None:
+        checks = emit_checks(mod, prefix, guard.plan(inputs, outputs))
+        emit_fault_names(mod, prefix, guard)
+    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs, tuned, scratch, checks)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
-                           tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps))
+                           tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps), guard)
 
 
 def _check_storage(fn: Function) -> None:
@@ -167,10 +177,20 @@ def _not_null(b: Builder, p: Val) -> Val:
     return b.icmp_unsigned("!=", p, ir.Constant(PTR, None))
 
 
+def _guard(b: Builder, checks: list[tuple[TensorCheck, ir.Function]], side: str, tensors: Val) -> None:
+    """Run the guard's checks of one side on the data pointers in ``tensors``; return the first failure."""
+    for check, fn in checks:
+        if check.side == side:
+            data = b.load(b.gep(tensors, [ir.Constant(I64, check.index)], inbounds=True, source_etype=PTR), typ=PTR)
+            rc = b.call(fn, [data])
+            _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
+
+
 def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPlan,
                        const_globals: dict[str, ir.GlobalVariable], kernels: list[ir.Function],
                        inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
-                       tuned: Mapping[Value, Kernel], scratch: int) -> None:
+                       tuned: Mapping[Value, Kernel], scratch: int,
+                       checks: list[tuple[TensorCheck, ir.Function]]) -> None:
     # tuned kernels share one scratch area after the arena (they run one at a time)
     scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
     arena_alloc = max(scratch_at + scratch if scratch else plan.arena_bytes, abi.ARENA_ALIGN)
@@ -197,6 +217,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
         _fail_unless(b, _not_null(b, in_arr), abi.ERR_NULL)
     if outputs:
         _fail_unless(b, _not_null(b, out_arr), abi.ERR_NULL)
+    _guard(b, checks, "input", in_arr)
 
     def slot_ptr(v: Value) -> ir.Value:
         s = plan.slots[v]
@@ -223,6 +244,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
             size = nbytes(v.type)
             if size:
                 b.call(memcpy, [dst, slot_ptr(v), ir.Constant(I64, size), ir.Constant(I1, 0)])
+    _guard(b, checks, "output", out_arr)
     b.ret(ir.Constant(I32, abi.OK))
 
     # run_checked: validate the descriptors, then run

@@ -41,7 +41,8 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
             output_dir: str | Path | None = None, name: str | None = None, keep_ir: bool = False,
             cache: bool = True, dynamic: bool | None = None, fp16: bool = False,
             ranges: Mapping[str, tuple[float, float]] | None = None, fp16_strict: bool | None = None,
-            lora: Any = None, merge: bool = True, lora_base: Any = None, **import_options: Any) -> CompiledModel:
+            lora: Any = None, merge: bool = True, lora_base: Any = None, failsafe: Any = None,
+            **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
     The optimization pipeline is ``O<opt_level>`` unless ``passes`` names one (``"O2"``,
@@ -67,8 +68,14 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     proved under ``gate`` like every pass; ``merge=False`` keeps each update as two small matrix
     products beside its weight. ``lora_base`` names the modules when ``model`` is not the ``torch``
     module the adapters were trained on (a Hugging Face directory or :class:`lora.BaseModel`).
+
+    ``failsafe`` (a fail-safe policy: its JSON file or the parsed document) builds the policy's guard
+    into the library: every input element finite and inside the policy's box for it, every output
+    element finite, checked in native code; a violation raises :class:`cuvil.runtime.GuardFault`
+    with the policy's fault and the mode it calls for (``run_guarded`` returns it instead).
     """
     fp16_request = _fp16_request(fp16, ranges, fp16_strict, gate)
+    guard = _failsafe_guard(failsafe)
     if lora is not None:
         from cuvil.passes.manager import parse_pipeline
         from lora.compiled import with_adapters
@@ -88,8 +95,11 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     job = CompileJob(model, example_inputs=example_inputs, import_options=import_options, function=function,
                      passes=passes if passes is not None else f"O{opt_level}", gate=gate, opt_level=opt_level,
                       name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
-                      output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request)
+                      output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request,
+                      guard=guard)
     sig = job.signature()
+    if guard is not None:
+        guard.check_model(sig.inputs)
     if sig.is_static:
         lib = job.library({})
         job.release()
@@ -113,6 +123,16 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     if shapes is not None:
         compiled.specialize(sig.bind(shapes))
     return compiled
+
+
+def _failsafe_guard(policy: Any) -> Any:
+    """The guard a fail-safe policy asks the library to carry (None without a policy). The policy reader
+    is imported only when one is given: most compiles have none."""
+    if policy is None:
+        return None
+    from failsafe.guard import read_policy
+
+    return read_policy(policy)
 
 
 def _fp16_request(fp16: bool, ranges: Mapping[str, Any] | None, strict: bool | None, gate: Any

@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from cuvil.codegen.artifact import Artifact, build_library
 from cuvil.codegen.link import HostTarget
@@ -33,6 +33,9 @@ from cuvil.log import stage
 from cuvil.passes import parse_pipeline, run_pipeline
 from cuvil.runtime.cache import ArtifactCache, Entry, key_of
 from cuvil.runtime.loader import NativeLibrary, Signature
+
+if TYPE_CHECKING:
+    from failsafe.guard import GuardSpec
 
 logger = logging.getLogger("cuvil")
 
@@ -59,8 +62,10 @@ class CompileJob:
     def __init__(self, model: Any, *, example_inputs: Any, import_options: Mapping[str, Any], function: str | None,
                  passes: str | Sequence[Any], gate: Any, opt_level: int, name: str | None, keep_ir: bool,
                  threads: int | None, target: HostTarget, store: ArtifactCache | None,
-                 output_dir: Path | None, fp16: Mapping[str, Any] | None = None) -> None:
+                 output_dir: Path | None, fp16: Mapping[str, Any] | None = None,
+                 guard: GuardSpec | None = None) -> None:
         self.model = model
+        self.guard = guard  # a fail-safe policy's guard, built into every library of this job
         self.fp16 = fp16  # {"ranges": ..., "strict": ...}: lower to float16 where proved (see _fp16_plan)
         self._fp16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
         self.example_inputs = example_inputs
@@ -108,7 +113,8 @@ class CompileJob:
         return {"backend": "llvm", "opt_level": self.opt_level, "pipeline_spec": pipeline,
                 "pipeline": pipeline_key(self.passes), "gate": callable_key(self.gate), "name": self.name,
                 "keep_ir": self.keep_ir, "threads": self.threads,
-                **({"fp16": dict(self.fp16)} if self.fp16 is not None else {})}
+                **({"fp16": dict(self.fp16)} if self.fp16 is not None else {}),
+                **({"failsafe": self.guard.cache_key()} if self.guard is not None else {})}
 
     # -- the model -----------------------------------------------------------------------
     def module(self) -> Module:
@@ -199,12 +205,15 @@ class CompileJob:
         if mark is not None:
             extra["verification"] = self._certificate(mark, optimized)
             provenance["certificate"] = extra["verification"]["digest"]
+        if self.guard is not None:
+            extra["failsafe"] = self.guard.manifest()
         if cache_key is not None:
             extra["cache_key"] = cache_key
         with stage("codegen"):
             artifact = build_library(optimized.main, optimized.constants, out_dir, name=self.name,
                                      opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra,
-                                     provenance=provenance, threads=self.threads)
+                                     provenance=provenance, threads=self.threads,
+                                     guard=self.guard.checks() if self.guard is not None else None)
         for step, seconds in artifact.manifest.get("compile_times", {}).items():
             logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
                          seconds)

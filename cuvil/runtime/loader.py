@@ -35,6 +35,7 @@ from cuvil.errors import BudgetError, CodegenError, ConstraintError, InputError,
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
 from cuvil.ir.types import DimConstraint, bind_symbols
+from cuvil.runtime.guard import GuardFault, guard_fault
 
 
 class CTensor(ctypes.Structure):
@@ -183,6 +184,8 @@ class NativeLibrary:
                 raise InputError(f"{self.path.name} was closed", location=str(self.path),
                                  hint="load the library again to run it")
             rc = native(self._ctx, tin, len(arrays), tout, len(outputs))
+        if rc in abi.GUARD_CODES:
+            raise guard_fault(self.manifest, rc, arrays, outputs, self.path.name)
         if rc != abi.OK:
             function = self.manifest["function"]
             text = abi.ERROR_TEXT.get(rc, f"unknown error code {rc}")
@@ -304,6 +307,15 @@ class CompiledModel:
                              hint="inputs: " + ", ".join(map(str, self.inputs)))
         outs = self.run(kwargs if kwargs else list(args))
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run_guarded(self, *args: Any, **kwargs: Any) -> tuple[Any, GuardFault | None]:
+        """``(outputs, None)`` as a call returns them, or ``(None, fault)`` when a library compiled with a
+        fail-safe policy refused the values: a control loop switches to ``fault.mode`` without a ``try``.
+        Every other error (inputs that do not match the signature) still raises."""
+        try:
+            return self(*args, **kwargs), None
+        except GuardFault as fault:
+            return None, fault
 
     def _values(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
         sig = ", ".join(map(str, self.inputs))
