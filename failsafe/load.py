@@ -607,7 +607,9 @@ class _Builder:
         label = f"of mode {name!r}"
         local = [_Name(p, f"parameter {label}", (*path, "parameters", p)) for p in entry.get("parameters", {})]
         local += [_Name(d, f"definition {label}", (*path, "define", d)) for d in entry.get("define", {})]
-        self._check_names(local, shared)
+        # a mode may define a model output: it then stands in for the network (the Simplex fallback)
+        stand_in = {d for d in entry.get("define", {}) if shared.get(d) and shared[d].what == "model output"}
+        self._check_names(local, {k: v for k, v in shared.items() if k not in stand_in})
         fault_scope = dict.fromkeys(self.data.get("faults", {}), "bool")
         requires = self._expr((*path, "requires"), fault_scope, "bool") if "requires" in entry else None
         parameters = tuple(self._parameter((*path, "parameters", p)) for p in entry.get("parameters", {}))

@@ -27,6 +27,7 @@ import numpy as np
 from lora.adapter import Adapter, ModuleTensors
 from lora.base import BaseModel, BaseModule
 from lora.merged import Block, FastScreen, MergedWeight, Screen, to_float64
+from lora.screen_kernels import single_threaded_blas
 
 TARGET_DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
                                       "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -109,8 +110,9 @@ def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", ide
         out.findings += found
         if not found:
             measured.append((entry, module))
-    # modules are independent and numpy releases the GIL in its loops: a few threads, results in module order
-    with ThreadPoolExecutor(max_workers=_workers(len(measured))) as pool:
+    # modules are independent and numpy releases the GIL in its loops: a few threads (BLAS on one thread
+    # each, not splitting every thin product over the cores those threads use), results in module order
+    with single_threaded_blas(), ThreadPoolExecutor(max_workers=_workers(len(measured))) as pool:
         futures = [pool.submit(_numbers, adapter, entry, module, dtype) for entry, module in measured]
         for done, ((entry, _), future) in enumerate(zip(measured, futures, strict=True), 1):
             report, numeric = future.result()

@@ -17,6 +17,10 @@ import numpy as np
 from lora.base import BaseModule
 
 BLOCK_ELEMENTS = 1 << 20
+TILE_ELEMENTS = 1 << 17
+"""The float32 screen forms a merge a tile of rows at a time, 512 KiB of float32, so that its product, sum,
+absolute value and row reductions stay in a core's L2 cache."""
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _factor(magnitude: np.ndarray, norms: np.ndarray) -> np.ndarray:
@@ -59,11 +63,13 @@ class MergedWeight:
         else:
             self.rows, self.cols = shape[0], shape[1]
 
-    def stored_rows(self, rows: slice) -> np.ndarray:
-        """Rows of the canonical layout, as stored (a view: no conversion, nothing read yet)."""
+    def stored_rows(self, rows: slice | np.ndarray) -> np.ndarray:
+        """Rows of the canonical layout, as stored: for a slice a view (no conversion, nothing read yet),
+        for an index array a copy of those rows."""
         w = self.weight
         if self.module.kind == "conv":
-            return w[rows].reshape(rows.stop - rows.start, -1)
+            part = w[rows]
+            return part.reshape(part.shape[0], -1)
         return w[:, rows].T if self.module.fan_in_fan_out else w[rows]
 
     def _weight_rows(self, rows: slice) -> np.ndarray:
@@ -116,13 +122,45 @@ class MergedWeight:
         return out.T if self.module.fan_in_fan_out else out
 
 
-def to_float32(a: np.ndarray) -> np.ndarray | None:
-    """``a`` as float32 when that is exact (bfloat16, float16, float32), else None."""
-    if a.dtype == np.dtype(ml_dtypes.bfloat16):
-        return (np.asarray(a).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    if a.dtype in (np.dtype(np.float16), np.dtype(np.float32)):
-        return np.asarray(a, dtype=np.float32)
-    return None
+def to_float32(a: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    """``a`` as float32 in the first ``len(a)`` rows of ``out`` when that is exact (bfloat16 by its bits:
+    one pass, no temporary; float16, float32), else None."""
+    dst = out[:a.shape[0]]
+    if a.dtype == _BFLOAT16:
+        np.left_shift(a.view(np.uint16), 16, out=dst.view(np.uint32), dtype=np.uint32)
+    elif a.dtype in (np.dtype(np.float16), np.dtype(np.float32)):
+        np.copyto(dst, a)
+    else:
+        return None
+    return dst
+
+
+def _float32_above(x: float) -> np.float32:
+    """The least float32 >= ``x``: for a float32 ``v``, ``v < it`` exactly when ``v < x`` and ``v >= it``
+    exactly when ``v >= x`` (numpy compares a float32 array with a float after rounding the float to
+    float32, which can lose an element on the wrong side)."""
+    with np.errstate(over="ignore"):  # past float32's range: inf
+        f = np.float32(x)
+    return f if float(f) >= x else np.nextafter(f, np.float32(np.inf))
+
+
+def _nonzero(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.nonzero`` of a C-contiguous 2-D mask, in the same order, through the 1-D path (several times
+    faster on a few rows of thousands of columns)."""
+    return np.divmod(np.flatnonzero(mask), max(mask.shape[1], 1))
+
+
+def _weight_stats(w: np.ndarray) -> tuple[float, float] | None:
+    """``(sum of squares, max |w|)`` of a block of float32 weights; None when a weight is not finite."""
+    flat = w.ravel()
+    with np.errstate(over="ignore", invalid="ignore"):
+        w_sq = float(np.dot(flat, flat))
+    if not np.isfinite(w_sq):  # squares past float32's range, or a non-finite weight
+        wide = flat.astype(np.float64)
+        w_sq = float(np.dot(wide, wide))
+    if not np.isfinite(w_sq):
+        return None
+    return w_sq, max(float(w.max(initial=0.0)), -float(w.min(initial=0.0)))
 
 
 @dataclass
@@ -140,13 +178,37 @@ class Screen:
     big_rows: list[int]
     small_rows: list[np.ndarray]
     small_cols: list[np.ndarray]
-    top: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per block: rows, cols, float32 |merged| near its maximum
+    top: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # rows, cols, float32 |merged| near its maximum
+
+
+class _Tiles:
+    """The float32 merge ``|fl(W + fl(s·B)·A)|`` of a module by tiles of rows, each formed in one reused
+    buffer (the product written into it, the base weight added and the absolute value taken in place),
+    the base weight converted a block at a time into another. ``left @ right`` is the update in canonical
+    layout (an embedding's rows are vocabulary entries)."""
+
+    def __init__(self, merge: MergedWeight, a32: np.ndarray, bs32: np.ndarray) -> None:
+        embedding = merge.module.kind == "embedding"
+        self.left = np.ascontiguousarray(a32.T) if embedding else bs32
+        self.right = np.ascontiguousarray(bs32.T) if embedding else a32
+        cols = max(merge.cols, 1)
+        self.block = max(1, BLOCK_ELEMENTS // cols)
+        self.rows = min(self.block, max(8, TILE_ELEMENTS // cols // 8 * 8))  # BLAS's kernels take rows by 8s
+        self.weights = np.empty((min(self.block, merge.rows), merge.cols), np.float32)
+        self.buffer = np.empty((self.rows, merge.cols), np.float32)
+
+    def magnitudes(self, rows: slice | np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """|merged| of ``rows`` (``weight``: their float32 base weights), valid until the next call."""
+        out = self.buffer[:weight.shape[0]]
+        np.matmul(self.left[rows], self.right, out=out)
+        np.add(out, weight, out=out)
+        return np.abs(out, out=out)
 
 
 class FastScreen:
-    """The float32 screen of a merge without DoRA: one fused pass per block instead of float64 arithmetic
-    over every element (float32 products of ``r`` terms are within ``gamma_{r+3}`` of the exact value,
-    relative to ``|W| + |s|·|B|·|A|``, which is bounded per block from row sums of the factors)."""
+    """The float32 screen of a merge without DoRA: one fused pass per tile of rows instead of float64
+    arithmetic over every element (float32 products of ``r`` terms are within ``gamma_{r+3}`` of the exact
+    value, relative to ``|W| + |s|·|B|·|A|``, which is bounded per block from row sums of the factors)."""
 
     def __init__(self, merge: MergedWeight) -> None:
         self.merge = merge
@@ -170,43 +232,57 @@ class FastScreen:
             other_max = float(np.max(np.abs(m.a), initial=0.0))
         gram = (m.b.T @ m.b) * (m.a @ m.a.T)
         out = Screen(0.0, 0.0, 0.0, 0.0, float(m.scale ** 2 * gram.sum()), [], [], [], [])
-        step = max(1, BLOCK_ELEMENTS // max(m.cols, 1))
-        for start in range(0, m.rows, step):
-            rows = slice(start, min(start + step, m.rows))
-            w = self._weight_rows(rows)
-            if w is None:
-                return None
-            flat = w.ravel()
-            with np.errstate(over="ignore", invalid="ignore"):
-                w_sq = float(np.dot(flat, flat))
-            if not np.isfinite(w_sq):  # squares past float32's range, or a non-finite weight
-                wide = flat.astype(np.float64)
-                w_sq = float(np.dot(wide, wide))
-            if not np.isfinite(w_sq):
-                return None  # a non-finite base weight: the float64 path lists it
-            out.weight_sq += w_sq
-            w_max = max(float(w.max(initial=0.0)), -float(w.min(initial=0.0)))
-            bound = (w_max + abs_s * float(np.max(row_sums[rows], initial=0.0)) * other_max) * (1 + 2.0 ** -40)
-            err = gamma * bound + (rank + 2) * 2.0 ** -126  # relative error, plus float32 underflow
-            merged = (a32[:, rows].T @ bs32.T) if m.module.kind == "embedding" else bs32[rows] @ a32
-            merged += w
-            np.abs(merged, out=merged)
-            top = float(merged.max(initial=0.0))
-            out.merged_max = max(out.merged_max, top)
-            r, c = np.nonzero(merged >= top - 2 * err)  # the block's exact maximum is among these
-            out.top.append((r + start, c, merged[r, c]))
-            out.bound = max(out.bound, bound * (1 + gamma))
-            out.error = max(out.error, err)
-            if top >= high - err:
-                out.big_rows += [start + int(k) for k in np.flatnonzero(merged.max(axis=1) >= high - err)]
-            if float(merged.min(initial=np.inf)) < low + err:
-                r, c = np.nonzero(merged < low + err)
-                out.small_rows.append(r + start)
-                out.small_cols.append(c)
-        return out
+        tiles = _Tiles(m, a32, bs32)
+        row_max = np.zeros(m.rows, np.float32)  # float32 max |merged| of each row
+        row_err = np.zeros(m.rows)  # the error bound of each row's block
+        with np.errstate(over="ignore", invalid="ignore"):  # a float32 overflow shows as a non-finite row maximum
+            for start in range(0, m.rows, tiles.block):
+                rows = slice(start, min(start + tiles.block, m.rows))
+                w = to_float32(m.stored_rows(rows), tiles.weights)
+                stats = None if w is None else _weight_stats(w)
+                if w is None or stats is None:
+                    return None  # a base dtype float32 does not hold, or a non-finite base weight: the float64 path
+                out.weight_sq += stats[0]
+                bound = (stats[1] + abs_s * float(np.max(row_sums[rows], initial=0.0)) * other_max) * (1 + 2.0 ** -40)
+                err = gamma * bound + (rank + 2) * 2.0 ** -126  # relative error, plus float32 underflow
+                out.bound = max(out.bound, bound * (1 + gamma))
+                out.error = max(out.error, err)
+                row_err[rows] = err
+                self._block(out, tiles, rows, w, row_max, _float32_above(low + err))
+            return self._finish(out, tiles, row_max, row_err, high)
 
-    def _weight_rows(self, rows: slice) -> np.ndarray | None:
-        return to_float32(self.merge.stored_rows(rows))
+    @staticmethod
+    def _block(out: Screen, tiles: _Tiles, rows: slice, w: np.ndarray, row_max: np.ndarray,
+               small: np.float32) -> None:
+        """One block's tiles: each row's float32 maximum, and the elements below ``small`` (sought only in
+        the rows whose minimum is)."""
+        for first in range(rows.start, rows.stop, tiles.rows):
+            part = slice(first, min(first + tiles.rows, rows.stop))
+            mag = tiles.magnitudes(part, w[first - rows.start:part.stop - rows.start])
+            mag.max(axis=1, out=row_max[part], initial=0.0)
+            below = np.flatnonzero(mag.min(axis=1, initial=np.inf) < small)
+            if below.size:
+                r, c = _nonzero(mag[below] < small)
+                out.small_rows.append(below[r] + first)
+                out.small_cols.append(c)
+
+    def _finish(self, out: Screen, tiles: _Tiles, row_max: np.ndarray, row_err: np.ndarray,
+                high: float) -> Screen | None:
+        """The rows that may overflow, and the candidates for the largest element (their rows formed again)."""
+        out.merged_max = float(row_max.max(initial=0.0))
+        if not np.isfinite(out.merged_max):
+            return None  # a float32 sum overflowed: the error bound no longer holds, the float64 path decides
+        out.big_rows = np.flatnonzero(row_max >= high - row_err).tolist()
+        near = _float32_above(out.merged_max - 2 * out.error)  # the exact maximum is among these
+        rows = np.flatnonzero(row_max >= near)
+        for k in range(0, rows.size, tiles.rows):
+            part = rows[k:k + tiles.rows]
+            w = to_float32(self.merge.stored_rows(part), tiles.weights)
+            assert w is not None  # the blocks' pass converted the same rows
+            mag = tiles.magnitudes(part, w)
+            r, c = _nonzero(mag >= near)
+            out.top.append((part[r], c, mag[r, c]))
+        return out
 
     def exact_max(self, screen: Screen) -> float:
         """The exact largest |merged| element: only elements within twice the error of the float32

@@ -500,3 +500,23 @@ def test_examples_validate_against_the_schema_alone() -> None:
     validator = jsonschema.Draft202012Validator(spec_schema())
     for path in EXAMPLES.glob("*.yaml"):
         assert list(validator.iter_errors(yaml.safe_load(path.read_text()))) == []
+
+
+def test_a_mode_may_define_a_model_output_to_stand_in_for_the_network() -> None:
+    """Simplex: the fallback mode's definition of a network output replaces the network there; any other
+    section naming a model output still collides."""
+    text = """
+name: stand-in
+state: {v: {range: [0, 10]}}
+faults: {}
+modes:
+  - name: nominal
+  - name: fallback
+    define: {u: "v + 1"}
+invariants: {ok: "u >= v"}
+model: {path: net.onnx, inputs: [v], outputs: [u]}
+"""
+    spec = load_spec(text)
+    assert "u" in spec.modes[1].define and spec.model is not None and spec.model.outputs == ("u",)
+    with pytest.raises(SpecError, match="'u' is both"):
+        load_spec(text.replace("faults: {}", "faults: {}\nconstants: {u: 1}"))

@@ -104,3 +104,42 @@ def test_cli_reports_an_unrealizable_spec_with_exit_1(tmp_path, capsys):
     assert main(["failsafe", "synth", str(bad), "--json", str(out), "-q"]) == 1
     failed = [r for r in json.loads(out.read_text())["results"] if r["kind"] == "fail"]
     assert failed
+
+
+BRAKING_YAML = """
+name: braking
+state:
+  speed: {range: [0, 18], unit: m/s}
+  gap: {range: [0, 50], unit: m}
+faults:
+  wet: {kind: other, active: "speed <= 9"}
+modes:
+  - name: nominal
+  - name: emergency
+    define: {decel: "10"}
+invariants:
+  brake: "decel >= 0.5 * speed - 0.1 * gap"
+  limit: "decel <= 10"
+model: {path: braking.onnx, inputs: [speed, gap], outputs: [decel]}
+"""
+
+
+def test_cli_region_proves_where_the_network_is_trusted(tmp_path, capsys):
+    """A braking network with three hidden ReLU layers and a dip in braking near one state: the region
+    command proves most of the box, refutes the cells around the dip, and writes every cell."""
+    torch = pytest.importorskip("torch")
+    from tests.failsafe.test_network import BUMP, braking_controller
+
+    net = braking_controller(BUMP, width=1.0, depth=4.0, noise=1e-3)
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(tmp_path / "braking.onnx"), dynamo=False,
+                      input_names=["state"], output_names=["decel"],
+                      dynamic_axes={"state": {0: "batch"}, "decel": {0: "batch"}})
+    (tmp_path / "braking.yaml").write_text(BRAKING_YAML)
+    out = tmp_path / "region.json"
+    code = main(["failsafe", "region", str(tmp_path / "braking.yaml"), "--grid", "4", "--depth", "3", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code in (0, 3) and "of the box proved" in err
+    region = json.loads(out.read_text())
+    verdicts = [c["verdict"] for c in region["cells"]]
+    assert "proved" in verdicts and "refuted" in verdicts  # the dip is found, the rest is trusted
+    assert main(["failsafe", "region", str(tmp_path / "braking.yaml"), "--scenario", "gremlin"]) == 2
