@@ -26,6 +26,7 @@ import numpy as np
 
 from lora.adapter import Adapter, ModuleTensors
 from lora.base import BaseModel, BaseModule
+from lora.identity import recorded, tensor_digest
 from lora.merged import Block, FastScreen, MergedWeight, Screen, to_float64
 from lora.screen_kernels import single_threaded_blas
 
@@ -129,10 +130,31 @@ def check_adapter(adapter: Adapter, base: BaseModel, *, dtype: str = "fp32", ide
 
 
 def _identity(adapter: Adapter, base: BaseModel, policy: str) -> list[Finding]:
+    severity = "error" if policy == "error" else "warning"
+    return _named_identity(adapter, base, severity) + _content_identity(adapter, base, severity)
+
+
+def _content_identity(adapter: Adapter, base: BaseModel, severity: str) -> list[Finding]:
+    """Each base weight the adapter recorded a digest of (``cuvil lora stamp``) must have that digest."""
+    out = []
+    for module, digest in sorted(recorded(adapter).items()):
+        found = base.modules.get(module)
+        if found is None:
+            continue  # reported by the coverage check
+        actual = tensor_digest(found.weight)
+        if actual != digest:
+            out.append(Finding("lora-base-content", severity,
+                               f"the base weight of {module!r} is not the one the adapter was stamped with "
+                               f"(recorded {digest[:23]}..., found {actual[:23]}...): another base, or the same "
+                               "base changed", module=module, tensor=f"{module}.weight", expected=digest,
+                               found=actual))
+    return out
+
+
+def _named_identity(adapter: Adapter, base: BaseModel, severity: str) -> list[Finding]:
     claimed = adapter.config.base_model_name_or_path
     if not claimed or not base.name_or_path:
         return []
-    severity = "error" if policy == "error" else "warning"
     if not _same_model(claimed, base.name_or_path):
         return [Finding("lora-base-identity", severity,
                         f"the adapter was trained on {claimed!r}, the base given is {base.name_or_path!r}",

@@ -152,6 +152,16 @@ def _write_onnx(source: str, result: Any, base: Any, adapters: Any, output: str)
         raise RuntimeError(f"the merged ONNX model {output} does not import to the proved merged module")
 
 
+def cmd_stamp(args: argparse.Namespace) -> int:
+    from lora.identity import stamp
+
+    digests = stamp(args.adapter, _base(args.base, args.names))
+    if not args.quiet:
+        sys.stderr.write(f"recorded the digest of {len(digests)} base weight(s) in {args.adapter}; "
+                         "`cuvil lora check` now compares them\n")
+    return EXIT_OK
+
+
 def register(sub: Any) -> None:
     """Add ``lora`` (with ``check``) to the ``cuvil`` command's subparsers."""
     p = sub.add_parser("lora", help="check LoRA adapters against their base model before loading or merging")
@@ -173,6 +183,13 @@ def register(sub: Any) -> None:
     add_report_arguments(c)
     c.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     c.set_defaults(handler=cmd_check)
+    t = actions.add_parser("stamp", help="record in an adapter the content digest of every base weight it adapts",
+                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--base", required=True, metavar="MODEL", help="the base the adapter was trained on")
+    t.add_argument("--names", metavar="DIR", help="for an ONNX base whose exporter renamed the weights")
+    t.add_argument("--adapter", required=True, metavar="DIR", help="the PEFT adapter directory to stamp")
+    t.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    t.set_defaults(handler=cmd_stamp)
     m = actions.add_parser("merge", help="merge adapters into the base model's CIR, every step proved",
                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("--base", required=True, metavar="MODEL",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -120,3 +121,31 @@ def test_merge_refuses_what_the_checks_refuse_with_exit_1(tmp_path, capsys):
     assert not out.exists()
     assert main(["lora", "merge", "--base", str(base), "--adapter", str(adapter), "--adapter", str(adapter),
                  "--weight", "1", "-o", str(out)]) == 2  # two adapters, one weight
+
+
+def test_a_stamped_adapter_is_checked_against_the_base_by_content(tmp_path, capsys):
+    """The base weights' digests recorded in the adapter (safetensors metadata, which PEFT ignores): the
+    base it was stamped with passes, a base with one weight changed is named, as an error under
+    --identity error and a warning otherwise; PEFT still loads the stamped adapter."""
+    base, adapter = _saved_pair(tmp_path)
+    assert main(["lora", "stamp", "--base", str(base), "--adapter", str(adapter), "-q"]) == 0
+    assert "cuvil.base_tensors" in SafetensorsFile(adapter / "adapter_model.safetensors").metadata
+    assert main(["lora", "check", "--base", str(base), "--adapter", str(adapter), "--identity", "error", "-q"]) == 0
+    ids = torch.randint(0, 64, (1, 4))
+    _peft_logits(base, adapter, ids)  # still a PEFT adapter
+    changed = tmp_path / "changed"
+    import shutil
+
+    shutil.copytree(base, changed)
+    weights = next(changed.glob("*.safetensors"))
+    f = SafetensorsFile(weights)
+    tensors = {k: np.array(f.array(k)) for k in f}
+    key = "model.layers.0.self_attn.q_proj.weight"
+    tensors[key][0, 0] += 1e-3
+    write_safetensors(weights, tensors, f.metadata)
+    out = tmp_path / "r.json"
+    assert main(["lora", "check", "--base", str(changed), "--adapter", str(adapter), "--identity", "error",
+                 "--json", str(out), "-q"]) == 1
+    failed = [r for r in json.loads(out.read_text())["results"] if r["kind"] == "fail"]
+    assert [r["rule"] for r in failed] == ["lora-base-content"] and "q_proj" in failed[0]["message"]
+    assert main(["lora", "check", "--base", str(changed), "--adapter", str(adapter), "-q"]) == 0  # warn
