@@ -125,16 +125,15 @@ def site_weights(result: LoraMerge, base: BaseModel,
     for att in result.attachments:
         for k, site in enumerate(att.attached):
             b = Builder(result.unmerged.constants)
-            data_at = 1 if site.op == "matmul" else 0
-            free = 1 - data_at
-            operand = site.operands[free]
+            weight_at = 1 if site.op == "matmul" else 0  # matmul(x, W); embedding / gather(T, ids)
+            operand = site.operands[1 - weight_at]
             param = b.param("input", operand.dtype, operand.shape)
-            ops = [param, site.operands[data_at]] if free == 0 else [site.operands[data_at], param]
+            ops = [param, site.operands[1]] if weight_at == 1 else [site.operands[0], param]
             one = b.module(b.function("main", [param], [b.op(site.op, *ops, **site.attr_dict)]))
             attached, _ = attach(one, base, [weighted[att.adapter]], only={att.module})
             merged = run_pipeline(attached, MERGE_PIPELINE).module
             (reader,) = [v for v in merged.main.ops() if param in v.operands]
-            weight = reader.operands[data_at]
+            weight = reader.operands[weight_at]
             if not weight.is_const or weight.const_hash not in used:
                 raise RuntimeError(f"the merged weight of {att.module!r} (site {k}) is not one the proved merge "
                                    "holds")
