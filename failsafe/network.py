@@ -997,6 +997,18 @@ def trusted_region(network: DecisionNetwork, spec: Spec, *, scenario: Collection
                          scenario_label(active, order), mode, dict(parameters or {}))
 
 
+def recheck_cells(network: DecisionNetwork, spec: Spec, region: TrustedRegion, verdicts: Collection[str] = ("proved",),
+                  *, rlimit: int = RLIMIT, seed: int = 0) -> list[Cell]:
+    """Decide again, as :func:`trusted_region` decides them, the cells of ``region`` with one of ``verdicts``
+    (its scenario, mode and parameters): how a region read from a file is checked rather than trusted."""
+    if tuple(region.inputs) != network.inputs or tuple(region.outputs) != network.outputs:
+        raise NetworkError(f"the region is over inputs {list(region.inputs)} and outputs {list(region.outputs)}; "
+                           f"the network's are {list(network.inputs)} and {list(network.outputs)}")
+    chosen = _mode(spec, region.mode) if region.mode is not None else None
+    check = _Check(network, _Claim(spec, network, frozenset(region.faults), chosen, region.parameters), rlimit, seed)
+    return [check(c.lo, c.hi, c.depth) for c in region.cells if c.verdict in verdicts]
+
+
 def _grid(box: Sequence[tuple[float, float]], grid: int | Sequence[int]) -> list[tuple[tuple[float, ...],
                                                                                         tuple[float, ...]]]:
     parts = [grid] * len(box) if isinstance(grid, int) else list(grid)

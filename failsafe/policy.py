@@ -12,14 +12,21 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from cuvil.errors import CuvilError
-from failsafe.spec import FAULT_KINDS, Spec, scenario_label
+from failsafe.network import REGION_FORMAT, VERDICTS, Cell, TrustedRegion
+from failsafe.network import Counterexample as CellCounterexample
+from failsafe.spec import FAULT_KINDS, Mode, Spec, scenario_label
 
 if TYPE_CHECKING:
+    from failsafe.network import DecisionNetwork
     from failsafe.synth import Prover
 
 FORMAT = "cuvil-failsafe-policy/1"
@@ -32,6 +39,10 @@ GUARD_FIELDS = ("inputs", "input_fault", "output_fault")
 GUARD_FAULT_KINDS = {"input_fault": "input-box", "output_fault": "non-finite"}
 """The kind of fault each guard field names: the guard raises it on an input outside its box, on a
 non-finite output."""
+NETWORK_FIELDS = ("fallback", "fallback_parameters", "region")
+REGION_FIELDS = ("format", "inputs", "outputs", "scenario", "faults", "mode", "parameters", "margin", "counts",
+                 "coverage", "cells")
+CELL_FIELDS = ("lo", "hi", "verdict", "method", "depth", "margin", "phases", "counterexample", "reason", "seconds")
 FAULT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 NAME_LIMIT = 256
@@ -76,8 +87,21 @@ class Optimum:
 
 
 @dataclass(frozen=True)
+class NetworkUse:
+    """How a mode that relies on the decision network is made safe (Simplex): in the proved cells of
+    ``region`` the network acts, everywhere else ``fallback`` (a later mode that does not rely on it,
+    proved safe in the scenario with ``fallback_parameters``). No fallback (None) only when the region's
+    cells prove the whole scenario."""
+
+    fallback: str | None
+    fallback_parameters: dict[str, float]
+    region: TrustedRegion
+
+
+@dataclass(frozen=True)
 class Entry:
-    """A scenario's row of the table: the mode chosen (None when undecided) and its proved parameters."""
+    """A scenario's row of the table: the mode chosen (None when undecided) and its proved parameters;
+    ``network`` when the mode relies on the decision network."""
 
     scenario: str
     faults: tuple[str, ...]
@@ -89,6 +113,7 @@ class Entry:
     counterexamples: tuple[Counterexample, ...] = ()
     reason: str = ""
     optimum: tuple[Optimum, ...] = ()
+    network: NetworkUse | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +214,15 @@ def guard_for(spec: Spec) -> Guard:
     return Guard(inputs, _fault_of_kind(spec, "input-box"), _fault_of_kind(spec, "non-finite"))
 
 
+def relies_on_network(spec: Spec, mode: Mode) -> bool:
+    """Whether ``mode`` reads an output of the spec's decision network that neither it nor the spec defines:
+    the network then acts in that mode."""
+    if spec.model is None:
+        return False
+    defined = set(spec.define) | set(mode.define)
+    return any(o not in defined for o in spec.model.outputs)
+
+
 def _fault_of_kind(spec: Spec, kind: str) -> str | None:
     return next((f.name for f in spec.faults if f.kind == kind), None)
 
@@ -218,10 +252,30 @@ def _optimum_dict(o: Optimum) -> dict[str, Any]:
 
 
 def _entry_dict(e: Entry) -> dict[str, Any]:
-    return {"scenario": e.scenario, "faults": list(e.faults), "mode": e.mode, "parameters": _floats(e.parameters),
+    data = {"scenario": e.scenario, "faults": list(e.faults), "mode": e.mode, "parameters": _floats(e.parameters),
             "verdict": e.verdict, "seconds": float(e.seconds), "candidates_rejected": e.candidates_rejected,
             "counterexamples": [_counterexample_dict(c) for c in e.counterexamples], "reason": e.reason,
             "optimum": [_optimum_dict(o) for o in e.optimum]}
+    if e.network is not None:
+        data["network"] = {"fallback": e.network.fallback,
+                           "fallback_parameters": _floats(e.network.fallback_parameters),
+                           "region": _region_dict(e.network.region)}
+    return data
+
+
+def _region_dict(region: TrustedRegion) -> dict[str, Any]:
+    """The region as :meth:`TrustedRegion.to_json` writes it, its numbers as JSON floats (counts stay integers)."""
+    data = region.to_json()
+    data["parameters"] = _floats(data["parameters"])
+    data["coverage"] = float(data["coverage"])
+    for cell in data["cells"]:
+        for key in ("lo", "hi", "margin"):
+            cell[key] = [float(x) for x in cell[key]]
+        cell["seconds"] = float(cell["seconds"])
+        cex = cell["counterexample"]
+        if cex is not None:
+            cell["counterexample"] = {"state": _floats(cex["state"]), "outputs": _floats(cex["outputs"])}
+    return data
 
 
 def _failure_dict(m: ModeFailure) -> dict[str, Any]:
@@ -522,7 +576,78 @@ def _read_table(r: _Reader, value: Any, path: str, order: tuple[str, ...], modes
         seen.add(e.scenario)
         if e.mode is not None and e.mode not in modes:
             raise r.fail(f"{row}.mode", f"{e.mode!r:.80} is not one of the policy's modes")
+        if e.network is not None:
+            _check_network(r, e, e.network, f"{row}.network", modes)
     return tuple(entries)
+
+
+def _check_network(r: _Reader, e: Entry, use: NetworkUse, path: str, modes: tuple[str, ...]) -> None:
+    """The fallback is a later mode of the policy; the region is the entry's: same scenario, mode, parameters."""
+    if e.mode is None:
+        raise r.fail(path, "an entry without a mode has no network to use")
+    if use.fallback is not None and (use.fallback not in modes or modes.index(use.fallback) <= modes.index(e.mode)):
+        raise r.fail(f"{path}.fallback", f"{use.fallback!r:.80} is not a mode of the policy after {e.mode!r}")
+    region = use.region
+    for key, found, want in (("scenario", region.label, e.scenario), ("faults", region.faults, e.faults),
+                             ("mode", region.mode, e.mode), ("parameters", dict(region.parameters), e.parameters)):
+        if found != want:
+            raise r.fail(f"{path}.region.{key}", f"{found!r:.80} is not the entry's {key} ({want!r:.80})")
+
+
+def _read_network(r: _Reader, value: Any, path: str) -> NetworkUse:
+    d = r.obj(value, path)
+    r.known(d, path, NETWORK_FIELDS)
+    return NetworkUse(r.get(d, "fallback", path, _or_none(r.name)), r.get(d, "fallback_parameters", path, r.values),
+                      r.get(d, "region", path, lambda v, p: _read_region(r, v, p)))
+
+
+def _read_region(r: _Reader, value: Any, path: str) -> TrustedRegion:
+    """A trusted region as :meth:`TrustedRegion.to_json` writes it; its counts and coverage agree with its cells."""
+    d = r.obj(value, path)
+    r.known(d, path, REGION_FIELDS)
+    fmt = r.get(d, "format", path, r.text)
+    if fmt != REGION_FORMAT:
+        raise r.fail(f"{path}.format", f"{fmt!r:.80} is not {REGION_FORMAT!r}")
+    r.get(d, "margin", path, r.text)
+    inputs = r.get(d, "inputs", path, lambda v, p: tuple(r.items(v, p, r.name)))
+    region = TrustedRegion(
+        inputs, r.get(d, "outputs", path, lambda v, p: tuple(r.items(v, p, r.name))),
+        tuple(r.get(d, "cells", path, lambda v, p: r.items(v, p, lambda c, q: _read_cell(r, c, q, len(inputs))))),
+        r.get(d, "faults", path, r.names), r.get(d, "scenario", path, r.text), r.get(d, "mode", path, r.text_or_none),
+        r.get(d, "parameters", path, r.values))
+    if r.get(d, "counts", path, lambda v, p: r.named(v, p, r.count)) != region.counts():
+        raise r.fail(f"{path}.counts", f"do not count the cells' verdicts ({region.counts()})")
+    if r.get(d, "coverage", path, r.number) != region.coverage():
+        raise r.fail(f"{path}.coverage", f"is not the proved cells' share of the box ({region.coverage()!r})")
+    return region
+
+
+def _read_cell(r: _Reader, value: Any, path: str, dims: int) -> Cell:
+    d = r.obj(value, path)
+    r.known(d, path, CELL_FIELDS)
+
+    def corner(v: Any, p: str) -> tuple[float, ...]:
+        xs = r.items(v, p, r.number)
+        if len(xs) != dims:
+            raise r.fail(p, f"expected {dims} numbers (one per network input), found {len(xs)}")
+        return tuple(xs)
+
+    lo, hi = r.get(d, "lo", path, corner), r.get(d, "hi", path, corner)
+    for k, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        r.interval(a, b, f"{path}.lo[{k}]")
+    phases = r.get(d, "phases", path, lambda v, p: r.items(v, p, r.count))
+    if len(phases) != 2:
+        raise r.fail(f"{path}.phases", f"expected a pair [fixed, total], found {len(phases)} values")
+    return Cell(lo, hi, r.get(d, "verdict", path, r.choice(VERDICTS)), r.get(d, "method", path, r.text),
+                r.get(d, "depth", path, r.count), tuple(r.get(d, "margin", path, lambda v, p: r.items(v, p, r.number))),
+                (phases[0], phases[1]), r.get(d, "counterexample", path, _or_none(lambda v, p: _read_replay(r, v, p))),
+                r.get(d, "reason", path, r.text), r.get(d, "seconds", path, r.seconds))
+
+
+def _read_replay(r: _Reader, value: Any, path: str) -> CellCounterexample:
+    d = r.obj(value, path)
+    r.known(d, path, ("state", "outputs"))
+    return CellCounterexample(r.get(d, "state", path, r.values), r.get(d, "outputs", path, r.values))
 
 
 def _read_guard(r: _Reader, value: Any, path: str, kinds: Mapping[str, str]) -> Guard:
@@ -582,6 +707,7 @@ def _read_entry(r: _Reader, value: Any, path: str) -> Entry:
                                     lambda v, p: r.items(v, p, lambda c, q: _read_counterexample(r, c, q)), [])),
         reason=r.opt(d, "reason", path, r.text, ""),
         optimum=tuple(r.opt(d, "optimum", path, lambda v, p: r.items(v, p, lambda o, q: _read_optimum(r, o, q)), [])),
+        network=r.opt(d, "network", path, _or_none(lambda v, p: _read_network(r, v, p)), None),
     )
 
 
@@ -609,13 +735,17 @@ def _read_unrealizable(r: _Reader, value: Any, path: str, order: tuple[str, ...]
 
 # --- re-checking -----------------------------------------------------------------------------------------------
 
-def check_policy(spec: Spec, policy: Policy, *, rlimit: int | None = None) -> list[Verdict]:
+def check_policy(spec: Spec, policy: Policy, *, rlimit: int | None = None,
+                 network: DecisionNetwork | None = None) -> list[Verdict]:
     """Prove every claim of ``policy`` again under ``spec``: one verdict per scenario of the spec, then one
-    error per entry that names no scenario of it (unknown faults, duplicates)."""
+    error per entry that names no scenario of it (unknown faults, duplicates). An entry that uses the
+    decision network has its fallback proved and its region's cells decided again on ``network`` (by
+    default the spec's model, loaded when such an entry is met)."""
     # synth builds policies, so it imports this module; the prover is imported when a check runs
     from failsafe.synth import DEFAULT_RLIMIT, Prover
 
-    prover = Prover(spec, rlimit=rlimit if rlimit is not None else DEFAULT_RLIMIT)
+    prover = Prover(spec, rlimit=rlimit if rlimit is not None else DEFAULT_RLIMIT,
+                    network=network if network is not None else _spec_network(spec))
     order = [f.name for f in spec.faults]
     claims: dict[frozenset[str], Entry | Unrealizable] = {}
     stray: list[Verdict] = []
@@ -639,6 +769,14 @@ def check_policy(spec: Spec, policy: Policy, *, rlimit: int | None = None) -> li
         else:
             verdicts.append(_check_unrealizable(prover, faults, label, ordered, claim))
     return verdicts + stray
+
+
+def _spec_network(spec: Spec) -> Callable[[], DecisionNetwork] | None:
+    """The spec's decision network, loaded on first use (None when the spec names none)."""
+    from failsafe.network import load_decision_model
+
+    model = spec.model
+    return None if model is None else lambda: load_decision_model(model, spec)
 
 
 def _claim_kind(claim: Entry | Unrealizable) -> str:
@@ -680,6 +818,8 @@ def _check_entry(prover: Prover, spec: Spec, faults: frozenset[str], label: str,
     error = _entry_error(spec, faults, entry, prover)
     if error:
         return Verdict(label, ordered, "mode", entry.mode, "error", error)
+    if entry.network is not None:
+        return _check_simplex(prover, spec, faults, label, ordered, entry, entry.network)
     proof = prover.prove(faults, spec.mode(entry.mode), entry.parameters)
     status = "refuted" if proof.status == "vacuous" else proof.status
     return Verdict(label, ordered, "mode", entry.mode, status, proof.reason, proof.counterexample, proof.seconds)
@@ -704,3 +844,78 @@ def _check_unrealizable(prover: Prover, faults: frozenset[str], label: str, orde
                            seconds=outcome.seconds)
     return Verdict(label, ordered, "unrealizable", None, "proved", "no available mode has safe parameters",
                    seconds=outcome.seconds)
+
+
+def _check_simplex(prover: Prover, spec: Spec, faults: frozenset[str], label: str, ordered: tuple[str, ...],
+                   entry: Entry, use: NetworkUse) -> Verdict:
+    """The network's cells decided again (proved cells must prove, and without a fallback every other cell
+    must be empty and the cells must tile the box), then the fallback proved."""
+    assert entry.mode is not None
+    verdict = partial(Verdict, label, ordered, "mode", entry.mode)
+    error = _network_error(spec, faults, entry, use, prover)
+    if error:
+        return verdict("error", error)
+    cells = prover.recheck(use.region, ("proved", "empty") if use.fallback is None else ("proved",))
+    for old, new in cells:
+        if new.verdict != old.verdict:
+            cex = new.counterexample
+            found = None if cex is None else Counterexample(entry.mode, dict(cex.state), dict(entry.parameters),
+                                                            "numeric", tuple(_violated(spec, cex)))
+            return verdict("refuted" if new.verdict == "refuted" else "unknown",
+                           f"the {old.verdict} cell {list(old.lo)}..{list(old.hi)} is {new.verdict} when decided "
+                           f"again{': ' + new.reason if new.reason else ''}", found, sum(c.seconds for _, c in cells))
+    seconds = sum(c.seconds for _, c in cells)
+    if use.fallback is None:
+        if not _tiles(use.region, [spec.state_var(n) for n in use.region.inputs]):
+            return verdict("refuted", "there is no fallback and the region's cells do not cover the state box",
+                           seconds=seconds)
+        return verdict("proved", f"the network is proved on every cell ({len(cells)})", seconds=seconds)
+    proof = prover.prove(faults, spec.mode(use.fallback), use.fallback_parameters)
+    status = "refuted" if proof.status == "vacuous" else proof.status
+    reason = f"{len(cells)} proved cells decided again; fallback {use.fallback}: {proof.status}" + (
+        f" ({proof.reason})" if proof.reason else "")
+    return verdict(status, reason, proof.counterexample, seconds + proof.seconds)
+
+
+def _network_error(spec: Spec, faults: frozenset[str], entry: Entry, use: NetworkUse, prover: Prover) -> str:
+    """Why the entry's use of the network does not fit the spec ("" when it does)."""
+    assert entry.mode is not None
+    if spec.model is None or not relies_on_network(spec, spec.mode(entry.mode)):
+        return f"mode {entry.mode!r} does not rely on a decision network of the spec"
+    if (use.region.inputs, use.region.outputs) != (spec.model.inputs, spec.model.outputs):
+        return (f"the region's inputs {list(use.region.inputs)} and outputs {list(use.region.outputs)} are not the "
+                f"model's ({list(spec.model.inputs)}, {list(spec.model.outputs)})")
+    if use.fallback is None:
+        return ""
+    names = [m.name for m in spec.modes]
+    if use.fallback not in names or names.index(use.fallback) <= names.index(entry.mode):
+        return f"fallback {use.fallback!r} is not a mode of the spec after {entry.mode!r}"
+    if relies_on_network(spec, spec.mode(use.fallback)):
+        return f"fallback {use.fallback!r} relies on the decision network itself"
+    fallback = replace(entry, mode=use.fallback, parameters=use.fallback_parameters, network=None)
+    error = _entry_error(spec, faults, fallback, prover)
+    return f"fallback: {error}" if error else ""
+
+
+def _violated(spec: Spec, cex: CellCounterexample) -> list[str]:
+    """The invariants a replayed state breaks, by name (those reading definitions are not re-evaluated here)."""
+    env: dict[str, Any] = {**spec.constants, **cex.state, **cex.outputs}
+    return [i.name for i in spec.invariants if i.expr.names <= env.keys() and not bool(i.expr.evaluate(env))]
+
+
+def _tiles(region: TrustedRegion, box: Sequence[Any]) -> bool:
+    """Whether the cells cover the box of the inputs: inside it, no two overlapping, their exact volumes
+    adding up to the box's (closed cells of full measure cover the closed box)."""
+    if not region.cells:
+        return False
+    lo = np.array([c.lo for c in region.cells], dtype=np.float64)
+    hi = np.array([c.hi for c in region.cells], dtype=np.float64)
+    if np.any(lo < [v.lo for v in box]) or np.any(hi > [v.hi for v in box]):
+        return False
+    for k in range(len(lo)):
+        overlap = np.all(np.minimum(hi[k], hi[k + 1:]) > np.maximum(lo[k], lo[k + 1:]), axis=1)
+        if overlap.any():
+            return False
+    volume = sum((math.prod(Fraction(b) - Fraction(a) for a, b in zip(c.lo, c.hi, strict=True))
+                  for c in region.cells), Fraction(0))
+    return volume == math.prod(Fraction(float(v.hi)) - Fraction(float(v.lo)) for v in box)

@@ -4,8 +4,11 @@ allows under the mode the policy chose; every invariant is evaluated numerically
 policy must show zero violations; the harness is the independent, sampling-based confirmation.
 
 Steps whose scenario the policy leaves without a mode (unrealizable or undecided) are counted apart,
-never as safe. A decision model's outputs come from ``outputs(states)`` when given (the compiled
-network inside its trusted region, say), else each output is drawn over its declared range."""
+never as safe. A decision model's outputs come from ``outputs(states)`` (by default the network's).
+In an entry whose mode relies on the network (Simplex), states inside the entry's trusted region get
+the network's outputs (run by Cuvil) under that mode; every other state is handed to the fallback
+mode, which acts there with its own definitions and parameters (a state its assumptions exclude is
+replaced by one drawn under them: the fallback enforces them)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from failsafe.policy import Policy
+from failsafe.network import DecisionNetwork
+from failsafe.policy import Entry, NetworkUse, Policy
 from failsafe.spec import Mode, Spec, scenario_label
 
 Outputs = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
@@ -33,6 +37,8 @@ class Simulation:
     per_invariant: dict[str, int] = field(default_factory=dict)
     first_violation: dict[str, Any] | None = None
     fault_changes: int = 0
+    network_steps: int = 0  # steps where the decision network acted inside its trusted region
+    fallback_steps: int = 0  # steps of a network entry handed to its fallback mode
 
     @property
     def passed(self) -> bool:
@@ -52,7 +58,11 @@ def fault_sequence(faults: tuple[str, ...], steps: int, rng: np.random.Generator
 
 
 def simulate(spec: Spec, policy: Policy, *, steps: int = 100_000, seed: int = 0, outputs: Outputs | None = None,
-             p_on: float = 0.02, p_off: float = 0.2) -> Simulation:
+             network: DecisionNetwork | None = None, p_on: float = 0.02, p_off: float = 0.2) -> Simulation:
+    """Run ``steps`` steps; ``network`` is the decision network a Simplex entry runs (and, by default, what
+    gives a decision model's outputs)."""
+    if outputs is None and network is not None:
+        outputs = network.evaluate
     rng = np.random.default_rng(seed)
     names = tuple(f.name for f in spec.faults)
     seq = fault_sequence(names, steps, rng, p_on=p_on, p_off=p_off)
@@ -68,25 +78,77 @@ def simulate(spec: Spec, policy: Policy, *, steps: int = 100_000, seed: int = 0,
             sim.uncovered += count
             stats["uncovered"] = count
             continue
-        states = _draw(spec, spec.mode(entry.mode), active, entry.parameters, count, rng, outputs)
-        if states is None:
+        parts = _parts(spec, entry, active, count, rng, outputs, network)
+        if parts is None:
             sim.unsampled += count
             stats["unsampled"] = count
             continue
-        bad = np.zeros(count, dtype=bool)
-        for inv in spec.invariants:
-            broken = ~np.broadcast_to(np.asarray(inv.expr.evaluate(states), dtype=bool), (count,))
-            n = int(np.count_nonzero(broken))
-            if n:
-                sim.per_invariant[inv.name] = sim.per_invariant.get(inv.name, 0) + n
-                if sim.first_violation is None:
-                    k = int(np.argmax(broken))
-                    sim.first_violation = {"scenario": label, "mode": entry.mode, "invariant": inv.name,
-                                           "state": {v.name: float(states[v.name][k]) for v in spec.state}}
-            bad |= broken
-        stats["violations"] = int(np.count_nonzero(bad))
+        if entry.network is not None:
+            stats["network"], stats["fallback"] = len(_first(parts[0][1])), count - len(_first(parts[0][1]))
+            sim.network_steps += stats["network"]
+            sim.fallback_steps += stats["fallback"]
+        stats["violations"] = sum(_violations(sim, spec, label, mode, states) for mode, states in parts)
         sim.violations += stats["violations"]
     return sim
+
+
+def _first(states: Mapping[str, np.ndarray]) -> np.ndarray:
+    return next(iter(states.values()))
+
+
+def _violations(sim: Simulation, spec: Spec, label: str, mode: str, states: dict[str, np.ndarray]) -> int:
+    """The states (under ``mode``) that break an invariant; the first one found is recorded."""
+    count = len(states[spec.state[0].name])
+    bad = np.zeros(count, dtype=bool)
+    for inv in spec.invariants:
+        broken = ~np.broadcast_to(np.asarray(inv.expr.evaluate(states), dtype=bool), (count,))
+        n = int(np.count_nonzero(broken))
+        if n:
+            sim.per_invariant[inv.name] = sim.per_invariant.get(inv.name, 0) + n
+            if sim.first_violation is None:
+                k = int(np.argmax(broken))
+                sim.first_violation = {"scenario": label, "mode": mode, "invariant": inv.name,
+                                       "state": {v.name: float(states[v.name][k]) for v in spec.state}}
+        bad |= broken
+    return int(np.count_nonzero(bad))
+
+
+def _parts(spec: Spec, entry: Entry, active: frozenset[str], count: int, rng: np.random.Generator,
+           outputs: Outputs | None, network: DecisionNetwork | None) -> list[tuple[str, dict[str, np.ndarray]]] | None:
+    """``count`` states of the scenario by the mode that acts on them: the entry's mode, and for a Simplex entry
+    its fallback on the states outside the trusted region (first the network's part, then the fallback's)."""
+    assert entry.mode is not None
+    mode = spec.mode(entry.mode)
+    if entry.network is not None and network is None:
+        raise ValueError(f"the policy's entry for {entry.scenario!r} runs the decision network: simulate it with "
+                         "network=")
+    states = _draw(spec, mode, active, entry.parameters, count, rng, outputs)
+    if states is None or entry.network is None or entry.network.fallback is None:
+        return None if states is None else [(mode.name, states)]
+    trusted = entry.network.region.contains(states)
+    inside = {k: v[trusted] for k, v in states.items()}
+    rest = {v.name: states[v.name][~trusted] for v in spec.state}
+    handed = _fallback(spec, entry.network, active, rest, rng, outputs) if not trusted.all() else None
+    return [(mode.name, inside)] + ([(str(entry.network.fallback), handed)] if handed is not None else [])
+
+
+def _fallback(spec: Spec, use: NetworkUse, active: frozenset[str], states: dict[str, np.ndarray],
+              rng: np.random.Generator, outputs: Outputs | None) -> dict[str, np.ndarray]:
+    """The fallback acting on ``states``: they keep their values where its assumptions hold; the others are
+    drawn again under its assumptions (its scenario region is never empty: it was proved not vacuous)."""
+    assert use.fallback is not None
+    mode = spec.mode(use.fallback)
+    n = len(_first(states))
+    env = _fill(spec, mode, use.fallback_parameters, dict(states), outputs)
+    ok = _admitted(spec, mode, active, env, n)
+    kept = {k: np.broadcast_to(np.asarray(v), (n,))[ok] for k, v in env.items() if np.ndim(v) <= 1}
+    missing = n - int(np.count_nonzero(ok))
+    if not missing:
+        return kept
+    fresh = _draw(spec, mode, active, use.fallback_parameters, missing, rng, outputs)
+    if fresh is None:
+        raise ValueError(f"no state of scenario {sorted(active)} meets the assumptions of fallback {mode.name!r}")
+    return {k: np.concatenate([kept[k], fresh[k]]) for k in kept}
 
 
 def _draw(spec: Spec, mode: Mode, active: frozenset[str], parameters: Mapping[str, float], count: int,
@@ -97,13 +159,7 @@ def _draw(spec: Spec, mode: Mode, active: frozenset[str], parameters: Mapping[st
     have = 0
     for _ in range(MAX_DRAWS):
         env = _environment(spec, mode, parameters, rng, BATCH, outputs)
-        ok = np.ones(BATCH, dtype=bool)
-        for f in spec.faults:
-            cond = f.active if f.name in active else f.nominal
-            if cond is not None:
-                ok &= np.broadcast_to(np.asarray(cond.evaluate(env), dtype=bool), (BATCH,))
-        for a in mode.assume:
-            ok &= np.broadcast_to(np.asarray(a.evaluate(env), dtype=bool), (BATCH,))
+        ok = _admitted(spec, mode, active, env, BATCH)
         if ok.any():
             kept.append({k: np.broadcast_to(np.asarray(v), (BATCH,))[ok] for k, v in env.items()
                          if np.ndim(v) <= 1})
@@ -117,12 +173,30 @@ def _draw(spec: Spec, mode: Mode, active: frozenset[str], parameters: Mapping[st
     return {k: v[idx] for k, v in merged.items()}
 
 
+def _admitted(spec: Spec, mode: Mode, active: frozenset[str], env: Mapping[str, Any], n: int) -> np.ndarray:
+    """Which of ``n`` states meet the scenario's fault conditions and the mode's assumptions."""
+    ok = np.ones(n, dtype=bool)
+    for f in spec.faults:
+        cond = f.active if f.name in active else f.nominal
+        if cond is not None:
+            ok &= np.broadcast_to(np.asarray(cond.evaluate(env), dtype=bool), (n,))
+    for a in mode.assume:
+        ok &= np.broadcast_to(np.asarray(a.evaluate(env), dtype=bool), (n,))
+    return ok
+
+
 def _environment(spec: Spec, mode: Mode, parameters: Mapping[str, float], rng: np.random.Generator, n: int,
                  outputs: Outputs | None) -> dict[str, Any]:
     env: dict[str, Any] = {v.name: rng.uniform(v.lo, v.hi, n) for v in spec.state}
     for v in spec.state:  # the ends of each range too: where invariants are tightest
         ends = rng.random(n) < 0.05
         env[v.name] = np.where(ends, np.where(rng.random(n) < 0.5, v.lo, v.hi), env[v.name])
+    return _fill(spec, mode, parameters, env, outputs)
+
+
+def _fill(spec: Spec, mode: Mode, parameters: Mapping[str, float], env: dict[str, Any],
+          outputs: Outputs | None) -> dict[str, Any]:
+    """Constants, parameters, the model's outputs and the definitions, added to states by name."""
     env.update({k: float(c) for k, c in spec.constants.items()})
     env.update({k: float(p) for k, p in parameters.items()})
     if spec.model is not None:

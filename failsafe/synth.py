@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, cast
 
@@ -29,15 +29,18 @@ import numpy as np
 import z3
 
 from failsafe.expr import Expr, ExprError
+from failsafe.network import Cell, DecisionNetwork, TrustedRegion, load_decision_model, recheck_cells, trusted_region
 from failsafe.policy import (
     Counterexample,
     Entry,
     ModeFailure,
+    NetworkUse,
     Optimum,
     Policy,
     StateRange,
     Unrealizable,
     guard_for,
+    relies_on_network,
 )
 from failsafe.spec import Mode, Parameter, Spec, scenario_label
 
@@ -46,8 +49,14 @@ DEFAULT_RLIMIT = 5_000_000
 """z3 resource units per query: deterministic, unlike a wall-clock timeout (about 5 s of nonlinear solving)."""
 MAX_CANDIDATES = 60
 """Candidates one counterexample-guided search may try before it gives up (unknown)."""
+REGION_GRID = 4
+REGION_DEPTH = 4
+"""How a network mode's trusted region is cut: cells per input, then bisections of a cell not proved."""
 
 Progress = Callable[[str], None]
+NetworkSource = DecisionNetwork | Callable[[], DecisionNetwork] | None
+"""The decision network, or how to load it when a mode first needs it (a spec's model file is then read
+only when the network really acts in some scenario)."""
 
 
 class _OutOfTime(Exception):
@@ -294,6 +303,7 @@ class ModeOutcome:
     optimum: tuple[Optimum, ...] = ()
     reason: str = ""
     counterexample: Counterexample | None = None
+    network: NetworkUse | None = None
 
 
 @dataclass(frozen=True)
@@ -576,13 +586,37 @@ class _Search:
 
 # --- the prover ------------------------------------------------------------------------------------------------
 
+def network_parameters(mode: Mode) -> dict[str, float]:
+    """A network mode's parameters: each at the end of its range its objective favours (the middle with no
+    objective); the trusted region then says where the network is safe with them."""
+    ends = {"maximize": lambda p: p.hi, "minimize": lambda p: p.lo, None: lambda p: p.lo + (p.hi - p.lo) / 2}
+    return {p.name: float(ends[p.objective](p)) for p in mode.parameters}
+
+
 class Prover:
     """Decides modes and scenarios of one spec under one z3 context, resource limit and time limit."""
 
     def __init__(self, spec: Spec, *, rlimit: int = DEFAULT_RLIMIT, time_limit: float = math.inf,
-                 tolerance: float = 1e-9, progress: Progress | None = None) -> None:
+                 tolerance: float = 1e-9, progress: Progress | None = None, network: NetworkSource = None,
+                 region_grid: int = REGION_GRID, region_depth: int = REGION_DEPTH) -> None:
         self.spec, self.tolerance, self.progress = spec, tolerance, progress
         self.solver = _Solver(rlimit, time_limit)
+        self._network = network
+        self.region_grid, self.region_depth = region_grid, region_depth
+
+    def network(self) -> DecisionNetwork:
+        """The decision network, loaded on first use."""
+        if self._network is None:
+            raise ValueError(f"spec {self.spec.name!r} has a mode that relies on a decision network, and none "
+                             "is given")
+        if not isinstance(self._network, DecisionNetwork):
+            self._network = self._network()
+        return self._network
+
+    def recheck(self, region: TrustedRegion, verdicts: tuple[str, ...]) -> list[tuple[Cell, Cell]]:
+        """The region's cells with one of ``verdicts``, each with its verdict when decided again."""
+        old = [c for c in region.cells if c.verdict in verdicts]
+        return list(zip(old, recheck_cells(self.network(), self.spec, region, verdicts), strict=True))
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -611,15 +645,49 @@ class Prover:
         except _OutOfTime:
             return "the time limit was reached before it was checked"
 
+    def simplex(self, search: _Search, mode: Mode, alone: ModeOutcome, later: Sequence[Mode],
+                decided: dict[str, ModeOutcome]) -> ModeOutcome:
+        """``mode`` relies on the network and is not safe for every output: proved when the network is proved
+        on some cells (its trusted region) and the first later mode not relying on the network is safe (the
+        fallback, acting everywhere else), or when the cells prove the whole scenario."""
+        fallback = None
+        for m in later:
+            if not relies_on_network(self.spec, m):
+                decided[m.name] = decided.get(m.name) or search.decide(m)
+                if decided[m.name].status == "proved":
+                    fallback = decided[m.name]
+                    break
+        params = network_parameters(mode)
+        region = trusted_region(self.network(), self.spec, scenario=search.view.faults, mode=mode.name,
+                                parameters=params, grid=self.region_grid, max_depth=self.region_depth)
+        region = TrustedRegion.from_json(region.to_json())  # as the policy file holds it (seconds rounded)
+        counts = region.counts()
+        why = f"alone {alone.status}" + (f" ({alone.reason})" if alone.reason else "")
+        share = f"the network is proved on {counts['proved']} of {len(region.cells)} cells ({region.coverage():.1%})"
+        whole = counts["proved"] > 0 and counts["proved"] + counts["empty"] == len(region.cells)
+        if counts["proved"] and (fallback is not None or whole):
+            use = NetworkUse(fallback.mode if fallback else None, dict(fallback.parameters) if fallback else {}, region)
+            by = f"{fallback.mode} elsewhere" if fallback else "on every cell of the scenario"
+            return replace(alone, status="proved", parameters=params, optimum=(), network=use,
+                           reason=f"{why}; Simplex: {share}, {by}")
+        lacking = "no later mode that does not rely on the network is safe to fall back to" if fallback is None \
+            else f"{fallback.mode} alone serves every state"
+        return replace(alone, reason=f"{why}; {share}, so {lacking}")
+
     def scenario(self, faults: frozenset[str]) -> ScenarioOutcome:
         """The first mode with safe parameters, the best of them; or why none is safe."""
         start = time.perf_counter()
         search = _Search(self, faults)
         outcomes: list[ModeOutcome] = []
         reason, defeating = "", None
+        decided: dict[str, ModeOutcome] = {}
         try:
-            for mode in self.spec.modes:
-                outcomes.append(search.decide(mode))
+            for k, mode in enumerate(self.spec.modes):
+                outcome = decided.get(mode.name) or search.decide(mode)
+                if outcome.status in ("refuted", "unknown") and self._network is not None \
+                        and relies_on_network(self.spec, mode):
+                    outcome = self.simplex(search, mode, outcome, self.spec.modes[k + 1:], decided)
+                outcomes.append(outcome)
                 self.say(f"{search.view.label}: {mode.name} {outcomes[-1].status}")
                 if outcomes[-1].status == "proved":
                     break
@@ -648,8 +716,10 @@ def _entry(outcome: ScenarioOutcome) -> Entry:
                      outcome.counterexamples, reason or "undecided")
     undecided = any(m.status == "unknown" for m in outcome.modes)
     reason = ("a more capable mode is undecided; " if undecided else "") + "; ".join(passed)
+    if chosen.network is not None:
+        reason = "; ".join(r for r in (reason, f"{chosen.mode} {chosen.reason}") if r)
     return Entry(outcome.label, outcome.faults, chosen.mode, dict(chosen.parameters), "proved", outcome.seconds,
-                 outcome.rejected, outcome.counterexamples, reason, chosen.optimum)
+                 outcome.rejected, outcome.counterexamples, reason, chosen.optimum, chosen.network)
 
 
 def _unrealizable(outcome: ScenarioOutcome) -> Unrealizable:
@@ -659,12 +729,18 @@ def _unrealizable(outcome: ScenarioOutcome) -> Unrealizable:
     return Unrealizable(outcome.label, outcome.faults, outcome.defeating, per_mode, outcome.found_by, outcome.seconds)
 
 
-def synthesize(spec: Spec, *, time_limit: float = 60.0, rlimit: int = DEFAULT_RLIMIT, tolerance: float = 1e-9,
-               progress: Progress | None = None) -> Policy:
+def synthesize(spec: Spec, *, model: DecisionNetwork | None = None, time_limit: float = 60.0,
+               rlimit: int = DEFAULT_RLIMIT, tolerance: float = 1e-9, progress: Progress | None = None,
+               region_grid: int = REGION_GRID, region_depth: int = REGION_DEPTH) -> Policy:
     """Decide every scenario of ``spec`` (fewest faults first) and write the policy; scenarios left
-    when ``time_limit`` seconds have passed are unknown."""
+    when ``time_limit`` seconds have passed are unknown (a trusted region being cut runs to its end).
+    ``model``: the decision network a mode relies on (default: the spec's model, loaded when needed)."""
     start = time.perf_counter()
-    prover = Prover(spec, rlimit=rlimit, time_limit=time_limit, tolerance=tolerance, progress=progress)
+    source = spec.model
+    network: NetworkSource = model if model is not None else (
+        None if source is None else lambda: load_decision_model(source, spec))
+    prover = Prover(spec, rlimit=rlimit, time_limit=time_limit, tolerance=tolerance, progress=progress,
+                    network=network, region_grid=region_grid, region_depth=region_depth)
     table: list[Entry] = []
     unrealizable: list[Unrealizable] = []
     for faults in spec.scenarios():

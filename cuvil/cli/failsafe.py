@@ -38,6 +38,22 @@ def _read_policy(path: str) -> Any:
     return Policy.from_json(p.read_bytes(), source=str(p), check_digest=False)
 
 
+def _network(spec: Any, model: str | None) -> Any:
+    """The spec's decision network (``--model`` overrides its path), or None when the spec names none."""
+    from dataclasses import replace
+
+    from cuvil.errors import InputError
+    from failsafe.network import load_decision_model
+
+    if spec.model is None:
+        if model:
+            raise InputError(f"{spec.source or 'the spec'} names no decision model for --model to replace",
+                             location="--model", hint="add `model: {path: ..., inputs: [...], outputs: [...]}` "
+                                                      "to the spec")
+        return None
+    return load_decision_model(replace(spec.model, path=str(Path(model).resolve())) if model else spec.model, spec)
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from cuvil import __version__
     from failsafe.load import load_spec
@@ -52,7 +68,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         sys.stderr.write(f"{message}\n")
 
-    policy = synthesize(spec, time_limit=args.time_limit, progress=None if args.quiet else progress)
+    model = _network(spec, args.model) if args.model else None
+    policy = synthesize(spec, model=model, time_limit=args.time_limit, progress=None if args.quiet else progress)
     if args.output:
         Path(args.output).write_text(policy.to_json())
     report = to_report(policy, version=__version__, settings=_settings(spec=args.spec, time_limit=args.time_limit))
@@ -74,7 +91,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     check_report_outputs(args)
     spec = load_spec(Path(args.spec))
     policy = _read_policy(args.policy)
-    verdicts = check_policy(spec, policy)
+    verdicts = check_policy(spec, policy, network=_network(spec, args.model) if args.model else None)
     report = check_report(policy, verdicts, version=__version__)
     write_reports(report, args)
     if not args.quiet:
@@ -93,16 +110,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     spec = load_spec(Path(args.spec))
     policy = _read_policy(args.policy)
-    sim = simulate(spec, policy, steps=args.steps, seed=args.seed)
+    sim = simulate(spec, policy, steps=args.steps, seed=args.seed, network=_network(spec, args.model))
     summary = {"steps": sim.steps, "violations": sim.violations, "uncovered": sim.uncovered,
                "unsampled": sim.unsampled, "fault_changes": sim.fault_changes, "per_scenario": sim.per_scenario,
                "per_invariant": sim.per_invariant, "first_violation": sim.first_violation}
+    if spec.model is not None:
+        summary |= {"network_steps": sim.network_steps, "fallback_steps": sim.fallback_steps}
     if args.json:
         check_output(args.json, "--json")
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     if not args.quiet:
         sys.stderr.write(f"{sim.steps} steps, {sim.fault_changes} fault changes: {sim.violations} violations, "
                          f"{sim.uncovered} in scenarios without a mode, {sim.unsampled} unsampled\n")
+        if spec.model is not None:
+            sys.stderr.write(f"the network acted in {sim.network_steps} steps inside its trusted region, the "
+                             f"fallback in {sim.fallback_steps}\n")
         if sim.first_violation:
             sys.stderr.write(f"first violation: {sim.first_violation}\n")
     if sim.violations:
@@ -117,7 +139,7 @@ def cmd_region(args: argparse.Namespace) -> int:
 
     from cuvil.errors import InputError
     from failsafe.load import load_spec
-    from failsafe.network import load_decision_model, trusted_region
+    from failsafe.network import trusted_region
 
     check_output(args.output, "--output", suffix=".json")
     spec = load_spec(Path(args.spec))
@@ -130,7 +152,7 @@ def cmd_region(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"--scenario names faults the spec does not declare: {', '.join(unknown)}",
                          location="--scenario", hint="faults: " + ", ".join(f.name for f in spec.faults))
-    network = load_decision_model(model, spec)
+    network = _network(spec, args.model)
     region = trusted_region(network, spec, scenario=scenario, mode=args.mode, grid=args.grid,
                             max_depth=args.depth)
     if args.output:
@@ -152,6 +174,7 @@ def register(sub: Any) -> None:
     s.add_argument("spec", metavar="SPEC.yaml", help="the fail-safe spec (YAML; see failsafe/spec.schema.json)")
     s.add_argument("-o", "--output", metavar="POLICY.json", help="write the policy (the input of `cuvil compile "
                                                                  "--failsafe` and `cuvil failsafe check`)")
+    s.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
     s.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="seconds for the whole synthesis; what is left undecided is reported as unknown")
     add_report_arguments(s)
@@ -161,6 +184,7 @@ def register(sub: Any) -> None:
                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("spec", metavar="SPEC.yaml")
     c.add_argument("policy", metavar="POLICY.json")
+    c.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
     add_report_arguments(c)
     c.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     c.set_defaults(handler=cmd_check)
@@ -179,6 +203,7 @@ def register(sub: Any) -> None:
                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("spec", metavar="SPEC.yaml")
     m.add_argument("policy", metavar="POLICY.json")
+    m.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
     m.add_argument("--steps", type=int, default=100_000, help="simulated steps (default 100000)")
     m.add_argument("--seed", type=int, default=0, help="the random seed (runs are reproducible)")
     m.add_argument("--json", metavar="FILE", help="write the counts as JSON")
