@@ -545,7 +545,7 @@ class _ErrorWalker(IntervalWalker):
             if np.any(total):
                 raise self.refuse("an integer sum of values that carry float rounding")
             return total
-        acc = I.ACCUMULATOR.get(e.dtype, e.dtype)
+        acc = e.dtype  # a rule's sum runs in its own type (half terms are widened before, where a rule does)
         mag = np.sum(np.broadcast_to(body.magnitude(), shape), axis=axes)
         # any summation order: |fl(sum) - sum| <= (n - 1) u sum|terms| (1 + O(nu)), bounded with (n + 1) u
         return total + (n + 1) * I.unit_roundoff(acc) * mag + n * I.smallest_subnormal(acc) + _rounding(e.dtype, out)

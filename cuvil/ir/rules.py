@@ -372,6 +372,31 @@ def widen(x: Expr) -> Expr:
     return cast(x, DType.f32) if x.dtype in HALF_DTYPES else x
 
 
+def dim_scalar(n: Dim, dtype: DType) -> Expr:
+    """A (possibly symbolic) extent as a scalar of ``dtype``."""
+    if isinstance(n, int):
+        return lit(n, dtype)
+    return cast(IndexValue(DType.i64, Ix.lit(n)), dtype)
+
+
+def wide_sum(extents: Sequence[Dim], body: Callable[..., Expr]) -> Expr:
+    """The sum of ``body`` over fresh index variables with half-precision terms widened to f32:
+    a sum of halves accumulates in f32 (as PyTorch, ONNX Runtime and every GEMM do), so the
+    caller rounds it once; other types sum in their own type."""
+    return reduce("sum", extents, lambda *ks: widen(body(*ks)))
+
+
+def wide_mean(extents: Sequence[Dim], body: Callable[..., Expr], dtype: DType) -> Expr:
+    """The mean of ``body`` as a ``dtype`` value: :func:`wide_sum` divided by the count in the
+    accumulator's type, rounded to ``dtype`` once (a half sum rounded before the division
+    overflows long before the mean does)."""
+    n: Dim = 1
+    for d in extents:
+        n = n * d
+    total = wide_sum(extents, body)
+    return cast(total / dim_scalar(n, total.dtype), dtype)
+
+
 def smax(a: ExprLike, b: ExprLike) -> Expr:
     return call("max", a, b)
 

@@ -236,10 +236,9 @@ class IntervalWalker(RuleWalker[Interval]):
                 slo, shi = I._fix(np.sum(lo, axis=axes), np.sum(hi, axis=axes))
             pos_inf = np.any(hi == np.inf, axis=axes) & np.any(lo == -np.inf, axis=axes)
             out = Interval(slo, shi, nan | pos_inf)
-            if dt.is_float:
-                acc = I.ACCUMULATOR.get(dt, dt)
+            if dt.is_float:  # a float sum rounds every step in its own type (halves are widened first)
                 mag = np.sum(np.maximum(np.abs(lo), np.abs(hi)), axis=axes)
-                extra = (n + 1) * I.unit_roundoff(acc) * mag
+                extra = (n + 1) * I.unit_roundoff(dt) * mag
                 nonneg, nonpos = np.all(lo >= 0, axis=axes), np.all(hi <= 0, axis=axes)
                 pre = Interval(np.where(nonneg, np.maximum(out.lo - extra, 0.0), out.lo - extra),
                                np.where(nonpos, np.minimum(out.hi + extra, 0.0), out.hi + extra), out.nan)
@@ -418,13 +417,15 @@ def normalized_bound(e: Call, info: RuleInfo) -> float | None:
     var, eps = inner.args
     if not (isinstance(eps, Lit) and float(np.array(eps.value, dtype=eps.dtype.np)) > 0):
         return None
+    var = _half_uncast(var)
     if not (isinstance(var, Call) and var.fn == "div"):
         return None
     total, count = var.args
+    square = _half_uncast(total.body) if isinstance(total, Reduce) else None
     if not (isinstance(count, Lit) and isinstance(total, Reduce) and total.kind == "sum"
-            and isinstance(total.body, Call) and total.body.fn == "mul" and total.body.args[0] is total.body.args[1]):
+            and isinstance(square, Call) and square.fn == "mul" and square.args[0] is square.args[1]):
         return None
-    dev = total.body.args[0]
+    dev = square.args[0]
     if not (isinstance(dev, Call) and dev.fn == "sub" and dev.args[1] is mean and isinstance(dev.args[0], Load)):
         return None
     b = dev.args[0]
@@ -447,8 +448,19 @@ def normalized_bound(e: Call, info: RuleInfo) -> float | None:
     if float(count.value) != float(n):
         return None
     u = I.unit_roundoff(e.dtype)
-    acc = I.unit_roundoff(I.ACCUMULATOR.get(e.dtype, e.dtype))
+    acc = I.unit_roundoff(total.dtype)
     return math.sqrt(n) * (1.0 + 8.0 * u + (n + 2) * acc + 1e-12)
+
+
+_HALF_WIDENINGS = ({DType.f16, DType.f32}, {DType.bf16, DType.f32})
+
+
+def _half_uncast(e: Expr) -> Expr:
+    """``e`` without a cast between a half type and f32 on top (a mean of halves is summed and
+    divided in f32, then rounded once): the facts about the f32 value hold within that rounding."""
+    if isinstance(e, Call) and e.fn == "cast" and {e.dtype, e.args[0].dtype} in _HALF_WIDENINGS:
+        return e.args[0]
+    return e
 
 
 def _operand_shape(info: RuleInfo, k: int) -> tuple[int, ...] | None:
@@ -631,7 +643,7 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
     if dt.is_float:
         if prod_bound >= I.overflow_at(dt):
             return None
-        acc = I.ACCUMULATOR.get(dt, dt)
+        acc = rule.dtype if rule.dtype.is_float else dt  # the type the rule's sum runs in
         err = (I.unit_roundoff(dt) + (n + 1) * I.unit_roundoff(acc)) * mag + n * I.smallest_subnormal(dt)
         pre = Interval(out.lo - err, out.hi + err)
         out = I.round_to(pre, dt, 2.0)

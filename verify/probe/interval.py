@@ -51,10 +51,6 @@ def type_range(dtype: DType) -> tuple[float, float]:
     return float(info.min), float(info.max)
 
 
-ACCUMULATOR = {DType.f16: DType.f32, DType.bf16: DType.f32}
-"""The type float reductions accumulate in (the interpreter and the LLVM lowering sum f16/bf16
-in f32 and round once at the end)."""
-
 
 # --------------------------------------------------------------------------------------
 # the interval value

@@ -29,7 +29,7 @@ from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
-from cuvil.ir.rulewalk import ArrayWalker, RuleInfo, dyn_exprs
+from cuvil.ir.rulewalk import ArrayWalker, RuleInfo, dyn_exprs, walk_exprs
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, reachable
 from verify.probe import interval as I
@@ -221,9 +221,16 @@ def affine_op(v: Value, info: RuleInfo, constants: Mapping[int, np.ndarray],
     depth = max(len(t.factors) for t in terms) + 2
     n_sum = max(math.prod(n for _, n in t.reduces) for t in terms) * len(terms)
     dt = v.dtype
-    rounding = depth * I.unit_roundoff(dt) + (n_sum + 1) * I.unit_roundoff(I.ACCUMULATOR.get(dt, dt)) \
-        if dt.is_float else 0.0
+    rounding = depth * I.unit_roundoff(dt) + (n_sum + 1) * _sum_roundoff(info.rule, dt) if dt.is_float else 0.0
     return AffineOp(dense, offset, rounding, depth)
+
+
+def _sum_roundoff(rule: Expr, dt: DType) -> float:
+    """The unit roundoff of the least precise sum in ``rule``: each rule fixes the type its sums run in
+    (half terms widened to f32 by matmul, conv and the mean-like reductions; avg_pool, lp_pool, lrn and
+    cumsum still add halves in half), so the bound reads it rather than assuming f32."""
+    sums = [e.dtype for e in walk_exprs(rule) if isinstance(e, Reduce) and e.kind == "sum" and e.dtype.is_float]
+    return max((I.unit_roundoff(d) for d in sums), default=I.unit_roundoff(dt))
 
 
 def _offset(v: Value, constants: Mapping[int, np.ndarray]) -> np.ndarray:

@@ -18,6 +18,7 @@ from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.numpy_prims import reduce_axes, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
+from cuvil.ir.ops.reduce import mean_numpy
 from cuvil.ir.symbolic import Dim, sym_min
 from cuvil.ir.types import TensorType
 
@@ -59,13 +60,6 @@ def window_out_dim(size: Dim, k: int, s: int, pb: int, pe: int, d: int, ceil_mod
     if isinstance(out, int) and out < 1:
         raise ValueError(f"window of {k} (dilation {d}) does not fit an axis of {size} with pads ({pb}, {pe})")
     return out
-
-
-def _dim_scalar(n: Dim, dtype: DType) -> R.Expr:
-    """A (possibly symbolic) extent as a scalar of ``dtype``."""
-    if isinstance(n, int):
-        return R.lit(n, dtype)
-    return R.cast(R.IndexValue(DType.i64, R.Ix.lit(n)), dtype)
 
 
 def _index_in(ix: R.Ix, lo: Dim, hi: Dim) -> R.Expr:
@@ -337,7 +331,7 @@ def _max_pool_index(c: R.RuleCtx, best: R.Expr) -> R.Expr:
         lin: R.Ix = R.Ix.lit(0)
         for j in range(nsp):
             lin = lin * spatial[j] + pos[j]
-        none = _dim_scalar(_prod(spatial), DType.i64)
+        none = R.dim_scalar(_prod(spatial), DType.i64)
         return R.select(R.call("and", inside, hit), R.IndexValue(DType.i64, lin), none)
 
     first = R.Ix.dyn(R.reduce("min", c.attrs["kernel"], hit_index))
@@ -603,14 +597,13 @@ def _layer_norm_rule(c: R.RuleCtx) -> R.Expr:
     ax = norm_axis(c.attrs["axis"], x.rank)
     tail = x.shape[ax:]
     outer = c.out[:ax]
-    count = _dim_scalar(_prod(tail), x.dtype)
-    mean = R.reduce("sum", tail, lambda *ks: x.at(*outer, *ks)) / count
+    mean = R.wide_mean(tail, lambda *ks: x.at(*outer, *ks), x.dtype)
 
     def sq_dev(*ks: R.Ix) -> R.Expr:
         dev = x.at(*outer, *ks) - mean
         return dev * dev
 
-    var = R.reduce("sum", tail, sq_dev) / count
+    var = R.wide_mean(tail, sq_dev, x.dtype)
     norm = (x.at(*c.out) - mean) / R.sqrt(var + c.attrs["epsilon"])
     inner = c.out[ax:]
     return (norm * scale.at(*R.broadcast_index(inner, scale.shape, tail))
@@ -627,10 +620,9 @@ def _prod(dims: Sequence[Dim]) -> Dim:
 def _layer_norm_numpy(xs: list[np.ndarray], out: TensorType, axis: int, epsilon: float) -> np.ndarray:
     x, scale, bias = xs
     axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
-    count = np.asarray(math.prod(x.shape[a] for a in axes)).astype(x.dtype)
-    mean = reduce_axes("sum", x, axes, keepdims=True) / count
+    mean = mean_numpy(x, axes, keepdims=True)
     dev = x - mean
-    var = reduce_axes("sum", dev * dev, axes, keepdims=True) / count
+    var = mean_numpy(dev * dev, axes, keepdims=True)
     return dev / np.sqrt(var + np.asarray(epsilon, dtype=x.dtype)) * scale + bias
 
 

@@ -8,9 +8,8 @@ import numpy as np
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import div, reduce_axes
+from cuvil.ir.numpy_prims import cast, div, reduce_axes
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
-from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import TensorType
 
 
@@ -54,19 +53,29 @@ def reduction_rule(kind: str):
     return rule
 
 
-def _extent(dims: list[Dim], dtype: DType) -> R.Expr:
-    n: Dim = 1
-    for d in dims:
-        n = n * d
-    if isinstance(n, int):
-        return R.lit(n, dtype)
-    return R.cast(R.IndexValue(DType.i64, R.Ix.lit(n)), dtype)
+def _sum_rule(c: R.RuleCtx) -> R.Expr:
+    """Halves accumulate in f32 and are rounded once (:func:`cuvil.ir.rules.wide_sum`)."""
+    (x,) = c.inputs
+    red = _axes(c.attrs["axes"], x.rank)
+    total = R.wide_sum([x.shape[k] for k in red], lambda *ks: x.at(*_reduced_index(c, red, ks)))
+    return R.cast(total, x.dtype)
 
 
 def _mean_rule(c: R.RuleCtx) -> R.Expr:
+    """The f32 sum of halves divided in f32 and rounded once (:func:`cuvil.ir.rules.wide_mean`)."""
     (x,) = c.inputs
     red = _axes(c.attrs["axes"], x.rank)
-    return reduction_rule("sum")(c) / _extent([x.shape[k] for k in red], x.dtype)
+    return R.wide_mean([x.shape[k] for k in red], lambda *ks: x.at(*_reduced_index(c, red, ks)), x.dtype)
+
+
+def _wide_array(x: np.ndarray) -> np.ndarray:
+    """``x`` in the type its sums accumulate in: halves as f32 (exact), the rest unchanged."""
+    return x.astype(np.float32) if DType.from_numpy(x.dtype) in R.HALF_DTYPES else x
+
+
+def _round_once(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A wide accumulation rounded to the operand's type, as the rule's final cast does."""
+    return v if v.dtype == dtype else cast(v, DType.from_numpy(dtype))
 
 
 def _np_reduce(kind: str) -> Callable[..., np.ndarray]:
@@ -77,12 +86,22 @@ def _np_reduce(kind: str) -> Callable[..., np.ndarray]:
     return run
 
 
+def _sum_numpy(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    x = xs[0]
+    return _round_once(reduce_axes("sum", _wide_array(x), _axes(axes, x.ndim), keepdims), x.dtype)
+
+
+def mean_numpy(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """The mean over ``axes`` (sorted, non-negative) as :func:`cuvil.ir.rules.wide_mean` defines it:
+    the left-fold sum in the accumulator's type, divided there, rounded once."""
+    total = reduce_axes("sum", _wide_array(x), axes, keepdims)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    return _round_once(div(total, np.asarray(n).astype(total.dtype)), x.dtype)
+
+
 def _mean_numpy(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     x = xs[0]
-    ax = _axes(axes, x.ndim)
-    total = reduce_axes("sum", x, ax, keepdims)
-    n = int(np.prod([x.shape[a] for a in ax], dtype=np.int64))
-    return div(total, np.asarray(n).astype(x.dtype))
+    return mean_numpy(x, _axes(axes, x.ndim), keepdims)
 
 
 def _reduce_examples(rng: np.random.Generator) -> list:
@@ -97,7 +116,7 @@ def _reduce_examples(rng: np.random.Generator) -> list:
 _REDUCE_ATTRS = {"axes": ("ints", ()), "keepdims": ("bool", False)}
 
 define("reduce_sum", ("x",), attrs=_REDUCE_ATTRS,
-       shape=_reduce_type, rule=reduction_rule("sum"), numpy=_np_reduce("sum"),
+       shape=_reduce_type, rule=_sum_rule, numpy=_sum_numpy,
        family="reduce", doc="sum over `axes` (all axes when empty)", examples=_reduce_examples,
        precision_policy="keep-fp32")
 
