@@ -8,6 +8,7 @@ into the identity instead of a reduction over all axes.
 from __future__ import annotations
 
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
+from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
 
 _SIMPLE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
@@ -40,10 +41,21 @@ def reduce_simple(ctx: NodeCtx) -> Value:
     return ctx.b.op(_SIMPLE[ctx.node.op_type], x, axes=axes, keepdims=keepdims)
 
 
+_HALF = (DType.f16, DType.bf16)
+
+
 @onnx_op("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
-         emits=("reduce_sum", "reduce_max", "abs", "mul", "sqrt", "log", "exp", "sub", "add"))
+         emits=("reduce_sum", "reduce_max", "abs", "mul", "sqrt", "log", "exp", "sub", "add", "cast"))
 def reduce_composite(ctx: NodeCtx) -> Value:
+    """Half-precision inputs are reduced in f32 and the result rounded once, as ONNX Runtime does (a
+    sum of squares in f16 would overflow long before its square root does)."""
     x = ctx.input(0)
+    if x.dtype not in _HALF:
+        return _composite(ctx, x)
+    return ctx.b.cast(_composite(ctx, ctx.b.cast(x, to=DType.f32)), to=x.dtype)
+
+
+def _composite(ctx: NodeCtx, x: Value) -> Value:
     axes, keepdims = _axes(ctx)
     b = ctx.b
     kind = ctx.node.op_type
