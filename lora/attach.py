@@ -165,15 +165,16 @@ def _add_update(b: Builder, acc: Value, y: Value, att: Attachment, w: WeightedAd
     adapter's update to ``y``; DoRA (never combined) rescales the sum."""
     assert entry.a is not None and entry.b is not None
     dtype = y.dtype
-    a = b.const(np.asarray(w.adapter.array(entry.a), dtype=dtype.np))
+    a_data = np.asarray(w.adapter.array(entry.a), dtype=dtype.np)
     lb = b.const(np.asarray(w.adapter.array(entry.b), dtype=dtype.np))
     s = b.scalar(att.scale, dtype)
-    att.factors.update((a.const_hash, lb.const_hash))
-    if att.kind == "embedding":
-        a_t = b.const(np.ascontiguousarray(np.asarray(w.adapter.array(entry.a), dtype=dtype.np).T))
-        att.factors.add(a_t.const_hash)
+    if att.kind == "embedding":  # lora_embedding_A is [r, vocab]: looked up as its transpose
+        a_t = b.const(np.ascontiguousarray(a_data.T))
+        att.factors.update((a_t.const_hash, lb.const_hash))
         lookup = b.op(y.op, a_t, y.operands[1], **y.attr_dict)
         return b.add(acc, b.mul(b.matmul(lookup, lb, transpose_b=True), s))
+    a = b.const(a_data)
+    att.factors.update((a.const_hash, lb.const_hash))
     x = y.operands[0]
     a2, lb2 = (a.type.shape, lb.type.shape)
     if len(a2) != 2 or len(lb2) != 2:

@@ -31,6 +31,7 @@ from failsafe.network import (
     trusted_region,
 )
 from failsafe.spec import DecisionModel, Fault, Invariant, Mode, Parameter, Spec, StateVar
+from tests.failsafe.braking import maker
 
 torch = pytest.importorskip("torch")
 
@@ -43,33 +44,8 @@ INPUTS, OUTPUTS = ("speed", "gap"), ("decel",)
 
 def braking_controller(bump: tuple[float, float], width: float, depth: float, noise: float,
                        seed: int = 0) -> Any:
-    """Layer 1: the braking need plus four hinge features around the bump; layer 2: the clamp's two
-    pieces and the bump ``relu(1 - |dv| / w - 0.2 |dd| / w)``; layer 3 passes them on. Every weight
-    is first drawn from ``seed`` and scaled by ``noise`` (the perturbation), then the design added."""
-    torch.manual_seed(seed)
-    h = 8
-    net = torch.nn.Sequential(torch.nn.Linear(2, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(),
-                              torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 1))
-    l0, l1, l2, l3 = net[0], net[2], net[4], net[6]
-    vc, dc = bump
-    with torch.no_grad():
-        for layer in (l0, l1, l2, l3):
-            layer.weight.mul_(noise)
-            layer.bias.mul_(noise)
-        first = [((0.5, -0.1), 0.5), ((0.5, -0.1), -9.5), ((1.0, 0.0), -vc), ((-1.0, 0.0), vc),
-                 ((0.0, 1.0), -dc), ((0.0, -1.0), dc)]
-        for k, (w, b) in enumerate(first):
-            l0.weight[k] += torch.tensor(w)
-            l0.bias[k] += b
-        l1.weight[0, 0] += 1.0
-        l1.weight[1, 1] += 1.0
-        l1.weight[2, 2:4] += -1.0 / width
-        l1.weight[2, 4:6] += -0.2 / width
-        l1.bias[2] += 1.0
-        for k in range(3):
-            l2.weight[k, k] += 1.0
-        l3.weight[0, :3] += torch.tensor([1.0, -1.0, -depth])
-    return net
+    """The shipped example's design (``make_braking_network.braking_network``) with its dip at ``bump``."""
+    return maker.braking_network(dip=bump, width=width, depth=depth, noise=noise, seed=seed)
 
 
 def braking_spec(source: str = "", invariants: tuple[tuple[str, str], ...] | None = None,
@@ -123,8 +99,7 @@ def controller() -> Any:
 @pytest.fixture(scope="module")
 def network(spec: Spec, controller: Any) -> DecisionNetwork:
     path = Path(spec.source).parent / "braking.onnx"
-    torch.onnx.export(controller, (torch.zeros(1, 2),), str(path), dynamo=False, input_names=["state"],
-                      output_names=["decel"], dynamic_axes={"state": {0: "batch"}, "decel": {0: "batch"}})
+    maker.export(controller, path)
     assert spec.model is not None
     return load_decision_model(spec.model, spec)
 

@@ -9,7 +9,6 @@ misses, simulated on a box narrowed around it (where sampling does hit it)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from dataclasses import replace
@@ -247,11 +246,8 @@ def test_a_network_mode_safe_for_every_output_never_loads_the_model(spec: Spec) 
 
 def bug_network() -> DecisionNetwork:
     torch = pytest.importorskip("torch")
-    path = EXAMPLES / "make_braking_network.py"
-    module_spec = importlib.util.spec_from_file_location("make_braking_network", path)
-    assert module_spec is not None and module_spec.loader is not None
-    maker = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(maker)
+    from tests.failsafe.braking import maker
+
     net = maker.braking_network(dip=BUG, width=0.005, depth=20.0, noise=0.0)
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     return load_network(net, (torch.zeros(4, 2),), inputs=("speed", "gap"), outputs=("decel",),

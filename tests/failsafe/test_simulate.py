@@ -127,13 +127,10 @@ model: {path: braking.onnx, inputs: [speed, gap], outputs: [decel]}
 def test_cli_region_proves_where_the_network_is_trusted(tmp_path, capsys):
     """A braking network with three hidden ReLU layers and a dip in braking near one state: the region
     command proves most of the box, refutes the cells around the dip, and writes every cell."""
-    torch = pytest.importorskip("torch")
-    from tests.failsafe.test_network import BUMP, braking_controller
+    pytest.importorskip("torch")
+    from tests.failsafe.braking import maker
 
-    net = braking_controller(BUMP, width=1.0, depth=4.0, noise=1e-3)
-    torch.onnx.export(net, (torch.zeros(1, 2),), str(tmp_path / "braking.onnx"), dynamo=False,
-                      input_names=["state"], output_names=["decel"],
-                      dynamic_axes={"state": {0: "batch"}, "decel": {0: "batch"}})
+    maker.export(maker.braking_network(), tmp_path / "braking.onnx")
     (tmp_path / "braking.yaml").write_text(BRAKING_YAML)
     out = tmp_path / "region.json"
     code = main(["failsafe", "region", str(tmp_path / "braking.yaml"), "--grid", "4", "--depth", "3", "-o", str(out)])
