@@ -25,6 +25,7 @@ from cuvil.ir.printer import value_names
 from cuvil.ir.values import Value
 from cuvil.passes.fp16 import fits, is_boundary_cast
 from verify.errors import ProofIncomplete
+from verify.probe.budget import PLAN_EFFORT, Budget
 from verify.probe.probe import Analysis, ProbeOptions
 from verify.probe.program import DEFAULT_KEEP, max_finite, reduced_program
 
@@ -73,15 +74,16 @@ def fp16_module(module: Module, kept: frozenset[Value] | set[Value]) -> Module:
 
 
 def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refine: bool = True,
-                  time_limit: float = 60.0, max_rounds: int | None = None
+                  effort: float = PLAN_EFFORT, time_limit: float = 600.0, max_rounds: int | None = None
                   ) -> tuple[frozenset[Value], list[Decision]]:
     """The ops of ``module`` to keep in float32 for inputs in ``ranges``, and a decision per float32 op.
 
     Every op not kept has all its float16 sites proved safe; ops that cannot run in float16 at all
     (constants out of range, non-float32 operands) are reported as kept for that reason. Each round
     keeps at least one more op, so the loop ends by itself; ``max_rounds`` (default: as many as the
-    function has ops) and ``time_limit`` end it early, keeping every float16 op left unproved."""
-    deadline = time.monotonic() + time_limit
+    function has ops), the work budget ``effort`` (units, :mod:`.budget`: the same plan on any machine) and
+    the outer guard ``time_limit`` (seconds) end it early, keeping every float16 op left unproved."""
+    budget = Budget(effort, time.monotonic() + time_limit, phase="fp16 planning")
     fn = module.main
     ops = set(fn.ops())
     names = value_names(fn)
@@ -93,10 +95,10 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
     program = reduced_program(module, "fp16", keep_values=keep)
     for _ in range(rounds):
         program = reduced_program(module, "fp16", keep_values=keep)
-        if time.monotonic() > deadline:
-            break
         analysis = Analysis(program, ranges, options)
-        bounds, _ = analysis.bounds(1.0, deadline=deadline)
+        if budget.exhausted or budget.left < analysis.pass_units:  # a round is only started when it can end
+            break
+        bounds, _ = analysis.bounds(1.0, budget)
         uses = program.function.users()
         new: set[Value] = set()
         for v, ob in bounds.ops.items():
@@ -122,7 +124,8 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
         left = {program.origin[v] for v in program.function.ops()
                 if v.dtype is DType.f16 and program.origin.get(v) in ops and not is_boundary_cast(v, program.origin)}
         for v in left - keep:
-            why[v] = "not proved: the time limit was reached before its sites were proved"
+            why[v] = ("not proved: the time limit was reached before its sites were proved" if budget.cut else
+                      "not proved: the work budget was spent before its sites were proved")
         keep |= left
         program = reduced_program(module, "fp16", keep_values=keep)
     kept_ops = {program.origin[v] for v in program.function.ops() if v.dtype is DType.f32

@@ -16,7 +16,6 @@ for the float program too.
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, reachable
 from verify.probe import interval as I
 from verify.probe.bounds import Bounds, BoundsEngine
+from verify.probe.budget import LINEAR_FACTOR, UNIT, Budget
 from verify.probe.interval import Interval
 
 DENSE_BUDGET = 1 << 23
@@ -313,8 +313,9 @@ class LinearRefiner:
         self.forms[v] = out
         return out
 
-    def refine(self, bounds: Bounds, targets: Sequence[Value], deadline: float | None = None) -> dict[Value, Interval]:
-        """Back-substituted bounds for ``targets`` (and the clamp inputs on their way), in program order."""
+    def refine(self, bounds: Bounds, targets: Sequence[Value], budget: Budget | None = None) -> dict[Value, Interval]:
+        """Back-substituted bounds for ``targets`` (and the clamp inputs on their way), in program order,
+        each back-substitution's dense products charged to ``budget``."""
         cur: dict[Value, tuple[np.ndarray, np.ndarray]] = {}
 
         def box(v: Value) -> tuple[np.ndarray, np.ndarray]:
@@ -328,9 +329,9 @@ class LinearRefiner:
         wanted = self._worklist(targets)
         out: dict[Value, Interval] = {}
         for v in wanted:
-            if deadline is not None and time.monotonic() > deadline:
+            if budget is not None and budget.exhausted:
                 break
-            res = self._backsub(v, box)
+            res = self._backsub(v, box, budget)
             if res is None:
                 continue
             lo0, hi0 = box(v)
@@ -377,7 +378,8 @@ class LinearRefiner:
                     wanted.add(v.operands[f.operand])
         return sorted(wanted, key=self.order.__getitem__)
 
-    def _backsub(self, target: Value, box) -> tuple[np.ndarray, np.ndarray] | None:  # type: ignore[no-untyped-def]
+    def _backsub(self, target: Value, box, budget: Budget | None  # type: ignore[no-untyped-def]
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
         m = math.prod(int(d) for d in target.shape)
         lam_u: dict[Value, np.ndarray] = {target: np.eye(m)}
         lam_l: dict[Value, np.ndarray] = {target: np.eye(m)}
@@ -395,7 +397,10 @@ class LinearRefiner:
             n_v = math.prod(int(d) for d in v.shape)
             expand = f is not None and m * n_v <= self.budget
             if expand and isinstance(f, AffineOp):
-                work += 2.0 * m * sum(j.size for j in f.jac.values())
+                step = 2.0 * m * sum(j.size for j in f.jac.values())
+                work += step
+                if budget is not None:
+                    budget.charge(LINEAR_FACTOR * step / UNIT)
                 if work > FLOP_BUDGET:
                     return None
                 mag_in = {k: np.maximum(np.abs(box(v.operands[k])[0]), np.abs(box(v.operands[k])[1]))
@@ -412,6 +417,8 @@ class LinearRefiner:
                     self._add(lam_u, o, au @ j, pending)
                     self._add(lam_l, o, al @ j, pending)
                 continue
+            if budget is not None:  # clamp lines and interval ends: a few passes over the coefficients
+                budget.charge(LINEAR_FACTOR * 4.0 * m * n_v / UNIT)
             if expand and isinstance(f, ClampOp):
                 x = v.operands[f.operand]
                 lo, hi = box(x)

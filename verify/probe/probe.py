@@ -28,12 +28,13 @@ from cuvil.errors import InputError
 from cuvil.ir.module import Module
 from cuvil.ir.values import Value, reachable
 from verify.probe.bounds import Bounds, BoundsEngine, NodeRecord, OpBounds
+from verify.probe.budget import DEFAULT_EFFORT, INTERVAL_FACTOR, Budget, engine_work
 from verify.probe.interval import Interval
 from verify.probe.linear import LinearRefiner
 from verify.probe.names import describe_origin, ssa_names
 from verify.probe.program import Program, SiteWatch, max_finite, reduced_program
 from verify.probe.witness import Searcher, Target, Witness
-from verify.probe.z3_witness import QUERY_TIMEOUT_S, Outcome
+from verify.probe.z3_witness import QUERY_RLIMIT, Outcome
 
 SAFE, OVERFLOW, OPEN = "safe", "overflow", "open"
 
@@ -42,22 +43,25 @@ EXIT_SAFE, EXIT_OVERFLOW, EXIT_OPEN = 0, 1, 3
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """How hard to look. ``time_limit`` bounds the whole probe (seconds); ``z3_witness`` asks z3 for
-    witnesses of the sites with small cones the gradient search leaves open."""
+    """How hard to look. ``effort`` is the work the probe may do, in work units (:mod:`.budget`): the same
+    effort gives the same report on any machine; ``time_limit`` (seconds) is an outer guard whose cuts the
+    report names. ``z3_witness`` asks z3 for witnesses of the sites with small cones the gradient search
+    leaves open."""
 
     precision: str = "fp16"
     keep_ops: str | tuple[str, ...] = "none"
     refine: bool = True
     search: bool = True
     boundary: bool = True
-    time_limit: float = 60.0
+    effort: float = DEFAULT_EFFORT
+    time_limit: float = 600.0
     seed: int = 0
     restarts: int = 3
     steps: int = 40
     samples: int = 8
     max_scale: float = 2.0 ** 20
     z3_witness: bool = True
-    z3_timeout: float = QUERY_TIMEOUT_S
+    z3_rlimit: int = QUERY_RLIMIT
 
 
 @dataclass
@@ -127,6 +131,7 @@ class ProbeReport:
     timings: dict[str, float]
     threshold: str
     program: Program
+    budget: Budget | None = None
 
     def count(self, verdict: str) -> int:
         return sum(s.verdict == verdict for s in self.sites)
@@ -168,22 +173,27 @@ class Analysis:
         self.options = options
         self.engine = BoundsEngine(program.function, program.module.constants, SiteWatch(program))
         self.refiner = LinearRefiner(program.function, self.engine) if options.refine else None
+        self.pass_units = INTERVAL_FACTOR * engine_work(self.engine)
 
-    def bounds(self, scale: float = 1.0, *, deadline: float | None = None,
-               refine: bool = True) -> tuple[Bounds, set[Value]]:
+    def run(self, boxes: Mapping[str, tuple[Any, Any]], budget: Budget, **kw: Any) -> Bounds:
+        """One interval pass, charged to ``budget``."""
+        budget.charge(self.pass_units)
+        return self.engine.run(boxes, **kw)
+
+    def bounds(self, scale: float, budget: Budget, *, refine: bool = True) -> tuple[Bounds, set[Value]]:
         """Bounds at ``scale`` and the values whose bound came from linear refinement."""
         boxes = _boxes(self.program, self.ranges, scale)
-        b = self.engine.run(boxes)
+        b = self.run(boxes, budget)
         unsafe = [v for v, ob in b.ops.items() if ob.records and not ob.safe]
         if not unsafe or self.refiner is None or not refine:
             return b, set()
-        pins = self.refiner.refine(b, unsafe, deadline)
+        pins = self.refiner.refine(b, unsafe, budget)
         if not pins:
             return b, set()
-        refined = self.engine.run(boxes, pinned=pins)
+        refined = self.run(boxes, budget, pinned=pins)
         return refined, set(pins)
 
-    def proved(self, scale: float, deadline: float | None = None, rounds: int = 4) -> bool:
+    def proved(self, scale: float, budget: Budget, rounds: int = 4) -> bool:
         """Whether every site is proved at ``scale``: intervals up to the first failing site, which
         linear refinement then gets a chance to prove (repeated for the next failing site)."""
         boxes = _boxes(self.program, self.ranges, scale)
@@ -198,13 +208,13 @@ class Analysis:
                     return True
                 return False
 
-            b = self.engine.run(boxes, pinned=pins, stop=stop)
+            b = self.run(boxes, budget, pinned=pins, stop=stop)
             if not failing:
                 return True
             v = failing[0]
-            if self.refiner is None or v is last or (deadline is not None and time.monotonic() > deadline):
+            if self.refiner is None or v is last or budget.exhausted:
                 return False
-            new = self.refiner.refine(b, [v], deadline)
+            new = self.refiner.refine(b, [v], budget)
             if v not in new:
                 return False
             pins.update(new)
@@ -221,12 +231,12 @@ def probe(module: Module, ranges: Mapping[str, tuple[Any, Any]], options: ProbeO
     """Probe ``module`` for inputs in ``ranges`` (``name -> (lo, hi)``, scalars or arrays)."""
     options = options or ProbeOptions()
     start = time.monotonic()
-    deadline = start + options.time_limit
+    budget = Budget(options.effort, start + options.time_limit)
     timings: dict[str, float] = {}
     program = reduced_program(module, options.precision, keep_ops=options.keep_ops)
     analysis = Analysis(program, ranges, options)
     t = time.monotonic()
-    bounds, refined = analysis.bounds(1.0, deadline=start + 0.35 * options.time_limit)
+    bounds, refined = analysis.bounds(1.0, budget.until(0.35, "bounds"))
     timings["bounds"] = time.monotonic() - t
     sites = {v: ob for v, ob in bounds.ops.items() if ob.records}
     targets = [Target.of(v, r) for v, ob in sites.items() for r in ob.records.values() if not r.safe]
@@ -238,10 +248,9 @@ def probe(module: Module, ranges: Mapping[str, tuple[Any, Any]], options: ProbeO
     if targets and options.search:
         boxes = _boxes(program, ranges)
         searcher = Searcher(program, analysis.engine, boxes, seed=options.seed, z3_witness=options.z3_witness,
-                            z3_timeout=options.z3_timeout)
-        budget = start + (0.6 if options.boundary else 0.95) * options.time_limit
-        result = searcher.search(targets, deadline=budget, restarts=options.restarts, steps=options.steps,
-                                 samples=options.samples)
+                            z3_rlimit=options.z3_rlimit)
+        result = searcher.search(targets, budget.until(0.6 if options.boundary else 1.0, "witnesses"),
+                                 restarts=options.restarts, steps=options.steps, samples=options.samples)
         witnesses = result.witnesses
         best = result.best
         outcomes = result.z3
@@ -257,14 +266,13 @@ def probe(module: Module, ranges: Mapping[str, tuple[Any, Any]], options: ProbeO
     t = time.monotonic()
     boundary = Boundary(note="not computed")
     if options.boundary:
-        proofs_until = time.monotonic() + 0.6 * max(0.0, deadline - time.monotonic())
-        boundary = _boundary(analysis, options, proofs_until, deadline - 0.02 * options.time_limit,
-                             bool(confirmed), _excess_ratio(bounds))
+        boundary = _boundary(analysis, options, budget.share(0.6, "boundary proofs"), budget, bool(confirmed),
+                             _excess_ratio(bounds))
     timings["boundary"] = time.monotonic() - t
     timings["total"] = time.monotonic() - start
     threshold = _threshold_text(program)
     return ProbeReport(options.precision, {k: (_num(v[0]), _num(v[1])) for k, v in ranges.items()}, results,
-                       witnesses, boundary, timings, threshold, program)
+                       witnesses, boundary, timings, threshold, program, budget)
 
 
 def _num(x: Any) -> float:
@@ -357,10 +365,10 @@ def _excess_ratio(bounds: Bounds) -> float | None:
     return worst
 
 
-def _boundary(analysis: Analysis, options: ProbeOptions, deadline: float, witness_deadline: float,
+def _boundary(analysis: Analysis, options: ProbeOptions, proofs: Budget, rest: Budget,
               confirmed_at_one: bool, excess: float | None = None) -> Boundary:
-    """Bisection on the proofs (log scale) until ``deadline``, then a witness search above the proved
-    scale until ``witness_deadline``."""
+    """Bisection on the proofs (log scale) within ``proofs``, then a witness search above the proved
+    scale with what ``rest`` has left."""
     out = Boundary()
     if not any(p.dtype.is_float for p in analysis.program.function.params):
         out.note = "every input is an integer (ids, indices): the boundary scale applies to float inputs only"
@@ -370,12 +378,12 @@ def _boundary(analysis: Analysis, options: ProbeOptions, deadline: float, witnes
     s = 1.0
     steps = 0
     try:
-        if analysis.proved(1.0, deadline):
+        if analysis.proved(1.0, proofs):
             lo_s = 1.0
             s = 2.0
-            while s <= options.max_scale and time.monotonic() < deadline:
+            while s <= options.max_scale and not proofs.exhausted:
                 steps += 1
-                if analysis.proved(s, deadline):
+                if analysis.proved(s, proofs):
                     lo_s = s
                     s *= 4
                 else:
@@ -385,17 +393,17 @@ def _boundary(analysis: Analysis, options: ProbeOptions, deadline: float, witnes
             hi_s = 1.0
             # bounds grow about linearly with the scale: start just under the excess factor
             s = min(0.5, 0.9 / excess) if excess else 0.5
-            while s >= 2.0 ** -40 and time.monotonic() < deadline:
+            while s >= 2.0 ** -40 and not proofs.exhausted:
                 steps += 1
-                if analysis.proved(s, deadline):
+                if analysis.proved(s, proofs):
                     lo_s = s
                     break
                 hi_s = s
                 s /= 4
-        while lo_s is not None and hi_s is not None and hi_s / lo_s > 1.05 and time.monotonic() < deadline:
+        while lo_s is not None and hi_s is not None and hi_s / lo_s > 1.05 and not proofs.exhausted:
             mid = math.sqrt(lo_s * hi_s)
             steps += 1
-            if analysis.proved(mid, deadline):
+            if analysis.proved(mid, proofs):
                 lo_s = mid
             else:
                 hi_s = mid
@@ -406,42 +414,41 @@ def _boundary(analysis: Analysis, options: ProbeOptions, deadline: float, witnes
         if hi_s is None:
             out.note = f"every site is proved safe up to {lo_s:g} x the box (the largest scale tried)"
         return out
-    _witness_scale(analysis, options, witness_deadline, out, confirmed_at_one)
+    _witness_scale(analysis, options, rest.share(1.0, "boundary witnesses"), out, confirmed_at_one)
     return out
 
 
-def _witness_scale(analysis: Analysis, options: ProbeOptions, deadline: float, out: Boundary,
+def _witness_scale(analysis: Analysis, options: ProbeOptions, budget: Budget, out: Boundary,
                    confirmed_at_one: bool) -> None:
     """The smallest scale (found) with a confirmed witness: doubling from the proved scale, then bisection."""
     def witness_at(s: float) -> bool:
-        b, _ = analysis.bounds(s, deadline=deadline, refine=False)
+        b, _ = analysis.bounds(s, budget, refine=False)
         targets = [Target.of(v, r) for v, ob in b.ops.items() if ob.records for r in ob.records.values()
                    if not r.safe]
         if not targets:
             return False
         boxes = _boxes(analysis.program, analysis.ranges, s)
         searcher = Searcher(analysis.program, analysis.engine, boxes, seed=options.seed + 1)
-        share = max(0.5, (deadline - time.monotonic()) / 4)
-        res = searcher.search(targets, deadline=min(deadline, time.monotonic() + share),
-                              restarts=1, steps=max(10, options.steps // 2), samples=4, scale=s)
+        res = searcher.search(targets, budget.share(0.25, "boundary witnesses"), restarts=1,
+                              steps=max(10, options.steps // 2), samples=4, scale=s)
         return bool(res.witnesses)
 
     low = out.safe_scale or 0.0
     high: float | None = 1.0 if confirmed_at_one else None
     s = max(out.unproved_scale or 1.0, 1e-30)
     if high is None:
-        while s <= options.max_scale * 4 and time.monotonic() < deadline - 1:
+        while s <= options.max_scale * 4 and not budget.exhausted:
             if witness_at(s):
                 high = s
                 break
             low = s
             s *= 4
     if high is None:
-        out.note = "no witness confirmed within the scales and time tried"
+        out.note = "no witness confirmed within the scales and work budget tried"
         out.unconfirmed_scale = low or None
         return
     for _ in range(6):
-        if time.monotonic() >= deadline - 1 or (low and high / low < 1.05):
+        if budget.exhausted or (low and high / low < 1.05):
             break
         mid = math.sqrt(max(low, high / 64) * high)
         if witness_at(mid):

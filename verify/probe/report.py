@@ -91,6 +91,8 @@ def to_report(rep: ProbeReport, *, model: str | None = None, model_hash: str | N
         "program": {"precision": rep.precision, "sites": len(rep.sites),
                     "kept_wide": len(rep.program.kept), "witnesses": len(rep.witnesses)},
     }
+    if rep.budget is not None:
+        sections["budget"] = rep.budget.to_json()
     subject: dict[str, Any] = {"model": model, "function": rep.program.function.name}
     if model_hash:
         subject["sha256"] = model_hash

@@ -13,7 +13,6 @@ integer range before its clamp (saturation) or leaves its integer type (wrap-aro
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +24,11 @@ from cuvil.interp import evaluate_values
 from cuvil.ir.values import Value
 from verify.probe import torch_eval
 from verify.probe.bounds import BoundsEngine, NodeRecord
+from verify.probe.budget import CONFIRM_FACTOR, GRADIENT_FACTOR, Budget, engine_work
 from verify.probe.concrete import Observed, WatchingWalker
 from verify.probe.interval import overflow_at
 from verify.probe.program import Program, SiteSpec
-from verify.probe.z3_witness import QUERY_TIMEOUT_S, ConeSolver, Outcome
+from verify.probe.z3_witness import QUERY_RLIMIT, ConeSolver, Outcome
 
 Box = tuple[np.ndarray, np.ndarray]
 
@@ -200,7 +200,7 @@ class Searcher:
     """Finds inputs in a box that push targets past their limits."""
 
     def __init__(self, program: Program, engine: BoundsEngine, boxes: Mapping[str, Box], *, seed: int = 0,
-                 z3_witness: bool = False, z3_timeout: float = QUERY_TIMEOUT_S) -> None:
+                 z3_witness: bool = False, z3_rlimit: int = QUERY_RLIMIT) -> None:
         self.program = program
         self.engine = engine
         self.fn = program.function
@@ -208,11 +208,12 @@ class Searcher:
                       for k, (lo, hi) in boxes.items()}
         self.rng = np.random.default_rng(seed)
         self.confirmer = Confirmer(program, engine)
+        self.work = engine_work(engine)
         self.params = list(self.fn.params)
         self.torch_program = torch_eval.TorchProgram(self.fn, engine.constant_value, engine.live,
                                                      lambda v: engine.context(v).info) \
             if torch_eval.available() else None
-        self.z3 = ConeSolver(program, engine, self.boxes, query_timeout=z3_timeout) \
+        self.z3 = ConeSolver(program, engine, self.boxes, query_rlimit=z3_rlimit) \
             if z3_witness else None
 
     # inputs -------------------------------------------------------------------------
@@ -273,10 +274,10 @@ class Searcher:
             return None, extremes
         return torch.stack(scores).max(), extremes
 
-    def search(self, targets: Sequence[Target], *, deadline: float, restarts: int = 3, steps: int = 40,
+    def search(self, targets: Sequence[Target], budget: Budget, *, restarts: int = 3, steps: int = 40,
                samples: int = 8, scale: float = 1.0) -> SearchResult:
         """Random and corner samples, sign-gradient ascent, then z3 on the small cones of the targets
-        still open; every promising input is confirmed."""
+        still open; every promising input is confirmed. Each evaluation is charged to ``budget``."""
         best: dict[tuple[Value, int], float] = {}
         witnesses: list[Witness] = []
         confirmed: set[tuple[Value, int]] = set()
@@ -286,6 +287,7 @@ class Searcher:
 
         def try_input(x: Mapping[str, np.ndarray], method: str) -> None:
             nonlocal evals
+            budget.charge(CONFIRM_FACTOR * self.work)
             inputs = self._typed(x)
             points.append(inputs)
             obs = self.confirmer.observe(inputs, [t for t in targets if t.key not in confirmed])
@@ -304,36 +306,36 @@ class Searcher:
 
         def done() -> SearchResult:
             if self.z3 is not None:
-                self._z3_stage(targets, deadline, confirmed, outcomes, try_input)
+                self._z3_stage(targets, budget, confirmed, outcomes, try_input)
             return SearchResult(witnesses, best, evals, points, outcomes)
 
         kinds = ["center"] + ["corner", "random"] * max(1, samples // 2)
         for kind in kinds[:max(1, samples)]:
-            if time.monotonic() > deadline or len(confirmed) == len(targets):
+            if budget.exhausted or len(confirmed) == len(targets):
                 break
             try_input(self._draw(kind), kind)
         if self.torch_program is None:
             return done()
         for r in range(restarts):
-            if time.monotonic() > deadline or len(confirmed) == len(targets):
+            if budget.exhausted or len(confirmed) == len(targets):
                 break
             if r and self._hopeless(targets, best, confirmed):
                 break
             open_targets = [t for t in targets if t.key not in confirmed]
             start = self._draw(("center", "random", "corner")[r % 3])
-            x = self._ascend(start, open_targets, steps, deadline, best)
+            x = self._ascend(start, open_targets, steps, budget, best)
             if x is not None:
                 try_input(x, "gradient")
         return done()
 
-    def _z3_stage(self, targets: Sequence[Target], deadline: float, confirmed: set[tuple[Value, int]],
+    def _z3_stage(self, targets: Sequence[Target], budget: Budget, confirmed: set[tuple[Value, int]],
                   outcomes: dict[tuple[Value, int], Outcome],
                   try_input: Callable[[Mapping[str, np.ndarray], str], None]) -> None:
         """z3 on each root target still open whose cone is small (see :mod:`.z3_witness`); its
         candidates go through the same confirmation as the others."""
         assert self.z3 is not None
         for t in targets:
-            if time.monotonic() > deadline:
+            if budget.exhausted:
                 break
             if t.key in confirmed or t.key in outcomes:
                 continue
@@ -341,7 +343,7 @@ class Searcher:
             if t.node != 0 or t.index is None:
                 out.detail = "inner rule node" if t.node != 0 else "no worst index"
                 continue
-            for x in self.z3.candidates(t.value, t.index, t.side, t.limit, deadline, out):
+            for x in self.z3.candidates(t.value, t.index, t.side, t.limit, budget, out):
                 try_input(x, "z3")
                 if t.key in confirmed:
                     break
@@ -357,7 +359,7 @@ class Searcher:
                   and math.isfinite(best[t.key])]
         return bool(scores) and max(scores) < -0.9
 
-    def _ascend(self, start: Mapping[str, np.ndarray], targets: Sequence[Target], steps: int, deadline: float,
+    def _ascend(self, start: Mapping[str, np.ndarray], targets: Sequence[Target], steps: int, budget: Budget,
                 best: dict[tuple[Value, int], float]) -> dict[str, np.ndarray] | None:
         import torch
 
@@ -374,8 +376,9 @@ class Searcher:
         top_x: dict[str, np.ndarray] | None = None
         top = -math.inf
         for step in range(steps):
-            if time.monotonic() > deadline:
+            if budget.exhausted:
                 break
+            budget.charge(GRADIENT_FACTOR * self.work)
             for p in leaves:
                 xs[p.name].grad = None
             try:

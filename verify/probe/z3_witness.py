@@ -20,7 +20,8 @@ What is attempted:
 * cones of at most :data:`MAX_INPUTS` input elements whose unrolled expression is estimated at
   no more than :data:`TERM_BUDGET` scalar terms.
 
-Every query runs under :data:`QUERY_TIMEOUT_S`; ``unknown`` means "no witness from z3". An
+Every query runs under a z3 resource limit (:data:`QUERY_RLIMIT`, deterministic, charged to the probe's
+work budget); ``unknown`` means "no witness from z3". An
 ``unsat`` answer is not a safety proof (real arithmetic, rounding ignored): the site stays open.
 
 The query is satisfiability of ``value >= limit * (1 + margin)``, not ``Optimize.maximize``: on
@@ -47,13 +48,14 @@ from cuvil.ir.rules import Call
 from cuvil.ir.values import Value, reachable
 from verify.cone_encoder import ConeEncoder, EncodingError, IndexSpace, Leaf
 from verify.probe.bounds import BoundsEngine
+from verify.probe.budget import Z3_RLIMIT_PER_UNIT, Budget
 from verify.probe.program import Program
 from verify.z3_terms import arith, int_value, real_value
 
 Box = tuple[np.ndarray, np.ndarray]
 
-QUERY_TIMEOUT_S = 2.0
-"""Time limit of one z3 query (seconds); the probe's own deadline may cut it shorter."""
+QUERY_RLIMIT = 300_000
+"""z3 resource limit of one query (2-3 s on one core for the nonlinear cones); the probe's budget may cut it shorter."""
 
 MAX_INPUTS = 2048
 """Input elements a site's value may depend on for a z3 attempt."""
@@ -62,9 +64,9 @@ TERM_BUDGET = 4000
 """Estimated scalar terms of the unrolled cone (elements read times terms per element) for a z3
 attempt; the encoder itself gives up past twice this many value encodings."""
 
-ENCODE_S_PER_TERM = 1e-3
-"""About what the encoder spends per scalar term: an attempt whose estimate does not fit in the
-time left is not started (the encoder cannot be interrupted)."""
+ENCODE_UNITS_PER_TERM = 0.05
+"""Work units charged per estimated scalar term of an encoding (about a millisecond each): an attempt
+whose estimate does not fit in the budget left is not started (the encoder cannot be interrupted)."""
 
 MAX_NODES = 200_000
 """Distinct z3 term nodes of an encoded cone beyond which the query is not sent."""
@@ -107,12 +109,12 @@ class ConeSolver:
     """z3 queries over the small cones of one program's sites, for one input box."""
 
     def __init__(self, program: Program, engine: BoundsEngine, boxes: Mapping[str, Box], *,
-                 query_timeout: float = QUERY_TIMEOUT_S) -> None:
+                 query_rlimit: int = QUERY_RLIMIT) -> None:
         self.program = program
         self.engine = engine
         self.fn = program.function
         self.boxes = boxes
-        self.query_timeout = query_timeout
+        self.query_rlimit = query_rlimit
         self.params = list(self.fn.params)
         self.param_index = {p: k for k, p in enumerate(self.params)}
         self._prims: dict[Value, str | None] = {}
@@ -215,7 +217,7 @@ class ConeSolver:
         return found
 
     # queries -----------------------------------------------------------------------------
-    def candidates(self, v: Value, index: tuple[int, ...], side: int, limit: float, deadline: float,
+    def candidates(self, v: Value, index: tuple[int, ...], side: int, limit: float, budget: Budget,
                    outcome: Outcome) -> Iterator[dict[str, np.ndarray]]:
         """Input points where z3 finds ``side * v[index] >= |limit| * (1 + margin)``, one per margin of
         :data:`MARGINS` while the caller keeps asking; ``outcome`` records what happened."""
@@ -225,9 +227,10 @@ class ConeSolver:
             if est.blocker is not None:
                 outcome.status, outcome.detail = "skipped", est.blocker
                 return
-            if est.terms * ENCODE_S_PER_TERM > deadline - time.monotonic():
-                outcome.status, outcome.detail = "skipped", "not enough time left to encode the cone"
+            if est.terms * ENCODE_UNITS_PER_TERM > budget.left:
+                outcome.status, outcome.detail = "skipped", "not enough work budget left to encode the cone"
                 return
+            budget.charge(est.terms * ENCODE_UNITS_PER_TERM)
             try:
                 ctx, term, facts, inputs = self.encode(v, index)
             except (EncodingError, RecursionError, MemoryError) as e:
@@ -237,19 +240,20 @@ class ConeSolver:
             box = self._box_facts(ctx, inputs)
             goal = term if side > 0 else arith(-term)
             outcome.status = "pending"
+            counted = [0]
             for margin in MARGINS:
-                left = deadline - time.monotonic()
-                if left < 0.05:
+                rlimit = int(min(self.query_rlimit, budget.left * Z3_RLIMIT_PER_UNIT))
+                if budget.exhausted or rlimit < 1000:
                     if outcome.status == "pending":
-                        outcome.status, outcome.detail = "unknown", "out of time"
+                        outcome.status, outcome.detail = "unknown", "out of work budget"
                     return
                 outcome.queries += 1
                 model, status = self._query(ctx, goal, _rational(abs(limit) * (1 + margin)), [*facts, *box],
-                                            min(self.query_timeout, left))
+                                            rlimit, budget, counted)
                 outcome.margin = margin
                 if model is None:
                     if outcome.status != "sat":  # after a sat answer: its candidates failed confirmation
-                        outcome.status = status
+                        outcome.status = status.split(":")[0]
                     outcome.detail = f"{status} at margin {margin:g}"
                     return
                 outcome.status = "sat"
@@ -271,17 +275,25 @@ class ConeSolver:
         return out
 
     def _query(self, ctx: z3.Context, goal: z3.ArithRef, bound: Fraction, facts: list[z3.BoolRef],
-               timeout: float) -> tuple[z3.ModelRef | None, str]:
-        ms = max(1, int(timeout * 1000))
+               rlimit: int, budget: Budget, counted: list[int]) -> tuple[z3.ModelRef | None, str]:
+        """One query under ``rlimit``; what it used is charged to ``budget`` (``counted``: the context's
+        resource count before it, as z3 counts per context, cumulatively)."""
         target = z3.RealVal(bound, ctx)
         s = z3.Solver(ctx=ctx)
-        s.set("timeout", ms)
+        s.set("rlimit", rlimit)
         s.add(*facts)
         s.add(goal >= target)
         try:
             res = s.check()
         except z3.Z3Exception as e:  # resource limits inside z3: no answer
-            return None, f"unknown ({e})"
+            return None, f"unknown: {e}"
+        finally:
+            stats = s.statistics()
+            total = int(stats.get_key_value("rlimit count")) if "rlimit count" in stats.keys() else counted[0]
+            budget.charge(max(0, total - counted[0]) / Z3_RLIMIT_PER_UNIT)
+            counted[0] = total
+        if res == z3.unknown:
+            return None, f"unknown: {s.reason_unknown()}"
         return (s.model(), "sat") if res == z3.sat else (None, str(res))
 
     def _point(self, model: z3.ModelRef, inputs: Mapping[str, list[tuple[tuple[int, ...], z3.ArithRef]]]

@@ -14,6 +14,7 @@ import numpy as np
 from cuvil.interp import evaluate_values
 from verify.probe import torch_eval
 from verify.probe.bounds import BoundsEngine
+from verify.probe.budget import Budget
 from verify.probe.concrete import WatchingWalker
 from verify.probe.probe import SAFE, ProbeReport
 from verify.probe.program import SiteWatch, reduced_program
@@ -40,7 +41,7 @@ def _rows(a: np.ndarray, n: int) -> np.ndarray:
     return np.broadcast_to(flat, (n,)) if flat.shape[0] == 1 else flat
 
 
-def adversarial_points(rep: ProbeReport, boxes: dict, seconds: float = 1.5) -> list[dict[str, np.ndarray]]:
+def adversarial_points(rep: ProbeReport, boxes: dict, units: float = 200.0) -> list[dict[str, np.ndarray]]:
     """Inputs a gradient search reached pushing each proved site towards its limits."""
     program = rep.program
     engine = BoundsEngine(program.function, program.module.constants, SiteWatch(program))
@@ -52,12 +53,12 @@ def adversarial_points(rep: ProbeReport, boxes: dict, seconds: float = 1.5) -> l
                 v = next(v for v, o in bounds.ops.items() if o is ob)
                 targets += [Target(v, rec.node, rec.spec, 1), Target(v, rec.node, rec.spec, -1)]
     points: list[dict[str, np.ndarray]] = []
-    deadline = time.monotonic() + seconds
+    budget = Budget(units, guard=time.monotonic() + 600)
     for k, t in enumerate(targets):
-        if time.monotonic() > deadline:
+        if budget.exhausted:
             break
         searcher = Searcher(program, engine, boxes, seed=k)
-        res = searcher.search([t], deadline=min(deadline, time.monotonic() + 0.5), restarts=2, steps=25, samples=2)
+        res = searcher.search([t], budget.share(0.25, "sampling"), restarts=2, steps=25, samples=2)
         points += res.points
     return points
 

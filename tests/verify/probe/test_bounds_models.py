@@ -15,6 +15,7 @@ from cuvil.interp import evaluate_values
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from verify.probe.bounds import BoundsEngine, NodeRecord
+from verify.probe.budget import Budget
 from verify.probe.linear import LinearRefiner
 from verify.probe.program import SiteSpec, reduced_program
 from verify.probe.witness import Searcher, Target
@@ -47,21 +48,20 @@ def _draw(module: Module, boxes: dict, rng: np.random.Generator, corner: bool) -
     return out
 
 
-def _adversarial(module: Module, engine: BoundsEngine, bounds, boxes: dict, seconds: float) -> list:  # type: ignore[no-untyped-def]
+def _adversarial(module: Module, engine: BoundsEngine, bounds, boxes: dict, units: float) -> list:  # type: ignore[no-untyped-def]
     """Inputs found by gradient ascent on the values with the widest bounds (each pushed both ways)."""
     program = reduced_program(module, "fp16", keep_ops=tuple({v.op for v in module.main.ops()}))
     wide = sorted((v for v in bounds.ops if v.dtype.is_float),
                   key=lambda v: -float(np.max(bounds.values[v].hi - bounds.values[v].lo)))[:4]
     points = []
-    deadline = time.monotonic() + seconds
+    budget = Budget(units, guard=time.monotonic() + 600)
     for k, v in enumerate(wide):
         iv = bounds.values[v]
         spec = SiteSpec("probe", float(np.min(iv.lo)), float(np.max(iv.hi)), v.dtype)
         for side in (1, -1):
             t = Target(v, 0, spec, side)
             searcher = Searcher(program, engine, boxes, seed=k)
-            res = searcher.search([t], deadline=min(deadline, time.monotonic() + 1.0), restarts=1, steps=15,
-                                  samples=1)
+            res = searcher.search([t], budget.share(0.25, "adversarial"), restarts=1, steps=15, samples=1)
             points += res.points
     return points
 
@@ -87,7 +87,7 @@ def test_zoo_values_stay_inside_their_bounds(name: str) -> None:
     for k in range(12):
         _check(module, engine, bounds, _draw(module, boxes, rng, corner=k % 2 == 0))
     if any(p.dtype.is_float for p in module.main.params):
-        for x in _adversarial(module, engine, bounds, boxes, seconds=2.0):
+        for x in _adversarial(module, engine, bounds, boxes, units=500.0):
             _check(module, engine, bounds, x)
 
 
@@ -144,7 +144,7 @@ def test_linear_refinement_is_tighter_and_sound(seed: int) -> None:
     program = reduced_program(module, "fp16", keep_ops=("matmul", "add", "relu", "sub", "cast"))
     for side in (1, -1):
         t = Target.of(out, NodeRecord(0, "result", rec_spec, -1e9 if side < 0 else 0, 1e9 if side > 0 else 0))
-        res = Searcher(program, engine, boxes, seed=seed).search([t], deadline=time.monotonic() + 2, restarts=2,
-                                                                 steps=30, samples=2)
+        res = Searcher(program, engine, boxes, seed=seed).search([t], Budget(10_000.0), restarts=2, steps=30,
+                                                                 samples=2)
         for p in res.points:
             _check(module, engine, refined, p)

@@ -283,11 +283,12 @@ def test_cache_key_includes_fp16_and_the_ranges() -> None:
     assert strict.cache_info["key"] != keys[1]
 
 
-def test_time_limit_keeps_every_unproved_op_fp32() -> None:
+@pytest.mark.parametrize(("limits", "reason"), [({"time_limit": 0.0}, "time limit"), ({"effort": 1e-9}, "work budget")])
+def test_a_spent_budget_keeps_every_unproved_op_fp32(limits, reason) -> None:
     module = _wide_linear()
-    kept, decisions = fp16_safe_ops(module, {"x": (-1e-3, 1e-3)}, time_limit=0.0)
+    kept, decisions = fp16_safe_ops(module, {"x": (-1e-3, 1e-3)}, **limits)
     assert kept == {v for v in module.main.ops() if v.dtype is DType.f32}
-    assert all(d.precision == "fp32" and "time limit" in d.reason for d in decisions)
+    assert all(d.precision == "fp32" and reason in d.reason for d in decisions)
 
 
 def test_symbolic_batch_is_planned_per_specialization() -> None:

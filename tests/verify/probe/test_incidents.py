@@ -20,7 +20,7 @@ BY_NAME = {i.name: i for i in INCIDENTS + TWINS}
 @functools.cache
 def probed(name: str) -> ProbeReport:
     inc = BY_NAME[name]
-    return probe(inc.build(1), inc.ranges, ProbeOptions(precision=inc.precision, time_limit=30, boundary=False))
+    return probe(inc.build(1), inc.ranges, ProbeOptions(precision=inc.precision, boundary=False))
 
 
 @pytest.mark.parametrize("name", [i.name for i in INCIDENTS])

@@ -47,7 +47,7 @@ def _numpy_slab(x: np.ndarray, signs: np.ndarray, square: bool = False) -> np.nd
 
 def _options(**kw: object) -> ProbeOptions:
     # generous limit: the first search of a session pays for importing torch
-    return ProbeOptions(time_limit=60.0, boundary=False, **kw)  # type: ignore[arg-type]
+    return ProbeOptions(boundary=False, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("square", [False, True])
@@ -131,9 +131,9 @@ def test_cli_reports_the_method_and_honours_no_z3_witness(tmp_path: Path) -> Non
     assert main(["probe", *common, "--no-z3-witness"]) == 3
 
 
-def test_every_query_has_a_time_limit() -> None:
-    """A 16-16-16 ReLU net with large weights: z3 does not settle the site in 0.2 s, and the
-    attempt ends as 'unknown' (no witness) within about the query limit."""
+def test_every_query_has_a_resource_limit() -> None:
+    """A 16-16-16 ReLU net with large weights: z3 does not settle the site within a small resource
+    limit, and the attempt ends as 'unknown' (no witness) after one query."""
     rng = np.random.default_rng(0)
     b = Builder()
     x = b.param("x", DType.f32, [1, 16])
@@ -142,8 +142,8 @@ def test_every_query_has_a_time_limit() -> None:
         w = (rng.standard_normal((16, 16)) * 9.0).astype(np.float32)
         h = b.relu(b.add(b.matmul(h, b.const(w)), b.const(rng.standard_normal(16).astype(np.float32))))
     y = b.matmul(h, b.const((rng.standard_normal((16, 1)) * 9.0).astype(np.float32)))
-    rep = probe(b.module(b.function("main", [x], [y])), {"x": (-1.0, 1.0)}, _options(z3_timeout=0.2))
+    rep = probe(b.module(b.function("main", [x], [y])), {"x": (-1.0, 1.0)}, _options(z3_rlimit=20_000))
     unknown = [s.z3 for s in rep.sites if s.z3 is not None and s.z3.status == "unknown"]
     assert unknown
     for o in unknown:
-        assert o.queries == 1 and o.seconds < 0.2 + 5.0  # one timed-out query plus the encoding
+        assert o.queries == 1 and "unknown" in o.detail
