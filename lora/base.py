@@ -189,10 +189,9 @@ def _output_layer(model: Any) -> Any:
 
 
 def _numpy(weight: Any) -> np.ndarray:
-    import torch
+    from cuvil.arrays import from_torch
 
-    t = weight.detach().cpu()
-    # a copy: the model may be trained or merged in place after the check
-    arr = t.to(torch.float32).numpy() if t.dtype == torch.bfloat16 else t.numpy().copy()
+    # a copy: the model may be trained or merged in place after the check; bfloat16 kept by its bits
+    arr = np.array(from_torch(weight.detach().cpu(), "weight"))
     arr.flags.writeable = False
     return arr

@@ -221,11 +221,21 @@ def _copies(adapter: Adapter, base: BaseModel) -> list[Finding]:
                                     f"base's is {list(module.weight.shape)} (a resized vocabulary?)",
                                     module=entry.module, tensor=key, expected=list(module.weight.shape),
                                     found=list(info.shape)))
-        elif not np.array_equal(_as64(adapter.array(key)), _as64(module.weight)):
+        elif not _same_weight(adapter.array(key), np.asarray(module.weight)):
             findings.append(Finding("lora-base-identity", "error",
                                     f"the adapter's copy of {entry.module!r}.weight differs from the base's: the "
                                     "adapter was trained on another base model", module=entry.module, tensor=key))
     return findings
+
+
+def _same_weight(copy: np.ndarray, weight: np.ndarray) -> bool:
+    """The same values, or the copy rounds to exactly the base's (the base loaded in a narrower precision,
+    as PEFT users load a float32-trained adapter onto a float16 or bfloat16 base)."""
+    if np.array_equal(_as64(copy), _as64(weight)):
+        return True
+    narrower = copy.dtype != weight.dtype and copy.dtype.itemsize > weight.dtype.itemsize
+    with np.errstate(over="ignore", invalid="ignore"):
+        return narrower and np.array_equal(_as64(copy.astype(weight.dtype)), _as64(weight))
 
 
 def _unknown_module(name: str, base: BaseModel) -> str:

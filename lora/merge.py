@@ -23,6 +23,7 @@ from lora.base import BaseModel
 from lora.checks import AdapterCheck, check_adapter
 from lora.errors import AdapterError, AdapterRefused
 from lora.merge_bound import SiteBound, site_bounds
+from lora.model_bound import ModelBound, model_bound
 from verify.certificate import Verification, seal
 from verify.gate import make_gate
 from verify.obligations import DEFAULT_TIMEOUT
@@ -42,6 +43,8 @@ class LoraMerge:
     bounds: list[SiteBound]
     checks: list[AdapterCheck]
     ranges: dict[str, tuple[float, float]] | None = None
+    model_bound: ModelBound | None = None
+    """The end-to-end bound for inputs in ``ranges`` (None: no box declared, or not stated)."""
 
     @property
     def max_per_unit(self) -> float:
@@ -61,7 +64,8 @@ class LoraMerge:
                            "absolute_in_box for model inputs in input_box; valid where the unmerged values are "
                            "finite",
                 "max_per_unit_max_abs_x": self.max_per_unit,
-                "sites": [b.to_json() for b in self.bounds]},
+                "sites": [b.to_json() for b in self.bounds],
+                "model": self.model_bound.to_json() if self.model_bound is not None else None},
         }
         return seal(cert)
 
@@ -101,8 +105,32 @@ def merge_adapters(module: Module, base: BaseModel,
     merged = run_pipeline(unmerged, MERGE_PIPELINE, gate=gate).module
     _all_merged(merged, attachments)
     box = normalize_ranges(unmerged, ranges) if ranges else None
-    return LoraMerge(unmerged, merged, attachments, gate.report(list(MERGE_PIPELINE)),
-                     site_bounds(unmerged, attachments, base, weighted, box), checks, box)
+    result = LoraMerge(unmerged, merged, attachments, gate.report(list(MERGE_PIPELINE)),
+                       site_bounds(unmerged, attachments, base, weighted, box), checks, box)
+    if box is not None:
+        result.model_bound = _model_bound(result, base, weighted, box)
+    return result
+
+
+def _model_bound(result: LoraMerge, base: BaseModel, weighted: list[WeightedAdapter],
+                 box: Mapping[str, tuple[float, float]]) -> ModelBound | None:
+    """The end-to-end bound (:mod:`lora.model_bound`); None where a weight carries more than one adapter's
+    update (the per-op bound is stated per adapter)."""
+    per_site = {(b.module, b.site): b for b in result.bounds}
+    by_hash: dict[tuple[str, str], list[SiteBound]] = {}
+    for sw in site_weights(result, base, weighted):
+        by_hash.setdefault((sw.const_hash, sw.op.op), []).append(per_site[(sw.module, sw.site)])
+    if any(len({b.module for b in group}) > 1 for group in by_hash.values()):
+        return None
+    readers: dict[Value, SiteBound] = {}
+    for v in result.merged.main.ops():
+        for operand in v.operands:
+            group = by_hash.get((operand.const_hash, v.op)) if operand.is_const else None
+            if group:
+                readers[v] = max(group, key=lambda b: b.max_per_unit)
+    if len(readers) != sum(len(a.attached) for a in result.attachments):
+        return None  # an adapted op not found by its merged weight: a difference the bound would miss
+    return model_bound(result.merged.main, result.merged.constants, box, readers)
 
 
 def _all_merged(merged: Module, attachments: list[Attachment]) -> None:
@@ -124,21 +152,29 @@ def site_weights(result: LoraMerge, base: BaseModel,
     out = []
     for att in result.attachments:
         for k, site in enumerate(att.attached):
-            b = Builder(result.unmerged.constants)
-            weight_at = 1 if site.op == "matmul" else 0  # matmul(x, W); embedding / gather(T, ids)
-            operand = site.operands[1 - weight_at]
-            param = b.param("input", operand.dtype, operand.shape)
-            ops = [param, site.operands[1]] if weight_at == 1 else [site.operands[0], param]
-            one = b.module(b.function("main", [param], [b.op(site.op, *ops, **site.attr_dict)]))
-            attached, _ = attach(one, base, [weighted[att.adapter]], only={att.module})
-            merged = run_pipeline(attached, MERGE_PIPELINE).module
-            (reader,) = [v for v in merged.main.ops() if param in v.operands]
+            _, merged = site_programs(site, att, base, weighted[att.adapter], result.unmerged.constants)
+            weight_at = 1 if site.op == "matmul" else 0
+            (reader,) = [v for v in merged.main.ops() if merged.main.params[0] in v.operands]
             weight = reader.operands[weight_at]
             if not weight.is_const or weight.const_hash not in used:
                 raise RuntimeError(f"the merged weight of {att.module!r} (site {k}) is not one the proved merge "
                                    "holds")
-            out.append(SiteWeight(att.module, k, site, np.asarray(merged.constant(weight))))
+            out.append(SiteWeight(att.module, k, site, np.asarray(merged.constant(weight)), weight.const_hash))
     return out
+
+
+def site_programs(site: Value, att: Attachment, base: BaseModel, adapter: WeightedAdapter,
+                  constants: Mapping[str, np.ndarray]) -> tuple[Module, Module]:
+    """One adapted op alone, on a parameter standing for its input (``x`` of a matmul, the ids of a lookup):
+    with the adapter attached, and merged by the same passes as the whole model."""
+    b = Builder(constants)
+    weight_at = 1 if site.op == "matmul" else 0  # matmul(x, W); embedding / gather(T, ids)
+    operand = site.operands[1 - weight_at]
+    param = b.param("input", operand.dtype, operand.shape)
+    ops = [param, site.operands[1]] if weight_at == 1 else [site.operands[0], param]
+    one = b.module(b.function("main", [param], [b.op(site.op, *ops, **site.attr_dict)]))
+    attached, _ = attach(one, base, [adapter], only={att.module})
+    return attached, run_pipeline(attached, MERGE_PIPELINE).module
 
 
 @dataclass(frozen=True)
@@ -149,3 +185,5 @@ class SiteWeight:
     site: int
     op: Value  # the op in the unmerged module
     weight: np.ndarray
+    const_hash: str = ""
+    """The merged module's constant holding ``weight``."""

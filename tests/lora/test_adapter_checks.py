@@ -510,6 +510,26 @@ def test_an_embedding_copy_of_another_base_is_an_identity_error(llama_embedding:
     assert "differs from the base's" in finding.message
 
 
+@pytest.mark.parametrize("narrow", [torch.float16, torch.bfloat16])
+def test_a_base_loaded_in_a_narrower_precision_is_the_same_base_only_where_the_copy_rounds_to_it(
+        llama_embedding: SavedAdapter, tmp_path: Path, narrow: torch.dtype) -> None:
+    """PEFT users load a float32-trained adapter onto a float16/bfloat16 base: the float32 copy of the
+    embedding rounds to the narrow base exactly, so it is that base; a copy with one element moved by many
+    narrow steps is not."""
+    model = ARCHS["llama"].build().eval()
+    table = np.asarray(read_tensors(llama_embedding.directory)[EMBED_COPY])
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(torch.from_numpy(table))
+    base = BaseModel.from_torch(model.to(narrow))
+    assert not found(check_adapter(llama_embedding.load(), base), "lora-base-identity")
+    damaged = llama_embedding.copy_to(tmp_path / "adapter")
+    copy = table.copy()
+    copy[7, 3] += abs(float(copy[7, 3])) * 0.05 + 0.05  # many narrow steps away
+    set_tensor(damaged.directory, EMBED_COPY, copy)
+    (finding,) = found(check_adapter(damaged.load(), base), "lora-base-identity")
+    assert "differs from the base's" in finding.message
+
+
 def test_an_embedding_copy_of_a_resized_vocabulary_is_an_identity_error(llama_embedding: SavedAdapter,
                                                                         tmp_path: Path) -> None:
     damaged = llama_embedding.copy_to(tmp_path / "adapter")

@@ -7,7 +7,9 @@ saturate, proofs for the sites that cannot, and witness inputs for those that do
 * :mod:`.witness` / :mod:`.torch_eval`: gradient-guided witness search and confirmation on the
   reduced-precision program;
 * :mod:`.probe`: verdicts per site and the boundary scale; :mod:`.fp16_policy`: which ops an
-  FP16 build keeps in float32; :mod:`.cli`: the ``cuvil probe`` command.
+  FP16 build keeps in float32; :mod:`.budget`: the work units every phase spends;
+* :mod:`.difference`: how far two programs that differ at a few ops may drift apart (a merged
+  and an unmerged LoRA model), rounding of both included.
 """
 
 from verify.probe.fp16_policy import Decision, fp16_module, fp16_safe_ops
