@@ -1,5 +1,6 @@
-"""A self-contained HTML page: inline CSS, an inline SVG chart of per-result margins, no scripts
-and no network, so it opens from disk and can be filed as is."""
+"""A self-contained HTML page: inline CSS, inline SVG charts of per-result metrics (margins; for a
+probe, the input scale each site is proved safe up to), no scripts and no network, so it opens from
+disk and can be filed as is."""
 
 from __future__ import annotations
 
@@ -20,6 +21,28 @@ CHART_METRIC = "margin"
 
 
 @dataclass(frozen=True)
+class ChartSpec:
+    """A chart of one metric per result (log10 bars against 1), with an optional second metric drawn as a
+    tick on each bar."""
+
+    metric: str
+    title: str
+    caption: str
+    marker: str | None = None
+
+
+CHARTS = (
+    ChartSpec(CHART_METRIC, "Margins per result",
+              "log10 of (allowed range / proved bound) per result, in program order: bars above the axis have "
+              "room; bars at or below it reach their limit. Hover a bar for its location."),
+    ChartSpec("safe_scale", "Boundary per site",
+              "log10 of the largest scale of the declared input box at which each site is proved safe, in program "
+              "order (above the axis: safe beyond the box); a black tick marks the smallest scale at which an "
+              "overflow was confirmed there. Hover a bar for its location.", marker="witness_scale"),
+)
+
+
+@dataclass(frozen=True)
 class Bar:
     x: float
     y: float
@@ -28,11 +51,13 @@ class Bar:
     color: str
     title: str
     label: str
+    tick: float | None = None
 
 
 def chart(report: Report, metric: str = CHART_METRIC, width: int = 960, height: int = 300,
-          lo: float = -3.0, hi: float = 6.0) -> dict[str, Any] | None:
-    """Bars of log10(metric) per result: above the axis a result has room, below it is over its limit."""
+          lo: float = -3.0, hi: float = 6.0, marker: str | None = None) -> dict[str, Any] | None:
+    """Bars of log10(metric) per result: above the axis a result has room, below it is over its limit
+    (``marker``: a metric drawn as a tick across the bar)."""
     rows = [(r, metric_number(r.metrics.get(metric))) for r in report.results]
     rows = [(r, v) for r, v in rows if v is not None]
     if not rows:
@@ -47,13 +72,19 @@ def chart(report: Report, metric: str = CHART_METRIC, width: int = 960, height: 
     zero = y_of(0.0)
     bars = []
     every = max(1, math.ceil(len(rows) / 40))
+    def level(v: float) -> float:
+        return lo if v <= 0 else max(lo, min(hi, math.log10(v)))
+
     for k, (r, v) in enumerate(rows):
-        lv = lo if v <= 0 else max(lo, min(hi, math.log10(v)))
-        y0, y1 = sorted((zero, y_of(lv)))
+        y0, y1 = sorted((zero, y_of(level(v))))
         label = r.location.value or r.id
+        mark = metric_number(r.metrics.get(marker)) if marker else None
+        title = f"{r.location.label} [{r.location.op or ''}] {r.kind}: {metric} = {v:.3g}"
+        if mark is not None:
+            title += f", {marker} = {mark:.3g}"
         bars.append(Bar(left + k * step + step * 0.1, y0, max(step * 0.8, 0.5), max(y1 - y0, 1.0),
-                        COLORS[r.kind], f"{r.location.label} [{r.location.op or ''}] {r.kind}: {metric} = {v:.3g}",
-                        label if k % every == 0 else ""))
+                        COLORS[r.kind], title, label if k % every == 0 else "",
+                        None if mark is None else y_of(level(mark))))
     ticks = [(y_of(t), f"1e{t:+d}" if t else "1") for t in range(int(lo), int(hi) + 1)]
     return {"width": width, "height": height, "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h,
             "zero": zero, "bars": bars, "ticks": ticks, "step": step, "bottom": height - bottom}
@@ -106,11 +137,11 @@ svg text { font-size: 10px; fill: #333; }
 {% for k, v in rows %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>
 {% endfor %}</table>
 {% endfor %}
-{% if chart %}<h2>Margins per result</h2>
-<p class="muted">log10 of (allowed range / proved bound) per result, in program order: bars above the axis have
-room; bars at or below it reach their limit. Hover a bar for its location.</p>
+{% for spec, chart in charts %}<h2>{{ spec.title }}</h2>
+<p class="muted">{{ spec.caption }}</p>
 <svg xmlns="http://www.w3.org/2000/svg" width="{{ chart.width }}" height="{{ chart.height }}"
-     viewBox="0 0 {{ chart.width }} {{ chart.height }}" role="img" aria-label="margins chart" id="margins">
+     viewBox="0 0 {{ chart.width }} {{ chart.height }}" role="img" aria-label="{{ spec.title }}"
+     id="{{ spec.metric }}">
 <rect x="{{ chart.left }}" y="{{ chart.top }}" width="{{ chart.plot_w }}" height="{{ chart.plot_h }}"
       fill="#fcfcfd" stroke="#ccc"/>
 {% for y, t in chart.ticks %}<line x1="{{ chart.left - 4 }}" x2="{{ chart.left + chart.plot_w }}"
@@ -121,10 +152,12 @@ room; bars at or below it reach their limit. Hover a bar for its location.</p>
 {% for b in chart.bars %}<rect class="bar" x="{{ '%.2f'|format(b.x) }}" y="{{ '%.2f'|format(b.y) }}"
  width="{{ '%.2f'|format(b.width) }}" height="{{ '%.2f'|format(b.height) }}" fill="{{ b.color }}">
 <title>{{ b.title }}</title></rect>
+{% if b.tick is not none %}<line x1="{{ '%.2f'|format(b.x) }}" x2="{{ '%.2f'|format(b.x + b.width) }}"
+ y1="{{ '%.2f'|format(b.tick) }}" y2="{{ '%.2f'|format(b.tick) }}" stroke="#000" stroke-width="2"/>{% endif %}
 {% if b.label %}<text transform="translate({{ '%.1f'|format(b.x + b.width / 2) }},{{ chart.bottom + 6 }}) rotate(60)">
 {{- b.label }}</text>{% endif %}
 {% endfor %}</svg>
-{% endif %}
+{% endfor %}
 <h2>Results</h2>
 <table>
 <tr><th>#</th><th>kind</th><th>check</th><th>location</th><th>message</th><th>metrics</th><th>evidence</th></tr>
@@ -170,7 +203,17 @@ def to_html(report: Report, title: str | None = None) -> str:
                  if isinstance(v, dict)]
     sections = [(k, _rows(v)) for k, v in report.sections.items()]
     return tpl.render(report=report, title=name, summary=report.summary, settings=settings, sections=sections,
-                      chart=chart(report), fmt=_fmt)
+                      charts=charts(report), fmt=_fmt)
+
+
+def charts(report: Report) -> list[tuple[ChartSpec, dict[str, Any]]]:
+    """The charts the report has data for."""
+    out = []
+    for spec in CHARTS:
+        c = chart(report, spec.metric, marker=spec.marker)
+        if c is not None:
+            out.append((spec, c))
+    return out
 
 
 def write_html(report: Report, path: str | os.PathLike, title: str | None = None) -> Path:

@@ -138,6 +138,19 @@ def test_html_is_self_contained_with_an_inline_chart() -> None:
     assert "MatMul_1 (MatMul)" in page
 
 
+def test_html_charts_the_boundary_per_site_with_its_witness_scale() -> None:
+    rep = sample()
+    assert 'id="safe_scale"' not in to_html(rep)  # no result carries the metric: no chart
+    rep.results[0].metrics["safe_scale"] = 1024.0
+    rep.results[1].metrics.update({"safe_scale": 0.25, "witness_scale": 0.9})
+    page = to_html(rep)
+    boundary = page[page.index('id="safe_scale"'):]
+    boundary = boundary[:boundary.index("</svg>")]
+    assert boundary.count('<rect class="bar"') == 2  # the two sites with a proved scale
+    assert boundary.count('stroke-width="2"') == 1  # one witness tick
+    assert "witness_scale = 0.9" in boundary and "safe_scale = 1.02e+03" in boundary
+
+
 def test_html_escapes_model_text() -> None:
     rep = sample()
     rep.results[0].message = "<script>alert(1)</script>"

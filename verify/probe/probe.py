@@ -92,6 +92,10 @@ class SiteResult:
     """How the confirmed witness was found: center, corner, random, gradient or z3."""
     z3: Outcome | None = None
     """The z3 attempt on the site's worst node, when one was made or considered."""
+    safe_scale: float | None = None
+    """The largest box scale tried at which the site was proved safe (None: at none)."""
+    witness_scale: float | None = None
+    """The smallest box scale tried at which an overflow of the site was confirmed (None: at none)."""
 
     @property
     def magnitude(self) -> float:
@@ -174,23 +178,36 @@ class Analysis:
         self.engine = BoundsEngine(program.function, program.module.constants, SiteWatch(program))
         self.refiner = LinearRefiner(program.function, self.engine) if options.refine else None
         self.pass_units = INTERVAL_FACTOR * engine_work(self.engine)
+        self.proved_at: dict[Value, set[float]] = {}
+        """Per site, the box scales at which one of the passes proved it."""
+        self.open_at: dict[Value, set[float]] = {}
+        """Per site, the box scales at which a pass evaluated it and did not prove it."""
+        self.witnessed_at: dict[Value, set[float]] = {}
+        """Per site, the box scales at which a witness search confirmed its overflow."""
 
-    def run(self, boxes: Mapping[str, tuple[Any, Any]], budget: Budget, **kw: Any) -> Bounds:
-        """One interval pass, charged to ``budget``."""
+    def run(self, boxes: Mapping[str, tuple[Any, Any]], budget: Budget, scale: float = 1.0, **kw: Any) -> Bounds:
+        """One interval pass at box ``scale``, charged to ``budget``; every site it evaluates is noted."""
         budget.charge(self.pass_units)
-        return self.engine.run(boxes, **kw)
+        b = self.engine.run(boxes, **kw)
+        for v, ob in b.ops.items():
+            if ob.records:
+                (self.proved_at if ob.safe else self.open_at).setdefault(v, set()).add(scale)
+        return b
+
+    def site_safe_scale(self, v: Value) -> float | None:
+        return max(self.proved_at.get(v, ()), default=None)
 
     def bounds(self, scale: float, budget: Budget, *, refine: bool = True) -> tuple[Bounds, set[Value]]:
         """Bounds at ``scale`` and the values whose bound came from linear refinement."""
         boxes = _boxes(self.program, self.ranges, scale)
-        b = self.run(boxes, budget)
+        b = self.run(boxes, budget, scale)
         unsafe = [v for v, ob in b.ops.items() if ob.records and not ob.safe]
         if not unsafe or self.refiner is None or not refine:
             return b, set()
         pins = self.refiner.refine(b, unsafe, budget)
         if not pins:
             return b, set()
-        refined = self.run(boxes, budget, pinned=pins)
+        refined = self.run(boxes, budget, scale, pinned=pins)
         return refined, set(pins)
 
     def proved(self, scale: float, budget: Budget, rounds: int = 4) -> bool:
@@ -208,7 +225,7 @@ class Analysis:
                     return True
                 return False
 
-            b = self.run(boxes, budget, pinned=pins, stop=stop)
+            b = self.run(boxes, budget, scale, pinned=pins, stop=stop)
             if not failing:
                 return True
             v = failing[0]
@@ -268,6 +285,11 @@ def probe(module: Module, ranges: Mapping[str, tuple[Any, Any]], options: ProbeO
     if options.boundary:
         boundary = _boundary(analysis, options, budget.share(0.6, "boundary proofs"), budget, bool(confirmed),
                              _excess_ratio(bounds))
+    for v, _ in confirmed:
+        analysis.witnessed_at.setdefault(v, set()).add(1.0)
+    for r in results:
+        r.safe_scale = analysis.site_safe_scale(r.value)
+        r.witness_scale = min(analysis.witnessed_at.get(r.value, ()), default=None)
     timings["boundary"] = time.monotonic() - t
     timings["total"] = time.monotonic() - start
     threshold = _threshold_text(program)
@@ -431,6 +453,9 @@ def _witness_scale(analysis: Analysis, options: ProbeOptions, budget: Budget, ou
         searcher = Searcher(analysis.program, analysis.engine, boxes, seed=options.seed + 1)
         res = searcher.search(targets, budget.share(0.25, "boundary witnesses"), restarts=1,
                               steps=max(10, options.steps // 2), samples=4, scale=s)
+        for w in res.witnesses:
+            for v, _ in w.confirmed:
+                analysis.witnessed_at.setdefault(v, set()).add(s)
         return bool(res.witnesses)
 
     low = out.safe_scale or 0.0

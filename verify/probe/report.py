@@ -68,6 +68,10 @@ def to_report(rep: ProbeReport, *, model: str | None = None, model_hash: str | N
             metrics["witness_value"] = _f(s.witness_value)
             if s.verdict == OPEN and s.witness_value not in (0.0,) and math.isfinite(s.witness_value):
                 metrics["gap"] = _f(max(abs(s.bound_lo), abs(s.bound_hi)) / abs(s.witness_value))
+        if s.safe_scale is not None:
+            metrics["safe_scale"] = _f(s.safe_scale)
+        if s.witness_scale is not None:
+            metrics["witness_scale"] = _f(s.witness_scale)
         if s.after:
             metrics["after"] = ", ".join(s.after)
         if s.witness_method:

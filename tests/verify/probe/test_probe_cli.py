@@ -43,6 +43,11 @@ def test_confirmed_overflow_exit_1_with_reports_and_witness(tmp_path: Path) -> N
     assert Path(files["x"]).parent.parent == out / "w"
     assert "<svg" in (out / "r.html").read_text()
     assert report["sections"]["boundary"]["safe_scale"] is not None
+    # per site: proved at least up to the model's safe scale; the confirmed site witnessed at scale 1 or below
+    model_safe = report["sections"]["boundary"]["safe_scale"]
+    assert all(r["metrics"]["safe_scale"] >= model_safe for r in report["results"])
+    assert all(r["metrics"]["witness_scale"] <= 1.0 for r in failed)
+    assert 'id="safe_scale"' in (out / "r.html").read_text()
 
 
 def test_proved_safe_exit_0(tmp_path: Path) -> None:
