@@ -39,11 +39,15 @@ def _layer_norm(m: Match, b: Builder) -> Value | None:
     ln = m.root
     x, scale, bias = ln.operands
     axes = _tail_axes(x, ln.attr("axis"))
-    mean = b.reduce_mean(x, axes=axes, keepdims=True)
-    dev = b.sub(x, mean)
-    var = b.reduce_mean(b.mul(dev, dev), axes=axes, keepdims=True)
-    norm = b.div(dev, b.sqrt(b.add(var, _lit(b, ln.attr("epsilon"), x))))
-    return b.add(b.mul(norm, scale), bias)
+
+    def build(x: Value) -> Value:
+        mean = b.reduce_mean(x, axes=axes, keepdims=True)
+        dev = b.sub(x, mean)
+        var = b.reduce_mean(b.mul(dev, dev), axes=axes, keepdims=True)
+        norm = b.div(dev, b.sqrt(b.add(var, _lit(b, ln.attr("epsilon"), x))))
+        return b.add(b.mul(norm, _as(b, scale, x.dtype)), _as(b, bias, x.dtype))
+
+    return _widened(b, x, build)
 
 
 def _softmax_parts(b: Builder, x: Value, axis: int) -> tuple[Value, tuple[int, ...]]:
@@ -74,6 +78,10 @@ _GELU_CUBIC = 0.044715
 
 
 _NARROW = (DType.f16, DType.bf16)
+
+
+def _as(b: Builder, v: Value, dtype: DType) -> Value:
+    return v if v.dtype is dtype else b.cast(v, to=dtype)
 
 
 def _widened(b: Builder, x: Value, build: Callable[[Value], Value]) -> Value:
@@ -215,6 +223,8 @@ def _recognize_layer_norm(m: Match, b: Builder) -> Value | None:
     if found is None:
         return None
     x, axis, eps = found
+    if x.dtype in _NARROW:  # a half layer_norm normalizes in float32: not what these half ops compute
+        return None
     one = b.const(np.ones((1,), x.dtype.np))
     zero = b.const(np.zeros((1,), x.dtype.np))
     return b.layer_norm(x, one, zero, axis=axis, epsilon=eps)

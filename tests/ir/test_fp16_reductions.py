@@ -7,8 +7,9 @@ Where engines differ, Cuvil implements: a reduction op's own result is rounded t
 (a sum of squares above 65504 is inf, as torch.sum and ORT ReduceSumSquare give), the elementwise
 ops around it round every step (a decomposed graph's square overflows above 256, as in PyTorch's
 decomposed FP16 graph), and layer_norm on halves is its decomposition (both means in f32, the
-deviations and squares in the half type), whereas PyTorch's fused F.layer_norm and ORT's
-LayerNormalization compute everything in f32 (Cuvil's ONNX import models that by stashing to f32).
+deviations and squares in the half type), whereas the layer_norm op on halves normalizes in f32
+and rounds once, as PyTorch's fused F.layer_norm and ORT's LayerNormalization do (eps = 1e-12 keeps
+its f32 value instead of flushing to zero in a half; a constant row gives the bias, not NaN).
 ONNX ReduceL2 is imported as sqrt(reduce_sum(x * x)), so its squares and sum are halves, while ORT
 computes ReduceL2 in f32 (finite for inputs whose sum of squares exceeds 65504).
 """
@@ -295,8 +296,63 @@ def test_compiled_fp16_reductions_equal_the_interpreter_bit_for_bit(tmp_path) ->
         np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=f"output {k}")
 
 
+def _layer_norm_op(dtype: DType, eps: float, features: int = FEATURES, params: DType | None = None) -> Module:
+    """A layer_norm in ``dtype`` whose scale and bias are halves (``params``) held in ``dtype``."""
+    b = Builder()
+    x = b.param("x", dtype, [4, features])
+    rng = np.random.default_rng(5)
+    held = (params or dtype).np
+    scale, bias = (b.const(rng.standard_normal(features).astype(held).astype(dtype.np)) for _ in range(2))
+    return b.module(b.function("main", [x], [b.layer_norm(x, scale, bias, epsilon=eps)]))
+
+
+@pytest.mark.parametrize("dtype", [DType.f16, DType.bf16])
+def test_the_layer_norm_op_on_halves_is_the_f32_layer_norm_rounded_once(dtype: DType) -> None:
+    half = _layer_norm_op(dtype, 1e-12)
+    wide = _layer_norm_op(DType.f32, 1e-12, params=dtype)
+    x = (_uniform(-1, 1, (4, FEATURES)) * 50).astype(dtype.np)
+    x[1] = x[1, 0]  # a constant row: variance 0, eps alone keeps it finite
+    (got,) = run_reference(half, [x])
+    (want,) = run_reference(wide, [x.astype(np.float32)])
+    np.testing.assert_array_equal(_bits(got), _bits(want.astype(dtype.np)))
+    assert np.isfinite(got.astype(np.float32)).all()
+
+
+def test_the_layer_norm_op_on_halves_matches_pytorch_and_onnx_runtime_with_a_bert_epsilon() -> None:
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    m = _layer_norm_op(DType.f16, 1e-12)
+    scale, bias = (np.asarray(m.constant(v)) for v in m.main.results[0].operands[1:])
+    x = (_uniform(-1, 1, (4, FEATURES)) * 50).astype(F16)
+    x[1] = x[1, 0]
+    (got,) = run_reference(m, [x])
+    t = torch.nn.functional.layer_norm(torch.from_numpy(x), (FEATURES,), torch.from_numpy(scale),
+                                       torch.from_numpy(bias), eps=1e-12).numpy()
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1, epsilon=1e-12)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+                              [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    o = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for want in (t, o):
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+    np.testing.assert_array_equal(got[1], bias)  # the constant row: (x - mean) is 0 exactly
+
+
+def test_probe_proves_the_layer_norm_op_on_halves_for_any_input_in_the_half_range() -> None:
+    """Normalized in f32 with eps = 1e-12 kept: |x - mean| / sqrt(var + eps) <= sqrt(n) for every row,
+    so the op is proved finite whatever its input (the old half semantics flushed eps and could be NaN)."""
+    rep = probe(_layer_norm_op(DType.f32, 1e-12), {"x": (-60000.0, 60000.0)},
+                ProbeOptions(precision="fp16", boundary=False))
+    (site,) = _sites(rep, "layer_norm")
+    assert site.verdict == SAFE and not site.may_nan
+
+
 def test_layer_norm_on_halves_equals_its_decomposition_bit_for_bit() -> None:
-    """The composite's two means are reduce_mean's rule, so decompose-layer-norm stays exact on halves."""
+    """decompose-layer-norm widens a half layer_norm to f32 and rounds once, so it stays exact on halves."""
     from cuvil.passes.decompose import Decompose
 
     b = Builder()

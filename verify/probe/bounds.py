@@ -411,6 +411,7 @@ def normalized_bound(e: Call, info: RuleInfo) -> float | None:
     if not (isinstance(num, Call) and num.fn == "sub" and isinstance(den, Call) and den.fn == "sqrt"):
         return None
     a, mean = num.args
+    a = _half_uncast(a)  # a half layer_norm normalizes its widened input
     inner = den.args[0]
     if not (isinstance(a, Load) and a.oob is None and isinstance(inner, Call) and inner.fn == "add"):
         return None
@@ -426,9 +427,11 @@ def normalized_bound(e: Call, info: RuleInfo) -> float | None:
             and isinstance(square, Call) and square.fn == "mul" and square.args[0] is square.args[1]):
         return None
     dev = square.args[0]
-    if not (isinstance(dev, Call) and dev.fn == "sub" and dev.args[1] is mean and isinstance(dev.args[0], Load)):
+    if not (isinstance(dev, Call) and dev.fn == "sub" and dev.args[1] is mean):
         return None
-    b = dev.args[0]
+    b = _half_uncast(dev.args[0])
+    if not isinstance(b, Load):
+        return None
     if not _same_operand(a, b):
         return None
     shape = _operand_shape(info, a.operand)

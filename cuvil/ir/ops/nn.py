@@ -593,21 +593,26 @@ def _layer_norm_type(types: list[TensorType], axis: int, epsilon: float) -> Tens
 
 
 def _layer_norm_rule(c: R.RuleCtx) -> R.Expr:
+    """Float16/bfloat16 inputs are normalized in float32 and the result rounded once, as PyTorch and ONNX
+    Runtime compute it (ONNX's ``stash_type`` float32): ``eps`` keeps its float32 value instead of
+    flushing to zero in a half, and no intermediate overflows where the result does not."""
     x, scale, bias = c.inputs
     ax = norm_axis(c.attrs["axis"], x.rank)
     tail = x.shape[ax:]
     outer = c.out[:ax]
-    mean = R.wide_mean(tail, lambda *ks: x.at(*outer, *ks), x.dtype)
+    acc = DType.f32 if x.dtype in R.HALF_DTYPES else x.dtype
+    mean = R.wide_mean(tail, lambda *ks: R.widen(x.at(*outer, *ks)), acc)
 
     def sq_dev(*ks: R.Ix) -> R.Expr:
-        dev = x.at(*outer, *ks) - mean
+        dev = R.widen(x.at(*outer, *ks)) - mean
         return dev * dev
 
-    var = R.wide_mean(tail, sq_dev, x.dtype)
-    norm = (x.at(*c.out) - mean) / R.sqrt(var + c.attrs["epsilon"])
+    var = R.wide_mean(tail, sq_dev, acc)
+    norm = (R.widen(x.at(*c.out)) - mean) / R.sqrt(var + c.attrs["epsilon"])
     inner = c.out[ax:]
-    return (norm * scale.at(*R.broadcast_index(inner, scale.shape, tail))
-            + bias.at(*R.broadcast_index(inner, bias.shape, tail)))
+    out = (norm * R.widen(scale.at(*R.broadcast_index(inner, scale.shape, tail)))
+           + R.widen(bias.at(*R.broadcast_index(inner, bias.shape, tail))))
+    return R.cast(out, x.dtype)
 
 
 def _prod(dims: Sequence[Dim]) -> Dim:
@@ -619,6 +624,9 @@ def _prod(dims: Sequence[Dim]) -> Dim:
 
 def _layer_norm_numpy(xs: list[np.ndarray], out: TensorType, axis: int, epsilon: float) -> np.ndarray:
     x, scale, bias = xs
+    if out.dtype in R.HALF_DTYPES:  # normalized in float32, rounded once (the rule)
+        wide = [a.astype(np.float32) for a in xs]
+        return _layer_norm_numpy(wide, TensorType(DType.f32, out.shape), axis, epsilon).astype(x.dtype)
     axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
     mean = mean_numpy(x, axes, keepdims=True)
     dev = x - mean
