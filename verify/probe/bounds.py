@@ -44,6 +44,7 @@ from cuvil.ir.values import Value
 from cuvil.passes.decompose import normalized_ratio
 from verify.probe import interval as I
 from verify.probe.interval import Interval
+from verify.probe.norms import RowNorms
 from verify.probe.program import SiteSpec
 
 GRID_BUDGET = 1 << 22
@@ -711,6 +712,7 @@ class BoundsEngine:
                 self.live.add(v)
         self.fixed: dict[Value, np.ndarray] = {}
         self.contexts: dict[Value, OpContext] = {}
+        self.sigmas: dict[str, tuple[float, float]] = {}  # spectral norms of constant matrices (row norms)
 
     def context(self, v: Value) -> OpContext:
         ctx = self.contexts.get(v)
@@ -756,6 +758,7 @@ class BoundsEngine:
         ``pinned`` intersects values with other sound bounds (linear relaxations)."""
         values: dict[Value, Interval] = {}
         ops: dict[Value, OpBounds] = {}
+        norms = RowNorms(self.constant_value, self.live, self.sigmas)
         for v in self.values:
             if v.is_param:
                 lo, hi = boxes[v.name]
@@ -773,7 +776,7 @@ class BoundsEngine:
             constant = [o not in self.live for o in v.operands]
             ob = op_bounds(ctx, operands, constant, tighten=self.tighten)
             if self.tighten:
-                ob = value_facts(v, ob, values)
+                ob = norm_facts(v, value_facts(v, ob, values), values, norms)
             ops[v] = ob
             seen = ob.value.clamp_finite(v.dtype)
             if pinned is not None and v in pinned:
@@ -786,16 +789,35 @@ class BoundsEngine:
 
 def value_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval]) -> OpBounds:
     """Facts across ops: ``a / reduce_sum(a, keepdims)`` is in [0, 1] when ``a >= 0`` (one of the summands
-    is ``a`` itself, and adding nonnegative terms never rounds below it)."""
+    is ``a`` itself, and adding nonnegative terms never rounds below it); ``a * a`` of one float value is
+    never negative (a rounded square neither)."""
+    if v.op == "mul" and v.dtype.is_float and len(v.operands) == 2 and v.operands[0] is v.operands[1]:
+        return _within(ob, 0.0, math.inf)
     a = normalized_ratio(v)
     if a is None or float(np.min(values[a].lo)) < 0:
         return ob
-    value = ob.value.intersect(0.0, 1.0)
+    return _within(ob, 0.0, 1.0)
+
+
+def _within(ob: OpBounds, lo: float, hi: float) -> OpBounds:
+    """``ob`` with its value and its result's record intersected with ``[lo, hi]``."""
+    value = ob.value.intersect(lo, hi)
     for rec in ob.records.values():
         if rec.node == 0:
-            rec.lo, rec.hi = max(rec.lo, 0.0), min(rec.hi, 1.0)
+            rec.lo, rec.hi = max(rec.lo, lo), min(rec.hi, hi)
             rec.worst_score = max(rec.spec.lo - rec.lo, rec.hi - rec.spec.hi)
     return OpBounds(value, ob.records, ob.method)
+
+
+def norm_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval], norms: RowNorms) -> OpBounds:
+    """Cauchy–Schwarz and convex combinations at a product of two values (:mod:`.norms`)."""
+    found = norms.product_bound(v, values)
+    if found is None:
+        return ob
+    before, after = found
+    top = float(np.max(before, initial=0.0))
+    out = _within(ob, -top, top)  # the record: before rounding
+    return OpBounds(ob.value.intersect(-after, after), out.records, ob.method)
 
 
 def _snap(iv: Interval, dtype: DType) -> Interval:
