@@ -215,7 +215,8 @@ def agreement(actual: np.ndarray, expected: np.ndarray) -> Agreement:
 def _registry() -> dict[str, ZooModel]:
     from bench.models import bert, int8, mlp, mobilenet, resnet
 
-    entries = [mlp.MLP, mlp.MLP_B64, resnet.RESNET18, mobilenet.MOBILENET_V1, bert.BERT, int8.MLP_INT8]
+    entries = [mlp.MLP, mlp.MLP_B64, resnet.RESNET18, mobilenet.MOBILENET_V1, bert.BERT, int8.MLP_INT8,
+               int8.RESNET18_INT8]
     return {m.name: m for m in entries}
 
 

@@ -58,6 +58,18 @@ def test_mlp_is_proved_safe_in_fp16() -> None:
     assert rep.boundary.safe_scale is not None and rep.boundary.safe_scale >= 1
 
 
+def test_qdq_resnet_sites_are_all_decided() -> None:
+    """onnxruntime's static QDQ quantization of the reduced ResNet-18 (calibrated on N(0, 1) images): in
+    [-1, 1] every saturation and accumulator site is proved or has a confirmed witness."""
+    module = _module("resnet18_int8", True)
+    rep = probe(module, _ranges(module, True), ProbeOptions(precision="int8", boundary=False))
+    assert rep.sites and rep.count(OPEN) == 0
+    assert rep.count(SAFE) > 0 and rep.count(OVERFLOW) > 0
+    assert all(s.witness is not None and s.rule == "int8-saturation" for s in rep.sites if s.verdict == OVERFLOW)
+    assert all(s.rule == "int-overflow" for s in rep.sites if s.op in ("conv", "matmul"))
+    assert all(s.verdict == SAFE for s in rep.sites if s.rule == "int-overflow")  # int32 accumulators are safe
+
+
 def test_mlp_int8_saturation_is_confirmed_beyond_the_calibration() -> None:
     """Calibrated on N(0, 1) data, the INT8 MLP's requantized outputs saturate at box corners of [-1, 1]."""
     module = _module("mlp_int8", True)
@@ -82,14 +94,14 @@ def test_fp16_build_of_the_small_mlp_is_finite() -> None:
 
 # each model spends up to the default budget (under a minute on two cores): the whole zoo at the small profile
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "mlp_b64", "resnet18", "mobilenet_v1", "bert", "mlp_int8"])
+@pytest.mark.parametrize("name", ["mlp", "mlp_b64", "resnet18", "mobilenet_v1", "bert", "mlp_int8", "resnet18_int8"])
 def test_zoo_small_probe_ends_within_its_budget(name: str) -> None:
     _check_probe(name, True)
 
 
 # full-size models: up to a minute each
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp", "mlp_b64", "resnet18", "mobilenet_v1", "bert", "mlp_int8"])
+@pytest.mark.parametrize("name", ["mlp", "mlp_b64", "resnet18", "mobilenet_v1", "bert", "mlp_int8", "resnet18_int8"])
 def test_zoo_full_probe_ends_within_its_budget(name: str) -> None:
     _check_probe(name, False)
 
