@@ -162,3 +162,37 @@ def test_tensors_without_usable_data_are_input_errors(kind):
         with pytest.raises(InputError) as e:
             run()
         assert e.value.location == name
+
+
+def test_every_kind_of_input_buffer_reaches_the_library(rng):
+    """Read-only, strided, sliced and freshly allocated inputs, each as the library expects it: the data
+    pointer comes from the buffer protocol or numpy's own view, never a stale table entry."""
+    model = compile(softmax_module(), cache=False)
+    base = rng.standard_normal((4, 8)).astype(np.float32)
+    frozen = np.frombuffer(base.tobytes(), dtype=np.float32).reshape(4, 8)  # read-only, contiguous
+    assert not frozen.flags.writeable
+    wide = np.repeat(base, 2, axis=1)[:, ::2]  # not contiguous
+    for x in (base, frozen, wide, base.copy(order="F"), np.ascontiguousarray(base[::-1])[::-1]):
+        np.testing.assert_allclose(model(x), run_reference(softmax_module(), [np.ascontiguousarray(x)])[0],
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_threads_sharing_a_library_each_get_their_own_result(rng):
+    import threading
+
+    model = compile(softmax_module(), cache=False)
+    inputs = [rng.standard_normal((4, 8)).astype(np.float32) * (k + 1) for k in range(8)]
+    want = [model(x) for x in inputs]
+    bad: list[int] = []
+
+    def worker(k: int) -> None:
+        for _ in range(300):
+            if not np.array_equal(model(inputs[k]), want[k]):
+                bad.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
