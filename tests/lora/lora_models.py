@@ -168,6 +168,22 @@ def _train_magnitudes(peft_model: Any) -> None:
                 parameter.mul_(0.5 + torch.rand_like(parameter))
 
 
+def peft_wrapped(name: str, variant: Mapping[str, Any], directory: Path) -> tuple[Any, Any]:
+    """A fresh ``name`` model (seed 0) and PEFT's LoRA of ``variant`` on a copy of it (B not zero, DoRA
+    magnitudes moved), saved to ``directory``: the untouched base and the PEFT model."""
+    arch = ARCHS[name]
+    torch.manual_seed(0)
+    model = arch.build().eval()
+    model.config.use_cache = False
+    base = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **lora_options(arch, **variant)))
+        _train_magnitudes(pm)
+        pm.save_pretrained(directory)
+    return base, pm
+
+
 def build_adapter(arch: Arch, directory: Path, *, seed: int = 0, **changes: Any) -> SavedAdapter:
     """An adapter for a fresh ``arch`` model built from ``seed``."""
     torch.manual_seed(seed)

@@ -6,13 +6,12 @@ certificate's bound on 1,000 inputs, and what cannot be attached or merged is re
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from lora_models import ARCHS, lora_options, peft, save_adapter
+from lora_models import peft_wrapped, save_adapter
 
 import cuvil
 from cuvil.interp import run_reference
@@ -39,20 +38,9 @@ def _inputs(name: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 def _peft_case(name: str, variant: dict, directory: Path):
     """The base model (untouched), the saved adapter and PEFT's unmerged outputs on two inputs."""
-    arch = ARCHS[name]
-    torch.manual_seed(0)
-    model = arch.build().eval()
-    model.config.use_cache = False
-    base = copy.deepcopy(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pm = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **lora_options(arch, **variant)))
-        with torch.no_grad():
-            for key, p in pm.named_parameters():
-                if "lora_magnitude_vector" in key:
-                    p.mul_(0.5 + torch.rand_like(p))
-            pm.save_pretrained(directory)
-            wants = [pm(*_inputs(name, seed))[0].numpy() for seed in (0, 1)]
+    base, pm = peft_wrapped(name, variant, directory)
+    with torch.no_grad():
+        wants = [pm(*_inputs(name, seed))[0].numpy() for seed in (0, 1)]
     return base, Adapter(directory), wants
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lora_models import ARCHS, lora_options, peft
+from lora_models import peft, peft_wrapped
 
 import cuvil
 from cuvil.interp import evaluate_values, run_reference
@@ -47,23 +47,13 @@ def _feed(t: torch.Tensor) -> np.ndarray:
 
 
 def _case(name: str, variant: dict, precision: str, directory: Path):
-    arch = ARCHS[name]
-    torch.manual_seed(0)
-    model = arch.build().eval()
-    model.config.use_cache = False
-    base = copy.deepcopy(model).to(DTYPES[precision])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pm = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **lora_options(arch, **variant)))
-        with torch.no_grad():
-            for key, p in pm.named_parameters():
-                if "lora_magnitude_vector" in key:
-                    p.mul_(0.5 + torch.rand_like(p))
-        pm.save_pretrained(directory)
-        pm = pm.to(DTYPES[precision])
-        with torch.no_grad():
-            wants = [pm(*_inputs(name, DTYPES[precision], seed))[0].float().numpy() for seed in (0, 1)]
-    return base, Adapter(directory), wants
+    """The base in ``precision``, the adapter (saved in float32, as trained) and PEFT's unmerged outputs with
+    the adapted model in ``precision``."""
+    base, pm = peft_wrapped(name, variant, directory)
+    pm = pm.to(DTYPES[precision])
+    with torch.no_grad():
+        wants = [pm(*_inputs(name, DTYPES[precision], seed))[0].float().numpy() for seed in (0, 1)]
+    return base.to(DTYPES[precision]), Adapter(directory), wants
 
 
 def _per_op_within_bound(result: LoraMerge, base: BaseModel, adapter: Adapter, feed: list[np.ndarray]) -> int:
