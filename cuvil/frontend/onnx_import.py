@@ -30,9 +30,11 @@ from cuvil.errors import (
 )
 from cuvil.frontend import onnx_ops  # noqa: F401  (registers the converter families)
 from cuvil.frontend.onnx_node import NodeCtx, StaticInputRequired, converters, onnx_dtype
+from cuvil.frontend.onnx_ops.fold import fold_symbolic
 from cuvil.frontend.registry import ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Dim, Sym
@@ -54,7 +56,7 @@ class OnnxImporter:
     b: Builder = field(default_factory=Builder)
     env: dict[str, Value] = field(default_factory=dict)
     _static: dict[Value, np.ndarray] = field(default_factory=dict)
-    _fresh_dims: int = 0
+    _dim_names: set[str] = field(default_factory=set)
     _unrolled: int = 0
     opsets: dict[str, int] = field(default_factory=dict)
 
@@ -106,28 +108,43 @@ class OnnxImporter:
             raise ExternalDataError(f"cannot read external data of {t.name!r}: {e}", location=where) from None
 
     # dims -----------------------------------------------------------------------
-    def _dim(self, d: onnx.TensorShapeProto.Dimension) -> Dim:
-        if d.HasField("dim_value"):
+    def _dim(self, d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> Dim:
+        """A declared dim. ``dim_value: -1`` (what some exporters write for "dynamic", and what ONNX
+        Runtime accepts any size for), a dim with neither value nor name, and every dim of a shape
+        that is absent become a fresh symbol ``<input>_dim<axis>``. ``dim_value: 0`` stays a
+        literal zero-size dim, as the ONNX IR defines it and ONNX Runtime enforces it."""
+        if d.HasField("dim_value") and d.dim_value != -1:
             return int(d.dim_value)
         if d.HasField("dim_param") and d.dim_param:
-            name = re.sub(r"\W", "_", d.dim_param)
-            if not re.match(r"[A-Za-z_]", name):
-                name = "d_" + name
-            return Sym.symbol(name)
-        self._fresh_dims += 1
-        return Sym.symbol(f"unk{self._fresh_dims}")
+            return Sym.symbol(symbol_name(d.dim_param))
+        return self._fresh_dim(owner, axis)
 
-    def value_type(self, vi: onnx.ValueInfoProto) -> TensorType:
+    def _fresh_dim(self, owner: str, axis: int) -> Sym:
+        """A new symbol named after the input and axis, unlike every declared or earlier one."""
+        base = name = f"{symbol_name(owner)}_dim{axis}"
+        k = 1
+        while name in self._dim_names:
+            name, k = f"{base}_{k}", k + 1
+        self._dim_names.add(name)
+        return Sym.symbol(name)
+
+    def value_type(self, vi: onnx.ValueInfoProto, graph: onnx.GraphProto | None = None) -> TensorType:
         where = f"input {vi.name!r}"
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedOpError(f"input {vi.name!r} is not a tensor (sequences/maps are unsupported)",
                                      location=where)
         tt = vi.type.tensor_type
         dtype = onnx_dtype(tt.elem_type, where)
-        if not tt.HasField("shape"):
-            raise UnsupportedOpError(f"input {vi.name!r} has no shape (unknown rank)", location=where,
-                                     hint="give graph inputs a shape; dims may be symbolic")
-        t = TensorType(dtype, tuple(self._dim(d) for d in tt.shape.dim))
+        if tt.HasField("shape"):
+            shape = tuple(self._dim(d, vi.name, k) for k, d in enumerate(tt.shape.dim))
+        else:
+            rank = inferred_rank(graph, vi.name) if graph is not None else None
+            if rank is None:
+                raise UnsupportedOpError(f"input {vi.name!r} has no shape (unknown rank), and no use of it fixes "
+                                         "its rank", location=where,
+                                         hint="give graph inputs a shape; dims may be symbolic or -1")
+            shape = tuple(self._fresh_dim(vi.name, k) for k in range(rank))
+        t = TensorType(dtype, shape)
         if any(isinstance(d, int) and d < 0 for d in t.shape) or \
                 (t.is_static and int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_TENSOR_ELEMENTS):
             raise ModelLoadError(f"input {vi.name!r} declares the shape {list(t.shape)}, which no tensor can "
@@ -151,18 +168,13 @@ class OnnxImporter:
             self._static[v] = arr
             return arr
         ins = [self.static_value(o, where) for o in v.operands]
-        opdef = get_op(v.op)
         if any(a.dtype == object for a in ins):
-            if opdef.numpy is None:
-                raise UnsupportedOpError(f"cannot evaluate {v.op} on symbolic shape values", location=where)
-            out = np.asarray(opdef.numpy(ins, v.type, **v.attr_dict))
+            out = fold_symbolic(v.op, ins, [o.dtype for o in v.operands], v.type, v.attr_dict, where)
         else:
-            from cuvil.interp import evaluate_op
-
             if not v.type.is_static:
                 raise UnsupportedOpError(f"value of {v.op} with symbolic shape {v.type} is not static",
                                          location=where)
-            out = evaluate_op(opdef, ins, v.attr_dict, v.type)
+            out = evaluate_op(get_op(v.op), ins, v.attr_dict, v.type)
         self._static[v] = out
         return out
 
@@ -172,13 +184,15 @@ class OnnxImporter:
         for t in graph.initializer:
             self.env[t.name] = self.b.const(self.tensor_to_numpy(t, f"initializer {t.name!r}"))
         params: list[Value] = []
+        self._dim_names |= {symbol_name(d.dim_param) for vi in graph.input
+                            for d in vi.type.tensor_type.shape.dim if d.dim_param}
         for vi in graph.input:
             if vi.name in initializer_names:
                 continue
             if vi.name in self.static_inputs:
                 self.env[vi.name] = self.b.const(np.asarray(self.static_inputs[vi.name]))
                 continue
-            p = self.b.param(vi.name, *_unpack(self.value_type(vi)))
+            p = self.b.param(vi.name, *_unpack(self.value_type(vi, graph)))
             params.append(p)
             self.env[vi.name] = p
         self.convert_nodes(graph.node)
@@ -256,6 +270,38 @@ class OnnxImporter:
                    if n and (v is None)]
         if missing:
             raise UnsupportedOpError(f"{node.op_type}: outputs {missing} are not supported", location=where)
+
+
+def symbol_name(text: str) -> str:
+    """A dim name or input name as a symbol: other characters become ``_``, a leading digit gets ``d_``."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return name if re.match(r"[A-Za-z_]", name) else "d_" + name
+
+
+_FIXED_RANK = {"Gemm": 2, "LSTM": 3, "GRU": 3, "RNN": 3}  # the rank these ops take as their first input
+_WEIGHT_RANK = ("Conv", "ConvTranspose", "ConvInteger")  # first input as many dims as the weight
+_KERNEL_RANK = ("MaxPool", "AveragePool", "LpPool")  # first input: batch, channels, one dim per kernel axis
+
+
+def inferred_rank(graph: onnx.GraphProto, name: str) -> int | None:
+    """The rank of a value declared without a shape: from a shape the graph declares for it
+    elsewhere (value_info, outputs), else from a use that fixes it (a Conv's weight, a pool's
+    kernel, Gemm, a recurrence)."""
+    for vi in (*graph.value_info, *graph.output):
+        if vi.name == name and vi.type.tensor_type.HasField("shape"):
+            return len(vi.type.tensor_type.shape.dim)
+    weights = {t.name: len(t.dims) for t in graph.initializer}
+    for node in graph.node:
+        if node.input[:1] != [name]:
+            continue
+        if node.op_type in _FIXED_RANK:
+            return _FIXED_RANK[node.op_type]
+        if node.op_type in _WEIGHT_RANK and len(node.input) > 1 and node.input[1] in weights:
+            return weights[node.input[1]]
+        kernel = [a for a in node.attribute if a.name == "kernel_shape"]
+        if node.op_type in _KERNEL_RANK and kernel:
+            return len(kernel[0].ints) + 2
+    return None
 
 
 def _unpack(t: TensorType) -> tuple[DType, tuple[Dim, ...]]:

@@ -103,6 +103,19 @@ class StaticInputRequired(UnsupportedOpError):
                          hint="make it an initializer, or pass its value via static_inputs=")
 
 
+class SymbolicValueRequired(UnsupportedOpError):
+    """A compile-time value (a Reshape target, a Range bound, a comparison deciding one) depends
+    on the run-time size of a symbolic dim, as ``N == 1`` does."""
+
+    code = "CUVIL-DYNAMIC-INPUT"
+
+    def __init__(self, what: str, location: str) -> None:
+        super().__init__(f"{what} depends on the run-time value of symbolic dims, but it is needed at "
+                         "compile time", location=location,
+                         hint="give the inputs concrete sizes for these dims (dim_value instead of "
+                              "dim_param), or export the model with static shapes")
+
+
 # --------------------------------------------------------------------------------------
 # node context
 

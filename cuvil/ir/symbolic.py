@@ -8,11 +8,23 @@ canonical forms are, and shape rules can be written with ordinary ``+ - * //``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Union
 
+from cuvil.errors import UnsupportedOpError
+
 Dim = Union[int, "Sym"]
+
+
+class SymbolicDimError(UnsupportedOpError, TypeError):
+    """A symbolic dim used where only a number will do (``int(N)``): still the TypeError Python
+    code expects, and a coded error naming the node when a model's converter meets it."""
+
+    code = "CUVIL-DYNAMIC-INPUT"
+    default_hint = "the value depends on the run-time size of a symbolic dim; give the inputs concrete sizes"
 
 
 class _Atom:
@@ -178,7 +190,7 @@ class Sym:
         return True
 
     def __index__(self) -> int:
-        raise TypeError(f"symbolic dim {self} has no concrete value here")
+        raise SymbolicDimError(f"symbolic dim {self} has no concrete value here")
 
     # inspection -------------------------------------------------------------
     def symbols(self) -> set[str]:
@@ -260,6 +272,202 @@ def _extreme(kind: str, pick: Callable[[int, int], int], a: Dim, b: Dim) -> Dim:
     if a == b:
         return a
     return Sym({(_Atom(kind, (a, b)),): 1})
+
+
+# bounds and ratios -------------------------------------------------------------
+Bound = tuple[int | None, int | None]
+"""An interval ``(lo, hi)`` of integers; ``None`` is unbounded on that side."""
+
+
+MAX_RESIDUE_CASES = 256
+
+
+def dim_bounds(d: Dim, symbol_min: int = 1) -> Bound:
+    """An interval holding every value ``d`` takes when each symbol is at least ``symbol_min``
+    (a dim constraint's default lower bound is 1). It is what a shape computation on dims may
+    decide at import time: ``N - 1 >= 0`` holds, ``N == 1`` is left open.
+
+    Intervals forget that ``W // 2`` and ``W % 4`` move with ``W``; where the plain interval leaves
+    a side open, each symbol under a ``//`` or ``%`` by constants is split by its residue modulo
+    their lcm (``W = 4*q + r`` for r in 0..3), which turns those atoms into polynomials, so
+    ``W - W % 4 >= 0`` and ``W // 2 <= W`` are decided too."""
+    lo, hi = _interval(d, symbol_min)
+    if (lo is None or hi is None) and isinstance(d, Sym):
+        return _residue_bounds(d, symbol_min, (lo, hi))
+    return lo, hi
+
+
+def _interval(d: Dim, symbol_min: int) -> Bound:
+    if isinstance(d, int):
+        return d, d
+    lo: int | None = 0
+    hi: int | None = 0
+    for mono, coef in d.terms:
+        m_lo, m_hi = _product_bounds([_factor_bounds(f, symbol_min) for f in mono])
+        t_lo, t_hi = (_scale(m_lo, coef), _scale(m_hi, coef)) if coef > 0 else (_scale(m_hi, coef),
+                                                                                  _scale(m_lo, coef))
+        lo = None if lo is None or t_lo is None else lo + t_lo
+        hi = None if hi is None or t_hi is None else hi + t_hi
+    return lo, hi
+
+
+def _scale(v: int | None, coef: int) -> int | None:
+    return None if v is None else v * coef
+
+
+def _factor_bounds(f: _Factor, symbol_min: int) -> Bound:
+    if isinstance(f, str):
+        return symbol_min, None
+    bounds = [_interval(a, symbol_min) for a in f.args]
+    if f.kind in ("max", "min"):
+        return _extreme_bounds(f.kind, bounds)
+    divisor = f.args[1]
+    if not isinstance(divisor, int) or divisor <= 0:
+        return None, None
+    if f.kind == "mod":  # Python's % with a positive divisor lies in [0, divisor)
+        return 0, divisor - 1
+    lo, hi = bounds[0]
+    return (None if lo is None else lo // divisor), (None if hi is None else hi // divisor)
+
+
+def _extreme_bounds(kind: str, bounds: list[Bound]) -> Bound:
+    """max(a, b) is at least each known lower bound and at most the larger upper bound (min mirrors it)."""
+    los, his = [b[0] for b in bounds], [b[1] for b in bounds]
+    known_lo, known_hi = [v for v in los if v is not None], [v for v in his if v is not None]
+    if kind == "max":
+        return (max(known_lo) if known_lo else None), (max(known_hi) if len(known_hi) == len(his) else None)
+    return (min(known_lo) if len(known_lo) == len(los) else None), (min(known_hi) if known_hi else None)
+
+
+def _product_bounds(factors: list[Bound]) -> Bound:
+    """Bounds of a product of non-negative factors (else unbounded: the monomials of shapes are)."""
+    lo, hi = 1, 1
+    for f_lo, f_hi in factors:
+        if f_lo is None or f_lo < 0:
+            return None, None
+        lo *= f_lo
+        hi = None if hi is None or f_hi is None else hi * f_hi
+    return lo, hi
+
+
+def _residue_bounds(d: Sym, symbol_min: int, plain: Bound) -> Bound:
+    """The union over residue cases of the interval of ``d`` with ``S = L*(q - symbol_min) + r`` for
+    each split symbol ``S`` (``q >= symbol_min`` then stands for exactly the values
+    ``S >= symbol_min`` with that residue; the first multiple is skipped where it would fall
+    below), met with the plain interval."""
+    moduli = _split_moduli(d)
+    cases = math.prod(moduli.values())
+    if not moduli or cases > MAX_RESIDUE_CASES:
+        return plain
+    taken = d.symbols()
+    fresh = {name: _unused(f"{name}_q", taken) for name in moduli}
+    los: list[int | None] = []
+    his: list[int | None] = []
+    for case in range(cases):
+        env: dict[str, Dim] = {}
+        for name, modulus in moduli.items():
+            case, r = divmod(case, modulus)
+            skip = max(0, -((r - symbol_min) // modulus))  # the first multiple keeping S >= symbol_min
+            env[name] = modulus * (Sym.symbol(fresh[name]) - symbol_min + skip) + r
+        c_lo, c_hi = _interval(substitute(d, env), symbol_min)
+        los.append(c_lo)
+        his.append(c_hi)
+    lo = None if None in los else min(v for v in los if v is not None)
+    hi = None if None in his else max(v for v in his if v is not None)
+    return (plain[0] if lo is None else lo if plain[0] is None else max(lo, plain[0]),
+            plain[1] if hi is None else hi if plain[1] is None else min(hi, plain[1]))
+
+
+def _unused(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name
+
+
+def _split_moduli(d: Dim) -> dict[str, int]:
+    """Each symbol under a ``//`` or ``%`` by a positive constant, with the lcm of those constants."""
+    out: dict[str, int] = {}
+    for atom in _atoms(d):
+        divisor = atom.args[1] if atom.kind in ("floordiv", "mod") else None
+        if isinstance(divisor, int) and divisor > 0:
+            for name in free_symbols(atom.args[0]):
+                out[name] = math.lcm(out.get(name, 1), divisor)
+    return out
+
+
+def _atoms(d: Dim) -> list[_Atom]:
+    """Every opaque sub-expression of ``d``, nested ones included."""
+    if isinstance(d, int):
+        return []
+    found: list[_Atom] = []
+    for mono, _ in d.terms:
+        for f in mono:
+            if isinstance(f, _Atom):
+                found.append(f)
+                for a in f.args:
+                    found += _atoms(a)
+    return found
+
+
+def substitute(d: Dim, env: Mapping[str, Dim]) -> Dim:
+    """``d`` with the symbols in ``env`` replaced by dims, re-simplified; a ``//`` by a constant
+    that divides every non-constant coefficient splits exactly (``(4*q + 1) // 2`` is ``2*q``)."""
+    if isinstance(d, int):
+        return d
+    total: Dim = 0
+    for mono, coef in d.terms:
+        term: Dim = coef
+        for f in mono:
+            term = term * (env.get(f, Sym.symbol(f)) if isinstance(f, str) else _substitute_atom(f, env))
+        total = total + term
+    return total
+
+
+def _substitute_atom(atom: _Atom, env: Mapping[str, Dim]) -> Dim:
+    a, b = (substitute(x, env) for x in atom.args)
+    if atom.kind == "max":
+        return sym_max(a, b)
+    if atom.kind == "min":
+        return sym_min(a, b)
+    if atom.kind == "mod":
+        return a % b if isinstance(a, int) and isinstance(b, int) else Sym.lift(a) % b
+    if isinstance(b, int) and b > 0 and isinstance(a, Sym):
+        rest = a - a.constant
+        if isinstance(rest, Sym) and all(c % b == 0 for _, c in rest.terms):
+            return rest // b + a.constant // b
+    return a // b if isinstance(a, int) and isinstance(b, int) else Sym.lift(a) // b
+
+
+def exact_ratio(a: Dim, b: Dim) -> Fraction | None:
+    """The constant ``r`` with ``a == r * b`` for every value of the symbols, when there is one
+    (``2*N`` to ``N`` is 2, ``N`` to ``4*N`` is 1/4; ``N`` to ``M`` has none)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return Fraction(a, b) if b else None
+    ta, tb = dict(Sym.lift(a).terms), dict(Sym.lift(b).terms)
+    if not tb or ta.keys() != tb.keys():
+        return None
+    ratios = {Fraction(ta[m], tb[m]) for m in tb}
+    return ratios.pop() if len(ratios) == 1 else None
+
+
+def quotient(num: Dim, den: Dim) -> Dim:
+    """``num // den`` with the symbols and the coefficient gcd common to ``den`` (one monomial) and
+    every term of ``num`` cancelled first: floor(k*a / (k*b)) is floor(a / b) for k > 0, and
+    symbols are positive, so ``(3*N*W) // (6*N)`` reads ``W // 2``."""
+    if isinstance(num, int) and isinstance(den, int):
+        return num // den
+    d = Sym.lift(den)
+    if len(d.terms) != 1 or d.terms[0][1] <= 0:
+        return Sym.lift(num) // den
+    for f in d.terms[0][0]:
+        n = Sym.lift(num)
+        if isinstance(f, str) and all(f in m for m, _ in n.terms):
+            num, den = n // Sym.symbol(f), Sym.lift(den) // Sym.symbol(f)
+    dcoef = Sym.lift(den).terms[0][1]
+    g = math.gcd(dcoef, *(c for _, c in Sym.lift(num).terms))
+    if g > 1:
+        num, den = Sym.lift(num) // g, Sym.lift(den) // g
+    return num // den
 
 
 def is_static(d: Dim) -> bool:

@@ -4,7 +4,8 @@ The composite families (attention, recurrent, training, spectral, grid, control,
 add no catalogue op: they spell ONNX ops out in matmul/softmax/where/reshape/..., so the
 verifier and the code generator see only ops they already understand. Not supported:
 Bernoulli, Multinomial and Random* (their results are random), and sequence/optional values
-(CIR values are tensors).
+(CIR values are tensors). ``fold`` is no family: it evaluates shape computations on symbolic
+dims for the importer's compile-time values.
 """
 
 from cuvil.frontend.onnx_ops import (  # noqa: F401

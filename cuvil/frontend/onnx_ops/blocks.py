@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 
-from cuvil.frontend.onnx_node import NodeCtx
+from cuvil.frontend.onnx_node import NodeCtx, SymbolicValueRequired
+from cuvil.frontend.onnx_ops.fold import Scalar, is_symbolic
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis
@@ -84,11 +86,23 @@ def static_dims(x: Value, ctx: NodeCtx, what: str) -> tuple[int, ...]:
     return tuple(int(d) for d in x.shape)
 
 
-def static_scalar(ctx: NodeCtx, i: int) -> float | int | bool:
+@overload
+def static_scalar(ctx: NodeCtx, i: int, symbolic: Literal[False] = ...) -> float | int | bool: ...
+
+
+@overload
+def static_scalar(ctx: NodeCtx, i: int, symbolic: Literal[True]) -> Scalar | bool: ...
+
+
+def static_scalar(ctx: NodeCtx, i: int, symbolic: bool = False) -> Any:
+    """The one compile-time value of input ``i``: a number, or (where ``symbolic``) a symbolic dim."""
     v = np.asarray(ctx.static(i))
     if v.size != 1:
-        raise ctx.unsupported(f"input {i} must be a scalar, got shape {v.shape}")
-    return v.reshape(()).item()
+        raise ctx.unsupported(f"input {i} must hold one value, got shape {v.shape}")
+    item = v.reshape(()).item()
+    if is_symbolic(item) and not symbolic:
+        raise SymbolicValueRequired(f"{ctx.op_name} input {i} ({item})", ctx.location)
+    return item
 
 
 def cast_to(b: Builder, v: Value, dtype: DType) -> Value:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil.errors import ShapeError
-from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
-from cuvil.frontend.onnx_ops.shape import norm_axes, static_dims, static_scalar
+from cuvil.frontend.onnx_node import NodeCtx, SymbolicValueRequired, onnx_dtype, onnx_op
+from cuvil.frontend.onnx_ops.blocks import static_scalar
+from cuvil.frontend.onnx_ops.fold import Scalar, ceil_of, divided, is_symbolic, minus, number
+from cuvil.frontend.onnx_ops.shape import norm_axes, static_dims
 from cuvil.ir.dtypes import DType
-from cuvil.ir.symbolic import Dim, Sym
+from cuvil.ir.symbolic import Dim, dim_bounds
 from cuvil.ir.values import Value
 
 # --------------------------------------------------------------------------------------
@@ -129,33 +131,33 @@ def trilu(ctx: NodeCtx) -> Value:
 # Range, ConstantOfShape
 
 
-def _count(start: float | Dim, limit: float | Dim, delta: float | int) -> Dim:
-    """max(ceil((limit - start) / delta), 0); symbolic when a bound comes from a symbolic shape."""
-    if isinstance(start, Sym) or isinstance(limit, Sym):
-        if not (isinstance(delta, int) and delta > 0):
-            raise ValueError("a symbolic range needs a positive integer step")
-        return (_as_dim(limit) - _as_dim(start) + (delta - 1)) // delta
-    return max(int(np.ceil((limit - start) / delta)), 0)
+def _count(ctx: NodeCtx, start: Scalar, limit: Scalar, delta: Scalar) -> Dim:
+    """max(ceil((limit - start) / delta), 0), exactly; symbolic when a bound comes from a symbolic
+    shape (then taken as non-negative unless the dims' bounds show it is not, as the lengths of
+    the slices beside it are)."""
+    if not (is_symbolic(start) or is_symbolic(limit)):
+        return max(int(np.ceil((number(limit) - number(start)) / number(delta))), 0)
+    n = ceil_of(divided(minus(limit, start, ctx.location), delta, ctx.location), ctx.location)
+    _, hi = dim_bounds(n)
+    return 0 if hi is not None and hi <= 0 else n
 
 
-def _as_dim(v: float | Dim) -> Dim:
-    """A bound beside a symbolic one: a number counts as its integer part, as :meth:`Sym.lift` takes it."""
-    return v if isinstance(v, Sym) else int(v)
-
-
-@onnx_op("Range", emits=("iota",))
+@onnx_op("Range", emits=("iota", "add", "reshape"))
 def range_(ctx: NodeCtx) -> Value:
+    """A start read from a symbolic shape is added at run time to a range that starts at 0."""
     dtype = ctx.input(0).dtype
-    start, limit, delta = (static_scalar(ctx, i) for i in range(3))
+    start, limit, delta = (static_scalar(ctx, i, symbolic=True) for i in range(3))
+    if is_symbolic(delta):
+        raise SymbolicValueRequired(f"the Range step {delta}", ctx.location)
     if delta == 0:
         raise ShapeError("Range with delta 0", location=ctx.location)
     if dtype.is_int:
-        if any(isinstance(v, float) for v in (start, limit, delta)):
-            start, limit, delta = (int(v) if not isinstance(v, Sym) else v for v in (start, limit, delta))
-    n = _count(start, limit, delta)
-    if isinstance(start, Sym):
-        raise ctx.unsupported("a symbolic range start")
-    return ctx.b.iota(shape=[n], start=start, step=delta, dtype=dtype)
+        start, limit, delta = (v if is_symbolic(v) else int(number(v)) for v in (start, limit, delta))
+    n = _count(ctx, start, limit, delta)
+    if not is_symbolic(start):
+        return ctx.b.iota(shape=[n], start=start, step=delta, dtype=dtype)
+    offset = ctx.b.reshape(ctx.input(0), shape=[])
+    return ctx.b.add(ctx.b.iota(shape=[n], start=0, step=delta, dtype=dtype), offset)
 
 
 @onnx_op("ConstantOfShape", emits=("fill",))

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
+import onnx
 
 from cuvil.errors import ShapeError
-from cuvil.frontend.onnx_node import NodeCtx, onnx_op
-from cuvil.ir.symbolic import Dim, Sym
+from cuvil.frontend.onnx_node import NodeCtx, SymbolicValueRequired, onnx_op
+from cuvil.frontend.onnx_ops.blocks import static_scalar
+from cuvil.frontend.onnx_ops.fold import floor_of, is_symbolic, require, times
+from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import Dim, Sym, dim_bounds, exact_ratio, quotient
 from cuvil.ir.values import Value
 
 
@@ -18,7 +23,27 @@ def constant(ctx: NodeCtx) -> Value:
                         ("value_int", np.int64), ("value_ints", np.int64)):
         if ctx.has_attr(name):
             return ctx.b.const(np.asarray(ctx.attr(name), dtype=dtype))
-    raise ctx.unsupported("only tensor/float/int values are supported")
+    sparse = [a.sparse_tensor for a in ctx.node.attribute if a.name == "sparse_value"]
+    if sparse:
+        return ctx.b.const(_dense(ctx, sparse[0]))
+    raise ctx.unsupported("only tensor/sparse/float/int values are supported")
+
+
+def _dense(ctx: NodeCtx, t: onnx.SparseTensorProto) -> np.ndarray:
+    """A sparse constant as its dense array: the values at the indices (flat positions, or one
+    coordinate row per value), zero elsewhere."""
+    values = ctx.imp.tensor_to_numpy(t.values, ctx.location).reshape(-1)
+    indices = ctx.imp.tensor_to_numpy(t.indices, ctx.location).astype(np.int64)
+    shape = tuple(int(d) for d in t.dims)
+    size = math.prod(shape)
+    flat = indices.reshape(-1) if indices.ndim <= 1 else \
+        np.asarray(np.ravel_multi_index(tuple(indices.T), shape, mode="clip")).reshape(-1)
+    if len(flat) != len(values) or (flat.size and (flat.min() < 0 or flat.max() >= size)):
+        raise ShapeError(f"sparse constant: {len(values)} values at {len(flat)} indices within {size} elements",
+                         location=ctx.location)
+    out = np.zeros(size, dtype=values.dtype)
+    out[flat] = values
+    return out.reshape(shape)
 
 
 @onnx_op("Identity", emits=())
@@ -47,14 +72,14 @@ def reshape_target(x_shape: tuple[Dim, ...], target: list, allowzero: bool, wher
             known = known * d
         if isinstance(total, int) and isinstance(known, int) and (known == 0 or total % known):
             raise ShapeError(f"cannot infer -1 in reshape of {list(x_shape)} to {list(target)}", location=where)
-        out[infer] = total // known
+        out[infer] = quotient(total, known)
     return out
 
 
 @onnx_op("Reshape", emits=("reshape",))
 def reshape(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
-    target = list(ctx.static(1).tolist() if ctx.static(1).dtype != object else ctx.static(1))
+    target = static_dims(ctx, 1)
     shape = reshape_target(x.shape, target, bool(ctx.attr_int("allowzero", 0)), ctx.location)
     return ctx.b.reshape(x, shape=shape)
 
@@ -78,13 +103,17 @@ def static_dims(ctx: NodeCtx, i: int) -> list[Dim]:
     arr = np.asarray(ctx.static(i))
     if arr.ndim > 1:
         raise ctx.unsupported(f"input {i} must be a vector, got shape {arr.shape}")
-    return [d if isinstance(d, Sym) else int(d) for d in arr.reshape(-1).tolist()]
+    items = arr.reshape(-1).tolist()
+    odd = [v for v in items if is_symbolic(v) and not isinstance(v, Sym)]
+    if odd:
+        raise ctx.unsupported(f"input {i} holds {odd[0]}, which is not a whole number")
+    return [d if isinstance(d, Sym) else int(d) for d in items]
 
 
 def static_ints(ctx: NodeCtx, i: int, what: str) -> list[int]:
     dims = static_dims(ctx, i)
     if not all(isinstance(d, int) for d in dims):
-        raise ctx.unsupported(f"{what} must be known at compile time, got {[str(d) for d in dims]}")
+        raise SymbolicValueRequired(f"{ctx.op_name} {what} {[str(d) for d in dims]}", ctx.location)
     return [int(d) for d in dims]
 
 
@@ -226,11 +255,23 @@ def split(ctx: NodeCtx) -> list[Value]:
     return [ctx.b.split(x, axis=axis, sizes=sizes, index=k) for k in range(len(sizes))]
 
 
-@onnx_op("Tile", emits=("tile",))
+@onnx_op("Tile", emits=("tile", "reshape", "expand"))
 def tile(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
-    reps = static_ints(ctx, 1, "repeats")
-    return x if all(r == 1 for r in reps) else ctx.b.tile(x, repeats=reps)
+    reps = static_dims(ctx, 1)
+    if len(reps) != x.type.rank:
+        raise ShapeError(f"{len(reps)} repeats for rank {x.type.rank}", location=ctx.location)
+    if all(isinstance(r, int) for r in reps):
+        return x if all(r == 1 for r in reps) else ctx.b.tile(x, repeats=[int(r) for r in reps])
+    for r in reps:
+        lo, _ = dim_bounds(r)
+        if lo is None or lo < 0:
+            raise SymbolicValueRequired(f"the sign of the Tile count {r}", ctx.location)
+    # symbolic counts: each axis d widens to (count, d) by broadcasting, then the pairs merge
+    spread = [v for d in x.shape for v in (1, d)]
+    wide = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
+    out = ctx.b.expand(ctx.b.reshape(x, shape=spread), shape=wide)
+    return ctx.b.reshape(out, shape=[r * d for r, d in zip(reps, x.shape, strict=True)])
 
 
 # --------------------------------------------------------------------------------------
@@ -238,27 +279,34 @@ def tile(ctx: NodeCtx) -> Value:
 
 
 def slice_bounds(d: Dim, start: Dim, end: Dim, step: int) -> tuple[Dim, Dim]:
-    """ONNX/numpy bounds normalized to what the slice op takes (see its doc)."""
-    if isinstance(d, int) and isinstance(start, int) and isinstance(end, int):
-        if step > 0:
-            s = min(max(start + d if start < 0 else start, 0), d)
-            e = min(max(end + d if end < 0 else end, 0), d)
-            return s, max(e, s)
-        if d == 0:
-            return -1, -1
-        s = min(max(start + d if start < 0 else start, 0), d - 1)
-        e = min(max(end + d if end < 0 else end, -1), d - 1)
-        return s, min(e, s)
-    # symbolic: assume the bounds lie within the dim, as real models' do
+    """ONNX/numpy bounds normalized to what the slice op takes (see its doc): negative bounds count
+    from the end, then both clamp to the axis, the end not past the start."""
+    s, e = _from_start(start, d), _from_start(end, d)
     if step > 0:
-        s = d + start if isinstance(start, int) and start < 0 else (d if isinstance(start, int) and start >= HUGE
-                                                                     else start)
-        e = d if isinstance(end, int) and end >= HUGE else (d + end if isinstance(end, int) and end < 0 else end)
-        return s, e
-    s = d - 1 if isinstance(start, int) and start >= HUGE else (d + start if isinstance(start, int) and start < 0
-                                                                 else start)
-    e = -1 if isinstance(end, int) and end <= -HUGE else (d + end if isinstance(end, int) and end < 0 else end)
-    return s, e
+        s = _within(s, 0, d)
+        return s, _within(e, s, d)
+    s = _within(s, 0, d - 1)
+    return s, _within(e, -1, s)
+
+
+def _from_start(v: Dim, d: Dim) -> Dim:
+    """A bound as an index from 0: negative ones count from the end; beyond +-HUGE is past either end."""
+    if isinstance(v, int):
+        return d if v >= HUGE else -1 if v <= -HUGE else v + d if v < 0 else v
+    return v + d if _below(v, 0) else v
+
+
+def _within(v: Dim, lo: Dim, hi: Dim) -> Dim:
+    """min(max(v, lo), hi) where the dims' bounds decide it; a symbolic bound they leave open is
+    taken as lying within the axis, as the bounds exporters compute from shapes do (``x[:, :S]``
+    of a 512-long table stays ``S`` long, so it still meets other ``S``-long values)."""
+    v = lo if _below(v, lo) else v
+    return hi if _below(hi, v) else v
+
+
+def _below(a: Dim, b: Dim) -> bool:
+    _, hi = dim_bounds(a - b)
+    return hi is not None and hi < 0
 
 
 @onnx_op("Slice", emits=("slice",))
@@ -292,14 +340,7 @@ def slice_(ctx: NodeCtx) -> Value:
 # Pad, CenterCropPad
 
 
-def static_scalar(ctx: NodeCtx, i: int) -> float | int | bool:
-    v = np.asarray(ctx.static(i))
-    if v.size != 1:
-        raise ctx.unsupported(f"input {i} must hold one value, got shape {v.shape}")
-    return v.reshape(()).item()
-
-
-@onnx_op("Pad", emits=("pad",))
+@onnx_op("Pad", emits=("pad", "fill", "concat", "slice"))
 def pad(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
     r = x.type.rank
@@ -311,18 +352,48 @@ def pad(ctx: NodeCtx) -> Value:
         value: float = ctx.attr_float("value", 0.0)
         axes = list(range(r))
     else:
-        pads = static_ints(ctx, 1, "pads")
+        pads = static_dims(ctx, 1)
         value = float(static_scalar(ctx, 2)) if ctx.has_input(2) and np.asarray(ctx.static(2)).size else 0.0
         axes = norm_axes(ctx, static_ints(ctx, 3, "axes"), r) if ctx.has_input(3) else list(range(r))
     if len(pads) != 2 * len(axes):
         raise ShapeError(f"pads has {len(pads)} entries for {len(axes)} axes", location=ctx.location)
-    full = [0] * (2 * r)
+    full: list[Dim] = [0] * (2 * r)
     n = len(axes)
     for j, a in enumerate(axes):
         full[a], full[a + r] = pads[j], pads[j + n]
-    if not any(full):
+    if all(isinstance(p, int) and p == 0 for p in full):
         return x
-    return ctx.b.pad(x, pads=full, mode=mode, value=value)
+    if all(isinstance(p, int) for p in full):
+        return ctx.b.pad(x, pads=[int(p) for p in full], mode=mode, value=value)
+    if mode != "constant":
+        raise ctx.unsupported(f"{mode} padding by the symbolic amounts {[str(p) for p in full]}")
+    out = x
+    for k in range(r):
+        out = _pad_axis(ctx, out, k, full[k], False, value)
+        out = _pad_axis(ctx, out, k, full[k + r], True, value)
+    return out
+
+
+def _pad_axis(ctx: NodeCtx, x: Value, axis: int, amount: Dim, at_end: bool, value: float) -> Value:
+    """Constant padding of one side of one axis by a symbolic amount: a filled block concatenated
+    when the amount is provably non-negative, a crop when it is provably non-positive."""
+    if isinstance(amount, int) and amount == 0:
+        return x
+    lo, hi = dim_bounds(amount)
+    shape = list(x.shape)
+    if lo is not None and lo >= 0:
+        shape[axis] = amount
+        fill = bool(value) if x.dtype is DType.bool else int(value) if x.dtype.is_int else value
+        block = ctx.b.fill(shape=shape, value=fill, dtype=x.dtype)
+        return ctx.b.concat(x, block, axis=axis) if at_end else ctx.b.concat(block, x, axis=axis)
+    if hi is not None and hi <= 0:
+        starts: list[Dim] = [0] * x.type.rank
+        if at_end:
+            shape[axis] = shape[axis] + amount
+        else:
+            starts[axis] = -amount
+        return ctx.b.slice(x, starts=starts, ends=shape, steps=[1] * x.type.rank)
+    raise SymbolicValueRequired(f"the sign of the pad {amount}", ctx.location)
 
 
 @onnx_op("CenterCropPad", emits=("slice", "pad"))
@@ -402,12 +473,11 @@ def space_to_depth(ctx: NodeCtx) -> Value:
 
 
 def _scaled_dim(ctx: NodeCtx, d: Dim, scale: float) -> Dim:
-    """floor(d * scale), as the ONNX reference computes output sizes from scales."""
+    """floor(d * scale), as the ONNX reference computes output sizes from scales (exactly, for a
+    symbolic dim and a scale that is a small fraction)."""
     if isinstance(d, int):
         return int(np.float64(scale) * d)
-    if float(scale).is_integer():
-        return d * int(scale)
-    raise ctx.unsupported(f"a non-integral scale {scale} of the symbolic dim {d}")
+    return floor_of(times(d, scale, ctx.location), ctx.location)
 
 
 def _resize(ctx: NodeCtx, x: Value, scales: list[float] | None, sizes: list[Dim] | None, **attrs: object) -> Value:
@@ -421,7 +491,7 @@ def _resize(ctx: NodeCtx, x: Value, scales: list[float] | None, sizes: list[Dim]
             elif isinstance(d, int) and isinstance(o, int):
                 sc.append(o / d)
             else:
-                raise ctx.unsupported(f"resizing the symbolic dim {d} to {o}")
+                sc.append(float(require(exact_ratio(o, d), f"the Resize scale {o} / {d}", ctx.location)))
     else:
         assert scales is not None
         sc = list(scales)
