@@ -4,7 +4,8 @@ gives the same report on an idle and on a loaded machine.
 One unit is a million element operations: an op's work is its output elements times the terms each one
 reduces over (a matmul's ``M·N·K``), read from its shape and rule, plus :data:`OP_UNITS` per op. An interval
 pass over the program costs :data:`INTERVAL_FACTOR` times its work, an evaluation for a witness
-:data:`CONFIRM_FACTOR` times, a gradient step :data:`GRADIENT_FACTOR` times, a back-substitution
+:data:`CONFIRM_FACTOR` times (plus :data:`WATCH_FACTOR` times each op whose inner nodes it watches), a
+gradient step :data:`GRADIENT_FACTOR` times, a back-substitution
 :data:`LINEAR_FACTOR` times its dense products, a z3 query its resource count. The wall-clock limit stays
 as an outer guard: when it fires, the budget says which phase it cut, and only then may two runs differ."""
 
@@ -38,6 +39,9 @@ coefficients is not free either)."""
 
 CONFIRM_FACTOR = 3.0
 """An evaluation of the reduced-precision program on one input by the reference interpreter, watching its sites."""
+
+WATCH_FACTOR = 8.0
+"""Reading an op's rule again to watch its inner or integer nodes on a candidate input, per unit of its work."""
 
 GRADIENT_FACTOR = 3.0
 """A gradient step: a forward and a backward evaluation."""

@@ -24,7 +24,7 @@ from cuvil.interp import evaluate_values
 from cuvil.ir.values import Value
 from verify.probe import torch_eval
 from verify.probe.bounds import BoundsEngine, NodeRecord
-from verify.probe.budget import CONFIRM_FACTOR, GRADIENT_FACTOR, Budget, engine_work
+from verify.probe.budget import CONFIRM_FACTOR, GRADIENT_FACTOR, UNIT, WATCH_FACTOR, Budget, engine_work, op_work
 from verify.probe.concrete import Observed, WatchingWalker
 from verify.probe.interval import overflow_at
 from verify.probe.program import Program, SiteSpec
@@ -136,6 +136,12 @@ class Confirmer:
                 obs = seen[t.node]
                 out[t.key] = self._judge(t, obs, inherited)
         return out
+
+    def watch_units(self, targets: Sequence[Target]) -> float:
+        """Work units of reading again the rules of the ops whose inner (or integer) nodes are watched."""
+        reread = {t.value for t in targets if t.node != 0 or t.spec.rule == "int-overflow"}
+        return sum(WATCH_FACTOR * op_work(v, self.engine.context(v).info) / UNIT for v in reread
+                   if self.engine.context(v).info.grid <= RULE_GRID_MAX)
 
     def _nodes(self, v: Value, operands: list[np.ndarray], ts: list[Target], result: np.ndarray) -> dict[int, Observed]:
         """Each target node's observed values: the interpreter's result for a float root, the rule read
@@ -287,10 +293,11 @@ class Searcher:
 
         def try_input(x: Mapping[str, np.ndarray], method: str) -> None:
             nonlocal evals
-            budget.charge(CONFIRM_FACTOR * self.work)
+            open_targets = [t for t in targets if t.key not in confirmed]
+            budget.charge(CONFIRM_FACTOR * self.work + self.confirmer.watch_units(open_targets))
             inputs = self._typed(x)
             points.append(inputs)
-            obs = self.confirmer.observe(inputs, [t for t in targets if t.key not in confirmed])
+            obs = self.confirmer.observe(inputs, open_targets)
             evals += 1
             for key, o in obs.items():
                 if math.isfinite(o.extreme) or o.confirmed:
