@@ -22,7 +22,8 @@ LAYERS: dict[str, int] = {
     "cuvil.ir": 1,
     "cuvil.frontend": 2, "cuvil.interp": 2, "cuvil.passes": 2, "cuvil.codegen": 2, "cuvil.runtime": 2,
     "verify": 3,
-    "cuvil.compiler": 4, "cuvil.onnx_backend": 4, "cuvil.cli": 4, "cuvil": 4, "cuvil.__main__": 4, "lora": 4,
+    "cuvil.compiler": 4, "cuvil.onnx_backend": 4, "cuvil.torch_backend": 4, "cuvil.cli": 4, "cuvil": 4,
+    "cuvil.__main__": 4, "lora": 4,
     "failsafe": 4,
 }
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,7 +42,7 @@ def _address(a: np.ndarray) -> int:
     """The data pointer of a C-contiguous array: through the buffer protocol (a third of the time of
     ``a.ctypes.data``), or numpy's own view of it for read-only and empty arrays."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(ctypes.c_char.from_buffer(cast(Any, a)))  # an ndarray exports its buffer
     except (TypeError, ValueError, BufferError):
         return a.ctypes.data
 
