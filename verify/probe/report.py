@@ -33,19 +33,26 @@ def _f(x: float) -> float:
     return float(x)
 
 
+def _allowed(s: SiteResult) -> str:
+    """The range a site must stay in: ``+-m`` when symmetric, else its two ends."""
+    if s.allowed_lo == -s.allowed_hi:
+        return f"the limit {s.allowed_hi:g}"
+    return f"the range [{s.allowed_lo:g}, {s.allowed_hi:g}]"
+
+
 def site_message(s: SiteResult) -> str:
-    limit = max(abs(s.allowed_lo), abs(s.allowed_hi))
+    limit = _allowed(s)
     bound = f"[{s.bound_lo:.6g}, {s.bound_hi:.6g}]"
     where = "" if s.component == "result" else f" ({s.component})"
     if s.verdict == SAFE:
         room = "" if not math.isfinite(s.margin) else f", margin {s.margin:.3g}x"
-        return f"proved safe: bound {bound} within the limit {limit:g}{room} [{s.method}]"
+        return f"proved safe: bound {bound} within {limit}{room} [{s.method}]"
     if s.verdict == OVERFLOW:
         seen = "inf/NaN" if s.rule.endswith("overflow") else f"{s.witness_value:g}"
         found = f" (found by {s.witness_method})" if s.witness_method else ""
         return (f"overflow confirmed{where}: the reduced-precision program computes {seen} on witness "
                 f"w{(s.witness or 0) + 1}{found}; bound {bound}")
-    parts = [f"not proved{where}: bound {bound} exceeds the limit {limit:g}" if not s.may_nan
+    parts = [f"not proved{where}: bound {bound} exceeds {limit}" if not s.may_nan
              else f"not proved{where}: may be NaN or infinite (bound {bound})"]
     if s.witness_value is not None:
         parts.append(f"largest value a search reached: {s.witness_value:.6g}")

@@ -333,7 +333,23 @@ class Searcher:
             x = self._ascend(start, open_targets, steps, budget, best)
             if x is not None:
                 try_input(x, "gradient")
+                if not budget.exhausted and len(confirmed) < len(targets):
+                    try_input(self._cornered(x), "gradient")
         return done()
+
+    def _cornered(self, x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``x`` pushed to the box's faces, each float element to the end it leans towards: a ReLU or
+        quantized network's extremes lie at corners, where a shrinking ascent step rarely arrives."""
+        out = {}
+        for p in self.params:
+            a = np.asarray(x[p.name], dtype=np.float64)
+            if not p.dtype.is_float:
+                out[p.name] = a
+                continue
+            lo, hi = (np.broadcast_to(b, self._shape(p)) for b in self.boxes[p.name])
+            mid = (lo + hi) / 2
+            out[p.name] = np.where(a > mid, hi, np.where(a < mid, lo, a))
+        return out
 
     def _z3_stage(self, targets: Sequence[Target], budget: Budget, confirmed: set[tuple[Value, int]],
                   outcomes: dict[tuple[Value, int], Outcome],
