@@ -532,8 +532,11 @@ def export_program(model: Any, example_inputs: Any = None, *, dynamic_shapes: An
     """``torch.export.export`` in eval mode (restoring the module's mode), failures as CuvilErrors."""
     assert torch is not None
     if example_inputs is None and not example_kwargs:
-        raise ModelLoadError("importing an nn.Module needs example inputs",
-                             hint="call import_model(model, example_inputs=(x,)) or pass an ExportedProgram")
+        raise ModelLoadError("an nn.Module is traced by torch.export, which needs example inputs of the shapes "
+                             "it will run at",
+                             hint="pass example_inputs=(x,) to cuvil.compile / cuvil.import_model (a tensor, a "
+                                  "tuple of them, or a dict of keyword inputs), use torch.compile(model, "
+                                  "backend='cuvil'), or pass an ExportedProgram")
     if isinstance(example_inputs, Mapping):
         example_kwargs = {**dict(example_inputs), **dict(example_kwargs or {})}
         args: tuple = ()

@@ -109,5 +109,6 @@ def test_unknown_options_are_named() -> None:
 
 
 def test_compiling_a_module_without_example_inputs_says_how_to_give_them() -> None:
-    with pytest.raises(cuvil.CuvilError, match="example inputs"):
+    with pytest.raises(cuvil.CuvilError, match="example inputs") as caught:
         cuvil.compile(torch.nn.Linear(2, 2))
+    assert "example_inputs=" in caught.value.hint and "backend='cuvil'" in caught.value.hint
