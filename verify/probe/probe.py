@@ -180,8 +180,6 @@ class Analysis:
         self.pass_units = INTERVAL_FACTOR * engine_work(self.engine)
         self.proved_at: dict[Value, set[float]] = {}
         """Per site, the box scales at which one of the passes proved it."""
-        self.open_at: dict[Value, set[float]] = {}
-        """Per site, the box scales at which a pass evaluated it and did not prove it."""
         self.witnessed_at: dict[Value, set[float]] = {}
         """Per site, the box scales at which a witness search confirmed its overflow."""
 
@@ -190,8 +188,8 @@ class Analysis:
         budget.charge(self.pass_units)
         b = self.engine.run(boxes, **kw)
         for v, ob in b.ops.items():
-            if ob.records:
-                (self.proved_at if ob.safe else self.open_at).setdefault(v, set()).add(scale)
+            if ob.records and ob.safe:
+                self.proved_at.setdefault(v, set()).add(scale)
         return b
 
     def site_safe_scale(self, v: Value) -> float | None:
