@@ -1,11 +1,12 @@
 """An adapter put beside the base weights of a CIR module, unmerged, as PEFT runs it: every adapted
 linear ``x·Wᵀ`` gains ``s·(x·Aᵀ)·Bᵀ`` (DoRA: the sum rescaled per output by ``m / ‖W + s·B·A‖``),
-every adapted embedding ``T[ids]`` gains ``s·Aᵀ[ids]·Bᵀ``.
+every adapted embedding ``T[ids]`` gains ``s·Aᵀ[ids]·Bᵀ``, every adapted convolution ``conv(x, W)``
+gains ``s·conv(conv(x, A), B)`` (``A`` with the base's kernel, strides and padding, ``B`` 1x1).
 
 Frontends keep no parameter names, so a module's weight is found by its content: the constant
-equal to the base module's weight (or its transpose) that a ``matmul`` (linear) or an
-``embedding`` / ``gather`` (embedding) reads. A weight found nowhere, or at places that cannot be
-told apart, is an error, never a silent skip. The ``merge-low-rank`` pass then merges what this
+equal to the base module's weight (or its transpose) that a ``matmul`` (linear), an ``embedding`` /
+``gather`` (embedding) or a ``conv`` (convolution) reads. A weight found nowhere, or at places that
+cannot be told apart, is an error, never a silent skip. The ``merge-low-rank`` pass then merges what this
 module adds, with a proof."""
 
 from __future__ import annotations
@@ -101,15 +102,14 @@ def _locate(fn: Function, module: Module, base: BaseModel, w: WeightedAdapter, e
                            hint="run `cuvil lora check` for the full list of what does not fit")
     if entry.a is None or entry.b is None:
         raise AdapterError(f"{entry.module!r} has {'no lora_A' if entry.a is None else 'no lora_B'}", location=where)
-    if base_module.kind == "conv":
-        raise AdapterError(f"{entry.module!r} is a convolution: LoRA on convolutions is checked but not attached "
-                           "to a compiled model yet", location=where, hint="merge it with PEFT, then compile")
     if entry.magnitude is not None and base_module.kind != "linear":
         raise AdapterError(f"DoRA on {base_module.kind} {entry.module!r} is not supported", location=where)
     att = Attachment(entry.module, base_module.kind, adapter.config.rank(entry.module),
                      adapter.config.scale(entry.module) * w.weight, entry.magnitude is not None,
                      adapter=str(adapter.directory))
     att.sites = _sites(fn, module, base_module)
+    for site in att.sites if base_module.kind == "conv" else ():
+        _plain_conv(site.value, entry.module, where)
     if not att.sites:
         raise AdapterError(f"the weight of {entry.module!r} ({base_module.kind}, shape "
                            f"{list(base_module.weight.shape)}) is read by no {_readers(base_module.kind)} of the model",
@@ -119,7 +119,17 @@ def _locate(fn: Function, module: Module, base: BaseModel, w: WeightedAdapter, e
 
 
 def _readers(kind: str) -> str:
-    return "matmul" if kind == "linear" else "embedding or gather"
+    return {"linear": "matmul", "conv": "conv"}.get(kind, "embedding or gather")
+
+
+def _plain_conv(v: Value, module: str, where: str) -> None:
+    """PEFT runs ``lora_A`` with the base's kernel, strides and padding but no dilation, and cannot merge
+    grouped convolutions: such a site's unmerged output is not what a merged weight computes."""
+    if v.attr("groups") != 1 or any(d != 1 for d in v.attr("dilations")):
+        raise AdapterError(f"{module!r} is a grouped or dilated convolution (groups {v.attr('groups')}, dilations "
+                           f"{list(v.attr('dilations'))}): PEFT's LoRA runs it undilated and cannot merge it",
+                           location=where, hint="leave this module out of target_modules: PEFT's merged weight "
+                                                "would not compute its unmerged output either")
 
 
 def used_layout(base_module: BaseModule) -> np.ndarray:
@@ -153,6 +163,9 @@ def _weight_operand(v: Value, kind: str) -> tuple[Value, bool] | None:
         if w.op == "transpose" and w.type.rank == 2 and tuple(w.attr("perm")) == (1, 0):
             w, transposed = w.operands[0], not transposed
         return (w, transposed) if w.is_const and w.type.rank == 2 else None
+    if kind == "conv" and v.op == "conv":
+        w = v.operands[1]
+        return (w, False) if w.is_const else None
     if kind == "embedding" and (v.op == "embedding" or (v.op == "gather" and v.attr("axis") == 0)):
         table = v.operands[0]
         return (table, False) if table.is_const and table.type.rank == 2 else None
@@ -176,6 +189,11 @@ def _add_update(b: Builder, acc: Value, y: Value, att: Attachment, w: WeightedAd
     a = b.const(a_data)
     att.factors.update((a.const_hash, lb.const_hash))
     x = y.operands[0]
+    if att.kind == "conv":  # lora_A: [r, C, *k] with the base's strides and padding; lora_B: [O, r, 1...]
+        rank = len(a_data.shape) - 2
+        low = b.conv(b.conv(x, a, strides=y.attr("strides"), pads=y.attr("pads"), dilations=(1,) * rank),
+                     lb, strides=(1,) * rank, pads=(0,) * (2 * rank), dilations=(1,) * rank)
+        return b.add(acc, b.mul(low, s))
     a2, lb2 = (a.type.shape, lb.type.shape)
     if len(a2) != 2 or len(lb2) != 2:
         raise AdapterError(f"{entry.module!r}: lora_A and lora_B must be matrices, found {list(a2)} and {list(lb2)}")

@@ -153,7 +153,7 @@ def site_weights(result: LoraMerge, base: BaseModel,
     for att in result.attachments:
         for k, site in enumerate(att.attached):
             _, merged = site_programs(site, att, base, weighted[att.adapter], result.unmerged.constants)
-            weight_at = 1 if site.op == "matmul" else 0
+            weight_at = _weight_at(site)
             (reader,) = [v for v in merged.main.ops() if merged.main.params[0] in v.operands]
             weight = reader.operands[weight_at]
             if not weight.is_const or weight.const_hash not in used:
@@ -163,12 +163,17 @@ def site_weights(result: LoraMerge, base: BaseModel,
     return out
 
 
+def _weight_at(site: Value) -> int:
+    """Where an adapted op reads its weight: ``matmul(x, W)``, ``conv(x, W)``; ``embedding`` / ``gather(T, ids)``."""
+    return 1 if site.op in ("matmul", "conv") else 0
+
+
 def site_programs(site: Value, att: Attachment, base: BaseModel, adapter: WeightedAdapter,
                   constants: Mapping[str, np.ndarray]) -> tuple[Module, Module]:
     """One adapted op alone, on a parameter standing for its input (``x`` of a matmul, the ids of a lookup):
     with the adapter attached, and merged by the same passes as the whole model."""
     b = Builder(constants)
-    weight_at = 1 if site.op == "matmul" else 0  # matmul(x, W); embedding / gather(T, ids)
+    weight_at = _weight_at(site)
     operand = site.operands[1 - weight_at]
     param = b.param("input", operand.dtype, operand.shape)
     ops = [param, site.operands[1]] if weight_at == 1 else [site.operands[0], param]

@@ -7,8 +7,10 @@ else 1; ``X_k`` a bound on ``|x_k|``) the difference is at most
 ``(γ_{r+4} + γ_n·(1 + γ_{r+4}) + γ_{n+r+3})·T_j``, ``γ_k = k·u / (1 - k·u)`` (Higham, ch. 3). ``X``
 comes from the overflow prober's interval bounds for a declared input box; the bound per unit of
 ``max |x|`` (``X_k = 1``) holds for every input. Embeddings have no sum over the input: ``2·γ_{r+3}`` of the
-largest ``|T_vj| + |s|·Σ_r |A_rv|·|B_jr|``. The bound is for one module given the same input; it
-assumes the unmerged values are finite (the prober says where they may not be)."""
+largest ``|T_vj| + |s|·Σ_r |A_rv|·|B_jr|``. A convolution is a linear over its receptive field
+(``n = C·k``; zero padding only drops terms), with ``X`` the input's largest element. The bound is for one
+module given the same input; it assumes the unmerged values are finite (the prober says where they may
+not be)."""
 
 from __future__ import annotations
 
@@ -69,6 +71,8 @@ def site_bounds(unmerged: Module, attachments: list[Attachment], base: BaseModel
         assert entry.a is not None and entry.b is not None
         a, b = to_float64(adapter.array(entry.a)), to_float64(adapter.array(entry.b))
         w_used = to_float64(used_layout(base.modules[att.module]))
+        if att.kind == "conv":  # as a linear over the receptive field: W [O, C, *k] -> [C·k, O], A [r, C·k], B [O, r]
+            w_used, a, b = w_used.reshape(w_used.shape[0], -1).T, a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
         factor = None
         if att.dora and entry.magnitude is not None:
             factor = _dora_magnitude(adapter.array(entry.magnitude), w_used, a, b, att.scale, unit_roundoff(
@@ -87,7 +91,9 @@ def site_bounds(unmerged: Module, attachments: list[Attachment], base: BaseModel
             if values is not None:
                 x = site.operands[0]
                 mags = np.broadcast_to(values[x].magnitude(), tuple(int(d) for d in x.shape))
-                absolute = g * _size(np.max(mags.reshape(-1, n), axis=0), *terms)
+                xk = np.full(n, float(np.max(mags, initial=0.0))) if att.kind == "conv" else np.max(
+                    mags.reshape(-1, n), axis=0)  # a convolution's window moves: its largest input element
+                absolute = g * _size(xk, *terms)
             out.append(SiteBound(att.module, k, att.kind, g * _size(np.ones(n), *terms), absolute))
     return out
 

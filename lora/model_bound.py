@@ -56,6 +56,9 @@ def _source(v: Value, bound: SiteBound) -> Callable[..., np.ndarray]:
         return lambda *hulls: bound.per_unit
 
     shape = tuple(int(d) for d in v.operands[0].shape)
+    if bound.kind == "conv":  # per output channel, times the input's largest element (any window)
+        channels = bound.per_unit.reshape((1, -1) + (1,) * (len(v.shape) - 2))
+        return lambda x, *rest: channels * float(np.max(np.broadcast_to(x.magnitude(), shape), initial=0.0))
 
     def per_row(x: Interval, *rest: Interval) -> np.ndarray:
         """``per_unit_j · max_k |x_k|`` over each row of the op's input."""

@@ -5,11 +5,14 @@ constant-weight matmul (DoRA's magnitude over the weight's row norms) moves into
 The merged weights are constant expressions over the old constants, so the verifier proves the
 rewrite over the reals (matrix products reassociate, hence ``real``) and ``fold-constants``
 materializes them afterwards. Embedding lookups (``embedding``, ``gather`` on axis 0) merge the
-same way: ``T[ids] + s·(Aᵀ[ids])·Bᵀ`` becomes ``(T + s·Aᵀ·Bᵀ)[ids]``.
+same way: ``T[ids] + s·(Aᵀ[ids])·Bᵀ`` becomes ``(T + s·Aᵀ·Bᵀ)[ids]``, and convolutions too:
+``conv(x, W) + s·conv(conv(x, A), B)`` with ``A`` on the base's strides and padding and a 1x1 ``B``
+becomes ``conv(x, W + s·B·A)`` (``B·A`` contracting the rank, undilated and ungrouped).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,9 @@ def _as_scalar(b: Builder, s: Value) -> Value:
 
 _LINEAR_UPDATE = op("matmul", op("matmul", any_("x"), any_("a", _matrix), transpose_a=False, transpose_b=True),
                     any_("b", _matrix), transpose_a=False, transpose_b=True)
+
+
+_CONV_UPDATE = op("conv", op("conv", any_("x"), any_("a"), capture="inner"), any_("b"), capture="outer")
 
 
 def _lookup_update(lookup: str) -> Pat:
@@ -68,6 +74,33 @@ def _merge_linear(m: Match, b: Builder) -> Value | None:
         return None
     merged = b.add(w, b.mul(update, _as_scalar(b, s)))
     return b.matmul(base.operands[0], merged, transpose_b=bool(base.attr("transpose_b")))
+
+
+def _plain(v: Value) -> bool:
+    return v.attr("groups") == 1 and all(d == 1 for d in v.attr("dilations"))
+
+
+def _merge_conv(m: Match, b: Builder) -> Value | None:
+    base = m["base"]
+    x, w = base.operands
+    caps = {"x": x}
+    s = _scaled_update(m["low"], _CONV_UPDATE, caps)
+    if s is None or not is_constant_expr(w) or not _plain(base):
+        return None
+    inner, outer = caps["inner"], caps["outer"]
+    a, lb = caps["a"], caps["b"]
+    k = w.type.rank - 2
+    if (not (_plain(inner) and _plain(outer)) or inner.attr("strides") != base.attr("strides")
+            or inner.attr("pads") != base.attr("pads") or tuple(outer.attr("strides")) != (1,) * k
+            or any(outer.attr("pads")) or tuple(lb.type.shape[2:]) != (1,) * k or a.type.rank != w.type.rank
+            or not (is_constant_expr(a) and is_constant_expr(lb))):
+        return None
+    o, r = (int(d) for d in lb.type.shape[:2])
+    shape = tuple(int(d) for d in w.type.shape)
+    flat_a = b.reshape(a, shape=(r, math.prod(shape[1:])))
+    update = b.reshape(b.matmul(b.reshape(lb, shape=(o, r)), flat_a), shape=shape)
+    merged = b.add(w, b.mul(update, _as_scalar(b, s)))
+    return b.conv(x, merged, **base.attr_dict)
 
 
 def _merge_lookup(lookup: str) -> Replacement:
@@ -108,6 +141,8 @@ _LOW = Pat("mul", capture="low")
 RULES = RuleSet(tuple(
     _both_orders("merge-low-rank-linear", "add", op("matmul", any_(), any_(), capture="base"), _LOW, _merge_linear,
                  "x·Wᵀ + s·(x·Aᵀ)·Bᵀ -> x·(W + s·B·A)ᵀ")
+    + _both_orders("merge-low-rank-conv", "add", op("conv", any_(), any_(), capture="base"), _LOW, _merge_conv,
+                   "conv(x, W) + s·conv(conv(x, A), B) -> conv(x, W + s·B·A)")
     + [r for lookup in ("embedding", "gather")
        for r in _both_orders(f"merge-low-rank-{lookup}", "add", op(lookup, any_(), any_(), capture="base"), _LOW,
                              _merge_lookup(lookup), "T[ids] + s·Aᵀ[ids]·Bᵀ -> (T + s·Aᵀ·Bᵀ)[ids]")]

@@ -6,12 +6,13 @@ certificate's bound on 1,000 inputs, and what cannot be attached or merged is re
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from lora_models import peft_wrapped, save_adapter
+from lora_models import peft, peft_wrapped, save_adapter
 
 import cuvil
 from cuvil.interp import run_reference
@@ -26,6 +27,7 @@ CASES = {
     "llama dora": ("llama", {"use_dora": True}),
     "llama embedding": ("llama", {"target_modules": ["embed_tokens", "q_proj"]}),
     "vit rslora": ("vit", {"use_rslora": True, "r": 16}),
+    "vit patch convolution": ("vit", {"target_modules": ["projection", "q_proj"]}),
 }
 
 
@@ -177,3 +179,59 @@ def test_compile_names_what_it_needs_for_a_model_without_module_names(tmp_path):
     x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
     want = x @ saved.merged["0"].T + model[0].bias.detach().numpy()
     assert _rel(np.asarray(lib(x)), want) <= 1e-5
+
+
+def _conv_net(dilation: int = 1, groups: int = 1) -> torch.nn.Module:
+    torch.manual_seed(8)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 1, 1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(8, 4, 3, 2, dilation, dilation=dilation, groups=groups)).eval()
+
+
+def test_convolution_adapters_merge_proved_and_within_the_bound_on_200_inputs(tmp_path):
+    """LoRA on both convolutions of a small CNN (A on the base's kernel, strides and padding, B 1x1): the
+    merge is proved, matches PEFT's unmerged forward, and the compiled merged and unmerged libraries agree
+    within the certificate's end-to-end bound on 200 inputs in the box."""
+    model = _conv_net()
+    base = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(9))
+    pm = _peft_saved(model, tmp_path / "adapter", r=2, lora_alpha=4, target_modules=["0", "2"])
+    with torch.no_grad():
+        want = pm(x).numpy()  # PEFT's unmerged forward
+    module = cuvil.import_model(base, example_inputs=(x,))
+    box = {module.main.params[0].name: (-3.0, 3.0)}
+    result = merge_adapters(module, BaseModel.from_torch(base), Adapter(tmp_path / "adapter"), ranges=box)
+    assert result.verification.proved and [a.kind for a in result.attachments] == ["conv", "conv"]
+    assert _rel(run_reference(result.merged, [x.numpy()])[0], want) <= 1e-5
+    assert _rel(run_reference(result.unmerged, [x.numpy()])[0], want) <= 1e-5
+    assert result.model_bound is not None
+    bound = result.model_bound.outputs[0]
+    assert np.all(np.isfinite(bound))
+    merged, unmerged = cuvil.compile(result.merged, cache=False), cuvil.compile(result.unmerged, cache=False)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        xs = rng.uniform(-3, 3, (2, 3, 8, 8)).astype(np.float32)
+        assert np.all(np.abs(np.asarray(merged(xs), np.float64) - np.asarray(unmerged(xs), np.float64)) <= bound)
+
+
+@pytest.mark.parametrize(("dilation", "groups", "words"), [
+    (2, 1, "grouped or dilated convolution"),
+    (1, 2, r"lora_A.weight' has shape \[2, 8, 3, 3\], expected \[2, 4, 3, 3\]")])
+def test_a_dilated_or_grouped_convolution_is_refused(tmp_path, dilation: int, groups: int, words: str):
+    """PEFT runs lora_A undilated (so its merged weight is not its unmerged output) and cannot merge grouped
+    convolutions (its lora_A reads every input channel, the base weight a group's): such an adapter is refused,
+    not merged wrongly."""
+    model = _conv_net(dilation, groups)
+    base = BaseModel.from_torch(copy.deepcopy(model))
+    _peft_saved(copy.deepcopy(model), tmp_path / "adapter", r=2, lora_alpha=4, target_modules=["2"])
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(1, 3, 8, 8),))
+    with pytest.raises(AdapterError, match=words):
+        merge_adapters(module, base, Adapter(tmp_path / "adapter"))
+
+
+def _peft_saved(model: torch.nn.Module, directory: Path, **options: object):  # type: ignore[no-untyped-def]
+    """PEFT's LoRA of ``options`` on ``model`` (B not zero), saved to ``directory``: the PEFT model."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pm = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **options))
+        pm.save_pretrained(directory)
+    return pm
