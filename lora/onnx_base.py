@@ -50,10 +50,15 @@ def initializers(model: onnx.ModelProto, base_dir: Path | None) -> dict[str, Ini
 
 def _module(init: Initializer) -> BaseModule | None:
     """The module an initializer is the weight of: an embedding when a lookup reads it (a tied output
-    layer may read it too), a linear when only matrix products read it, in one layout."""
-    if not init.name.endswith(".weight") or init.array.ndim != 2 or not init.readers:
+    layer may read it too), a linear when only matrix products read it, in one layout, a convolution when
+    only Conv nodes read it as their weight."""
+    if not init.name.endswith(".weight") or not init.readers:
         return None
     name = init.name.removesuffix(".weight")
+    if init.array.ndim >= 3 and {(op, k) for op, k, _ in init.readers} == {("Conv", 1)}:
+        return BaseModule(name, "conv", init.array)
+    if init.array.ndim != 2:
+        return None
     if ("Gather", 0, False) in init.readers:
         return BaseModule(name, "embedding", init.array)
     if {(op, k) for op, k, _ in init.readers} <= _LINEAR_READERS:
@@ -70,7 +75,7 @@ def base_from_onnx(path: str | Path) -> BaseModel:
     model, base_dir = load_onnx(path)
     modules = {m.name: m for m in (_module(i) for i in initializers(model, base_dir).values()) if m is not None}
     if not modules:
-        raise BaseModelError(f"{path} has no initializer named <module>.weight read by MatMul, Gemm or Gather",
+        raise BaseModelError(f"{path} has no initializer named <module>.weight read by MatMul, Gemm, Gather or Conv",
                              location=str(path), hint="the exporter renamed the weights: pass the model the "
                                                       "adapter was trained on to name them (--names)")
     return BaseModel(modules, str(path))
@@ -88,7 +93,7 @@ def write_merged(source: str | Path, weights: list[SiteWeight], output: str | Pa
     replaced: dict[str, np.ndarray] = {}
     readers: dict[str, int] = {}
     for sw in weights:
-        const = sw.op.operands[1 if sw.op.op == "matmul" else 0]
+        const = sw.op.operands[1 if sw.op.op in ("matmul", "conv") else 0]
         transposed = const.op == "transpose"
         stored = const.operands[0] if transposed else const
         init = by_hash.get(stored.const_hash) if stored.is_const else None

@@ -69,6 +69,25 @@ def test_an_onnx_base_is_checked_and_merged_to_onnx(tmp_path, capsys):
     assert certificate["summary"]["proved"] == certificate["summary"]["obligations"] >= 2
 
 
+def test_a_convolutional_onnx_base_is_merged_to_onnx(tmp_path, capsys):
+    """Conv weights keep their names in the export: the modules are found, the convolution adapters merged
+    and written back, and ONNX Runtime on the merged file computes PEFT's unmerged forward."""
+    torch.manual_seed(13)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, 1, 1), torch.nn.ReLU(), torch.nn.Conv2d(6, 4, 3, 2, 1)).eval()
+    _export(model, torch.zeros(1, 3, 8, 8), tmp_path / "m.onnx")
+    saved = save_adapter(copy.deepcopy(model), tmp_path / "a", r=2, lora_alpha=4, target_modules=["0", "2"])
+    base = base_from_onnx(tmp_path / "m.onnx")
+    assert {n: m.kind for n, m in base.modules.items()} == {"0": "conv", "2": "conv"}
+    out = tmp_path / "merged.onnx"
+    code = main(["lora", "merge", "--base", str(tmp_path / "m.onnx"), "--adapter", str(saved.directory), "-o",
+                 str(out), "-q"])
+    assert code == 0, capsys.readouterr().err
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
+    want = _peft_forward(model, saved.directory, x)
+    oracle = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(oracle, want, rtol=1e-5, atol=1e-6)
+
+
 def test_renamed_weights_are_named_by_the_trained_model(tmp_path):
     """An exporter that transposes a weight for MatMul renames it (onnx::MatMul_N): the module names
     come from the model the adapter was trained on, its weights found in the ONNX model by content."""
