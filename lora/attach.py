@@ -110,6 +110,10 @@ def _locate(fn: Function, module: Module, base: BaseModel, w: WeightedAdapter, e
     att.sites = _sites(fn, module, base_module)
     for site in att.sites if base_module.kind == "conv" else ():
         _plain_conv(site.value, entry.module, where)
+    if base_module.kind == "conv" and base_module.padding_mode != "zeros":
+        raise AdapterError(f"{entry.module!r} pads with {base_module.padding_mode!r}; PEFT's lora_A pads the same "
+                           "input with zeros, so no merged weight computes its unmerged output", location=where,
+                           hint="leave this module out of target_modules")
     if not att.sites:
         raise AdapterError(f"the weight of {entry.module!r} ({base_module.kind}, shape "
                            f"{list(base_module.weight.shape)}) is read by no {_readers(base_module.kind)} of the model",

@@ -38,6 +38,8 @@ class BaseModule:
     source: np.ndarray | Callable[[], np.ndarray]
     fan_in_fan_out: bool = False
     output_layer: bool = False
+    padding_mode: str = "zeros"
+    """A convolution's padding mode (PyTorch's ``padding_mode``); other kinds and unknown: zeros."""
 
     @property
     def weight(self) -> np.ndarray:
@@ -85,7 +87,8 @@ class BaseModel:
             if kind is None:
                 continue
             source = functools.partial(weights, name, m.weight) if weights is not None else _numpy(m.weight)
-            modules[name] = BaseModule(name, kind[0], source, kind[1], output_layer=m is output)
+            modules[name] = BaseModule(name, kind[0], source, kind[1], output_layer=m is output,
+                                       padding_mode=str(getattr(m, "padding_mode", "zeros")))
         config = getattr(model, "config", None)
         return cls(modules, name_or_path or getattr(config, "_name_or_path", None) or None)
 

@@ -228,6 +228,18 @@ def test_a_dilated_or_grouped_convolution_is_refused(tmp_path, dilation: int, gr
         merge_adapters(module, base, Adapter(tmp_path / "adapter"))
 
 
+def test_a_convolution_padding_other_than_zeros_is_refused(tmp_path):
+    """A reflect-padded base convolution: PEFT's lora_A pads with zeros, so the unmerged model is not a
+    convolution of one padded input; refused by name."""
+    torch.manual_seed(10)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, 1, 1, padding_mode="reflect")).eval()
+    base = BaseModel.from_torch(copy.deepcopy(model))
+    _peft_saved(copy.deepcopy(model), tmp_path / "adapter", r=2, lora_alpha=4, target_modules=["0"])
+    module = cuvil.import_model(model, example_inputs=(torch.zeros(1, 3, 8, 8),))
+    with pytest.raises(AdapterError, match="pads with 'reflect'"):
+        merge_adapters(module, base, Adapter(tmp_path / "adapter"))
+
+
 def _peft_saved(model: torch.nn.Module, directory: Path, **options: object):  # type: ignore[no-untyped-def]
     """PEFT's LoRA of ``options`` on ``model`` (B not zero), saved to ``directory``: the PEFT model."""
     with warnings.catch_warnings():
