@@ -72,8 +72,8 @@ class CompiledGraph:
 
 
 def _is_parameter(t: Any) -> bool:
-    """A tensor that belongs to the model: a parameter, or a buffer Dynamo lifted (it requires no grad
-    and is a leaf, like an input does, so only parameters are told apart)."""
+    """A parameter of the model, bound into the graph as a constant. Buffers Dynamo lifts cannot be told
+    from inputs, so they stay inputs (passed on every call: correct, only not folded)."""
     import torch
 
     return isinstance(t, torch.nn.Parameter)
