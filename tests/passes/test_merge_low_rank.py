@@ -1,7 +1,7 @@
 """merge-low-rank: every form a low-rank update takes beside a constant weight (either operand order,
 the scale on either side, fan_in_fan_out layouts, DoRA's per-output scale, embedding and gather
-lookups) merges and is proved over the reals; look-alikes that are not such an update stay; a merge
-with a seeded mistake is refuted."""
+lookups, convolutions) merges and is proved over the reals; look-alikes that are not such an update stay;
+a merge with a seeded mistake is refuted."""
 
 import numpy as np
 import pytest
@@ -130,4 +130,74 @@ def test_a_wrong_merge_is_refuted(mistake):
         return b.matmul(x, merged, transpose_b=True)
 
     report = check_rewrite(before, _module(wrong), "real", name="merge-low-rank", timeout=60)
+    assert report.count("refuted") == 1, report.summary()
+
+
+# -- convolutions: conv(x, W) + s·conv(conv(x, A), B) with A on W's kernel, strides and padding, B 1x1 -------------
+
+CW, CA, CB = _f(4, 3, 3, 3), _f(R, 3, 3, 3), _f(4, R, 1, 1)
+
+
+def _conv_update(b, x, *, strides=(2, 2), pads=(1, 1, 1, 1), outer_kernel=1, outer_strides=(1, 1),
+                 inner_dilations=(1, 1), s=0.5):
+    outer = CB if outer_kernel == 1 else _f(4, R, outer_kernel, outer_kernel)
+    inner = b.conv(x, b.const(CA), strides=strides, pads=pads, dilations=inner_dilations)
+    low = b.conv(inner, b.const(outer), strides=outer_strides,
+                 pads=(0,) * 4 if outer_kernel == 1 else (1, 1, 1, 1), dilations=(1, 1))
+    return b.mul(low, b.scalar(s, DType.f32))
+
+
+def _conv(b, x, order="base-first", **update):
+    base = b.conv(x, b.const(CW), strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1))
+    low = _conv_update(b, x, **update)
+    return b.add(base, low) if order == "base-first" else b.add(low, base)
+
+
+def _image_module(build):
+    b = Builder()
+    x = b.param("x", DType.f32, [2, 3, 7, 7])
+    return b.module(b.function("main", [x], [build(b, x)]))
+
+
+@pytest.mark.parametrize("order", ["base-first", "update-first"])
+def test_convolution_updates_merge_and_are_proved(order):
+    module = _image_module(lambda b, x: _conv(b, x, order))
+    out = MergeLowRank().run(module).module
+    assert [v.op for v in out.main.ops() if v.operands and v.operands[0].is_param] == ["conv"]
+    x = RNG.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    np.testing.assert_allclose(run_reference(out, [x])[0], run_reference(module, [x])[0], rtol=1e-5, atol=1e-5)
+    report = check_pass(MergeLowRank(), module, timeout=60)
+    assert report.obligations and report.proved, report.summary()
+
+
+CONV_LOOK_ALIKES = {  # each of the base's output shape, none of the form PEFT writes (A on the base's windows)
+    "A on shifted padding": {"pads": (0, 0, 2, 2)},
+    "A's stride on B": {"strides": (1, 1), "outer_strides": (2, 2)},
+    "A dilated": {"inner_dilations": (2, 2), "pads": (2, 2, 2, 2)},
+    "B not 1x1": {"outer_kernel": 3},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_LOOK_ALIKES))
+def test_convolution_look_alikes_stay(case):
+    """An update of the base's output shape in another form than A on the base's windows and B 1x1 at stride
+    1: left alone (shifted padding or dilation would merge wrongly; a stride moved to B is merely not
+    recognized)."""
+    module = _image_module(lambda b, x: _conv(b, x, **CONV_LOOK_ALIKES[case]))
+    assert MergeLowRank().run(module).module.main == module.main
+
+
+@pytest.mark.parametrize("mistake", ["rank contracted the wrong way", "kernel flipped"])
+def test_a_wrong_convolution_merge_is_refuted(mistake):
+    before = _image_module(_conv)
+
+    def wrong(b, x):
+        a = CA[:, :, ::-1, ::-1].copy() if mistake == "kernel flipped" else CA
+        update = np.einsum("or,rikl->oikl", CB[:, :, 0, 0], a)
+        if mistake == "rank contracted the wrong way":
+            update = np.einsum("or,rikl->oikl", CB[:, ::-1, 0, 0], CA)
+        merged = b.add(b.const(CW), b.mul(b.const(update.astype(np.float32)), b.scalar(0.5, DType.f32)))
+        return b.conv(x, merged, strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1))
+
+    report = check_rewrite(before, _image_module(wrong), "real", name="merge-low-rank", timeout=60)
     assert report.count("refuted") == 1, report.summary()
