@@ -165,33 +165,33 @@ def cmd_region(args: argparse.Namespace) -> int:
     return EXIT_UNDECIDED if counts.get("unknown") else EXIT_OK
 
 
+def _action(actions: Any, name: str, help: str, *, policy: bool = False) -> Any:
+    """A ``failsafe`` action reading a spec (and a policy), with the decision network it may name."""
+    a = actions.add_parser(name, help=help, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("spec", metavar="SPEC.yaml", help="the fail-safe spec (YAML; see failsafe/spec.schema.json)")
+    if policy:
+        a.add_argument("policy", metavar="POLICY.json", help="a policy written by `cuvil failsafe synth`")
+    a.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
+    return a
+
+
 def register(sub: Any) -> None:
-    """Add ``failsafe`` (``synth``, ``check``, ``simulate``) to the ``cuvil`` command's subparsers."""
+    """Add ``failsafe`` (``synth``, ``check``, ``region``, ``simulate``) to the ``cuvil`` command's subparsers."""
     p = sub.add_parser("failsafe", help="synthesize and prove degraded-mode policies from a fail-safe spec")
     actions = p.add_subparsers(dest="failsafe_command", metavar="ACTION", required=True)
-    s = actions.add_parser("synth", help="the best proved mode and parameters for every fault scenario",
-                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("spec", metavar="SPEC.yaml", help="the fail-safe spec (YAML; see failsafe/spec.schema.json)")
+    s = _action(actions, "synth", "the best proved mode and parameters for every fault scenario")
     s.add_argument("-o", "--output", metavar="POLICY.json", help="write the policy (the input of `cuvil compile "
                                                                  "--failsafe` and `cuvil failsafe check`)")
-    s.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
     s.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="seconds for the whole synthesis; what is left undecided is reported as unknown")
     add_report_arguments(s)
     s.add_argument("-q", "--quiet", action="store_true", help="no progress and no terminal summary")
     s.set_defaults(handler=cmd_synth)
-    c = actions.add_parser("check", help="prove every entry of a policy file again against its spec",
-                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("spec", metavar="SPEC.yaml")
-    c.add_argument("policy", metavar="POLICY.json")
-    c.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
+    c = _action(actions, "check", "prove every entry of a policy file again against its spec", policy=True)
     add_report_arguments(c)
     c.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
     c.set_defaults(handler=cmd_check)
-    r = actions.add_parser("region", help="where the spec's decision network provably keeps the invariants",
-                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("spec", metavar="SPEC.yaml")
-    r.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
+    r = _action(actions, "region", "where the spec's decision network provably keeps the invariants")
     r.add_argument("--scenario", metavar="FAULT+FAULT", help="the active faults (default: none)")
     r.add_argument("--mode", help="read the invariants under this mode's assumptions and definitions")
     r.add_argument("--grid", type=int, default=4, help="cells per input before refinement (default 4)")
@@ -199,11 +199,8 @@ def register(sub: Any) -> None:
     r.add_argument("-o", "--output", metavar="REGION.json", help="write the cells with their verdicts")
     r.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     r.set_defaults(handler=cmd_region)
-    m = actions.add_parser("simulate", help="random states and fault sequences under a policy; count violations",
-                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    m.add_argument("spec", metavar="SPEC.yaml")
-    m.add_argument("policy", metavar="POLICY.json")
-    m.add_argument("--model", metavar="MODEL", help="the decision network (default: the spec's model path)")
+    m = _action(actions, "simulate", "random states and fault sequences under a policy; count violations",
+                policy=True)
     m.add_argument("--steps", type=int, default=100_000, help="simulated steps (default 100000)")
     m.add_argument("--seed", type=int, default=0, help="the random seed (runs are reproducible)")
     m.add_argument("--json", metavar="FILE", help="write the counts as JSON")
