@@ -55,14 +55,16 @@ def _specialize(module: Any, dims: Mapping[str, int]) -> Any:
 def cmd_probe(args: argparse.Namespace) -> int:
     from cuvil import __version__
     from reports import render_terminal
+    from verify.probe.budget import DEFAULT_EFFORT
     from verify.probe.names import onnx_node_names
     from verify.probe.probe import ProbeOptions, probe, save_witnesses
     from verify.probe.report import to_report
 
     check_seconds(args.time_limit, "--time-limit")
-    if not math.isfinite(args.effort) or args.effort <= 0:
-        raise InputError(f"--effort must be a positive number of work units, got {args.effort}", location="--effort",
-                         hint="e.g. --effort 40000 (the default)")
+    effort = DEFAULT_EFFORT if args.effort is None else args.effort
+    if not math.isfinite(effort) or effort <= 0:
+        raise InputError(f"--effort must be a positive number of work units, got {effort}", location="--effort",
+                         hint=f"e.g. --effort {DEFAULT_EFFORT:g} (the default)")
     check_report_outputs(args)
     check_output(args.witness_dir, "--witness-dir", folder=True)
     if args.keep_fp32 not in ("none", "default", ""):
@@ -98,7 +100,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"no range for input(s) {', '.join(missing)}",
                          hint="give --range NAME=LO:HI for each input, or --calibrate DIR")
-    options = ProbeOptions(precision=args.precision, keep_ops=args.keep_fp32, effort=args.effort,
+    options = ProbeOptions(precision=args.precision, keep_ops=args.keep_fp32, effort=effort,
                            time_limit=args.time_limit,
                            boundary=not args.no_boundary, seed=args.seed, z3_witness=not args.no_z3_witness)
     node_names = onnx_node_names(args.model) if str(args.model).endswith(".onnx") else {}
@@ -107,7 +109,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if rep.witnesses:
         folder = Path(args.witness_dir) if args.witness_dir else Path(f"{Path(args.model).stem}-witnesses")
         files = save_witnesses(rep, folder)
-    settings = {"keep_fp32": args.keep_fp32, "effort_units": args.effort, "time_limit_s": args.time_limit,
+    settings = {"keep_fp32": args.keep_fp32, "effort_units": effort, "time_limit_s": args.time_limit,
                 "command_line": " ".join(["cuvil", *sys.argv[1:]]) if sys.argv else "cuvil probe"}
     report = to_report(rep, model=str(args.model), model_hash=_hash(args.model), settings=settings,
                        witness_files=files, version=__version__)
@@ -121,8 +123,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``probe`` to the ``cuvil`` command's subparsers."""
-    from verify.probe.budget import DEFAULT_EFFORT
-
     p = sub.add_parser("probe", help="find where an FP16/BF16/INT8 version of a model can overflow, with proofs "
                                      "and witness inputs", epilog=EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,9 +139,10 @@ def register(sub: Any) -> None:
     p.add_argument("--keep-fp32", default="none", metavar="OPS",
                    help="ops kept in float32 in the probed program: 'none' (default: probe everything in the "
                         "narrow type), 'default' (the compiler's list) or a comma-separated list")
-    p.add_argument("--effort", type=float, default=DEFAULT_EFFORT, metavar="UNITS",
-                   help="work the probe may do, in units of a million element operations (default "
-                        f"{DEFAULT_EFFORT:g}): the same effort gives the same report on any machine")
+    p.add_argument("--effort", type=float, metavar="UNITS",
+                   help="work the probe may do, in units of a million element operations (default: the probe's "
+                        "standard budget, under a minute for the zoo on two cores; the report's settings give "
+                        "it): the same effort gives the same report on any machine")
     p.add_argument("--time-limit", type=float, default=600.0, metavar="S",
                    help="outer wall-clock guard for the whole probe (default 600); the report names any phase it "
                         "cut, and only then may two runs differ")

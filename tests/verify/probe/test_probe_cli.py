@@ -13,6 +13,7 @@ from jsonschema_lite import validate
 
 from cuvil.cli import main
 from cuvil.ir.printer import export_ir
+from verify.probe.budget import DEFAULT_EFFORT
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORT_SCHEMA = json.loads((ROOT / "reports" / "report.schema.json").read_text())
@@ -48,6 +49,7 @@ def test_confirmed_overflow_exit_1_with_reports_and_witness(tmp_path: Path) -> N
     assert all(r["metrics"]["safe_scale"] >= model_safe for r in report["results"])
     assert all(r["metrics"]["witness_scale"] <= 1.0 for r in failed)
     assert 'id="safe_scale"' in (out / "r.html").read_text()
+    assert report["settings"]["effort_units"] == DEFAULT_EFFORT  # the default budget, named in the report
 
 
 def test_proved_safe_exit_0(tmp_path: Path) -> None:
