@@ -9,6 +9,7 @@ using torch's kernels (tested against the rule reader); every other op is read f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -206,11 +207,25 @@ def _conv(args: list[Any], attrs: Mapping[str, Any]) -> Any:
 SCHEDULES: dict[str, Callable[[list[Any], Mapping[str, Any]], Any]] = {"matmul": _matmul, "conv": _conv}
 
 
+def _exact_in_float64(v: Value, operands: list[Any]) -> bool:
+    """Whether a schedule computes the rule's real-valued result: always for float operands (the
+    search reads narrow floats in float64 anyway); for integer operands when every product and
+    partial sum stays below 2**53, so float64 sums them exactly in any order."""
+    if all(o.dtype.is_float for o in v.operands):
+        return True
+    if not all(o.dtype.is_int for o in v.operands) or len(operands) != 2:
+        return False
+    x, w = operands
+    terms = math.prod(int(d) for d in w.shape[1:]) if v.op == "conv" else max(int(d) for d in x.shape[-2:])
+    bound = float(x.detach().abs().max()) * float(w.detach().abs().max()) * max(terms, 1)
+    return bound < 2.0 ** 53
+
+
 def op_value(v: Value, info: RuleInfo, operands: list[Any], capture: Sequence[int] = (),
              use_schedules: bool = True) -> tuple[Any, dict[int, list[Any]]]:
     """One op on torch operands: its result and the captured node values."""
     inner = [k for k in capture if k != 0]
-    if use_schedules and v.op in SCHEDULES and not inner and all(o.dtype.is_float for o in v.operands):
+    if use_schedules and v.op in SCHEDULES and not inner and _exact_in_float64(v, operands):
         try:
             out = SCHEDULES[v.op](operands, get_op(v.op).check_attrs(dict(v.attrs)))  # the op's defaults
             return out, ({0: [out]} if 0 in capture else {})

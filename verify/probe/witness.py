@@ -32,6 +32,15 @@ from verify.probe.z3_witness import QUERY_RLIMIT, ConeSolver, Outcome
 
 Box = tuple[np.ndarray, np.ndarray]
 
+NEAR = 0.5
+"""Targets whose best value came within this fraction of their limit get a focused ascent."""
+
+PAST = 0.02
+"""A target's score counts as past its limit (an ascent stops) once it reaches this."""
+
+FOCUSED_STEP = 0.1
+"""First step of a focused ascent, in box half-widths: it starts near the limit and should stay near."""
+
 RULE_GRID_MAX = 1 << 24
 """Largest evaluation grid confirmation reads an op's rule on to observe its inner nodes."""
 
@@ -258,7 +267,10 @@ class Searcher:
         return out
 
     # the objective --------------------------------------------------------------------
-    def _scores(self, x: Mapping[str, Any], targets: Sequence[Target]) -> tuple[Any, dict[tuple[Value, int], float]]:
+    def _scores(self, x: Mapping[str, Any], targets: Sequence[Target],
+                combine: str = "max") -> tuple[Any, dict[tuple[Value, int], float]]:
+        """The objective: the largest target score (``max``), or the sum of the scores each capped at
+        :data:`PAST` (``sum``: every target is pushed until it is past its limit)."""
         import torch
 
         assert self.torch_program is not None
@@ -278,6 +290,8 @@ class Searcher:
             scores.append((top - t.side * t.limit) / max(abs(t.limit), 1.0))
         if not scores:
             return None, extremes
+        if combine == "sum":
+            return torch.clamp(torch.stack(scores), max=PAST).sum(), extremes
         return torch.stack(scores).max(), extremes
 
     def search(self, targets: Sequence[Target], budget: Budget, *, restarts: int = 3, steps: int = 40,
@@ -288,6 +302,7 @@ class Searcher:
         witnesses: list[Witness] = []
         confirmed: set[tuple[Value, int]] = set()
         points: list[dict[str, np.ndarray]] = []
+        best_at: dict[tuple[Value, int], dict[str, np.ndarray]] = {}  # the input where each target got closest
         evals = 0
         outcomes: dict[tuple[Value, int], Outcome] = {}
 
@@ -305,6 +320,7 @@ class Searcher:
                     prev = best.get(key)
                     if prev is None or side * o.extreme > side * prev:
                         best[key] = o.extreme
+                        best_at[key] = inputs
             new = [k for k, o in obs.items() if o.confirmed and k not in confirmed]
             if new:
                 confirmed.update(new)
@@ -329,13 +345,27 @@ class Searcher:
             if r and self._hopeless(targets, best, confirmed):
                 break
             open_targets = [t for t in targets if t.key not in confirmed]
-            start = self._draw(("center", "random", "corner")[r % 3])
-            x = self._ascend(start, open_targets, steps, budget, best)
+            near = self._near(open_targets, best, confirmed)
+            if near:  # push every target already close to its limit at once, from the closest one's best input
+                start = best_at.get(near[0].key) or self._draw("center")
+                x = self._ascend(start, near, steps, budget, best, first_step=FOCUSED_STEP, combine="sum")
+            else:
+                start = self._draw(("center", "random", "corner")[r % 3])
+                x = self._ascend(start, open_targets, steps, budget, best)
             if x is not None:
                 try_input(x, "gradient")
                 if not budget.exhausted and len(confirmed) < len(targets):
                     try_input(self._cornered(x), "gradient")
         return done()
+
+    @staticmethod
+    def _near(targets: Sequence[Target], best: Mapping[tuple[Value, int], float],
+              confirmed: set[tuple[Value, int]]) -> list[Target]:
+        """Open targets an ascent brought within ``NEAR`` of their limits, closest first: the largest-score
+        objective follows one site at a time, so these are pushed together by the sum of their scores."""
+        near = [t for t in targets if t.key not in confirmed and t.key in best and math.isfinite(best[t.key])
+                and t.score(best[t.key]) > -NEAR]
+        return sorted(near, key=lambda t: (-t.score(best[t.key]), t.node))
 
     def _cornered(self, x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``x`` pushed to the box's faces, each float element to the end it leans towards: a ReLU or
@@ -383,7 +413,10 @@ class Searcher:
         return bool(scores) and max(scores) < -0.9
 
     def _ascend(self, start: Mapping[str, np.ndarray], targets: Sequence[Target], steps: int, budget: Budget,
-                best: dict[tuple[Value, int], float]) -> dict[str, np.ndarray] | None:
+                best: dict[tuple[Value, int], float], *, first_step: float = 0.5,
+                combine: str = "max") -> dict[str, np.ndarray] | None:
+        """Projected sign-gradient ascent of the targets' joint score; steps shrink linearly from
+        ``first_step`` of the box's half-width. Returns the best input seen."""
         import torch
 
         xs = {}
@@ -405,7 +438,7 @@ class Searcher:
             for p in leaves:
                 xs[p.name].grad = None
             try:
-                j, extremes = self._scores(xs, targets)
+                j, extremes = self._scores(xs, targets, combine)
             except (RuntimeError, NotImplementedError, MemoryError):
                 return top_x
             if j is None:
@@ -414,16 +447,16 @@ class Searcher:
                 side = next(t.side for t in targets if t.key == key)
                 if key not in best or side * val > side * best[key]:
                     best[key] = val
-            jv = float(j.detach())
+            jv = float(j.detach()) / (len(targets) if combine == "sum" else 1)
             if step >= 8 and max(jv, top) < -0.95:
                 break  # every target is below 5% of its limit after 8 steps: give the time to the rest
             if jv > top:
                 top = jv
                 top_x = {k: v.detach().numpy().copy() for k, v in xs.items()}
-            if jv >= 0.02:
+            if jv >= PAST:
                 break
             j.backward()
-            frac = 0.5 * (1 - step / steps) + 0.02
+            frac = first_step * (1 - step / steps) + 0.02
             with torch.no_grad():
                 for p in leaves:
                     g = xs[p.name].grad
