@@ -57,11 +57,17 @@ class OnnxImporter:
     env: dict[str, Value] = field(default_factory=dict)
     _static: dict[Value, np.ndarray] = field(default_factory=dict)
     _dim_names: set[str] = field(default_factory=set)
+    _dim_limits: dict[str, int] = field(default_factory=dict)
     _unrolled: int = 0
     opsets: dict[str, int] = field(default_factory=dict)
 
     def opset_for(self, domain: str) -> int:
         return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
+
+    def limit_dim(self, symbol: str, hi: int) -> None:
+        """Constrain a symbol to at most ``hi`` (the function's dim constraints say so, and a run with a
+        larger dim is refused), where the import relied on it."""
+        self._dim_limits[symbol] = min(hi, self._dim_limits.get(symbol, hi))
 
     def charge_unroll(self, steps: int, location: str) -> None:
         """Count ``steps`` more unrolled iterations (Loop, Scan, recurrences; nested ones multiply)
@@ -111,11 +117,13 @@ class OnnxImporter:
     def _dim(self, d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> Dim:
         """A declared dim. ``dim_value: -1`` (what some exporters write for "dynamic", and what ONNX
         Runtime accepts any size for), a dim with neither value nor name, and every dim of a shape
-        that is absent become a fresh symbol ``<input>_dim<axis>``. ``dim_value: 0`` stays a
-        literal zero-size dim, as the ONNX IR defines it and ONNX Runtime enforces it."""
+        that is absent become a fresh symbol ``<input>_dim<axis>``; so does a ``dim_param`` with no
+        letter or digit (Paddle2ONNX writes ``"?"`` for every unknown dim: read as one name it would
+        force them all equal, which ONNX Runtime does not). ``dim_value: 0`` stays a literal
+        zero-size dim, as the ONNX IR defines it and ONNX Runtime enforces it."""
         if d.HasField("dim_value") and d.dim_value != -1:
             return int(d.dim_value)
-        if d.HasField("dim_param") and d.dim_param:
+        if d.HasField("dim_param") and re.search(r"[A-Za-z0-9]", d.dim_param):
             return Sym.symbol(symbol_name(d.dim_param))
         return self._fresh_dim(owner, axis)
 
@@ -185,7 +193,7 @@ class OnnxImporter:
             self.env[t.name] = self.b.const(self.tensor_to_numpy(t, f"initializer {t.name!r}"))
         params: list[Value] = []
         self._dim_names |= {symbol_name(d.dim_param) for vi in graph.input
-                            for d in vi.type.tensor_type.shape.dim if d.dim_param}
+                            for d in vi.type.tensor_type.shape.dim if re.search(r"[A-Za-z0-9]", d.dim_param)}
         for vi in graph.input:
             if vi.name in initializer_names:
                 continue
@@ -204,7 +212,7 @@ class OnnxImporter:
             results.append(self.env[out.name])
         symbols = sorted({s for p in params for s in p.type.symbols()})
         fn = self.b.function("main", params, results, [o.name for o in graph.output],
-                             [DimConstraint(s) for s in symbols])
+                             [DimConstraint(s, hi=self._dim_limits.get(s)) for s in symbols])
         meta = {"source": "onnx", "producer": self.model.producer_name or "",
                 "opset": str(self.opset_for("")), "graph": graph.name or ""}
         return self.b.module(fn, metadata=meta)

@@ -37,6 +37,8 @@ class Importer(Protocol):
 
     def charge_unroll(self, steps: int, location: str) -> None: ...
 
+    def limit_dim(self, symbol: str, hi: int) -> None: ...
+
 
 ONNX_DTYPES: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.f32, onnx.TensorProto.DOUBLE: DType.f64, onnx.TensorProto.FLOAT16: DType.f16,

@@ -146,6 +146,40 @@ def test_fresh_dim_names_never_clash_with_declared_ones():
     assert [str(p.type.shape[0]) for p in module.main.params] == ["x_dim0_1", "x_dim0"]
 
 
+@pytest.mark.parametrize("mark", ["?", "*", "??", " "])
+def test_anonymous_dim_params_are_each_their_own_dim(mark):
+    """Paddle2ONNX names every unknown dim "?": each is a fresh dim (ONNX Runtime runs such a model
+    with H != W), while a real name repeated still ties its dims together."""
+    model = Graph([node("Conv", ["x", "w"], ["y"])], {"x": [-1, 3, mark, mark]},
+                  {"w": np.random.default_rng(2).standard_normal((2, 3, 1, 1)).astype(np.float32)}).model()
+    module = matches_onnxruntime(model, [{"x": (1, 3, 48, 192)}, {"x": (2, 3, 5, 4)}, {"x": (1, 3, 7, 7)}])
+    assert [str(d) for d in module.main.params[0].type.shape] == ["x_dim0", "3", "x_dim2", "x_dim3"]
+    tied = Graph([node("Conv", ["x", "w"], ["y"])], {"x": [-1, 3, "S", "S"]},
+                 {"w": np.ones((2, 3, 1, 1), np.float32)}).model()
+    assert [str(d) for d in cuvil.import_model(tied).main.params[0].type.shape] == ["x_dim0", "3", "S", "S"]
+
+
+@pytest.mark.parametrize("end", [10**9, 2**31 - 1, 2**20])
+@pytest.mark.parametrize("step", [1, -1])
+def test_a_large_constant_slice_bound_on_a_symbolic_axis_means_the_end(end, step):
+    """tf2onnx writes ``x[0:]`` as ends=1e9: the slice runs to the end for every admitted size, and the
+    dim is constrained to at most the bound (a longer axis is refused, not cut short)."""
+    from cuvil.frontend.onnx_ops.shape import PAST_THE_END
+
+    assert end >= PAST_THE_END
+    starts, ends = ([1], [end]) if step > 0 else ([end], [0])
+    g = Graph([node("Slice", ["x", "s", "e", "a", "st"], ["y"])], {"x": ["N", 3]},
+              {"s": i64(*starts), "e": i64(*ends), "a": i64(0), "st": i64(step)})
+    module = matches_onnxruntime(g.model(), [{"x": (5, 3)}, {"x": (1, 3)}, {"x": (9, 3)}])
+    # bounds from 2**30 up are past any axis (no constraint); smaller ones constrain the dim
+    assert [(c.symbol, c.hi) for c in module.main.constraints] == [("N", end if end < 2**30 else None)]
+    if end == PAST_THE_END:
+        with pytest.raises(CuvilError) as info:
+            run_reference(module, {"x": np.zeros((end + 1, 3), np.float32)})
+        assert info.value.code == "CUVIL-DIM-CONSTRAINT" and "N" in str(info.value)
+    assert str(module.main.results[0].type.shape[0]) != str(end)
+
+
 def test_absent_shape_without_a_use_fixing_its_rank_is_a_coded_error():
     with pytest.raises(CuvilError) as info:
         cuvil.import_model(Graph([node("Relu", ["x"], ["y"])], {"x": None}).model())

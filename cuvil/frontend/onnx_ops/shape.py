@@ -309,6 +309,24 @@ def _below(a: Dim, b: Dim) -> bool:
     return hi is not None and hi < 0
 
 
+PAST_THE_END = 2**20
+"""A constant slice bound this large on a symbolic axis means "to the end" (exporters write 1e9,
+2**31 - 1 or 2**63 - 1 for ``x[a:]``)."""
+
+
+def _to_the_end(ctx: NodeCtx, d: Dim, bound: Dim) -> Dim:
+    """A large constant bound on an axis that is one symbol: the axis's end, with the symbol
+    constrained to at most the bound (ONNX clamps the bound to the axis, so the slice means the same
+    for every admitted size; a larger one is refused at run time instead of cut short)."""
+    if not (isinstance(bound, int) and PAST_THE_END <= bound < HUGE and isinstance(d, Sym)):
+        return bound
+    names = d.symbols()
+    if len(names) != 1 or d != Sym.symbol(next(iter(names))):
+        return bound
+    ctx.imp.limit_dim(next(iter(names)), bound)
+    return HUGE
+
+
 @onnx_op("Slice", emits=("slice",))
 def slice_(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
@@ -329,6 +347,10 @@ def slice_(ctx: NodeCtx) -> Value:
     full_e: list[Dim] = list(x.shape)
     full_st = [1] * r
     for a, s, e, st in zip(norm_axes(ctx, axes, r), starts, ends, steps, strict=True):
+        if st > 0:
+            e = _to_the_end(ctx, x.shape[a], e)
+        else:
+            s = _to_the_end(ctx, x.shape[a], s)
         full_s[a], full_e[a] = slice_bounds(x.shape[a], s, e, st)
         full_st[a] = st
     if full_s == [0] * r and full_e == list(x.shape) and full_st == [1] * r:
