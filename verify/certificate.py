@@ -135,7 +135,8 @@ class Verification:
             entry = a.to_json()
             entry["rolled_back"] = self.rolled_back_at(k)
             apps.append(entry)
-        used = sorted({a for o in self.obligations if o.status == "proved" for a in getattr(o.verdict, "axioms", ())})
+        used = sorted({a for o in self.obligations if o.status == "proved" for a in getattr(o.verdict, "axioms", ())}
+                      | {a for app in self.applications for a in app.lemma_axioms})
         return seal({
             "format": CERTIFICATE_FORMAT,
             "model_hash": self.module,

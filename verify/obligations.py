@@ -103,6 +103,8 @@ class Application:
     after_hash: str = ""
     lemmas: list[str] = field(default_factory=list)
     """SMT-LIB queries of the cut-point lemmas the obligations rely on (each answered ``unsat``)."""
+    lemma_axioms: set[str] = field(default_factory=set)
+    """Axioms the proved lemmas used (the certificate lists them with the obligations' own)."""
 
     def count(self, kind: str) -> int:
         return sum(1 for o in self.obligations if o.status == kind)
@@ -182,6 +184,7 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         runs = Evaluations(fb, fa, constants, seed)
         lemmas = _sweep(fb, fa, cut_table, runs, ENCODER_FOR[pass_.contract], timeout) if search != "refuter" else []
         app.lemmas += [lm.smt2 for lm in lemmas if lm.proved]
+        app.lemma_axioms |= {a for lm in lemmas if lm.proved for a in lm.axioms}
         for r in diffs:
             app.obligations.append(_output_obligation(pass_, fb, fa, r, table, cut_table, lemmas, constants,
                                                       timeout, seed, runs, search))
@@ -294,6 +297,7 @@ class Lemma:
     proved: bool
     seconds: float
     smt2: str = ""
+    axioms: tuple[str, ...] = ()
 
 
 def _close(x: np.ndarray, y: np.ndarray, rtol: float) -> bool:
@@ -358,11 +362,12 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
     """Cut points: pairs of values that agree on a random input are proved equal bottom-up (each
     given the pairs below it); proved pairs become shared leaves, so every later obligation,
     the outputs' included, only spans the ops between two cuts."""
+    lemmas = _congruent_cuts(fb, fa, table, encoder, timeout)
     dep_b, dep_a = param_dependent(fb.values()), param_dependent(fa.values())
     cand_b = [v for v in fb.values() if v in dep_b and not v.is_param and table.leaf_of(v) is None]
     cand_a = [v for v in fa.values() if v in dep_a and not v.is_param and table.leaf_of(v) is None]
     if len(cand_a) + len(cand_b) < SWEEP_MIN_OPS:
-        return []
+        return lemmas
     wide = encoder == "real"
     sig_b, wide_b = _signatures(runs, "before", wide)
     sig_a, wide_a = _signatures(runs, "after", wide)
@@ -371,7 +376,6 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
     for v in cand_b:
         if v in sig_b:
             by_type.setdefault(v.type, []).append(v)
-    lemmas: list[Lemma] = []
     ctx = z3.Context()
     quick: dict[Value, tuple[np.ndarray, float]] = {}
     for va in cand_a:
@@ -385,13 +389,60 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
                 quick[vb] = (_sample(sig_b[vb]), _scale(np.asarray(sig_b[vb])))
             if not _maybe_close(*quick[vb], sample_a, rtol) or not _close(sig_b[vb], arr, rtol):
                 continue
-            attempt = _prove_opening(vb, va, table, encoder, fb, timeout, ctx=ctx, rlimit=LEMMA_RLIMIT)
-            lemmas.append(Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds, attempt.smt2))
-            if attempt.status == "proved":
-                table.add_cut(vb, va)
+            lemma = _lemma(vb, va, table, encoder, fb, timeout, ctx)
+            lemmas.append(lemma)
+            if lemma.proved:
                 break
             tries += 1
             if tries >= 2:
+                break
+    return lemmas
+
+
+def _lemma(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Function, timeout: float,
+           ctx: z3.Context) -> Lemma:
+    """Prove one cut-point pair given the cut below it; a proved pair joins the cut."""
+    attempt = _prove_opening(vb, va, table, encoder, fb, timeout, ctx=ctx, rlimit=LEMMA_RLIMIT)
+    if attempt.status == "proved":
+        table.add_cut(vb, va)
+    return Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds, attempt.smt2, attempt.axioms)
+
+
+def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, timeout: float) -> list[Lemma]:
+    """Cut points by congruence, bottom-up: an after-value with the op, attributes and type of a
+    before-value whose operands are pairwise the same leaves computes the same tensor (ops are pure
+    functions), so the pair becomes a cut without a query; with the operands of a commutative op
+    swapped, the pair is proved like any lemma (the op's flag is not trusted). A rewrite near the
+    inputs (a reordered product) then leaves every obligation the few ops between two cuts instead of
+    the whole network downstream of it."""
+    def key(v: Value) -> str | None:
+        leaf = table.leaf_of(v)
+        return leaf.key if leaf is not None else None
+
+    by_op: dict[tuple[object, ...], list[Value]] = {}
+    for vb in fb.values():
+        if not (vb.is_param or vb.is_const or table.leaf_of(vb) is not None):
+            by_op.setdefault((vb.op, vb.attrs, vb.type), []).append(vb)
+    lemmas: list[Lemma] = []
+    ctx = z3.Context()
+    for va in fa.values():
+        if va.is_param or va.is_const or table.leaf_of(va) is not None:
+            continue
+        ops = tuple(key(o) for o in va.operands)
+        if None in ops:
+            continue
+        for vb in by_op.get((va.op, va.attrs, va.type), []):
+            if table.leaf_of(vb) is not None:
+                continue
+            ops_b = tuple(key(o) for o in vb.operands)
+            if ops_b == ops:
+                table.add_cut(vb, va)
+                break
+            if None in ops_b or sorted(ops_b, key=str) != sorted(ops, key=str):
+                continue
+            lemma = _lemma(vb, va, table, encoder, fb, timeout, ctx)
+            lemmas.append(lemma)
+            if lemma.proved:
                 break
     return lemmas
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import z3
 
+from cuvil.ir.deep import run_deep
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import DimConstraint
 from cuvil.ir.values import Value
@@ -46,14 +48,20 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
     depend on the machine's load)."""
     start = time.perf_counter()
     ctx = ctx if ctx is not None else z3.Context()
-    try:
-        enc = ConeEncoder(encoder, leaf_of, constraints, ctx=ctx)
+    enc = ConeEncoder(encoder, leaf_of, constraints, ctx=ctx)
+
+    def encode() -> tuple[Any, Any]:
         idx = enc.output_index(before.type)
         b = enc.value_at(before, idx)
-        a = enc.value_at(after, idx)
-        neq = inequality(enc, b, a, before.dtype)
+        return b, inequality(enc, b, enc.value_at(after, idx), before.dtype)
+
+    try:
+        b, neq = run_deep(encode)  # the encoder recurses once per op along the cone
     except EncodingError as e:
         return Attempt("unknown", encoder, time.perf_counter() - start, reason=f"cannot encode: {e}")
+    except RecursionError:
+        return Attempt("unknown", encoder, time.perf_counter() - start,
+                       reason="cannot encode: the cone is a chain too deep to read")
     axioms = tuple(sorted(enc.sem.axioms))
     if neq is None:
         # the same term on both sides: still stated as a query (trivially unsat) an auditor can re-run

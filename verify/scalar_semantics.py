@@ -142,6 +142,7 @@ class Semantics:
         self.scan = VarScan()
         self._ufs: dict[str, z3.FuncDeclRef] = {}
         self._reductions: dict[tuple, str] = {}
+        self._dag_keys: dict[int, tuple[z3.ExprRef, str]] = {}
         self.int_sort = z3.IntSort(ctx)
         self._narrow_terms: dict[tuple[DType, str], tuple[z3.BitVecRef, z3.BitVecRef]] = {}
 
@@ -367,7 +368,7 @@ class Semantics:
         canon = z3.simplify(canon, sort_sums=True)
         sym_extents = [e for e in extents if not isinstance(e, int)]
         ext_key = ",".join(str(e) if isinstance(e, int) else "?" for e in extents)
-        key = (kind, ext_key, canon.sexpr(), sort.sexpr())
+        key = (kind, ext_key, self._dag_key(canon), sort.sexpr())
         name = self._reductions.get(key)
         if name is None:
             digest = hashlib.sha1(repr(key).encode()).hexdigest()[:16]
@@ -376,6 +377,31 @@ class Semantics:
         args = [*free_terms, *sym_extents]
         f = self.uf(name, [self.int_sort] * len(args), sort)
         return f(*args)
+
+    def _dag_key(self, t: z3.ExprRef) -> str:
+        """A digest of a term's text computed over its DAG, each shared subterm once: the text itself
+        (what ``sexpr`` prints) writes a subterm out at every path to it, exponentially many in a
+        deep network's cone. Leaves are keyed by their text; an application by its declaration, sort
+        and its arguments' keys. Terms are held with their keys, so an id is never reused."""
+        memo = self._dag_keys
+        stack = [t]
+        while stack:
+            x = stack[-1]
+            if x.get_id() in memo:
+                stack.pop()
+                continue
+            kids = x.children() if z3.is_app(x) else []
+            pending = [c for c in kids if c.get_id() not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            if not kids:
+                text = x.sexpr()
+            else:
+                text = "(" + " ".join([x.decl().sexpr(), x.sort().sexpr(), *(memo[c.get_id()][1] for c in kids)]) + ")"
+            memo[x.get_id()] = (x, hashlib.sha1(text.encode()).hexdigest())
+        return memo[t.get_id()][1]
 
     def reduce_symbolic(self, kind: str, body: Any, dtype: DType, binders: Sequence[z3.ArithRef],
                         extents: Sequence[int | z3.ArithRef]) -> Any:
