@@ -500,7 +500,13 @@ def _combine(attempt: Attempt, fallback: Attempt | None, search: Search, contrac
     if attempt.status == "sat":
         reason = f"not proved ({attempt.encoder}): the encodings can differ, but no concrete counterexample replays"
     if search.rit_differs:
-        reason += f"; randomized identity testing over Z_p finds a difference at {search.rit_index}"
+        trace = search.rit_trace
+        if trace is not None and trace.homomorphic:
+            reason += f"; randomized identity testing over Z_p finds a difference at {search.rit_index}"
+        else:  # sqrt, exp, comparisons...: random oracles in Z_p, where equal real expressions can differ
+            used = ", ".join(sorted(trace.oracles)) if trace is not None and trace.oracles else "comparisons"
+            reason += (f"; randomized identity testing over Z_p differs, which says nothing here: the cones "
+                       f"leave field arithmetic ({used})")
     return Unknown(reason, details)
 
 

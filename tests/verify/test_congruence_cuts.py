@@ -78,3 +78,23 @@ def test_the_recursion_limit_is_restored_after_a_deep_run() -> None:
     run_deep(lambda: None)
     assert sys.getrecursionlimit() == before  # parsers that refuse deep nesting keep their limit
 
+
+
+@pytest.mark.parametrize("oracles", [set(), {"sqrt"}])
+def test_a_z_p_difference_is_reported_as_evidence_only_inside_field_arithmetic(oracles: set[str]) -> None:
+    """An unknown obligation's reason: over Z_p, sqrt and exp are random oracles, so 1/sqrt(v) and rsqrt(v)
+    differ there although they are equal; such a difference is said to prove nothing."""
+    from cuvil.passes.base import Contract
+    from verify.modular import Trace
+    from verify.obligations import _combine
+    from verify.prove import Attempt
+    from verify.refute import Search
+
+    search = Search(rit_differs=True, rit_index=(0, 1), rit_trace=Trace(oracles=set(oracles)))
+    verdict = _combine(Attempt("unknown", "real", 0.1, reason="solver timeout"), None, search, Contract.REAL,
+                       "real", (), [])
+    text = str(verdict.reason)
+    if oracles:
+        assert "says nothing here" in text and "sqrt" in text and "finds a difference" not in text
+    else:
+        assert "finds a difference at (0, 1)" in text
