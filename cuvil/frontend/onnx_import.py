@@ -123,7 +123,7 @@ class OnnxImporter:
         zero-size dim, as the ONNX IR defines it and ONNX Runtime enforces it."""
         if d.HasField("dim_value") and d.dim_value != -1:
             return int(d.dim_value)
-        if d.HasField("dim_param") and re.search(r"[A-Za-z0-9]", d.dim_param):
+        if d.HasField("dim_param") and _named(d.dim_param):
             return Sym.symbol(symbol_name(d.dim_param))
         return self._fresh_dim(owner, axis)
 
@@ -193,7 +193,7 @@ class OnnxImporter:
             self.env[t.name] = self.b.const(self.tensor_to_numpy(t, f"initializer {t.name!r}"))
         params: list[Value] = []
         self._dim_names |= {symbol_name(d.dim_param) for vi in graph.input
-                            for d in vi.type.tensor_type.shape.dim if re.search(r"[A-Za-z0-9]", d.dim_param)}
+                            for d in vi.type.tensor_type.shape.dim if _named(d.dim_param)}
         for vi in graph.input:
             if vi.name in initializer_names:
                 continue
@@ -278,6 +278,11 @@ class OnnxImporter:
                    if n and (v is None)]
         if missing:
             raise UnsupportedOpError(f"{node.op_type}: outputs {missing} are not supported", location=where)
+
+
+def _named(dim_param: str) -> bool:
+    """Whether a dim_param is a name (ties its dims together) rather than a mark such as ``"?"``."""
+    return re.search(r"[A-Za-z0-9]", dim_param) is not None
 
 
 def symbol_name(text: str) -> str:

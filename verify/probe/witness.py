@@ -33,7 +33,7 @@ from verify.probe.z3_witness import QUERY_RLIMIT, ConeSolver, Outcome
 Box = tuple[np.ndarray, np.ndarray]
 
 NEAR = 0.5
-"""Targets whose best value came within this fraction of their limit get a focused ascent."""
+"""Targets whose best value came within this fraction of their limit are pushed together."""
 
 PAST = 0.02
 """A target's score counts as past its limit (an ascent stops) once it reaches this."""
@@ -345,7 +345,7 @@ class Searcher:
             if r and self._hopeless(targets, best, confirmed):
                 break
             open_targets = [t for t in targets if t.key not in confirmed]
-            near = self._near(open_targets, best, confirmed)
+            near = self._near(open_targets, best)
             if near:  # push every target already close to its limit at once, from the closest one's best input
                 start = best_at.get(near[0].key) or self._draw("center")
                 x = self._ascend(start, near, steps, budget, best, first_step=FOCUSED_STEP, combine="sum")
@@ -359,12 +359,10 @@ class Searcher:
         return done()
 
     @staticmethod
-    def _near(targets: Sequence[Target], best: Mapping[tuple[Value, int], float],
-              confirmed: set[tuple[Value, int]]) -> list[Target]:
+    def _near(targets: Sequence[Target], best: Mapping[tuple[Value, int], float]) -> list[Target]:
         """Open targets an ascent brought within ``NEAR`` of their limits, closest first: the largest-score
         objective follows one site at a time, so these are pushed together by the sum of their scores."""
-        near = [t for t in targets if t.key not in confirmed and t.key in best and math.isfinite(best[t.key])
-                and t.score(best[t.key]) > -NEAR]
+        near = [t for t in targets if t.key in best and math.isfinite(best[t.key]) and t.score(best[t.key]) > -NEAR]
         return sorted(near, key=lambda t: (-t.score(best[t.key]), t.node))
 
     def _cornered(self, x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
