@@ -87,6 +87,9 @@ def test_ops_json_has_one_row_per_catalogue_op(capsys):
     for op in all_ops():
         r = rows[op.name]
         assert r["family"] == op.family
+        if op.structured:  # control flow: its meaning is the region it runs
+            assert r["interpreter"] == cli_ops.STRUCTURED["interpreter"]
+            continue
         assert r["interpreter"] == ("rule + fast path" if op.numpy is not None else "rule only")
         emitted_by = sorted(t for (d, t), e in converters().items() if not d and op.name in e.cir_ops)
         listed = sorted(x for x in r["onnx"].split(", ") if "::" not in x and x != "—")
@@ -111,6 +114,9 @@ def test_reader_columns_come_from_the_readers_tables(capsys):
 
     _, out, _ = run(capsys, "ops", "--format", "json")
     rows = {r["op"]: r for r in json.loads(out)["ops"]}
+    structured = {o.name for o in all_ops() if o.structured}
+    for name in structured:
+        assert rows.pop(name)["z3"] == cli_ops.STRUCTURED["z3"]
     assert {r["z3"] for r in rows.values()} == {"yes"}
     tuned = tuned_kernels()
     assert set(tuned) == {"matmul", "conv", "fused"}

@@ -352,6 +352,6 @@ def _convert_attr(a: object, b: Builder) -> object:
         inner: dict[Value, Value] = {}
         params = tuple(Region.arg(k, TensorType(_f64(p.dtype), p.shape)) for k, p in enumerate(a.params))
         inner.update(zip(a.params, params, strict=True))
-        _convert_values([v for v in walk([a.result]) if v not in inner], b, inner)
-        return Region(params, inner[a.result])
+        _convert_values([v for v in walk(a.results) if v not in inner], b, inner)
+        return Region(params, inner[a.result], tuple(inner[r] for r in a.more))
     return a

@@ -359,6 +359,9 @@ class ConeEncoder:
     def _rule(self, v: Value) -> tuple[Value, R.Expr]:
         found = self._rules.get(id(v))
         if found is None:
+            if get_op(v.op).structured:
+                raise EncodingError(f"a {v.op} is encoded only as a cut point: paired with a {v.op} of the "
+                                    "other side that has the same body and equal operands")
             rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
             found = (v, rule)
             self._rules[id(v)] = found

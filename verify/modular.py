@@ -25,11 +25,13 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
 from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
 from cuvil.ir.opdef import contraction_ops, get_op
+from cuvil.ir.ops.control import iterate
+from cuvil.ir.region import Region
 from cuvil.ir.rulewalk import fold_ix, mentioned_vars, numpy_ix
 from cuvil.ir.specialize import bind_attr
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import TensorType
-from cuvil.ir.values import Value
+from cuvil.ir.values import Value, walk
 
 P = 2_147_483_647
 _HALF = P // 2
@@ -100,15 +102,17 @@ def _inverse(a: np.ndarray) -> np.ndarray:
 
 def work(fn: Function, dims: Mapping[str, int]) -> int:
     """Element operations a Z_p evaluation of ``fn`` costs (output points times reduction extents)."""
-    total = 0
-    for v in fn.values():
-        if v.is_param or v.is_const:
-            continue
-        rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
-        extent = _reduce_extent(rule, dims)
-        cost = int(np.prod([evaluate_dim(d, dims) for d in v.type.shape], dtype=np.int64)) * extent
-        total += -(-cost // BILINEAR_SPEEDUP) if _limb_product_applies(v, extent) else cost
-    return total
+    return sum(_work(v, dims) for v in fn.values() if not (v.is_param or v.is_const))
+
+
+def _work(v: Value, dims: Mapping[str, int]) -> int:
+    if v.op == "loop":  # its body's work once per iteration
+        trips = evaluate_dim(v.attr("trips")[0], dims)
+        return trips * sum(_work(u, dims) for u in v.attr("body").ops())
+    rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
+    extent = _reduce_extent(rule, dims)
+    cost = int(np.prod([evaluate_dim(d, dims) for d in v.type.shape], dtype=np.int64)) * extent
+    return -(-cost // BILINEAR_SPEEDUP) if _limb_product_applies(v, extent) else cost
 
 
 def _limb_product_applies(v: Value, extent: int) -> bool:
@@ -166,6 +170,8 @@ class ModularEvaluator:
         return memo
 
     def op(self, v: Value, arrays: list[np.ndarray], dims: Mapping[str, int]) -> np.ndarray:
+        if v.op == "loop":
+            return self._loop(v, arrays, dims)
         rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
         shape = tuple(evaluate_dim(d, dims) for d in v.type.shape)
         if _limb_product_applies(v, _reduce_extent(rule, dims)):
@@ -182,6 +188,19 @@ class ModularEvaluator:
             out[start:stop] = np.broadcast_to(val.reshape(val.shape[:1]) if val.ndim else val, (stop - start,))
         return out.reshape(shape)
 
+
+    def _loop(self, v: Value, arrays: list[np.ndarray], dims: Mapping[str, int]) -> np.ndarray:
+        """The loop's iteration (its one definition) with the body's ops read over Z_p."""
+        def run_body(body: Region, args: list[np.ndarray]) -> list[np.ndarray]:
+            memo: dict[Value, np.ndarray] = dict(zip(body.params, args, strict=True))
+            for u in walk(body.results):
+                if u not in memo:
+                    memo[u] = self.op(u, [memo[o] for o in u.operands], dims)
+            return [memo[r] for r in body.results]
+
+        results = iterate(arrays, v.attr("body"), int(v.attr("carried")), int(v.attr("scanned")),
+                          evaluate_dim(v.attr("trips")[0], dims), bool(v.attr("reverse")), run_body)
+        return results[int(v.attr("output"))]
 
     @staticmethod
     def _limb_product(v: Value, arrays: list[np.ndarray], shape: tuple[int, ...], dims: Mapping[str, int]

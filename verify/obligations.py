@@ -378,7 +378,10 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
             by_type.setdefault(v.type, []).append(v)
     ctx = z3.Context()
     quick: dict[Value, tuple[np.ndarray, float]] = {}
+    by_op = _by_op(fb, table)
     for va in cand_a:
+        if _congruent(va, by_op, table):
+            continue
         arr = sig_a.get(va)
         if arr is None:
             continue
@@ -415,26 +418,19 @@ def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, 
     swapped, the pair is proved like any lemma (the op's flag is not trusted). A rewrite near the
     inputs (a reordered product) then leaves every obligation the few ops between two cuts instead of
     the whole network downstream of it."""
-    def key(v: Value) -> str | None:
-        leaf = table.leaf_of(v)
-        return leaf.key if leaf is not None else None
-
-    by_op: dict[tuple[object, ...], list[Value]] = {}
-    for vb in fb.values():
-        if not (vb.is_param or vb.is_const or table.leaf_of(vb) is not None):
-            by_op.setdefault((vb.op, vb.attrs, vb.type), []).append(vb)
+    by_op = _by_op(fb, table)
     lemmas: list[Lemma] = []
     ctx = z3.Context()
     for va in fa.values():
         if va.is_param or va.is_const or table.leaf_of(va) is not None:
             continue
-        ops = tuple(key(o) for o in va.operands)
+        ops = _operand_keys(va, table)
         if None in ops:
             continue
         for vb in by_op.get((va.op, va.attrs, va.type), []):
             if table.leaf_of(vb) is not None:
                 continue
-            ops_b = tuple(key(o) for o in vb.operands)
+            ops_b = _operand_keys(vb, table)
             if ops_b == ops:
                 table.add_cut(vb, va)
                 break
@@ -445,6 +441,34 @@ def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, 
             if lemma.proved:
                 break
     return lemmas
+
+
+def _by_op(fb: Function, table: LeafTable) -> dict[tuple[object, ...], list[Value]]:
+    """The before-values not yet in the cut, by op, attributes and type."""
+    by_op: dict[tuple[object, ...], list[Value]] = {}
+    for vb in fb.values():
+        if not (vb.is_param or vb.is_const or table.leaf_of(vb) is not None):
+            by_op.setdefault((vb.op, vb.attrs, vb.type), []).append(vb)
+    return by_op
+
+
+def _operand_keys(v: Value, table: LeafTable) -> tuple[str | None, ...]:
+    leaves = [table.leaf_of(o) for o in v.operands]
+    return tuple(leaf.key if leaf is not None else None for leaf in leaves)
+
+
+def _congruent(va: Value, by_op: dict[tuple[object, ...], list[Value]], table: LeafTable) -> bool:
+    """Join ``va`` to the cut with a before-value of the same op, attributes and type whose operands
+    are the same leaves, the cut having grown since :func:`_congruent_cuts` ran (a loop, which is
+    encoded only so, once the sweep has proved its operands equal)."""
+    ops = _operand_keys(va, table)
+    if None in ops:
+        return False
+    for vb in by_op.get((va.op, va.attrs, va.type), []):
+        if table.leaf_of(vb) is None and _operand_keys(vb, table) == ops:
+            table.add_cut(vb, va)
+            return True
+    return False
 
 
 def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Function, timeout: float,

@@ -114,7 +114,7 @@ def examples(op: OpDef) -> list[Example]:
     from cuvil.ir.dtypes import DType
     from cuvil.ir.types import TensorType
 
-    if op.examples is None:
+    if op.examples is None or op.structured:  # a loop has no element rule
         return []
     out = []
     for arrays, attrs in op.examples(np.random.default_rng(0)):
@@ -128,6 +128,8 @@ def examples(op: OpDef) -> list[Example]:
 def _reader_cells(op: OpDef, readers: Mapping[str, ReaderSupport], tuned: Mapping[str, str],
                   cases: Sequence[Example]) -> dict[str, str]:
     """The z3 and LLVM cells of one op."""
+    if op.structured:
+        return {name: STRUCTURED[name] for name in readers}
     if not cases:
         return {name: "unknown (no catalogue examples)" for name in readers}
     uses = set().union(*(rule_uses(c.rule) for c in cases))
@@ -181,7 +183,14 @@ def _torch_sources() -> dict[str, list[str]] | str:
     return {k: sorted(set(v)) for k, v in by_op.items()}
 
 
+STRUCTURED = {"interpreter": "its body iterated", "z3": "a cut point: same body or bodies proved equal",
+              "llvm": "a real loop over its body's kernels"}
+"""How each reader handles control flow (an op whose meaning is a region it runs)."""
+
+
 def _interpreter_cell(op: OpDef) -> str:
+    if op.structured:
+        return STRUCTURED["interpreter"]
     return "rule + fast path" if op.numpy is not None else "rule only"
 
 

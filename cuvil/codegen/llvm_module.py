@@ -32,8 +32,9 @@ from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_faul
 from cuvil.codegen.kernels import Kernel, select_kernel
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
+from cuvil.codegen.loop_kernel import LoopGroup, LoopKernel
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
-from cuvil.codegen.plan import MemoryPlan, nbytes, plan_memory
+from cuvil.codegen.plan import MemoryPlan, loop_group_key, nbytes, ordered_steps, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
 from cuvil.errors import CodegenError
 from cuvil.ir import hashing
@@ -93,16 +94,20 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
     outputs = tuple(TensorSpec(n, r.dtype, static_shape(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
-    plan = plan_memory(fn)
+    loops = _loop_kernels(fn)
+    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()})
     mod = ir.Module(name=prefix)
 
     for v in fn.values():
         if v.is_const and v.const_hash not in constants:
             raise CodegenError(f"constant {v.const_hash} is missing from the module", location=fn.name)
 
-    kernels: list[ir.Function] = []
+    kernels: list[ir.Function | None] = []
     tuned: dict[Value, Kernel] = {}
     for k, v in enumerate(plan.steps):
+        if v.op == "loop":  # the group's first result runs the loop; the others are written by it
+            kernels.append(loops[v].emit(mod, f"k{k}.loop") if v in loops else None)
+            continue
         kernel = select_kernel(v, constants)
         if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
             tuned[v] = kernel
@@ -133,16 +138,27 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
         const_globals[v.const_hash] = embed_array(mod, f"const.{v.const_hash}", data)
 
     const_bytes += sum(kn.constant_bytes for kn in tuned.values())
-    scratch = max((kn.scratch_bytes for kn in tuned.values()), default=0)
+    scratch = max([kn.scratch_bytes for kn in tuned.values()] + [lk.scratch_bytes for lk in loops.values()],
+                  default=0)
     set_default_threads(mod, threads)
     checks: list[tuple[TensorCheck, ir.Function]] = []
     if guard is not None:
         checks = emit_checks(mod, prefix, guard.plan(inputs, outputs))
         emit_fault_names(mod, prefix, guard)
-    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs, tuned, scratch, checks)
+    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs, tuned, loops, scratch,
+                       checks)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
                            tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps), guard)
+
+
+def _loop_kernels(fn: Function) -> dict[Value, LoopKernel]:
+    """One lowered loop per group of loop results, by the group's first result in plan order."""
+    groups: dict[tuple[object, ...], LoopGroup] = {}
+    for v in ordered_steps(fn):
+        if v.op == "loop":
+            groups.setdefault(loop_group_key(v), LoopGroup({})).members[int(v.attr("output"))] = v
+    return {g.first: LoopKernel(g) for g in groups.values()}
 
 
 def _check_storage(fn: Function) -> None:
@@ -187,9 +203,9 @@ def _guard(b: Builder, checks: list[tuple[TensorCheck, ir.Function]], side: str,
 
 
 def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPlan,
-                       const_globals: dict[str, ir.GlobalVariable], kernels: list[ir.Function],
+                       const_globals: dict[str, ir.GlobalVariable], kernels: list[ir.Function | None],
                        inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
-                       tuned: Mapping[Value, Kernel], scratch: int,
+                       tuned: Mapping[Value, Kernel], loops: Mapping[Value, LoopKernel], scratch: int,
                        checks: list[tuple[TensorCheck, ir.Function]]) -> None:
     # tuned kernels share one scratch area after the arena (they run one at a time)
     scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
@@ -228,7 +244,23 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
         arr = in_arr if s.kind == "input" else out_arr
         return b.load(b.gep(arr, [ir.Constant(I64, s.index)], inbounds=True, source_etype=PTR), typ=PTR)
 
+    def scratch_ptr() -> ir.Value:
+        return b.gep(ctx, [ir.Constant(I64, scratch_at)], inbounds=True, source_etype=I8) if scratch \
+            else ir.Constant(PTR, None)
+
     for v, kernel in zip(plan.steps, kernels, strict=True):
+        if kernel is None:  # a loop result its group's first result writes
+            continue
+        if v in loops:
+            lk = loops[v]
+            members = lk.group.members
+            args = [slot_ptr(members[j]) if j in members else ir.Constant(PTR, None)
+                    for j in range(len(lk.body.results))]
+            args += [slot_ptr(o) for o in v.operands]
+            args += [b.gep(ctx, [ir.Constant(I64, plan.work[v])], inbounds=True, source_etype=I8), scratch_ptr()]
+            rc = b.call(kernel, args)
+            _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
+            continue
         unused = tuned[v].unused_operands if v in tuned else frozenset()
         args = [slot_ptr(v)] + [ir.Constant(PTR, None) if j in unused else slot_ptr(o)
                                 for j, o in enumerate(v.operands)]

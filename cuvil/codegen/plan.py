@@ -4,11 +4,14 @@ Inputs and constants stay where they are; a result is computed straight into the
 caller's output buffer; every other value gets a 64-byte aligned slice of one arena,
 reused once the value is dead (first fit, by liveness). An op's result never shares
 memory with its operands, which is what lets kernels mark their pointers ``noalias``.
+The results of one ``loop`` are computed together (at the first of them), so they are planned
+side by side, with the loop's work area live across them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from cuvil.codegen.abi import ARENA_ALIGN
 from cuvil.codegen.lower_rule import static_shape
@@ -31,6 +34,7 @@ class MemoryPlan:
     slots: dict[Value, Slot]
     arena_bytes: int
     copies: tuple[tuple[Value, int], ...]  # results that are filled by a copy: (value, output index)
+    work: dict[Value, int] = field(default_factory=dict)  # a loop group's first result -> its work area
 
 
 def nbytes(t: TensorType) -> int:
@@ -80,8 +84,53 @@ class _Arena:
         self.free = merged
 
 
-def plan_memory(fn: Function) -> MemoryPlan:
-    steps = tuple(fn.ops())
+def loop_group_key(v: Value) -> tuple[object, ...]:
+    """What the results of one loop share: operands and every attribute but ``output``."""
+    return (v.operands, tuple((k, a) for k, a in v.attrs if k != "output"))
+
+
+def ordered_steps(fn: Function) -> tuple[Value, ...]:
+    """The function's ops in order, the results of one loop moved up to sit right after the first
+    (they read the same operands, so the order stays topological)."""
+    steps = fn.ops()
+    members: dict[tuple[object, ...], list[Value]] = {}
+    for v in steps:
+        if v.op == "loop":
+            members.setdefault(loop_group_key(v), []).append(v)
+    out: list[Value] = []
+    placed: set[Value] = set()
+    for v in steps:
+        if v in placed:
+            continue
+        group = members.get(loop_group_key(v), [v]) if v.op == "loop" else [v]
+        out += group
+        placed.update(group)
+    return tuple(out)
+
+
+def plan_steps(steps: Sequence[Value], keep: Sequence[Value] = ()) -> tuple[dict[Value, int], int]:
+    """Arena offsets for ``steps`` run in order (a region body), each freed after its last reader;
+    ``keep`` live to the end. Returns the offsets and the arena's size."""
+    last_use: dict[Value, int] = {}
+    for pos, v in enumerate(steps):
+        for o in v.operands:
+            last_use[o] = pos
+    for v in keep:
+        last_use[v] = len(steps)
+    arena = _Arena()
+    offsets: dict[Value, int] = {}
+    for pos, v in enumerate(steps):
+        offsets[v] = arena.alloc(nbytes(v.type))
+        for o in set(v.operands):
+            if o in offsets and last_use.get(o) == pos:
+                arena.release(offsets[o], nbytes(o.type))
+    return offsets, arena.top
+
+
+def plan_memory(fn: Function, work: Mapping[Value, int] | None = None) -> MemoryPlan:
+    """``work``: the work area (bytes) of each loop group, by its first result."""
+    work = work or {}
+    steps = ordered_steps(fn)
     slots: dict[Value, Slot] = {}
     for k, p in enumerate(fn.params):
         slots[p] = Slot("input", k)
@@ -99,12 +148,23 @@ def plan_memory(fn: Function) -> MemoryPlan:
     for pos, v in enumerate(steps):
         for o in v.operands:
             last_use[o] = pos
+    # a loop's work area: from its first result until its last one (its members are adjacent)
+    work_end = {first: max(pos for pos, v in enumerate(steps)
+                           if v.op == "loop" and loop_group_key(v) == loop_group_key(first))
+                for first in work}
     arena = _Arena()
+    work_at: dict[Value, int] = {}
+    open_work: dict[int, tuple[int, int]] = {}
     for pos, v in enumerate(steps):
         if v not in slots:
             slots[v] = Slot("arena", arena.alloc(nbytes(v.type)))
+        if v in work:
+            work_at[v] = arena.alloc(work[v])
+            open_work[work_end[v]] = (work_at[v], work[v])
+        if pos in open_work:
+            arena.release(*open_work.pop(pos))
         for o in set(v.operands):
             s = slots.get(o)
             if s is not None and s.kind == "arena" and last_use.get(o) == pos:
                 arena.release(s.index, nbytes(o.type))
-    return MemoryPlan(steps, slots, arena.top, tuple(copies))
+    return MemoryPlan(steps, slots, arena.top, tuple(copies), work_at)

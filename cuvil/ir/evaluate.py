@@ -82,8 +82,12 @@ def evaluate_rule(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str
 
 def evaluate_op(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],
                 out_type: TensorType, *, use_fast_path: bool = True) -> np.ndarray:
-    """One op on concrete arrays: the numpy fast path when there is one, else the rule."""
-    if use_fast_path and opdef.numpy is not None:
+    """One op on concrete arrays: the numpy fast path when there is one, else the rule (a structured
+    op's region is run by its ops' fast paths or rules as ``use_fast_path`` says)."""
+    if opdef.structured and opdef.numpy is not None:
+        with np.errstate(all="ignore"):
+            out = np.asarray(opdef.numpy(list(arrays), out_type, **attrs, use_fast_path=use_fast_path))
+    elif use_fast_path and opdef.numpy is not None:
         with np.errstate(all="ignore"):
             out = np.asarray(opdef.numpy(list(arrays), out_type, **attrs))
         if out.dtype != out_type.dtype.np:
@@ -98,14 +102,21 @@ def evaluate_op(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str, 
 
 def evaluate_region(region: Region, arrays: Sequence[np.ndarray]) -> np.ndarray:
     """A region's result on concrete arguments (its symbolic dims bound from their shapes)."""
+    return evaluate_region_results(region, arrays)[0]
+
+
+def evaluate_region_results(region: Region, arrays: Sequence[np.ndarray], *,
+                            use_fast_path: bool = True) -> list[np.ndarray]:
+    """Every value a region yields, on concrete arguments (its symbolic dims bound from their shapes)."""
     env = bind_symbols([p.type for p in region.params], [a.shape for a in arrays])
     memo: dict[Value, np.ndarray] = dict(zip(region.params, arrays, strict=True))
-    for v in walk([region.result]):
+    for v in walk(region.results):
         if v in memo:
             continue
         if v.is_param or v.is_const:
             raise IRError(f"a region reads {v} that is not one of its arguments", location="fused")
         out_type = TensorType(v.dtype, v.type.concrete(env))
         attrs = {k: bind_attr(a, env) for k, a in v.attrs}
-        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], attrs, out_type)
-    return memo[region.result]
+        memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], attrs, out_type,
+                              use_fast_path=use_fast_path)
+    return [memo[r] for r in region.results]

@@ -37,7 +37,7 @@ def attr_digest(a: Any) -> object:
     from cuvil.ir.region import Region
 
     if isinstance(a, Region):
-        return ("region", tuple(structural_hash(p) for p in a.params), structural_hash(a.result))
+        return ("region", tuple(structural_hash(p) for p in a.params), *(structural_hash(r) for r in a.results))
     if isinstance(a, tuple):
         return ("t", tuple(attr_digest(x) for x in a))
     return attr_key(a)
@@ -73,7 +73,7 @@ def _region_roots(v: Value) -> list[Value]:
     out: list[Value] = []
     for _, a in v.attrs:
         if isinstance(a, Region):
-            out += [*a.params, a.result]
+            out += [*a.params, *a.results]
     return out
 
 

@@ -138,6 +138,9 @@ class OpDef:
     overflow float16 early) or to accumulated rounding (reductions, normalizations), so the FP16 pass
     keeps it float32; an FP16 compile narrows it only where the overflow prober proves it safe.
     ``as-declared``: its result type is an attribute (``cast``), so no lowering changes it."""
+    structured: bool = False
+    """Control flow (``loop``): no element rule; its meaning is a region it runs, so its ``numpy``
+    reading takes ``use_fast_path`` and runs the region's ops by their rules or their fast paths."""
 
     @property
     def variadic(self) -> bool:
@@ -198,7 +201,7 @@ def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callab
            attrs: Sequence[AttrSpec] | Mapping[str, tuple[str, Any]] = (), numpy: NumpyImpl | None = None,
            family: str = "misc", doc: str = "", commutative: bool = False, examples: Examples | None = None,
            contraction: bool = False, epilogue_fusible: bool = False,
-           precision_policy: PrecisionPolicy = "narrow") -> OpDef:
+           precision_policy: PrecisionPolicy = "narrow", structured: bool = False) -> OpDef:
     """Register an op. ``attrs`` may be ``{"axis": ("int", -1)}`` or a list of AttrSpec.
     ``examples`` gives small cases (distinct dims >= 2) the catalogue test checks the
     fast path against the rule on; every op needs some. The remaining keywords are the op's
@@ -214,7 +217,8 @@ def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callab
         raise OpDefinitionError(f"{name}: unknown precision policy {precision_policy!r}", location=name,
                                 hint="one of " + ", ".join(PRECISION_POLICIES))
     op = OpDef(name, tuple(operands), specs, shape, rule, numpy, family, doc, commutative, examples,
-               contraction=contraction, epilogue_fusible=epilogue_fusible, precision_policy=precision_policy)
+               contraction=contraction, epilogue_fusible=epilogue_fusible, precision_policy=precision_policy,
+               structured=structured)
     OPS[name] = op
     _NAMES.clear()
     return op

@@ -415,7 +415,7 @@ class _Parser:
         self.locations.setdefault(p, self.where(ptok.pos))
 
     def region(self) -> Region:
-        """``region(%arg0: f32[4], ...) { stmt* yield %v }``: a body with its own names."""
+        """``region(%arg0: f32[4], ...) { stmt* yield %v, ... }``: a body with its own names."""
         self.expect("region")
         self.expect("(")
         scope: dict[str, Value] = {}
@@ -425,9 +425,11 @@ class _Parser:
         while not self.at("yield"):
             self.statement(scope)
         self.next()
-        result = self.ref(scope)
+        results = [self.ref(scope)]
+        while self.accept(","):
+            results.append(self.ref(scope))
         self.expect("}", "`yield` is a region's last line")
-        return Region(tuple(params), result)
+        return Region(tuple(params), results[0], tuple(results[1:]))
 
     def function(self) -> Function:
         self.expect("func")

@@ -241,7 +241,7 @@ def value_names(fn: Function | Region) -> dict[Value, str]:
 
 
 def _body(fn: Function | Region) -> list[Value]:
-    return fn.values() if isinstance(fn, Function) else list(walk([fn.result]))
+    return fn.values() if isinstance(fn, Function) else list(walk(fn.results))
 
 
 def _op_lines(fn: Function | Region, indent: str) -> list[str]:
@@ -264,7 +264,7 @@ def format_region(region: Region, indent: str) -> str:
     names = value_names(region)
     params = ", ".join(f"{names[p]}: {format_type(p.type)}" for p in region.params)
     lines = [f"region({params}) {{", *_op_lines(region, indent + "  "),
-             f"{indent}  yield {names[region.result]}", f"{indent}}}"]
+             f"{indent}  yield {', '.join(names[r] for r in region.results)}", f"{indent}}}"]
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
-"""Regions: the body of a fused op, a single block of CIR over its own block arguments."""
+"""Regions: the body of a fused op or a loop, a single block of CIR over its own block arguments."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cuvil.ir.types import TensorType
@@ -10,26 +11,57 @@ from cuvil.ir.values import Value, param, walk
 
 @dataclass(frozen=True)
 class Region:
-    """Block arguments ``params`` (``param`` values) and the value the block yields.
-    A body refers only to its own arguments: constants enter as operands of the fused op."""
+    """Block arguments ``params`` (``param`` values) and the values the block yields: ``result``,
+    then ``more`` (a loop body yields its new carried values and its scan slices; a fused body one value).
+    A body refers only to its own arguments: constants enter as operands of the op that holds it."""
 
     params: tuple[Value, ...]
     result: Value
+    more: tuple[Value, ...] = ()
+
+    @property
+    def results(self) -> tuple[Value, ...]:
+        return (self.result, *self.more)
 
     @staticmethod
     def arg(index: int, type: TensorType) -> Value:
         return param(f"arg{index}", type)
 
     def ops(self) -> list[Value]:
-        return [v for v in walk([self.result]) if not v.is_param]
+        return [v for v in walk(self.results) if not v.is_param]
 
     def check(self) -> None:
         own = set(self.params)
-        for v in walk([self.result]):
+        for v in walk(self.results):
             if v.is_const:
                 raise ValueError("a region body may not refer to constants; pass them as operands")
             if v.is_param and v not in own:
                 raise ValueError(f"region body refers to %{v.name}, which is not one of its arguments")
 
     def __str__(self) -> str:
-        return f"region({len(self.params)} args, {len(self.ops())} ops)"
+        yields = f", {len(self.results)} results" if self.more else ""
+        return f"region({len(self.params)} args, {len(self.ops())} ops{yields})"
+
+
+def close_body(params: Sequence[Value], results: Sequence[Value]) -> tuple[Region, list[Value]]:
+    """A region over ``params`` yielding ``results``, built by code that also read outer values
+    (weights, constants, anything computed before the loop). Every value the body reads that does not
+    depend on a parameter is captured: it becomes one more argument (after ``params``) and is returned,
+    so the holder passes it as an operand and loop-invariant work stays outside the region."""
+    own = set(params)
+    inner: dict[Value, bool] = {}
+    for v in walk(list(results)):
+        inner[v] = v in own or any(inner[o] for o in v.operands)
+    captured: list[Value] = []
+    for v in walk(list(results)):
+        if inner[v]:
+            captured += [o for o in v.operands if not inner[o] and o not in captured]
+    captured += [r for r in results if not inner[r] and r not in captured]
+    args = [Region.arg(k, p.type) for k, p in enumerate([*params, *captured])]
+    memo: dict[Value, Value] = dict(zip([*params, *captured], args, strict=True))
+    for v in walk(list(results)):
+        if inner[v] and v not in memo:
+            memo[v] = Value(v.op, tuple(memo[o] for o in v.operands), v.attr_dict, v.type)
+    region = Region(tuple(args), memo[results[0]], tuple(memo[r] for r in results[1:]))
+    region.check()
+    return region, captured

@@ -126,6 +126,6 @@ def _specialize_attr(a: Any, env: Mapping[str, int]) -> Any:
     if not isinstance(a, Region):
         return bind_attr(a, env)
     memo: dict[Value, Value] = {}
-    for v in walk([a.result, *a.params]):
+    for v in walk([*a.results, *a.params]):
         memo[v] = _specialize_value(v, memo, env)
-    return Region(tuple(memo[p] for p in a.params), memo[a.result])
+    return Region(tuple(memo[p] for p in a.params), memo[a.result], tuple(memo[r] for r in a.more))

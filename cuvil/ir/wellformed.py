@@ -187,12 +187,13 @@ class _Checker:
 
     def check_region(self, region: Region, holder: Value) -> None:
         """A region body is checked like a function whose parameters are the block arguments."""
-        if not isinstance(region.result, Value) or not all(isinstance(p, Value) for p in region.params):
+        if not all(isinstance(r, Value) for r in region.results) or \
+                not all(isinstance(p, Value) for p in region.params):
             raise self.fail("region holds something that is not a CIR value", holder)
         inner = _Checker(self.module, region, f"{self.where(holder)} (region)", self.locations)
         inner.check_params()
         bound = set().union(*(p.type.symbols() for p in region.params)) if region.params else set()
-        for v in walk([region.result]):
+        for v in walk(region.results):
             inner.check_value(v, bound)
 
 
@@ -210,7 +211,7 @@ def _regions(values: Iterable[object]) -> Iterator[Region]:
 def _walkable(owner: Function | Region) -> bool:
     """Naming needs a walkable body; a broken one is reported without names."""
     try:
-        list(walk([owner.result] if isinstance(owner, Region) else list(owner.results)))
+        list(walk(list(owner.results)))
     except Exception:
         return False
     return True

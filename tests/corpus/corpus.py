@@ -45,8 +45,7 @@ CORPUS: tuple[Entry, ...] = (
           "PyTorch 1.9", ({"images": (1, 3, 416, 416)},)),
     Entry("ddddocr-ocr", "ddddocr==1.6.1", "ddddocr/common.onnx",
           "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8", "CNN + LSTM text recognizer",
-          "PyTorch 1.9", ({"input1": (1, 1, 64, 120)},),
-          blocked="LSTM over a symbolic sequence length needs a loop op in CIR"),
+          "PyTorch 1.9", ({"input1": (1, 1, 64, 120)}, {"input1": (1, 1, 64, 200)}, {"input1": (1, 1, 64, 72)})),
     Entry("ddddocr-ocr-int8", "ddddocr==1.6.1", "ddddocr/common_old.onnx",
           "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68", "dynamically quantized recognizer",
           "onnx.quantize 0.1.0", ({"input1": (1, 1, 64, 120)},),
@@ -84,8 +83,9 @@ CORPUS: tuple[Entry, ...] = (
           blocked="an If whose condition is a symbolic dim needs a conditional op in CIR"),
     Entry("silero-vad-seq", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
           "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85", "voice activity detector (LSTM)",
-          "PyTorch 2.11", ({"input": (4, 576), "h": (1, 1, 128), "c": (1, 1, 128)},),
-          blocked="LSTM over a symbolic sequence length needs a loop op in CIR"),
+          "PyTorch 2.11", ({"input": (4, 576), "h": (1, 1, 128), "c": (1, 1, 128)},
+                           {"input": (9, 576), "h": (1, 1, 128), "c": (1, 1, 128)},
+                           {"input": (1, 576), "h": (1, 1, 128), "c": (1, 1, 128)})),
 )
 
 CACHE = Path(os.environ.get("CUVIL_CORPUS_DIR", Path.home() / ".cache" / "cuvil-corpus"))

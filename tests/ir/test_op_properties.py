@@ -12,7 +12,7 @@ CONTRACTIONS = {"matmul", "conv"}
 EPILOGUE = {"add", "sub", "mul", "div", "relu", "clip", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "hardswish",
             "hardsigmoid", "elu", "cast", "round"}
 KEEP_FP32 = {"softmax", "log_softmax", "exp", "log", "pow", "layer_norm", "batch_norm", "reduce_sum", "reduce_mean",
-             "reduce_prod", "erf", "cumsum", "lrn", "lp_pool", "softplus", "mish", "sinh", "cosh", "cast"}
+             "reduce_prod", "erf", "cumsum", "lrn", "lp_pool", "softplus", "mish", "sinh", "cosh", "cast", "loop"}
 
 
 def test_catalogue_queries_give_the_former_lists() -> None:

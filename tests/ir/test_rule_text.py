@@ -39,8 +39,9 @@ def test_precedence_and_casts() -> None:
     assert rule_text(R.select(x > 0.0, x, -x), ["x"], 1) == "out[i0] = x[i0] > 0.0 ? x[i0] : -x[i0]"
 
 
-@pytest.mark.parametrize("op", all_ops(), ids=lambda o: o.name)
+@pytest.mark.parametrize("op", [o for o in all_ops() if not o.structured], ids=lambda o: o.name)
 def test_every_catalogue_rule_prints(op) -> None:
+    """Every op with an element rule (a loop has none: its meaning is its body iterated)."""
     arrays, attrs = op.examples(np.random.default_rng(0))[0]
     full = op.check_attrs(attrs)
     types = [TensorType(DType.from_numpy(a.dtype), a.shape) for a in arrays]

@@ -1,23 +1,29 @@
-"""ONNX RNN, GRU and LSTM unrolled over their static sequence length."""
+"""ONNX RNN, GRU and LSTM: unrolled over a static sequence length, a ``loop`` over a symbolic one."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
-from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, fill, reshape_to, scalar, split_equal, stack, take
-from cuvil.ir.values import Value
+from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, cast_to, fill, reshape_to, scalar, split_equal, stack, take
+from cuvil.ir.ops.control import INDEX
+from cuvil.ir.region import close_body
+from cuvil.ir.symbolic import Dim
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value, param
 
 _ALPHA_DEFAULT = {"LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "ScaledTanh": 1.0, "HardSigmoid": 0.2,
                   "Elu": 1.0, "Affine": 1.0}
 _BETA_DEFAULT = {"ScaledTanh": 1.0, "HardSigmoid": 0.5, "Affine": 0.0}
 
 Activation = Callable[[Value], Value]
-Step = Callable[[int, list[Value]], list[Value]]
-"""One time step: (t, states) -> new states, the hidden state first."""
+Step = Callable[[Value, list[Value]], list[Value]]
+"""One time step: (the step's projected input, states) -> new states, the hidden state first."""
+_FRESH = itertools.count()
 _RECURRENT_EMITS = ("matmul", "add", "mul", "sub", "gather", "split", "where", "less", "concat", "reshape", "fill",
                     "relu", "sigmoid", "tanh", "leaky_relu", "thresholded_relu", "elu", "softsign", "softplus",
-                    "hardsigmoid", "clip")
+                    "hardsigmoid", "clip", "loop", "cast")
 
 
 def _activation(ctx: NodeCtx, name: str, alpha: float | None, beta: float | None) -> Activation:
@@ -64,12 +70,11 @@ class _Recurrence:
             raise ctx.unsupported(f"direction {direction!r} with {self.dirs} weight sets")
         self.reverse = [False, True] if self.dirs == 2 else [direction == "reverse"]
         self.hidden = ctx.attr_int("hidden_size", None) or self.r.shape[-1]
-        seq = x.shape[0]
-        if not isinstance(seq, int):
-            raise ctx.unsupported("a symbolic sequence length cannot be unrolled")
-        if seq > MAX_UNROLL:
-            raise ctx.unsupported(f"more than {MAX_UNROLL} time steps cannot be unrolled")
-        ctx.imp.charge_unroll(seq, ctx.location)
+        seq: Dim = x.shape[0]
+        if isinstance(seq, int):  # a static length is unrolled; a symbolic one becomes a loop
+            if seq > MAX_UNROLL:
+                raise ctx.unsupported(f"more than {MAX_UNROLL} time steps cannot be unrolled")
+            ctx.imp.charge_unroll(seq, ctx.location)
         self.seq = seq
         self.batch = x.shape[1]
         self.dt = x.dtype
@@ -113,24 +118,23 @@ class _Recurrence:
     def clipped(self, x: Value) -> Value:
         return self.b.clip(x, min=-self.clip, max=self.clip) if self.clip is not None else x
 
-    def steps(self, d: int) -> list[int]:
-        return list(reversed(range(self.seq))) if self.reverse[d] else list(range(self.seq))
-
-    def mask(self, t: int) -> Value | None:
+    def mask(self, t: int | Value) -> Value | None:
         """[batch, 1]: whether step t is inside each sequence (None when all are full length)."""
         if self.lens is None:
             return None
         b = self.b
-        inside = b.less(scalar(b, t, self.lens.dtype), self.lens)
+        step = scalar(b, t, self.lens.dtype) if isinstance(t, int) else cast_to(b, t, self.lens.dtype)
+        inside = b.less(step, self.lens)
         return reshape_to(b, inside, [self.batch, 1])
 
     def keep(self, mask: Value | None, new: Value, old: Value) -> Value:
         return new if mask is None else self.b.where(mask, new, old)
 
-    def outputs(self, ys: list[list[Value]], finals: list[list[Value]]) -> list[Value | None]:
-        """Y [seq, dirs, batch, H] plus one [dirs, batch, H] per final state (layout 1 swaps batch first)."""
+    def outputs(self, ys: list[Value], finals: list[list[Value]]) -> list[Value | None]:
+        """Y [seq, dirs, batch, H] from each direction's [seq, batch, H], plus one [dirs, batch, H] per
+        final state (layout 1 swaps batch first)."""
         b = self.b
-        y = stack(b, [stack(b, per_t, 0) for per_t in ys], 1)
+        y = stack(b, ys, 1)
         states = [stack(b, list(f), 0) for f in zip(*finals, strict=True)]
         if self.layout:
             y = b.transpose(y, perm=[2, 0, 1, 3])
@@ -143,22 +147,44 @@ class _Recurrence:
             return h
         return self.b.where(mask, h, scalar(self.b, 0.0, self.dt))
 
-    def unroll(self, d: int, state: list[Value], step: Step) -> tuple[list[Value], list[Value]]:
-        """``step`` over direction d's time steps, each state kept as it was past a sequence's end:
-        the hidden state per step (zero past the end) and the final states. The first state is H."""
-        per_t: dict[int, Value] = {}
-        for t in self.steps(d):
-            new = step(t, state)
-            m = self.mask(t)
-            per_t[t] = self.zero_out(m, new[0])
-            state = [self.keep(m, n, old) for n, old in zip(new, state, strict=True)]
-        return [per_t[t] for t in range(self.seq)], state
+    def advance(self, t: int | Value, xt: Value, state: list[Value], step: Step) -> tuple[Value, list[Value]]:
+        """One step, each state kept as it was past a sequence's end: the step's output (the hidden
+        state, zero past the end) and the states after it. The first state is H."""
+        new = step(xt, state)
+        m = self.mask(t)
+        return self.zero_out(m, new[0]), [self.keep(m, n, old) for n, old in zip(new, state, strict=True)]
 
-    def run(self, direction: Callable[[int], tuple[list[Value], Step]]) -> list[Value | None]:
-        """Unroll every direction (``direction(d)``: its initial states and step) into the op's outputs."""
+    def unroll(self, d: int, state: list[Value], xw: Value, step: Step) -> tuple[Value, list[Value]]:
+        """``step`` over direction d's static time steps: the outputs [seq, batch, H] and final states."""
+        assert isinstance(self.seq, int)
+        per_t: dict[int, Value] = {}
+        for t in (reversed(range(self.seq)) if self.reverse[d] else range(self.seq)):
+            per_t[t], state = self.advance(t, take(self.b, xw, 0, t), state, step)
+        return stack(self.b, [per_t[t] for t in range(self.seq)], 0), state
+
+    def loop(self, d: int, state: list[Value], xw: Value, step: Step) -> tuple[Value, list[Value]]:
+        """``step`` as the body of a ``loop`` over a symbolic number of steps, scanning ``xw``;
+        everything the step reads from outside (weights, biases) is captured as a loop invariant."""
+        b = self.b
+        tag = f"%step{next(_FRESH)}"
+        t = param(f"{tag}.t", INDEX)
+        hs = [param(f"{tag}.s{k}", s.type) for k, s in enumerate(state)]
+        xt = param(f"{tag}.x", TensorType(xw.dtype, xw.shape[1:]))
+        y, kept = self.advance(t, xt, hs, step)
+        body, captured = close_body([t, *hs, xt], [*kept, y])
+        operands = [*state, xw, *captured]
+        attrs = {"body": body, "carried": len(state), "scanned": 1, "trips": (self.seq,),
+                 "reverse": self.reverse[d]}
+        finals = [b.loop(*operands, **attrs, output=k) for k in range(len(state))]
+        return b.loop(*operands, **attrs, output=len(state)), finals
+
+    def run(self, direction: Callable[[int], tuple[list[Value], Value, Step]]) -> list[Value | None]:
+        """Every direction (``direction(d)``: its initial states, projected inputs [seq, batch, G*H] and
+        step) unrolled or looped into the op's outputs."""
         ys, finals = [], []
+        over = self.unroll if isinstance(self.seq, int) else self.loop
         for d in range(self.dirs):
-            y, final = self.unroll(d, *direction(d))
+            y, final = over(d, *direction(d))
             ys.append(y)
             finals.append(final)
         return self.outputs(ys, finals)
@@ -169,19 +195,19 @@ def rnn(ctx: NodeCtx) -> list[Value | None]:
     rec = _Recurrence(ctx, ["Tanh"])
     b = ctx.b
 
-    def direction(d: int) -> tuple[list[Value], Step]:
+    def direction(d: int) -> tuple[list[Value], Value, Step]:
         w, r, wb, rb = rec.weights(d)
         xw = rec.projected_inputs(w, wb)
         (f,) = rec.acts[d]
 
-        def step(t: int, state: list[Value]) -> list[Value]:
+        def step(xt: Value, state: list[Value]) -> list[Value]:
             (h,) = state
-            pre = b.add(take(b, xw, 0, t), b.matmul(h, r, transpose_b=True))
+            pre = b.add(xt, b.matmul(h, r, transpose_b=True))
             if rb is not None:
                 pre = b.add(pre, rb)
             return [f(rec.clipped(pre))]
 
-        return [rec.initial(5, d)], step
+        return [rec.initial(5, d)], xw, step
 
     return rec.run(direction)
 
@@ -192,7 +218,7 @@ def gru(ctx: NodeCtx) -> list[Value | None]:
     b = ctx.b
     linear_before_reset = bool(ctx.attr_int("linear_before_reset", 0))
 
-    def direction(d: int) -> tuple[list[Value], Step]:
+    def direction(d: int) -> tuple[list[Value], Value, Step]:
         w, r, wb, rb = rec.weights(d)
         xw = rec.projected_inputs(w, wb)
         rz, rr, rh = split_equal(b, r, 0, 3)
@@ -205,9 +231,9 @@ def gru(ctx: NodeCtx) -> list[Value | None]:
             pre = b.add(xg, b.matmul(state, rg, transpose_b=True))
             return b.add(pre, bg) if bg is not None else pre
 
-        def step(t: int, state: list[Value]) -> list[Value]:
+        def step(xt: Value, state: list[Value]) -> list[Value]:
             (h,) = state
-            xz, xr, xh = split_equal(b, take(b, xw, 0, t), 1, 3)
+            xz, xr, xh = split_equal(b, xt, 1, 3)
             z = f(rec.clipped(gate(xz, rz, rbz, h)))
             rt = f(rec.clipped(gate(xr, rr, rbr, h)))
             if linear_before_reset:
@@ -220,7 +246,7 @@ def gru(ctx: NodeCtx) -> list[Value | None]:
             cand = g(rec.clipped(pre_h))
             return [b.add(b.mul(b.sub(one, z), cand), b.mul(z, h))]
 
-        return [h0], step
+        return [h0], xw, step
 
     return rec.run(direction)
 
@@ -231,7 +257,7 @@ def lstm(ctx: NodeCtx) -> list[Value | None]:
     b = ctx.b
     input_forget = bool(ctx.attr_int("input_forget", 0))
 
-    def direction(d: int) -> tuple[list[Value], Step]:
+    def direction(d: int) -> tuple[list[Value], Value, Step]:
         w, r, wb, rb = rec.weights(d)
         xw = rec.projected_inputs(w, wb)
         if rb is not None:
@@ -241,9 +267,9 @@ def lstm(ctx: NodeCtx) -> list[Value | None]:
         h0, c0 = rec.initial(5, d), rec.initial(6, d)
         one = scalar(b, 1.0, rec.dt)
 
-        def step(t: int, state: list[Value]) -> list[Value]:
+        def step(xt: Value, state: list[Value]) -> list[Value]:
             h, c = state
-            pre = b.add(take(b, xw, 0, t), b.matmul(h, r, transpose_b=True))
+            pre = b.add(xt, b.matmul(h, r, transpose_b=True))
             pi, po, pf, pc = split_equal(b, pre, 1, 4)
             if peep is not None:
                 pi, pf = b.add(pi, b.mul(peep[0], c)), b.add(pf, b.mul(peep[2], c))
@@ -256,6 +282,6 @@ def lstm(ctx: NodeCtx) -> list[Value | None]:
             ot = f(rec.clipped(po))
             return [b.mul(ot, hact(c_new)), c_new]
 
-        return [h0, c0], step
+        return [h0, c0], xw, step
 
     return rec.run(direction)

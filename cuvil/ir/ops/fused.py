@@ -21,6 +21,8 @@ def _fused_type(types: list[TensorType], body: Region, kind: str) -> TensorType:
         raise TypeError(f"body must be a Region, got {type(body).__name__}")
     if len(types) != len(body.params):
         raise ValueError(f"{len(types)} operands for a body with {len(body.params)} arguments")
+    if body.more:
+        raise ValueError(f"a fused body yields one value, this one yields {len(body.results)}")
     for k, (t, p) in enumerate(zip(types, body.params, strict=True)):
         if t != p.type:
             raise ValueError(f"operand {k} is {t}, the body argument is {p.type}")

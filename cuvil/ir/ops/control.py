@@ -1,0 +1,157 @@
+"""Structured control flow: ``loop``, a region run once per iteration over carried state.
+
+A loop has no element rule: its meaning is its body's meaning (the body ops' rules) applied
+``trips`` times, which :func:`iterate_loop` spells out and every other reading follows (the code
+generator emits the same iteration as a real loop; the verifier treats a loop as a function of
+its operands and its body). Operands come in three groups, in order:
+
+* ``carried`` initial values of the state, threaded through the iterations;
+* ``scanned`` tensors whose leading dim is the trip count: iteration ``t`` reads slice ``[t]``;
+* invariants (weights, constants) every iteration reads whole.
+
+The body's arguments are ``(t: i64[], state..., slices..., invariants...)`` and it yields the new
+state, then one slice per scan output; result ``output`` of the op is final state ``output`` (for
+``output < carried``) or the stacked scan output ``output - carried`` (leading dim ``trips``).
+``reverse`` runs ``t`` from ``trips - 1`` down to 0 (slices are still read and written at ``[t]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import ShapeError
+from cuvil.ir import rules as R
+from cuvil.ir.dtypes import DType
+from cuvil.ir.opdef import REQUIRED, define
+from cuvil.ir.region import Region
+from cuvil.ir.symbolic import Dim
+from cuvil.ir.types import TensorType
+
+INDEX = TensorType(DType.i64, ())
+
+
+def loop_groups(n_operands: int, carried: int, scanned: int) -> tuple[range, range, range]:
+    """Operand positions of the carried, scanned and invariant groups."""
+    return range(carried), range(carried, carried + scanned), range(carried + scanned, n_operands)
+
+
+def scan_outputs(body: Region, carried: int) -> int:
+    return len(body.results) - carried
+
+
+def _loop_type(types: list[TensorType], body: Region, carried: int, scanned: int, trips: tuple[Dim, ...],
+               reverse: bool, output: int) -> TensorType:
+    if not isinstance(body, Region):
+        raise TypeError(f"body must be a Region, got {type(body).__name__}")
+    body.check()
+    if len(trips) != 1:
+        raise ValueError(f"trips is one dim, got {len(trips)}")
+    (n,) = trips
+    if carried < 0 or scanned < 0 or carried + scanned > len(types):
+        raise ValueError(f"{carried} carried and {scanned} scanned operands of {len(types)}")
+    if len(body.params) != 1 + len(types):
+        raise ValueError(f"the body takes {len(body.params)} arguments; a loop over {len(types)} operands "
+                         f"needs {1 + len(types)} (the iteration index first)")
+    if body.params[0].type != INDEX:
+        raise ValueError(f"the body's first argument is the iteration index (i64[]), not {body.params[0].type}")
+    if len(body.results) < carried:
+        raise ValueError(f"the body yields {len(body.results)} values for {carried} carried ones")
+    cs, ss, _ = loop_groups(len(types), carried, scanned)
+    for k, t in enumerate(types):
+        p = body.params[1 + k].type
+        want = TensorType(t.dtype, t.shape[1:]) if k in ss else t
+        if k in ss and (not t.shape or t.shape[0] != n):
+            raise ShapeError(f"scanned operand {k} is {t}; its leading dim must be the trip count {n}")
+        if p != want:
+            raise ShapeError(f"operand {k} is {t}, so the body's argument {k + 1} must be {want}, not {p}")
+    for k in cs:
+        if body.results[k].type != types[k]:
+            raise ShapeError(f"the body yields {body.results[k].type} for carried value {k} of type {types[k]}")
+    if not 0 <= output < len(body.results):
+        raise ValueError(f"output {output} of a loop with {len(body.results)} results")
+    r = body.results[output].type
+    return r if output < carried else TensorType(r.dtype, (n, *r.shape))
+
+
+def _no_rule(c: R.RuleCtx) -> R.Expr:
+    raise NotImplementedError("a loop has no element rule: its meaning is its body iterated "
+                              "(cuvil.ir.ops.control.iterate_loop)")
+
+
+BodyRunner = Callable[[Region, list[np.ndarray]], list[np.ndarray]]
+"""Runs a body once on its arguments and returns what it yields (the interpreter's reading of the
+body's ops, or another domain's: the verifier iterates the same loop over residues)."""
+
+# the last loop run, so the results of one loop read one after another run it once
+_last: list[tuple[tuple[Any, ...], tuple[Any, ...], list[np.ndarray]]] = []
+
+
+def iterate(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: int, trips: int, reverse: bool,
+            run_body: BodyRunner) -> list[np.ndarray]:
+    """The loop's meaning, given a reading of its body: every result on concrete operands (the final
+    state, then the stacked scan outputs). Scan outputs take the element type ``run_body`` returns."""
+    cs, ss, inv = loop_groups(len(xs), carried, scanned)
+    state = [np.asarray(xs[k]) for k in cs]
+    outs: list[np.ndarray | None] = [None] * scan_outputs(body, carried)
+    order = range(trips - 1, -1, -1) if reverse else range(trips)
+    for t in order:
+        args = [np.array(t, dtype=np.int64), *state, *(np.asarray(xs[k])[t] for k in ss),
+                *(np.asarray(xs[k]) for k in inv)]
+        results = run_body(body, args)
+        state = [np.array(r, copy=True) for r in results[:carried]]
+        for j, s in enumerate(results[carried:]):
+            s = np.asarray(s)
+            out = outs[j]
+            if out is None:
+                out = outs[j] = np.empty((trips, *s.shape), dtype=s.dtype)
+            out[t] = s
+    stacked = [o if o is not None else
+               np.empty((0, *(int(d) for d in body.results[carried + j].type.shape)),
+                        dtype=body.results[carried + j].dtype.np)
+               for j, o in enumerate(outs)]
+    return [*state, *stacked]
+
+
+def iterate_loop(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: int, trips: int,
+                 reverse: bool, *, use_fast_path: bool = True) -> list[np.ndarray]:
+    """Every result of the loop on concrete arrays, the body's ops run by the interpreter."""
+    from cuvil.ir.evaluate import evaluate_region_results
+
+    key = (id(body), tuple(id(x) for x in xs), carried, scanned, trips, reverse, use_fast_path)
+    if _last and _last[0][0] == key:
+        return _last[0][2]
+    everything = iterate(xs, body, carried, scanned, trips, reverse,
+                         lambda r, args: evaluate_region_results(r, args, use_fast_path=use_fast_path))
+    _last[:] = [(key, (body, tuple(xs)), everything)]  # holding the operands keeps their ids unique
+    return everything
+
+
+def _loop_numpy(xs: list[np.ndarray], out: TensorType, body: Region, carried: int, scanned: int,
+                trips: tuple[int, ...], reverse: bool, output: int, use_fast_path: bool = True) -> np.ndarray:
+    return iterate_loop(xs, body, carried, scanned, int(trips[0]), reverse, use_fast_path=use_fast_path)[output]
+
+
+def _examples(rng: np.random.Generator) -> list[tuple[list[np.ndarray], dict[str, Any]]]:
+    """A running sum with a scanned input and an invariant scale; a reverse scan of products."""
+    from cuvil.ir.builder import Builder
+
+    b = Builder()
+    row = TensorType(DType.f32, (3,))
+    t, acc, x, w = (Region.arg(0, INDEX), Region.arg(1, row), Region.arg(2, row), Region.arg(3, row))
+    new = b.add(acc, b.mul(x, w))
+    body = Region((t, acc, x, w), new, (b.relu(new),))
+    xs = [rng.standard_normal(3).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32),
+          rng.standard_normal(3).astype(np.float32)]
+    return [(xs, {"body": body, "carried": 1, "scanned": 1, "trips": (4,), "output": o, "reverse": rev})
+            for o in (0, 1) for rev in (False, True)]
+
+
+define("loop", ("*inputs",),
+       attrs={"body": ("any", REQUIRED), "carried": ("int", REQUIRED), "scanned": ("int", 0),
+              "trips": ("dims", REQUIRED), "reverse": ("bool", False), "output": ("int", 0)},
+       shape=_loop_type, rule=_no_rule, numpy=_loop_numpy, family="control", examples=_examples,
+       precision_policy="keep-fp32", structured=True,
+       doc="a region run trips times over carried state, scanned slices and invariants")
