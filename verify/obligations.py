@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -182,7 +182,10 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         constants = {**before.constants, **after.constants}
         cut_table = table.copy()
         runs = Evaluations(fb, fa, constants, seed)
-        lemmas = _sweep(fb, fa, cut_table, runs, ENCODER_FOR[pass_.contract], timeout) if search != "refuter" else []
+        bodies = BodyProofs(pass_, fb, timeout, seed, search)
+        lemmas = _sweep(fb, fa, cut_table, runs, ENCODER_FOR[pass_.contract], timeout, bodies) \
+            if search != "refuter" else []
+        bodies.record(app, table)
         app.lemmas += [lm.smt2 for lm in lemmas if lm.proved]
         app.lemma_axioms |= {a for lm in lemmas if lm.proved for a in lm.axioms}
         for r in diffs:
@@ -357,12 +360,12 @@ def _signatures(runs: Evaluations, side: str, wide: bool) -> tuple[dict[Value, n
     return runs.values(side, "random") or {}, False
 
 
-def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, encoder: str, timeout: float
-           ) -> list[Lemma]:
+def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, encoder: str, timeout: float,
+           bodies: BodyProofs | None = None) -> list[Lemma]:
     """Cut points: pairs of values that agree on a random input are proved equal bottom-up (each
     given the pairs below it); proved pairs become shared leaves, so every later obligation,
     the outputs' included, only spans the ops between two cuts."""
-    lemmas = _congruent_cuts(fb, fa, table, encoder, timeout)
+    lemmas = _congruent_cuts(fb, fa, table, encoder, timeout, bodies)
     dep_b, dep_a = param_dependent(fb.values()), param_dependent(fa.values())
     cand_b = [v for v in fb.values() if v in dep_b and not v.is_param and table.leaf_of(v) is None]
     cand_a = [v for v in fa.values() if v in dep_a and not v.is_param and table.leaf_of(v) is None]
@@ -380,7 +383,7 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
     quick: dict[Value, tuple[np.ndarray, float]] = {}
     by_op = _by_op(fb, table)
     for va in cand_a:
-        if _congruent(va, by_op, table):
+        if _congruent(va, by_op, table, bodies):
             continue
         arr = sig_a.get(va)
         if arr is None:
@@ -411,13 +414,15 @@ def _lemma(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Function, t
     return Lemma(vb.op, va.op, attempt.status == "proved", attempt.seconds, attempt.smt2, attempt.axioms)
 
 
-def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, timeout: float) -> list[Lemma]:
+def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, timeout: float,
+                    bodies: BodyProofs | None = None) -> list[Lemma]:
     """Cut points by congruence, bottom-up: an after-value with the op, attributes and type of a
     before-value whose operands are pairwise the same leaves computes the same tensor (ops are pure
     functions), so the pair becomes a cut without a query; with the operands of a commutative op
     swapped, the pair is proved like any lemma (the op's flag is not trusted). A rewrite near the
     inputs (a reordered product) then leaves every obligation the few ops between two cuts instead of
-    the whole network downstream of it."""
+    the whole network downstream of it. Two loops whose bodies differ join the cut when their bodies
+    are proved equal (``bodies``)."""
     by_op = _by_op(fb, table)
     lemmas: list[Lemma] = []
     ctx = z3.Context()
@@ -427,13 +432,12 @@ def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, 
         ops = _operand_keys(va, table)
         if None in ops:
             continue
-        for vb in by_op.get((va.op, va.attrs, va.type), []):
-            if table.leaf_of(vb) is not None:
+        if _congruent(va, by_op, table, bodies):
+            continue
+        for vb in by_op.get(_op_key(va), []):
+            if table.leaf_of(vb) is not None or vb.attrs != va.attrs:
                 continue
             ops_b = _operand_keys(vb, table)
-            if ops_b == ops:
-                table.add_cut(vb, va)
-                break
             if None in ops_b or sorted(ops_b, key=str) != sorted(ops, key=str):
                 continue
             lemma = _lemma(vb, va, table, encoder, fb, timeout, ctx)
@@ -443,12 +447,19 @@ def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, 
     return lemmas
 
 
+def _op_key(v: Value) -> tuple[object, ...]:
+    """Op, attributes and type; a structured op's body left out (bodies are compared by proof)."""
+    if v.op == "loop":
+        return (v.op, tuple((k, a) for k, a in v.attrs if k != "body"), v.type)
+    return (v.op, v.attrs, v.type)
+
+
 def _by_op(fb: Function, table: LeafTable) -> dict[tuple[object, ...], list[Value]]:
-    """The before-values not yet in the cut, by op, attributes and type."""
+    """The before-values not yet in the cut, by :func:`_op_key`."""
     by_op: dict[tuple[object, ...], list[Value]] = {}
     for vb in fb.values():
         if not (vb.is_param or vb.is_const or table.leaf_of(vb) is not None):
-            by_op.setdefault((vb.op, vb.attrs, vb.type), []).append(vb)
+            by_op.setdefault(_op_key(vb), []).append(vb)
     return by_op
 
 
@@ -457,18 +468,67 @@ def _operand_keys(v: Value, table: LeafTable) -> tuple[str | None, ...]:
     return tuple(leaf.key if leaf is not None else None for leaf in leaves)
 
 
-def _congruent(va: Value, by_op: dict[tuple[object, ...], list[Value]], table: LeafTable) -> bool:
+def _congruent(va: Value, by_op: dict[tuple[object, ...], list[Value]], table: LeafTable,
+               bodies: BodyProofs | None = None) -> bool:
     """Join ``va`` to the cut with a before-value of the same op, attributes and type whose operands
-    are the same leaves, the cut having grown since :func:`_congruent_cuts` ran (a loop, which is
-    encoded only so, once the sweep has proved its operands equal)."""
+    are the same leaves (the cut grows during the sweep: a loop, which is encoded only so, joins once
+    its operands are proved equal). Loops whose bodies differ join when ``bodies`` proves the bodies
+    equal as functions of their arguments: each iteration then maps equal state to equal state, so by
+    induction on the iterations every result is equal, whatever the trip count."""
     ops = _operand_keys(va, table)
     if None in ops:
         return False
-    for vb in by_op.get((va.op, va.attrs, va.type), []):
-        if table.leaf_of(vb) is None and _operand_keys(vb, table) == ops:
-            table.add_cut(vb, va)
-            return True
+    for vb in by_op.get(_op_key(va), []):
+        if table.leaf_of(vb) is not None or _operand_keys(vb, table) != ops:
+            continue
+        if vb.attrs != va.attrs and (bodies is None or not bodies.equal(vb.attr("body"), va.attr("body"))):
+            continue
+        table.add_cut(vb, va)
+        return True
     return False
+
+
+@dataclass
+class BodyProofs:
+    """Proofs that a pass kept the meaning of the loop bodies it rewrote: each pair of bodies is
+    checked like a function (its arguments free, the outer function's constraints on their dims), by
+    the same obligations as the pass's own, under the same contract. A bounded contract's error may
+    grow with the iterations, so it never pairs loops."""
+
+    pass_: Pass
+    outer: Function
+    timeout: float
+    seed: int
+    search: str
+    checked: dict[tuple[int, int], Application] = field(default_factory=dict)
+
+    def equal(self, before: Any, after: Any) -> bool:
+        if self.pass_.contract is Contract.BOUNDED:
+            return False
+        key = (id(before), id(after))
+        if key not in self.checked:
+            self.checked[key] = check_application(self.pass_, self._module(before), self._module(after),
+                                                  timeout=self.timeout, seed=self.seed, search=self.search)
+        return self.checked[key].proved
+
+    def _module(self, body: Any) -> Module:
+        symbols = set().union(*(p.type.symbols() for p in body.params))
+        fn = Function("loop_body", body.params, body.results, tuple(f"yield{k}" for k in range(len(body.results))),
+                      tuple(c for c in self.outer.constraints if c.symbol in symbols))
+        return Module((fn,))
+
+    def record(self, app: Application, table: LeafTable) -> None:
+        """Proved bodies join the application's obligations (the certificate shows them); a pair
+        not proved is a note on the outputs, never a refutation: a body may differ on states the
+        loop never reaches."""
+        for sub in self.checked.values():
+            if sub.proved:
+                app.obligations += [replace(o, function=f"{self.outer.name}/{o.function}") for o in sub.obligations]
+                app.lemmas += sub.lemmas
+                app.lemma_axioms |= sub.lemma_axioms
+            else:
+                why = "; ".join(f"{o.output}: {o.status}" for o in sub.obligations) or "no obligation"
+                table.notes.append(f"a loop body the pass rewrote was not proved equal ({why})")
 
 
 def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Function, timeout: float,
