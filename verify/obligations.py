@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,8 +21,10 @@ import z3
 
 from cuvil.ir.hashing import constant_conflicts, module_hash, structural_hash
 from cuvil.ir.module import Function, Module, content_hash
+from cuvil.ir.ops.control import open_body
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
+from cuvil.passes.loop_bodies import body_function
 from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, param_dependent
 from verify.cone_encoder import Leaf
 from verify.errors import VerifierInconsistency
@@ -182,7 +184,7 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         constants = {**before.constants, **after.constants}
         cut_table = table.copy()
         runs = Evaluations(fb, fa, constants, seed)
-        bodies = BodyProofs(pass_, fb, timeout, seed, search)
+        bodies = BodyProofs(pass_, fb, (before.constants, after.constants), timeout, seed, search)
         lemmas = _sweep(fb, fa, cut_table, runs, ENCODER_FOR[pass_.contract], timeout, bodies) \
             if search != "refuter" else []
         bodies.record(app, table)
@@ -472,50 +474,57 @@ def _congruent(va: Value, by_op: dict[tuple[object, ...], list[Value]], table: L
                bodies: BodyProofs | None = None) -> bool:
     """Join ``va`` to the cut with a before-value of the same op, attributes and type whose operands
     are the same leaves (the cut grows during the sweep: a loop, which is encoded only so, joins once
-    its operands are proved equal). Loops whose bodies differ join when ``bodies`` proves the bodies
-    equal as functions of their arguments: each iteration then maps equal state to equal state, so by
-    induction on the iterations every result is equal, whatever the trip count."""
+    its operands are proved equal). Two loops whose bodies differ join when ``bodies`` proves them
+    equal (see :class:`BodyProofs`)."""
     ops = _operand_keys(va, table)
-    if None in ops:
-        return False
     for vb in by_op.get(_op_key(va), []):
-        if table.leaf_of(vb) is not None or _operand_keys(vb, table) != ops:
+        if table.leaf_of(vb) is not None:
             continue
-        if vb.attrs != va.attrs and (bodies is None or not bodies.equal(vb.attr("body"), va.attr("body"))):
-            continue
-        table.add_cut(vb, va)
-        return True
+        same = vb.attrs == va.attrs and None not in ops and _operand_keys(vb, table) == ops
+        if same or (va.op == "loop" and bodies is not None and bodies.loops_equal(vb, va, table)):
+            table.add_cut(vb, va)
+            return True
     return False
 
 
 @dataclass
 class BodyProofs:
-    """Proofs that a pass kept the meaning of the loop bodies it rewrote: each pair of bodies is
-    checked like a function (its arguments free, the outer function's constraints on their dims), by
-    the same obligations as the pass's own, under the same contract. A bounded contract's error may
-    grow with the iterations, so it never pairs loops."""
+    """Two loops compute the same results when their operands other than constant invariants are the
+    same leaves and their bodies, with the constant invariants read in place (``open_body``), are
+    proved equal as functions of the remaining arguments: each iteration then maps equal state to
+    equal state, so by induction on the iterations every result is equal, whatever the trip count.
+    A pair of bodies is checked like a pair of functions (the outer function's constraints on their
+    dims), by the same obligations as the pass's own, under the same contract. A bounded contract's
+    error may grow with the iterations, so it never pairs loops."""
 
     pass_: Pass
     outer: Function
+    constants: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]
     timeout: float
     seed: int
     search: str
-    checked: dict[tuple[int, int], Application] = field(default_factory=dict)
+    checked: dict[tuple[tuple[int, ...], tuple[int, ...]], Application] = field(default_factory=dict)
 
-    def equal(self, before: Any, after: Any) -> bool:
+    def loops_equal(self, vb: Value, va: Value, table: LeafTable) -> bool:
         if self.pass_.contract is Contract.BOUNDED:
             return False
-        key = (id(before), id(after))
+        args_b, results_b, ops_b = open_body(vb)
+        args_a, results_a, ops_a = open_body(va)
+        keys_b = [table.leaf_of(o) for o in ops_b]
+        keys_a = [table.leaf_of(o) for o in ops_a]
+        if None in keys_b or None in keys_a or [k.key for k in keys_b if k] != [k.key for k in keys_a if k]:
+            return False
+        if [a.type for a in args_b] != [a.type for a in args_a]:
+            return False
+        if results_b == results_a:
+            return True
+        key = (tuple(map(id, results_b)), tuple(map(id, results_a)))
         if key not in self.checked:
-            self.checked[key] = check_application(self.pass_, self._module(before), self._module(after),
-                                                  timeout=self.timeout, seed=self.seed, search=self.search)
+            before = Module((body_function(args_b, results_b, self.outer),), self.constants[0])
+            after = Module((body_function(args_a, results_a, self.outer),), self.constants[1])
+            self.checked[key] = check_application(self.pass_, before, after, timeout=self.timeout, seed=self.seed,
+                                                  search=self.search)
         return self.checked[key].proved
-
-    def _module(self, body: Any) -> Module:
-        symbols = set().union(*(p.type.symbols() for p in body.params))
-        fn = Function("loop_body", body.params, body.results, tuple(f"yield{k}" for k in range(len(body.results))),
-                      tuple(c for c in self.outer.constraints if c.symbol in symbols))
-        return Module((fn,))
 
     def record(self, app: Application, table: LeafTable) -> None:
         """Proved bodies join the application's obligations (the certificate shows them); a pair

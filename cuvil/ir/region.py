@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cuvil.ir.types import TensorType
@@ -58,10 +58,18 @@ def close_body(params: Sequence[Value], results: Sequence[Value]) -> tuple[Regio
             captured += [o for o in v.operands if not inner[o] and o not in captured]
     captured += [r for r in results if not inner[r] and r not in captured]
     args = [Region.arg(k, p.type) for k, p in enumerate([*params, *captured])]
-    memo: dict[Value, Value] = dict(zip([*params, *captured], args, strict=True))
-    for v in walk(list(results)):
-        if inner[v] and v not in memo:
-            memo[v] = Value(v.op, tuple(memo[o] for o in v.operands), v.attr_dict, v.type)
-    region = Region(tuple(args), memo[results[0]], tuple(memo[r] for r in results[1:]))
+    new = substitute(results, dict(zip([*params, *captured], args, strict=True)))
+    region = Region(tuple(args), new[0], tuple(new[1:]))
     region.check()
     return region, captured
+
+
+def substitute(roots: Sequence[Value], mapping: Mapping[Value, Value]) -> list[Value]:
+    """``roots`` rebuilt with the values in ``mapping`` replaced (all at once: a value that is both
+    replaced and a replacement is read as the original); values that reach none of them are kept."""
+    memo: dict[Value, Value] = dict(mapping)
+    for v in walk(list(roots)):
+        if v not in memo:
+            operands = tuple(memo[o] for o in v.operands)
+            memo[v] = v if operands == v.operands else Value(v.op, operands, v.attr_dict, v.type)
+    return [memo[r] for r in roots]

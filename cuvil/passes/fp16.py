@@ -134,6 +134,7 @@ def is_boundary_cast(v: Value, origin: Mapping[Value, Value]) -> bool:
 class Fp16(FunctionPass):
     name = "fp16"
     contract = Contract.BOUNDED
+    enters_loops = False  # its plan spans the whole function
     description = "run float32 compute in float16 (casts at the boundaries; sensitive ops stay float32)"
     tolerance: ClassVar[tuple[float, float]] = (1e-2, 1e-2)
     """(rtol, atol) against the float32 module, for activations of order 1."""

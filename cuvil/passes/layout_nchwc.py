@@ -88,6 +88,7 @@ def _conv_input(site: Value) -> Value:
 class LayoutNchwc(Pass):
     name = "layout-nchwc"
     contract = Contract.EXACT
+    enters_loops = False  # its plan spans the whole function
     description = "plan a blocked NCHW{c}c activation layout around convolutions (recorded for the backend)"
 
     block: int = 16

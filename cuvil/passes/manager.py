@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from cuvil.budget import wall_time_limit
@@ -15,6 +15,7 @@ from cuvil.ir.module import Module
 from cuvil.log import logger
 from cuvil.passes.base import PASS_REGISTRY, Contract, Pass, PassResult
 from cuvil.passes.catalogue import PIPELINES
+from cuvil.passes.loop_bodies import enter_loop_bodies, has_loops
 
 
 class PipelineError(CuvilError):
@@ -119,6 +120,8 @@ class PassManager:
         for p in self.passes:
             start = time.perf_counter()
             out = self._run_one(p, current)
+            if p.enters_loops and has_loops(out.module):
+                out = replace(out, module=enter_loop_bodies(p, out.module, self._run_one))
             seconds = time.perf_counter() - start
             changed = content_changed(current, out.module)
             if changed != out.changed:

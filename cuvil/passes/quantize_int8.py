@@ -210,6 +210,7 @@ def _added_zero_point(v: Value, constants: Mapping[str, np.ndarray]) -> np.ndarr
 class QuantizeInt8(RewritePass):
     name = "quantize-int8"
     contract = Contract.BOUNDED
+    enters_loops = False  # its plan spans the whole function
     description = "QDQ matmul/conv -> int8 x int8 with int32 accumulation and requantization (QLinear semantics)"
     tolerance: ClassVar[int] = 1
     """Largest difference, in quantization steps, from the float QDQ graph."""

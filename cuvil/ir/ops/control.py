@@ -26,9 +26,10 @@ from cuvil.errors import ShapeError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import REQUIRED, define
-from cuvil.ir.region import Region
+from cuvil.ir.region import Region, substitute
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value
 
 INDEX = TensorType(DType.i64, ())
 
@@ -74,6 +75,26 @@ def _loop_type(types: list[TensorType], body: Region, carried: int, scanned: int
         raise ValueError(f"output {output} of a loop with {len(body.results)} results")
     r = body.results[output].type
     return r if output < carried else TensorType(r.dtype, (n, *r.shape))
+
+
+def open_body(v: Value) -> tuple[list[Value], list[Value], list[Value]]:
+    """A loop's body with its constant invariants read in place: ``(arguments, results, operands)``,
+    one argument (renumbered from 0, the index first) per operand that is not a constant invariant.
+    Passes then see the constants a body computes with (and fold them); the verifier compares two
+    loops' bodies so, whatever order their invariants were captured in."""
+    body: Region = v.attr("body")
+    _, _, inv = loop_groups(len(v.operands), int(v.attr("carried")), int(v.attr("scanned")))
+    mapping: dict[Value, Value] = {}
+    kept_params, kept_operands = [body.params[0]], []
+    for k, o in enumerate(v.operands):
+        if k in inv and o.is_const:
+            mapping[body.params[1 + k]] = o
+        else:
+            kept_params.append(body.params[1 + k])
+            kept_operands.append(o)
+    args = [Region.arg(j, p.type) for j, p in enumerate(kept_params)]
+    mapping.update(zip(kept_params, args, strict=True))
+    return args, substitute(body.results, mapping), kept_operands
 
 
 def _no_rule(c: R.RuleCtx) -> R.Expr:

@@ -1,0 +1,68 @@
+"""Passes inside loop bodies: a pass runs on each loop's body as a function of the body's arguments,
+and the loop is rebuilt around what comes out. Whatever the pass leaves in the body that depends on
+no argument (a folded constant, a value of constants only) is captured as a loop invariant, so the
+body stays closed and that work runs once, outside the loop. The verifier proves the rewritten body
+equal to the old one as a function (``verify.obligations.BodyProofs``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cuvil.ir.builder import Builder
+from cuvil.ir.module import Function, Module
+from cuvil.ir.ops.control import open_body
+from cuvil.ir.region import close_body
+from cuvil.ir.values import Value
+from cuvil.passes.base import Pass, PassResult
+
+BODY_FUNCTION = "loop_body"
+
+
+def has_loops(module: Module) -> bool:
+    return any(v.op == "loop" for fn in module.functions for v in fn.values())
+
+
+def enter_loop_bodies(p: Pass, module: Module, run: Callable[[Pass, Module], PassResult]) -> Module:
+    """``module`` with ``p`` applied (through ``run``) inside every loop body, innermost first. The
+    pass sees a body with its constant invariants in place (``open_body``), so it can fold them."""
+    b = Builder(module.constants)
+    done: dict[Value, Value] = {}
+    fns: list[Function] = []
+    for fn in module.functions:
+        new: dict[Value, Value] = {}
+        for v in fn.values():
+            if v.is_param or v.is_const:
+                new[v] = v
+                continue
+            rebuilt = b.op(v.op, *(new[o] for o in v.operands), **v.attr_dict)
+            if v.op == "loop":
+                if rebuilt not in done:
+                    done[rebuilt] = _rewrite_loop(p, rebuilt, fn, b, run)
+                rebuilt = done[rebuilt]
+            new[v] = rebuilt
+        fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names, fn.constraints))
+    if tuple(fns) == module.functions:
+        return module
+    return module.replace(functions=fns, constants=b.constants)
+
+
+def body_function(args: list[Value], results: list[Value], outer: Function) -> Function:
+    """A body as a function: its arguments in, what it yields out, the outer constraints on its dims."""
+    symbols = set().union(*(a.type.symbols() for a in args))
+    return Function(BODY_FUNCTION, tuple(args), tuple(results), tuple(f"yield{k}" for k in range(len(results))),
+                    tuple(c for c in outer.constraints if c.symbol in symbols))
+
+
+def _rewrite_loop(p: Pass, loop: Value, outer: Function, b: Builder, run: Callable[[Pass, Module], PassResult]
+                  ) -> Value:
+    args, results, operands = open_body(loop)
+    inner = Module((body_function(args, results, outer),), b.constants)
+    out = run(p, inner).module
+    if has_loops(out):
+        out = enter_loop_bodies(p, out, run)
+    fn = out.functions[0]
+    if fn == inner.functions[0]:
+        return loop
+    b.constants.update(out.constants)
+    body, captured = close_body(fn.params, fn.results)
+    return b.op("loop", *operands, *captured, **{**loop.attr_dict, "body": body})
