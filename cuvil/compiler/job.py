@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.artifact import Artifact, build_library
 from cuvil.codegen.link import HostTarget
 from cuvil.compiler.keys import (
@@ -26,6 +27,8 @@ from cuvil.compiler.keys import (
 )
 from cuvil.errors import InputError
 from cuvil.frontend.dispatch import import_model
+from cuvil.frontend.onnx_import import declared_types
+from cuvil.frontend.onnx_node import SymbolicValueRequired
 from cuvil.ir import hashing
 from cuvil.ir.module import Function, Module
 from cuvil.ir.specialize import specialize_dims
@@ -137,12 +140,44 @@ class CompileJob:
 
     def _ensure_record(self) -> dict[str, Any]:
         if self._record is None:
-            fn = self.function()
-            self._record = {"module_hash": hashing.compiled_function_hash(fn, self.module().constants),
-                            "signature": Signature.of(fn).to_json()}
+            try:
+                fn = self.function()
+                self._record = {"module_hash": hashing.compiled_function_hash(fn, self.module().constants),
+                                "signature": Signature.of(fn).to_json()}
+            except SymbolicValueRequired as e:
+                self._record = self._per_shape_record(e)
             if self._alias is not None and self.store is not None:
                 self.store.write_alias(self._alias, self._record)
         return self._record
+
+    @property
+    def per_shape_import(self) -> bool:
+        """Whether the model is imported once per shape: its import decides on a dim's value (a branch
+        chosen by a shape), so no one function serves every shape."""
+        return "per_shape" in self._ensure_record()
+
+    def _per_shape_record(self, why: SymbolicValueRequired) -> dict[str, Any]:
+        """The record of an ONNX model whose import needs concrete dims: its declared signature, keyed
+        by the source's digest and the import options."""
+        onnx_source = isinstance(self.model, bytes) or type(self.model).__module__.startswith("onnx") or (
+            isinstance(self.model, (str, os.PathLike)) and Path(self.model).suffix.lower() == ".onnx")
+        digest = source_digest(self.model, self.store) if onnx_source and self.function_name is None else None
+        try:
+            options = stable(self.import_options)
+        except Unkeyable:
+            digest = None
+        if digest is None:
+            raise why
+        inputs, outputs = declared_types(self.model, static_inputs=self.import_options.get("static_inputs"))
+        sig = Signature("main", tuple(TensorSpec(n, t.dtype, t.shape) for n, t in inputs),
+                        tuple(TensorSpec(n, t.dtype, t.shape) for n, t in outputs))
+        logger.debug("import needs concrete dims (%s); importing once per shape", why.message)
+        return {"module_hash": key_of({"kind": "per-shape import", "source": digest, "options": options}),
+                "signature": sig.to_json(), "per_shape": why.message}
+
+    def _imported_at(self, env: Mapping[str, int]) -> Module:
+        with stage(f"import {self._describe()} at " + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))):
+            return import_model(self.model, self.example_inputs, **self.import_options, dims=dict(env))
 
     def signature(self) -> Signature:
         record = self._ensure_record()
@@ -160,12 +195,20 @@ class CompileJob:
 
     def optimized(self, env: Mapping[str, int] | None) -> Module:
         """The optimized module at ``env`` (the symbolic one when ``env`` is None)."""
-        fn = self.function()
-        if env:
-            with stage("specialize " + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))):
-                fn = specialize_dims(fn, env)
+        if self.per_shape_import:
+            if not env:
+                raise InputError("this model is imported once per shape: its import decides on the value of "
+                                 f"a dim ({self._record['per_shape'] if self._record else ''})",
+                                 hint="give the input shapes (--shape NAME=2x3x..., or example_inputs=...)")
+            module = self._imported_at(env)
+            fn = module.main
+        else:
+            fn = self.function()
+            if env:
+                with stage("specialize " + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))):
+                    fn = specialize_dims(fn, env)
+            module = self.module()
         label = self.passes if isinstance(self.passes, str) else "custom pipeline"
-        module = self.module()
         start = Module((fn,), module.constants, module.metadata)
         if self.fp16 is not None:
             start = self._fp16_plan(start, env).module

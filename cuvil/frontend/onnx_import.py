@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 from cuvil.errors import (
     BudgetError,
+    CuvilError,
     ExternalDataError,
     IRError,
     MissingInitializerError,
@@ -37,7 +38,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Module
 from cuvil.ir.opdef import get_op
-from cuvil.ir.symbolic import Dim, Sym
+from cuvil.ir.symbolic import Dim, Sym, evaluate_dim
 from cuvil.ir.types import MAX_TENSOR_ELEMENTS, DimConstraint, TensorType
 from cuvil.ir.values import Value
 
@@ -53,6 +54,9 @@ class OnnxImporter:
     model: onnx.ModelProto
     base_dir: Path | None = None
     static_inputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    dims: Mapping[str, int] = field(default_factory=dict)
+    """Symbolic input dims imported at these sizes (by symbol name): a model whose import needs a
+    dim's value (a branch chosen by a shape) is imported once per shape with them."""
     b: Builder = field(default_factory=Builder)
     env: dict[str, Value] = field(default_factory=dict)
     _static: dict[Value, np.ndarray] = field(default_factory=dict)
@@ -187,20 +191,25 @@ class OnnxImporter:
         return out
 
     # graph ------------------------------------------------------------------------
+    def name_input_dims(self, graph: onnx.GraphProto) -> None:
+        """Reserve the symbol names the graph's inputs declare (fresh dims get other names)."""
+        self._dim_names |= {symbol_name(d.dim_param) for vi in graph.input
+                            for d in vi.type.tensor_type.shape.dim if _named(d.dim_param)}
+
     def import_graph(self, graph: onnx.GraphProto) -> Module:
         initializer_names = {t.name for t in graph.initializer}
         for t in graph.initializer:
             self.env[t.name] = self.b.const(self.tensor_to_numpy(t, f"initializer {t.name!r}"))
         params: list[Value] = []
-        self._dim_names |= {symbol_name(d.dim_param) for vi in graph.input
-                            for d in vi.type.tensor_type.shape.dim if _named(d.dim_param)}
+        self.name_input_dims(graph)
         for vi in graph.input:
             if vi.name in initializer_names:
                 continue
             if vi.name in self.static_inputs:
                 self.env[vi.name] = self.b.const(np.asarray(self.static_inputs[vi.name]))
                 continue
-            p = self.b.param(vi.name, *_unpack(self.value_type(vi, graph)))
+            dtype, shape = _unpack(self.value_type(vi, graph))
+            p = self.b.param(vi.name, dtype, [_pinned(d, self.dims) for d in shape])
             params.append(p)
             self.env[vi.name] = p
         self.convert_nodes(graph.node)
@@ -317,6 +326,13 @@ def inferred_rank(graph: onnx.GraphProto, name: str) -> int | None:
     return None
 
 
+def _pinned(d: Dim, dims: Mapping[str, int]) -> Dim:
+    """``d`` evaluated where ``dims`` gives every symbol it reads."""
+    if isinstance(d, Sym) and d.symbols() <= set(dims):
+        return evaluate_dim(d, dims)
+    return d
+
+
 def _unpack(t: TensorType) -> tuple[DType, tuple[Dim, ...]]:
     return t.dtype, t.shape
 
@@ -392,11 +408,13 @@ def check_structure(model: onnx.ModelProto) -> None:
 
 
 def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
-                static_inputs: Mapping[str, np.ndarray] | None = None) -> Module:
+                static_inputs: Mapping[str, np.ndarray] | None = None, dims: Mapping[str, int] | None = None
+                ) -> Module:
     """Import an ONNX model (path, bytes or ModelProto) into a CIR module.
 
     ``static_inputs`` binds graph inputs to compile-time values (for models that feed shapes
-    or other attribute-like operands through inputs)."""
+    or other attribute-like operands through inputs); ``dims`` imports symbolic input dims at the
+    given sizes, by symbol name (what a model needs whose import decides on a dim's value)."""
     model, base = load_onnx(source)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
     newest = onnx.defs.onnx_opset_version()
@@ -412,5 +430,31 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
         model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
     except Exception:
         pass
-    imp = OnnxImporter(model, base, dict(static_inputs or {}), opsets=opsets)
+    imp = OnnxImporter(model, base, dict(static_inputs or {}), dict(dims or {}), opsets=opsets)
     return imp.import_graph(model.graph)
+
+
+def declared_types(source: str | os.PathLike | bytes | onnx.ModelProto, *,
+                   static_inputs: Mapping[str, np.ndarray] | None = None
+                   ) -> tuple[list[tuple[str, TensorType]], list[tuple[str, TensorType]]]:
+    """The graph's inputs (those not bound by ``static_inputs``) and outputs as declared, symbolic
+    dims named as an import names them, without converting a node: the signature of a model that is
+    imported once per shape. An output declared without a shape gets one fresh dim per inferred axis."""
+    model, base = load_onnx(source)
+    try:
+        model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    except Exception:
+        pass
+    imp = OnnxImporter(model, base, dict(static_inputs or {}))
+    graph = model.graph
+    imp.name_input_dims(graph)
+    bound = {t.name for t in graph.initializer} | set(imp.static_inputs)
+    inputs = [(vi.name, imp.value_type(vi, graph)) for vi in graph.input if vi.name not in bound]
+    outputs = []
+    for vi in graph.output:
+        try:
+            outputs.append((vi.name, imp.value_type(vi, graph)))
+        except CuvilError:
+            outputs.append((vi.name, TensorType(onnx_dtype(vi.type.tensor_type.elem_type, vi.name),
+                                                (imp._fresh_dim(vi.name, 0),))))
+    return inputs, outputs
