@@ -84,3 +84,45 @@ def test_the_recurrence_is_one_loop_whatever_the_length() -> None:
     assert loops and {v.attr("reverse") for v in loops} == {False, True}
     assert all(str(v.attr("trips")[0]) == "T" for v in loops)
     assert not any(v.op == "gather" and v.operands[0].type.shape[:1] == ("T",) for v in fn.values())
+
+
+def _scan_model(in_axis: int, in_dir: int, out_axis: int, out_dir: int) -> onnx.ModelProto:
+    """A running sum scaled by an outer weight: state s, scan input x_t; yields s + x_t * w (the new
+    state) and relu(s) * w (a scan output); w is read from the enclosing graph."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["x_t", "w"], ["xw"]), helper.make_node("Add", ["s", "xw"], ["s_new"]),
+         helper.make_node("Relu", ["s"], ["r"]), helper.make_node("Mul", ["r", "w"], ["y_t"])],
+        "body", [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 3]),
+                 helper.make_tensor_value_info("x_t", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("s_new", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("y_t", TensorProto.FLOAT, [2, 3])])
+    x_shape: list[object] = [2, 3]
+    x_shape.insert(in_axis, "T")
+    node = helper.make_node("Scan", ["s0", "x"], ["s_final", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                            scan_output_axes=[out_axis], scan_output_directions=[out_dir])
+    w = numpy_helper.from_array(np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], np.float32), "w")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("s0", TensorProto.FLOAT, [2, 3]),
+                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("s_final", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("in_axis, in_dir, out_axis, out_dir", [(0, 0, 0, 0), (1, 1, 0, 1), (2, 0, 1, 1),
+                                                                (0, 1, 2, 0)])
+def test_a_symbolic_length_scan_is_one_loop_matching_onnxruntime(in_axis: int, in_dir: int, out_axis: int,
+                                                                  out_dir: int) -> None:
+    model = _scan_model(in_axis, in_dir, out_axis, out_dir)
+    assert any(v.op == "loop" for v in import_onnx(model).main.values())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    compiled = cuvil.compile(model.SerializeToString(), cache=False)
+    rng = np.random.default_rng(in_axis * 4 + out_axis)
+    for trips in (1, 5):
+        shape = [2, 3]
+        shape.insert(in_axis, trips)
+        feeds = {"s0": rng.standard_normal((2, 3)).astype(np.float32),
+                 "x": rng.standard_normal(shape).astype(np.float32)}
+        want = session.run(None, feeds)
+        _assert_matches(backend.run_model(model, feeds), want)
+        _assert_matches(compiled(**feeds), want)

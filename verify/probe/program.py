@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from cuvil.errors import InputError
+from cuvil.errors import InputError, UnsupportedOpError
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
-from cuvil.ir.opdef import all_ops, ops_with_precision
+from cuvil.ir.opdef import all_ops, get_op, ops_with_precision
 from cuvil.ir.rules import Call, Expr, Lit, Reduce
 from cuvil.ir.rulewalk import RuleInfo
 from cuvil.ir.values import Value
@@ -86,6 +86,12 @@ def reduced_program(module: Module, precision: str, *, keep_ops: Iterable[str] |
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision {precision!r}", hint="choose one of " + ", ".join(PRECISIONS))
     fn = module.main
+    loops = sorted({v.op for v in fn.ops() if get_op(v.op).structured})
+    if loops:
+        raise UnsupportedOpError(f"the overflow prober does not bound values through control flow yet "
+                                 f"(the model has a {', '.join(loops)})", location=f"@{fn.name}",
+                                 hint="a recurrence over a static length imports unrolled: give the sequence "
+                                      "dims concrete sizes in the model, or compile in float32")
     if precision == "int8":
         return _int8_program(module)
     if isinstance(keep_ops, str):

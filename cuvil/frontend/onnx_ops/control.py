@@ -3,6 +3,7 @@ Loop/Scan unrolled over a compile-time trip count."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,7 +12,13 @@ from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, fill, index_const, scalar, stack, static_scalar, take
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis
-from cuvil.ir.values import Value
+from cuvil.ir.ops.control import INDEX
+from cuvil.ir.region import close_body
+from cuvil.ir.symbolic import Dim
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value, param
+
+_FRESH = itertools.count()
 
 
 @onnx_op("Dropout", emits=("fill",))
@@ -65,7 +72,7 @@ def loop(ctx: NodeCtx) -> list[Value]:
     return [*carried, *(stack(ctx.b, s, 0) for s in scans)]
 
 
-@onnx_op("Scan", emits=("gather", "concat", "reshape"))
+@onnx_op("Scan", emits=("gather", "concat", "reshape", "loop", "transpose", "slice"))
 def scan(ctx: NodeCtx) -> list[Value]:
     """Unroll over the (static) scan axis; opset 8's batched form runs once per batch entry."""
     body = ctx.attr("body")
@@ -104,7 +111,7 @@ def _scan_once(ctx: NodeCtx, body: object, states: list[Value], xs: list[Value],
         raise ctx.unsupported(f"scan inputs have different lengths {sorted(map(str, lengths))}")
     (steps,) = lengths
     if not isinstance(steps, int):
-        raise ctx.unsupported("a symbolic scan length cannot be unrolled")
+        return _scan_loop(ctx, body, states, xs, axes, in_dirs, out_axes, out_dirs, steps)
     if steps > MAX_UNROLL:
         raise ctx.unsupported(f"more than {MAX_UNROLL} scan steps cannot be unrolled")
     ctx.imp.charge_unroll(steps, ctx.location)
@@ -123,4 +130,38 @@ def _scan_once(ctx: NodeCtx, body: object, states: list[Value], xs: list[Value],
         if not seq:
             raise ctx.unsupported("a scan of length 0 has scan outputs of unknown shape")
         results.append(stack(b, seq, norm_axis(a, seq[0].type.rank + 1)))
+    return results
+
+
+def _scan_loop(ctx: NodeCtx, body: object, states: list[Value], xs: list[Value], axes: Sequence[int],
+               in_dirs: Sequence[int], out_axes: Sequence[int], out_dirs: Sequence[int], steps: Dim) -> list[Value]:
+    """A scan over a symbolic length as one ``loop``: scan axes moved to the front, the body imported
+    once over block arguments (what it reads from enclosing scopes captured as invariants), each
+    scan output flipped where its direction differs from the inputs' and moved to its axis."""
+    b = ctx.b
+    if len(set(in_dirs)) > 1:
+        raise ctx.unsupported("scan inputs in both directions over a symbolic length")
+    reverse = bool(in_dirs[0]) if in_dirs else False
+    fronted = [x if a == 0 else b.transpose(x, perm=[a, *(k for k in range(x.type.rank) if k != a)])
+               for x, a in zip(xs, axes, strict=True)]
+    tag = f"%scan{next(_FRESH)}"
+    t = param(f"{tag}.t", INDEX)
+    state_args = [param(f"{tag}.s{k}", s.type) for k, s in enumerate(states)]
+    slice_args = [param(f"{tag}.x{k}", TensorType(x.dtype, x.shape[1:])) for k, x in enumerate(fronted)]
+    outs = ctx.imp.import_subgraph(body, [*state_args, *slice_args])  # type: ignore[arg-type]
+    for k, (new, old) in enumerate(zip(outs, state_args, strict=False)):
+        if new.type != old.type:
+            raise ctx.unsupported(f"scan state {k} changes type in the body ({old.type} -> {new.type})")
+    region, captured = close_body([t, *state_args, *slice_args], list(outs))
+    attrs = {"body": region, "carried": len(states), "scanned": len(fronted), "trips": (steps,), "reverse": reverse}
+    results = [b.loop(*states, *fronted, *captured, **attrs, output=k) for k in range(len(outs))]
+    for k, (a, d) in enumerate(zip(out_axes, out_dirs, strict=True)):
+        y = results[len(states) + k]
+        if bool(d) != reverse:  # iteration t wrote position t; this output wants the other order
+            rest = y.shape[1:]
+            y = b.slice(y, starts=[steps - 1, *(0 for _ in rest)], ends=[-1, *rest], steps=[-1, *(1 for _ in rest)])
+        axis = norm_axis(a, y.type.rank)
+        if axis:
+            y = b.transpose(y, perm=[*range(1, axis + 1), 0, *range(axis + 1, y.type.rank)])
+        results[len(states) + k] = y
     return results

@@ -126,7 +126,8 @@ def catalogue_cases() -> list[tuple[str, int, str]]:
         seen: Counter[str] = Counter()
         for (name, k), (arrays, attrs) in _table().items():
             key = f"cast to {attrs['to']}" if name == "cast" else name
-            if seen[key] >= (1 if name == "cast" else 2) or name == "fused" or not any(_is_float(a) for a in arrays):
+            if seen[key] >= (1 if name == "cast" else 2) or name in ("fused", "loop") or \
+                    not any(_is_float(a) for a in arrays):
                 continue
             try:
                 make_case(name, k, dtype, only_first=False)
