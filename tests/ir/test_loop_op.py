@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 
 import cuvil
-from cuvil.errors import CuvilError
+from cuvil.errors import BudgetError, CuvilError, UnsupportedOpError
 from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from cuvil.ir.ops.control import INDEX
 from cuvil.ir.parser import parse_module
 from cuvil.ir.region import Region, close_body
+from cuvil.ir.specialize import specialize_dims
 from cuvil.ir.types import DimConstraint, TensorType
+from cuvil.ir.unroll import unroll_module
 from cuvil.ir.values import Value, param, walk
 
 ROW = TensorType(DType.f32, (4,))
@@ -114,3 +116,28 @@ def test_only_the_results_a_function_reads_are_written() -> None:
     xs = rng.standard_normal((6, 4)).astype(np.float32)
     got = cuvil.compile(mod, cache=False)(a, c, xs)
     np.testing.assert_array_equal(got, _recurrence(a, c, xs, False)[2])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("trips", [0, 1, 4])
+def test_unrolling_computes_what_the_loop_does_bit_for_bit(reverse: bool, trips: int) -> None:
+    mod = specialize_module(_swap_and_scan(reverse=reverse), {"T": trips})
+    flat = unroll_module(mod)
+    assert not any(v.op == "loop" for v in flat.main.values())
+    rng = np.random.default_rng(trips)
+    a, c = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    xs = rng.standard_normal((trips, 4)).astype(np.float32)
+    for g, w in zip(run_reference(flat, [a, c, xs]), run_reference(mod, [a, c, xs]), strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert unroll_module(mod) == flat, "unrolling is deterministic: the same values every time"
+
+
+def test_unrolling_refuses_a_symbolic_trip_count_and_a_blown_budget() -> None:
+    with pytest.raises(UnsupportedOpError, match="T iterations"):
+        unroll_module(_swap_and_scan())
+    with pytest.raises(BudgetError, match="more than 10 ops"):
+        unroll_module(specialize_module(_swap_and_scan(), {"T": 9}), budget=10)
+
+
+def specialize_module(mod: Module, env: dict[str, int]) -> Module:
+    return mod.replace(functions=[specialize_dims(mod.main, env)])

@@ -27,7 +27,7 @@ from cuvil.passes.fp16 import fits, is_boundary_cast
 from verify.errors import ProofIncomplete
 from verify.probe.budget import PLAN_EFFORT, Budget
 from verify.probe.probe import Analysis, ProbeOptions
-from verify.probe.program import DEFAULT_KEEP, max_finite, reduced_program
+from verify.probe.program import DEFAULT_KEEP, max_finite, reduced_program, without_loops
 
 F16_MAX = max_finite(DType.f16)
 
@@ -70,7 +70,7 @@ class Fp16Unproved(ProofIncomplete):
 def fp16_module(module: Module, kept: frozenset[Value] | set[Value]) -> Module:
     """``module`` with every float32 op except ``kept`` (and casts) in float16: the program the
     prober analyses, built by the FP16 pass's construction."""
-    return reduced_program(module, "fp16", keep_values=kept).module
+    return reduced_program(without_loops(module), "fp16", keep_values=kept).module
 
 
 def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refine: bool = True,
@@ -84,6 +84,7 @@ def fp16_safe_ops(module: Module, ranges: Mapping[str, tuple[Any, Any]], *, refi
     function has ops), the work budget ``effort`` (units, :mod:`.budget`: the same plan on any machine) and
     the outer guard ``time_limit`` (seconds) end it early, keeping every float16 op left unproved."""
     budget = Budget(effort, time.monotonic() + time_limit, phase="fp16 planning")
+    module = without_loops(module)  # the ops to keep are those of every iteration
     fn = module.main
     ops = set(fn.ops())
     names = value_names(fn)
@@ -246,6 +247,7 @@ class Fp16Plan:
 def plan_fp16(module: Module, ranges: Mapping[str, Any], *, time_limit: float = 600.0) -> Fp16Plan:
     """The FP16 program of ``module`` (static shapes) for inputs in ``ranges``, and its decisions."""
     start = time.monotonic()
+    module = without_loops(module)  # an FP16 program runs its loops unrolled, each iteration planned
     box = normalize_ranges(module, ranges)
     bounds = {k: (np.float64(lo), np.float64(hi)) for k, (lo, hi) in box.items()}
     kept, decisions = fp16_safe_ops(module, bounds, time_limit=time_limit)

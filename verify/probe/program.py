@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from cuvil.errors import InputError, UnsupportedOpError
+from cuvil.errors import BudgetError, InputError, UnsupportedOpError
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
-from cuvil.ir.opdef import all_ops, get_op, ops_with_precision
+from cuvil.ir.opdef import all_ops, ops_with_precision
 from cuvil.ir.rules import Call, Expr, Lit, Reduce
 from cuvil.ir.rulewalk import RuleInfo
+from cuvil.ir.unroll import unroll_module
 from cuvil.ir.values import Value
 from cuvil.passes.fp16 import KEEP_FP32, narrow_function
 from cuvil.passes.quantize_int8 import (
@@ -85,13 +86,8 @@ def reduced_program(module: Module, precision: str, *, keep_ops: Iterable[str] |
     """The program whose sites a probe checks. ``keep_ops="default"`` uses the FP16 pass's list."""
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision {precision!r}", hint="choose one of " + ", ".join(PRECISIONS))
+    module = without_loops(module)
     fn = module.main
-    loops = sorted({v.op for v in fn.ops() if get_op(v.op).structured})
-    if loops:
-        raise UnsupportedOpError(f"the overflow prober does not bound values through control flow yet "
-                                 f"(the model has a {', '.join(loops)})", location=f"@{fn.name}",
-                                 hint="a recurrence over a static length imports unrolled: give the sequence "
-                                      "dims concrete sizes in the model, or compile in float32")
     if precision == "int8":
         return _int8_program(module)
     if isinstance(keep_ops, str):
@@ -101,6 +97,18 @@ def reduced_program(module: Module, precision: str, *, keep_ops: Iterable[str] |
     identity = {v: v for v in fn.values() if v.is_param or v.is_const}
     return Program(Module((narrowed.function,), b.constants, module.metadata), precision,
                    {**identity, **narrowed.origin}, narrowed.kept)
+
+
+def without_loops(module: Module) -> Module:
+    """The module with its loops unrolled: the prober bounds every iteration's ops by their rules (a
+    loop has none of its own), so a loop needs a concrete trip count and fits a budget. Unrolling is
+    deterministic and values are interned, so every caller unrolling one module gets the same values
+    (a keep set computed on one unrolling applies to another)."""
+    try:
+        return unroll_module(module)
+    except (UnsupportedOpError, BudgetError) as e:
+        raise UnsupportedOpError(f"the overflow prober analyses loops unrolled, and {e.message}",
+                                 location=e.location, hint=e.hint) from None
 
 
 def _keep_list(spec: str) -> tuple[str, ...]:
