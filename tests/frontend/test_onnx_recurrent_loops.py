@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import cuvil
 from cuvil import onnx_backend as backend
+from cuvil.errors import CuvilError
 from cuvil.frontend.onnx_import import import_onnx
 
 ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the oracle")
@@ -126,3 +127,52 @@ def test_a_symbolic_length_scan_is_one_loop_matching_onnxruntime(in_axis: int, i
         want = session.run(None, feeds)
         _assert_matches(backend.run_model(model, feeds), want)
         _assert_matches(compiled(**feeds), want)
+
+
+def _counted_loop_model(*, while_loop: bool = False) -> onnx.ModelProto:
+    """``for i in range(x.shape[0]): acc = acc * 0.5 + x[i]; ys.append(tanh(acc))``, exported as an
+    ONNX Loop whose trip count is the symbolic dim; ``while_loop`` makes the body compute its condition."""
+    nodes = [helper.make_node("Gather", ["x", "i"], ["row"], axis=0),
+             helper.make_node("Mul", ["acc", "half"], ["decayed"]),
+             helper.make_node("Add", ["decayed", "row"], ["acc_out"]),
+             helper.make_node("Tanh", ["acc_out"], ["y"])]
+    if while_loop:
+        nodes.append(helper.make_node("ReduceMax", ["acc_out"], ["peak"], keepdims=0))
+        nodes.append(helper.make_node("Less", ["peak", "limit"], ["cond_out"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    body = helper.make_graph(
+        nodes, "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                        helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                        helper.make_tensor_value_info("acc", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    outer = [helper.make_node("Shape", ["x"], ["shape"], end=1), helper.make_node("Squeeze", ["shape"], ["n"]),
+             helper.make_node("Loop", ["n", "true", "acc0"], ["acc_final", "ys"], body=body)]
+    consts = [numpy_helper.from_array(np.array(True), "true"), numpy_helper.from_array(np.float32(0.5), "half"),
+              numpy_helper.from_array(np.float32(3.0), "limit")]
+    graph = helper.make_graph(outer, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+                                           helper.make_tensor_value_info("acc0", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("acc_final", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_onnx_loop_over_a_symbolic_count_is_one_loop_matching_onnxruntime() -> None:
+    model = _counted_loop_model()
+    assert any(v.op == "loop" for v in import_onnx(model).main.values())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    compiled = cuvil.compile(model.SerializeToString(), cache=False)
+    rng = np.random.default_rng(7)
+    for n in (1, 6):
+        feeds = {"x": rng.standard_normal((n, 3)).astype(np.float32),
+                 "acc0": rng.standard_normal(3).astype(np.float32)}
+        want = session.run(None, feeds)
+        _assert_matches(backend.run_model(model, feeds), want)
+        _assert_matches(compiled(**feeds), want)
+
+
+def test_a_while_loop_over_a_symbolic_count_is_refused_with_the_reason() -> None:
+    with pytest.raises(CuvilError, match="while loop"):
+        import_onnx(_counted_loop_model(while_loop=True))

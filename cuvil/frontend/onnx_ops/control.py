@@ -1,13 +1,15 @@
-"""ONNX control flow resolved at import time: Dropout (inference), If with a compile-time condition,
-Loop/Scan unrolled over a compile-time trip count."""
+"""ONNX control flow: Dropout (inference), If with a compile-time condition, Loop/Scan unrolled over
+a compile-time trip count or, over a symbolic one, imported as one CIR ``loop``."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from cuvil.errors import CuvilError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, fill, index_const, scalar, stack, static_scalar, take
 from cuvil.ir.dtypes import DType
@@ -47,13 +49,17 @@ def if_(ctx: NodeCtx) -> list[Value]:
     return ctx.imp.import_subgraph(branch)
 
 
-@onnx_op("Loop", emits=("concat", "reshape"))
+@onnx_op("Loop", emits=("concat", "reshape", "loop"))
 def loop(ctx: NodeCtx) -> list[Value]:
-    """Unroll a loop whose trip count and continuation condition are known at compile time."""
+    """Unroll a loop whose trip count and continuation condition are known at compile time; a trip
+    count given by symbolic dims becomes one ``loop`` (its condition must stay true)."""
     body = ctx.attr("body")
-    trip = int(static_scalar(ctx, 0)) if ctx.has_input(0) else None
+    count = static_scalar(ctx, 0, symbolic=True) if ctx.has_input(0) else None
     cond = bool(static_scalar(ctx, 1)) if ctx.has_input(1) else True
     carried = [ctx.input(i) for i in range(2, len(ctx.inputs))]
+    if count is not None and not isinstance(count, (int, np.integer)) and cond:
+        return _counted_loop(ctx, body, count, carried)
+    trip = int(count) if count is not None else None
     n_scan = len(body.output) - 1 - len(carried)
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
     i = 0
@@ -165,3 +171,28 @@ def _scan_loop(ctx: NodeCtx, body: object, states: list[Value], xs: list[Value],
             y = b.transpose(y, perm=[*range(1, axis + 1), 0, *range(axis + 1, y.type.rank)])
         results[len(states) + k] = y
     return results
+
+
+def _counted_loop(ctx: NodeCtx, body: Any, count: Dim, carried: list[Value]) -> list[Value]:
+    """An ONNX Loop over a symbolic trip count as one ``loop``: the body imported once over block
+    arguments (the iteration number, the carried values; the condition fed as the constant true),
+    its condition output required to be that constant (a loop that may stop early is a while loop)."""
+    b = ctx.b
+    tag = f"%loop{next(_FRESH)}"
+    t = param(f"{tag}.t", INDEX)
+    formal = body.input[0].type.tensor_type.shape.dim if body.input else []
+    index = b.reshape(t, shape=[1]) if len(formal) == 1 else t
+    args = [param(f"{tag}.s{k}", v.type) for k, v in enumerate(carried)]
+    outs = ctx.imp.import_subgraph(body, [index, scalar(b, True, DType.bool), *args])
+    try:
+        stays = bool(np.asarray(ctx.imp.static_value(outs[0], ctx.location)).reshape(()))
+    except CuvilError:
+        stays = False
+    if not stays:
+        raise ctx.unsupported("a loop whose condition the body computes (a while loop) over a symbolic trip count")
+    for k, (new, old) in enumerate(zip(outs[1:], args, strict=False)):
+        if new.type != old.type:
+            raise ctx.unsupported(f"loop-carried value {k} changes type in the body ({old.type} -> {new.type})")
+    region, captured = close_body([t, *args], list(outs[1:]))
+    attrs = {"body": region, "carried": len(carried), "scanned": 0, "trips": (count,)}
+    return [b.loop(*carried, *captured, **attrs, output=k) for k in range(len(outs) - 1)]
