@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 import z3
 
+from cuvil.errors import BudgetError, UnsupportedOpError
 from cuvil.ir.hashing import constant_conflicts, module_hash, structural_hash
 from cuvil.ir.module import Function, Module, content_hash
 from cuvil.ir.ops.control import open_body
+from cuvil.ir.unroll import module_has_loops, unroll_module
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
 from cuvil.passes.loop_bodies import body_function
@@ -195,8 +197,37 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
                                                       timeout, seed, runs, search))
     if not app.obligations:
         app.vacuous = _vacuous_reason(before, after)
+    if app.unknown and search != "refuter":
+        unrolled = _with_loops_unrolled(pass_, before, after, timeout, seed, search)
+        if unrolled is not None and len(unrolled.unknown) < len(app.unknown):
+            app = unrolled
     app.seconds = time.perf_counter() - start
     return app
+
+
+VERIFY_UNROLL_BUDGET = 20_000
+"""Ops the verifier unrolls loops into when pairing them failed (iterations times body ops)."""
+
+
+def _with_loops_unrolled(pass_: Pass, before: Module, after: Module, timeout: float, seed: int, search: str
+                         ) -> Application | None:
+    """The application checked on both modules with every loop unrolled at its trip count, the loop's
+    meaning iteration by iteration (``cuvil.ir.unroll``, tested against ``iterate`` bit for bit): what
+    decides a pass that restructures a loop (unrolls it, moves work across its boundary), where the
+    loops cannot be paired. None when there is no loop, or one has a symbolic count or is too long."""
+    if not (module_has_loops(before) or module_has_loops(after)):
+        return None
+    try:
+        flat_b, flat_a = unroll_module(before, VERIFY_UNROLL_BUDGET), unroll_module(after, VERIFY_UNROLL_BUDGET)
+    except (UnsupportedOpError, BudgetError):
+        return None
+    alt = check_application(pass_, flat_b, flat_a, timeout=timeout, seed=seed, search=search)
+    note = "checked with every loop unrolled at its trip count"
+    alt.obligations = [replace(o, notes=(*o.notes, note)) for o in alt.obligations]
+    alt.before_hash, alt.after_hash = module_hash(before), module_hash(after)
+    if not alt.obligations:
+        alt.vacuous = "every result is structurally identical once the loops are unrolled at their trip counts"
+    return alt
 
 
 def _vacuous_reason(before: Module, after: Module) -> str:

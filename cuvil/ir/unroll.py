@@ -20,18 +20,23 @@ def has_loops(fn: Function) -> bool:
     return any(v.op == "loop" for v in fn.ops())
 
 
-def unroll_module(module: Module, budget: int = DEFAULT_BUDGET) -> Module:
+def module_has_loops(module: Module) -> bool:
+    return any(has_loops(fn) for fn in module.functions)
+
+
+def unroll_module(module: Module, budget: int = DEFAULT_BUDGET, *, partial: bool = False) -> Module:
     """``module`` with every loop of its functions unrolled (see :func:`unroll_function`)."""
-    if not any(has_loops(fn) for fn in module.functions):
+    if not module_has_loops(module):
         return module
     b = Builder(module.constants)
-    fns = [unroll_function(fn, b, budget) for fn in module.functions]
+    fns = [unroll_function(fn, b, budget, partial=partial) for fn in module.functions]
     return module.replace(functions=fns, constants=b.constants)
 
 
-def unroll_function(fn: Function, b: Builder, budget: int = DEFAULT_BUDGET) -> Function:
+def unroll_function(fn: Function, b: Builder, budget: int = DEFAULT_BUDGET, *, partial: bool = False) -> Function:
     """``fn`` without loops. A loop over a symbolic number of iterations, or more ops than ``budget``
-    in all, is refused (the caller says what it needed the unrolling for)."""
+    in all, is refused (the caller says what it needed the unrolling for); with ``partial`` it stays
+    a loop instead."""
     new: dict[Value, Value] = {}
     groups: dict[tuple[object, ...], list[Value]] = {}
     spent = 0
@@ -46,15 +51,21 @@ def unroll_function(fn: Function, b: Builder, budget: int = DEFAULT_BUDGET) -> F
         key = (tuple(operands), tuple((k, a) for k, a in v.attrs if k != "output"))
         if key not in groups:
             trips = v.attr("trips")[0]
-            if not isinstance(trips, int):
-                raise UnsupportedOpError(f"a loop over {trips} iterations cannot be unrolled", location="loop",
-                                         hint="give the dims concrete sizes first")
-            spent += trips * max(1, len(v.attr("body").ops()))
-            if spent > budget:
-                raise BudgetError(f"unrolling the loops would create more than {budget} ops", location="loop",
-                                  hint="analyse the model at shorter sequence lengths")
-            groups[key] = _unrolled(b, operands, v, trips)
-        new[v] = groups[key][int(v.attr("output"))]
+            cost = trips * max(1, len(v.attr("body").ops())) if isinstance(trips, int) else None
+            if cost is None or spent + cost > budget:
+                if partial:
+                    groups[key] = []
+                elif cost is None:
+                    raise UnsupportedOpError(f"a loop over {trips} iterations cannot be unrolled",
+                                             location="loop", hint="give the dims concrete sizes first")
+                else:
+                    raise BudgetError(f"unrolling the loops would create more than {budget} ops",
+                                      location="loop", hint="analyse the model at shorter sequence lengths")
+            else:
+                spent += cost
+                groups[key] = _unrolled(b, operands, v, trips)
+        results = groups[key]
+        new[v] = results[int(v.attr("output"))] if results else b.op(v.op, *operands, **v.attr_dict)
     return Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names, fn.constraints)
 
 

@@ -13,6 +13,7 @@ from cuvil.passes import (  # noqa: F401
     layout_nchwc,
     merge_low_rank,
     quantize_int8,
+    unroll_loops,
 )
 
 _O1 = ("canonicalize", "cse", "dce")

@@ -12,14 +12,11 @@ from cuvil.ir.builder import Builder
 from cuvil.ir.module import Function, Module
 from cuvil.ir.ops.control import open_body
 from cuvil.ir.region import close_body
+from cuvil.ir.unroll import module_has_loops
 from cuvil.ir.values import Value
 from cuvil.passes.base import Pass, PassResult
 
 BODY_FUNCTION = "loop_body"
-
-
-def has_loops(module: Module) -> bool:
-    return any(v.op == "loop" for fn in module.functions for v in fn.values())
 
 
 def enter_loop_bodies(p: Pass, module: Module, run: Callable[[Pass, Module], PassResult]) -> Module:
@@ -58,7 +55,7 @@ def _rewrite_loop(p: Pass, loop: Value, outer: Function, b: Builder, run: Callab
     args, results, operands = open_body(loop)
     inner = Module((body_function(args, results, outer),), b.constants)
     out = run(p, inner).module
-    if has_loops(out):
+    if module_has_loops(out):
         out = enter_loop_bodies(p, out, run)
     fn = out.functions[0]
     if fn == inner.functions[0]:

@@ -7,17 +7,21 @@ only the prover can tell, so these tests fail if it says "equal" wrongly."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from cuvil.ir import Builder, DType
-from cuvil.ir.module import Module
+from cuvil.ir.module import Function, Module
 from cuvil.ir.ops.control import INDEX
 from cuvil.ir.region import close_body
+from cuvil.ir.specialize import specialize_dims
 from cuvil.ir.types import DimConstraint, TensorType
+from cuvil.ir.unroll import unroll_module
 from cuvil.ir.values import Value, param
-from verify import check_rewrite
+from cuvil.passes import Contract, Pass, PassResult
+from verify import check_pass, check_pipeline, check_rewrite
 from verify.audit import check_certificate
 
 H = 4
@@ -94,3 +98,52 @@ def test_a_body_wrong_only_at_one_input_value_is_never_proved(swap: bool) -> Non
     outputs = [o for o in cert["applications"][0]["obligations"] if o["function"] == "main"]
     assert outputs and all(o["verdict"] != "proved" for o in outputs)
     assert all("loop body" in " ".join(o["notes"]) for o in outputs if o["verdict"] == "unknown")
+
+
+def _trips(module: Module, trips: int) -> Module:
+    return module.replace(functions=[specialize_dims(module.main, {"T": trips})])
+
+
+@dataclass(frozen=True)
+class DropLastIteration(Pass):
+    """The seeded bug: unrolls every loop one iteration short (an off-by-one in a trip count)."""
+
+    name = "drop-last-iteration"
+    contract = Contract.EXACT
+
+    def run(self, module: Module) -> PassResult:
+        b = Builder(module.constants)
+        fn = module.main
+        new: dict[Value, Value] = {}
+        for v in fn.values():
+            if v.is_param or v.is_const:
+                new[v] = v
+                continue
+            attrs = v.attr_dict
+            if v.op == "loop" and attrs["trips"][0] > 1:
+                attrs["trips"] = (attrs["trips"][0] - 1,)
+                operands = [new[o] for o in v.operands]
+                operands[1] = b.slice(operands[1], starts=[0, 0, 0], ends=[attrs["trips"][0], 2, H], steps=[1, 1, 1])
+                new[v] = b.op("loop", *operands, **attrs)
+                continue
+            new[v] = b.op(v.op, *(new[o] for o in v.operands), **attrs)
+        out = Module((Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names,
+                               fn.constraints),), b.constants)
+        return PassResult(unroll_module(out, partial=True), True)
+
+
+def test_unrolling_is_proved_by_the_verifier_unrolling_too() -> None:
+    """The loops cannot be paired with straight-line code; checked with both sides unrolled, every
+    result is identical (the unrolling is the loop's meaning)."""
+    mod = _trips(_model(_plain), 4)
+    report = check_pipeline(mod, "unroll-loops", policy="strict")
+    cert = report.certificate()
+    assert cert["summary"]["refuted"] == 0 and cert["summary"]["unknown"] == 0
+    app = cert["applications"][0]
+    assert app.get("vacuous", "").startswith("every result is structurally identical once the loops are unrolled")
+
+
+def test_an_unrolling_one_iteration_short_is_refuted() -> None:
+    mod = _trips(_model(_plain), 4)
+    cert = check_pass(DropLastIteration(), mod).certificate()
+    assert cert["summary"]["proved"] == 0 and cert["summary"]["refuted"] >= 1

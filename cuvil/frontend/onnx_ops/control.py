@@ -16,7 +16,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis
 from cuvil.ir.ops.control import INDEX
 from cuvil.ir.region import close_body
-from cuvil.ir.symbolic import Dim
+from cuvil.ir.symbolic import Dim, Sym
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, param
 
@@ -57,8 +57,10 @@ def loop(ctx: NodeCtx) -> list[Value]:
     count = static_scalar(ctx, 0, symbolic=True) if ctx.has_input(0) else None
     cond = bool(static_scalar(ctx, 1)) if ctx.has_input(1) else True
     carried = [ctx.input(i) for i in range(2, len(ctx.inputs))]
-    if count is not None and not isinstance(count, (int, np.integer)) and cond:
+    if isinstance(count, Sym) and cond:
         return _counted_loop(ctx, body, count, carried)
+    if count is not None and not isinstance(count, (int, float, np.integer, np.floating)):
+        raise ctx.unsupported(f"a trip count of {count}")
     trip = int(count) if count is not None else None
     n_scan = len(body.output) - 1 - len(carried)
     scans: list[list[Value]] = [[] for _ in range(n_scan)]

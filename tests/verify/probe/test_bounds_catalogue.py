@@ -9,15 +9,12 @@ import functools
 import numpy as np
 import pytest
 
-from cuvil.errors import UnsupportedOpError
 from cuvil.interp import evaluate_op
-from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from cuvil.ir.opdef import OpDef, all_ops, get_op
+from cuvil.ir.opdef import OpDef, all_ops
 from cuvil.ir.types import TensorType
 from verify.probe.bounds import OpContext, op_bounds
 from verify.probe.interval import Interval
-from verify.probe.program import reduced_program
 
 RELATIVE = 0.1
 ABSOLUTE = 0.05
@@ -60,7 +57,7 @@ def _table() -> dict[tuple[str, int], tuple[list[np.ndarray], dict]]:
     rng = np.random.default_rng(0)
     out = {}
     for op in all_ops():
-        if op.examples is None or op.structured:  # control flow: the prober refuses it (test below)
+        if op.examples is None or op.structured:  # a loop is probed unrolled (test_loop_probe.py)
             continue
         for k, case in enumerate(op.examples(rng)):
             out[(op.name, k)] = case
@@ -188,13 +185,3 @@ def test_bilinear_cases_cover_matmul_and_conv() -> None:
     assert {"matmul", "conv"} <= names
 
 
-
-def test_the_prober_refuses_control_flow_with_a_coded_error() -> None:
-    """A loop has no element rule to bound; until bounds are iterated through bodies, the prober
-    says so (CUVIL-UNSUPPORTED-OP) instead of bounding a loop's results as if it were not there."""
-    (arrays, attrs) = get_op("loop").examples(np.random.default_rng(0))[0]
-    b = Builder()
-    params = [b.param(f"p{k}", DType.f32, a.shape) for k, a in enumerate(arrays)]
-    module = b.module(b.function("main", params, [b.loop(*params, **attrs)]))
-    with pytest.raises(UnsupportedOpError, match="control flow"):
-        reduced_program(module, "fp16")
