@@ -9,7 +9,7 @@ from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, param, walk
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Region:
     """Block arguments ``params`` (``param`` values) and the values the block yields: ``result``,
     then ``more`` (a loop body yields its new carried values and its scan slices; a fused body one value).
@@ -37,6 +37,9 @@ class Region:
                 raise ValueError("a region body may not refer to constants; pass them as operands")
             if v.is_param and v not in own:
                 raise ValueError(f"region body refers to %{v.name}, which is not one of its arguments")
+
+    def __repr__(self) -> str:
+        return str(self)
 
     def __str__(self) -> str:
         yields = f", {len(self.results)} results" if self.more else ""

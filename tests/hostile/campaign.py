@@ -83,6 +83,23 @@ def nested_loops(trips: int = 4096, depth: int = 3) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def endless_loop(trips: int = 10 ** 10) -> str:
+    """CIR text: a ``loop`` of ``trips`` iterations over a four-element state, under two negations
+    (so the pipeline has something to rewrite, and the verifier something to check)."""
+    from cuvil.ir import Builder, DType
+    from cuvil.ir.ops.control import INDEX
+    from cuvil.ir.region import close_body
+    from cuvil.ir.types import TensorType
+    from cuvil.ir.values import param
+
+    b = Builder()
+    h0 = b.param("h0", DType.f32, [4])
+    t, h = param("%t", INDEX), param("%h", TensorType(DType.f32, (4,)))
+    body, captured = close_body([t, h], [b.add(b.mul(h, b.const(np.full(4, 0.5, np.float32))), b.relu(h))])
+    y = b.loop(h0, *captured, body=body, carried=1, trips=[trips])
+    return str(b.module(b.function("main", [h0], [b.neg(b.neg(y))])))
+
+
 def huge_tile(reps: int) -> onnx.ModelProto:
     r = numpy_helper.from_array(np.array([reps, reps], dtype=np.int64), "r")
     node = helper.make_node("Tile", ["x", "r"], ["y"])
@@ -360,6 +377,17 @@ def huge_shapes() -> list[Case]:
 
         cases.append(Case(f"shapes/nested-loops-{cmd}", setup_l, expect=("coded error",), limit=90,
                           tags=("shapes", "hang")))
+    for cmd, expect in (("run-reference", ("coded error",)), ("verify", ("ok",)), ("compile", ("ok",))):
+        def setup_n(folder: Path, cmd: str = cmd) -> list[str]:
+            (folder / "out").mkdir(exist_ok=True)
+            m = folder / "endless.cir"
+            m.write_text(endless_loop())
+            x = _x(folder, (4,), "h0.npy")
+            return {"run-reference": ["run-reference", str(m), "-i", f"h0={x}"],
+                    "verify": ["verify", str(m), "-q", "--jobs", "1"],
+                    "compile": ["compile", str(m), "--no-cache", "-o", str(folder / "out" / "l.so")]}[cmd]
+
+        cases.append(Case(f"shapes/endless-loop-{cmd}", setup_n, expect=expect, limit=90, tags=("shapes", "hang")))
     return cases
 
 

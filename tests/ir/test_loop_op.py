@@ -141,3 +141,30 @@ def test_unrolling_refuses_a_symbolic_trip_count_and_a_blown_budget() -> None:
 
 def specialize_module(mod: Module, env: dict[str, int]) -> Module:
     return mod.replace(functions=[specialize_dims(mod.main, env)])
+
+
+def _endless(trips: int) -> Module:
+    """A loop of ``trips`` iterations over a small state, under two negations a pass may remove."""
+    b = Builder()
+    h0 = b.param("h0", DType.f32, [4])
+    t, h = param("%e.t", INDEX), param("%e.h", ROW)
+    body, captured = close_body([t, h], [b.add(b.mul(h, b.const(np.full(4, 0.5, np.float32))), b.relu(h))])
+    y = b.loop(h0, *captured, body=body, carried=1, trips=[trips])
+    return b.module(b.function("main", [h0], [b.neg(b.neg(y))]))
+
+
+def test_a_loop_too_long_to_interpret_is_refused_and_the_verifier_still_decides() -> None:
+    """10**10 iterations: the interpreter refuses (CUVIL-BUDGET) at once instead of running for hours,
+    and checking a pass on the model does not wait for it."""
+    import time
+
+    from cuvil.passes.canonicalize import Canonicalize
+    from verify import check_pass
+
+    mod = _endless(10**10)
+    with pytest.raises(BudgetError, match="10000000000 iterations"):
+        run_reference(mod, [np.ones(4, np.float32)])
+    start = time.perf_counter()
+    summary = check_pass(Canonicalize(), mod).certificate()["summary"]
+    assert time.perf_counter() - start < 60
+    assert summary["refuted"] == 0 and summary["proved"] + summary["unknown"] == summary["obligations"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import ShapeError
+from cuvil.errors import BudgetError, ShapeError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import REQUIRED, define
@@ -51,6 +51,8 @@ def _loop_type(types: list[TensorType], body: Region, carried: int, scanned: int
     if len(trips) != 1:
         raise ValueError(f"trips is one dim, got {len(trips)}")
     (n,) = trips
+    if isinstance(n, int) and n < 0:
+        raise ValueError(f"a loop runs a non-negative number of times, not {n}")
     if carried < 0 or scanned < 0 or carried + scanned > len(types):
         raise ValueError(f"{carried} carried and {scanned} scanned operands of {len(types)}")
     if len(body.params) != 1 + len(types):
@@ -136,11 +138,24 @@ def iterate(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: int, 
     return [*state, *stacked]
 
 
+MAX_INTERPRETED_WORK = 1 << 34
+"""Elements the interpreter may compute running one loop (iterations times the body's elements):
+past it a loop is refused (``CUVIL-BUDGET``) instead of running for hours."""
+
+
 def iterate_loop(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: int, trips: int,
                  reverse: bool, *, use_fast_path: bool = True) -> list[np.ndarray]:
     """Every result of the loop on concrete arrays, the body's ops run by the interpreter."""
     from cuvil.ir.evaluate import evaluate_region_results
+    from cuvil.ir.types import bind_symbols
 
+    env = bind_symbols([p.type for p in body.params[1:]], [np.shape(x)[1:] if k in range(carried, carried + scanned)
+                                                          else np.shape(x) for k, x in enumerate(xs)])
+    elements = sum(max(1, int(np.prod(v.type.concrete(env), dtype=np.int64))) for v in body.ops())
+    if trips * elements > MAX_INTERPRETED_WORK:
+        raise BudgetError(f"the reference interpreter would compute {trips * elements:.3g} elements running a "
+                          f"loop of {trips} iterations (more than {MAX_INTERPRETED_WORK:.3g})", location="loop",
+                          hint="run the compiled library instead, or the model at a smaller size")
     key = (id(body), tuple(id(x) for x in xs), carried, scanned, trips, reverse, use_fast_path)
     if _last and _last[0][0] == key:
         return _last[0][2]
