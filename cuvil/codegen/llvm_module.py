@@ -94,7 +94,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
     outputs = tuple(TensorSpec(n, r.dtype, static_shape(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
-    loops = _loop_kernels(fn)
+    loops = _loop_kernels(fn, constants)
     plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()})
     mod = ir.Module(name=prefix)
 
@@ -105,8 +105,8 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     kernels: list[ir.Function | None] = []
     tuned: dict[Value, Kernel] = {}
     for k, v in enumerate(plan.steps):
-        if v.op == "loop":  # the group's first result runs the loop; the others are written by it
-            kernels.append(loops[v].emit(mod, f"k{k}.loop") if v in loops else None)
+        if v.op == "loop":  # emitted below, once the constants it reads are embedded
+            kernels.append(None)
             continue
         kernel = select_kernel(v, constants)
         if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
@@ -130,6 +130,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     needed = [o for v in plan.steps for j, o in enumerate(v.operands)
               if o.is_const and (v not in tuned or j not in tuned[v].unused_operands)]
     needed += [v for v, _ in plan.copies if v.is_const]
+    needed += [c for lk in loops.values() for c in lk.constants_read]
     for v in needed:
         if v.const_hash in const_globals:
             continue
@@ -137,7 +138,10 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
         const_bytes += data.nbytes
         const_globals[v.const_hash] = embed_array(mod, f"const.{v.const_hash}", data)
 
-    const_bytes += sum(kn.constant_bytes for kn in tuned.values())
+    const_bytes += sum(kn.constant_bytes for kn in tuned.values()) + sum(lk.constant_bytes for lk in loops.values())
+    for k, v in enumerate(plan.steps):  # the group's first result runs the loop; the others are written by it
+        if v in loops:
+            kernels[k] = loops[v].emit(mod, f"k{k}.loop", lambda c: const_globals[c.const_hash])
     scratch = max([kn.scratch_bytes for kn in tuned.values()] + [lk.scratch_bytes for lk in loops.values()],
                   default=0)
     set_default_threads(mod, threads)
@@ -152,13 +156,13 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
                            tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps), guard)
 
 
-def _loop_kernels(fn: Function) -> dict[Value, LoopKernel]:
+def _loop_kernels(fn: Function, constants: Mapping[str, np.ndarray]) -> dict[Value, LoopKernel]:
     """One lowered loop per group of loop results, by the group's first result in plan order."""
     groups: dict[tuple[object, ...], LoopGroup] = {}
     for v in ordered_steps(fn):
         if v.op == "loop":
             groups.setdefault(loop_group_key(v), LoopGroup({})).members[int(v.attr("output"))] = v
-    return {g.first: LoopKernel(g) for g in groups.values()}
+    return {g.first: LoopKernel(g, constants) for g in groups.values()}
 
 
 def _check_storage(fn: Function) -> None:
@@ -255,8 +259,8 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
             lk = loops[v]
             members = lk.group.members
             args = [slot_ptr(members[j]) if j in members else ir.Constant(PTR, None)
-                    for j in range(len(lk.body.results))]
-            args += [slot_ptr(o) for o in v.operands]
+                    for j in range(len(lk.results))]
+            args += [slot_ptr(o) for o in lk.operands]
             args += [b.gep(ctx, [ir.Constant(I64, plan.work[v])], inbounds=True, source_etype=I8), scratch_ptr()]
             rc = b.call(kernel, args)
             _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)

@@ -13,8 +13,10 @@ its state arguments in another order) and the body's own values, planned like a 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen.abi import OK
@@ -25,8 +27,7 @@ from cuvil.codegen.plan import nbytes, plan_steps
 from cuvil.codegen.scalar import I1, I32, I64, PTR, Builder, Val, declare
 from cuvil.errors import CodegenError
 from cuvil.ir.opdef import get_op
-from cuvil.ir.ops.control import loop_groups
-from cuvil.ir.region import Region
+from cuvil.ir.ops.control import loop_groups, open_body
 from cuvil.ir.values import Value, walk
 
 WORK_ALIGN = 64
@@ -51,12 +52,10 @@ class LoopKernel:
     """The lowered loop of one group (static shapes: the function was specialized first)."""
 
     name = "loop"
-    constant_bytes = 0
 
-    def __init__(self, group: LoopGroup) -> None:
+    def __init__(self, group: LoopGroup, constants: Mapping[str, np.ndarray]) -> None:
         v = group.first
         self.group = group
-        self.body: Region = v.attr("body")
         self.carried = int(v.attr("carried"))
         self.scanned = int(v.attr("scanned"))
         trips = v.attr("trips")[0]
@@ -65,9 +64,12 @@ class LoopKernel:
                                location="loop", hint="compile at concrete shapes (--shape)")
         self.trips = trips
         self.reverse = bool(v.attr("reverse"))
-        self.operands = v.operands
-        self.steps = [u for u in walk(self.body.results) if not u.is_param]
-        self.kernels: list[Kernel | None] = [select_kernel(u, {}) for u in self.steps]
+        # the body with its constant invariants in place: kernels pack constant weights once, at
+        # compile time, instead of packing an argument on every iteration
+        params, results, operands = open_body(v)
+        self.params, self.results, self.operands = params, results, tuple(operands)
+        self.steps = [u for u in walk(self.results) if not (u.is_param or u.is_const)]
+        self.kernels: list[Kernel | None] = [select_kernel(u, constants) for u in self.steps]
         # work area: the index, the state, the next state, then the body's values
         self.state_at: list[int] = []
         top = _round(8)
@@ -78,13 +80,24 @@ class LoopKernel:
         for k in range(self.carried):
             self.next_at.append(top)
             top += _round(nbytes(self.operands[k].type))
-        offsets, size = plan_steps(self.steps, keep=self.body.results)
+        offsets, size = plan_steps(self.steps, keep=[r for r in self.results if not r.is_const])
         self.value_at = {u: top + off for u, off in offsets.items()}
         self.work_bytes = top + size
         self.scratch_bytes = max((kn.scratch_bytes for kn in self.kernels if kn is not None), default=0)
+        self.constant_bytes = sum(kn.constant_bytes for kn in self.kernels if kn is not None)
 
-    def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        n_out = len(self.body.results)
+    @property
+    def constants_read(self) -> list[Value]:
+        """The constants the body's kernels read as they are (a packed weight is embedded packed)."""
+        out: list[Value] = []
+        for u, kn in zip(self.steps, self.kernels, strict=True):
+            unused = kn.unused_operands if kn is not None else frozenset()
+            out += [o for j, o in enumerate(u.operands) if o.is_const and j not in unused]
+        return out + [r for r in self.results if r.is_const]
+
+    def emit(self, mod: ir.Module, name: str, constant: Callable[[Value], ir.Value]) -> ir.Function:
+        """The loop's function; ``constant`` gives the global holding a constant's data."""
+        n_out = len(self.results)
         fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_out + len(self.operands) + 2)), name=name)
         fn.linkage = "internal"
         outs, ins = fn.args[:n_out], fn.args[n_out:n_out + len(self.operands)]
@@ -118,31 +131,35 @@ class LoopKernel:
         def iteration(i: Val) -> None:
             t = b.sub(const(self.trips - 1), i) if self.reverse else i
             b.store(t, at(0))
-            where: dict[Value, ir.Value] = {self.body.params[0]: at(0)}
+            where: dict[Value, ir.Value] = {self.params[0]: at(0)}
             for k in cs:
-                where[self.body.params[1 + k]] = at(self.state_at[k])
+                where[self.params[1 + k]] = at(self.state_at[k])
             for k in ss:
-                where[self.body.params[1 + k]] = offset(ins[k], t, nbytes(self.body.params[1 + k].type))
+                where[self.params[1 + k]] = offset(ins[k], t, nbytes(self.params[1 + k].type))
             for k in inv:
-                where[self.body.params[1 + k]] = ins[k]
+                where[self.params[1 + k]] = ins[k]
+
+            def ptr(o: Value) -> ir.Value:
+                return constant(o) if o.is_const else where[o]
+
             for u, kn, kfn in zip(self.steps, self.kernels, body_fns, strict=True):
                 where[u] = at(self.value_at[u])
                 unused = kn.unused_operands if kn is not None else frozenset()
-                args = [where[u]] + [ir.Constant(PTR, None) if j in unused else where[o]
+                args = [where[u]] + [ir.Constant(PTR, None) if j in unused else ptr(o)
                                      for j, o in enumerate(u.operands)]
                 if kn is not None:
                     args.append(scratch)
                 rc = b.call(kfn, args)
                 _return_unless_ok(b, rc)
-            results = self.body.results
+            results = self.results
             for k in cs:
-                copy(at(self.next_at[k]), where[results[k]], nbytes(results[k].type))
+                copy(at(self.next_at[k]), ptr(results[k]), nbytes(results[k].type))
             for k in cs:
                 copy(at(self.state_at[k]), at(self.next_at[k]), nbytes(results[k].type))
             for j in range(self.carried, n_out):
                 if j in self.group.members:
                     size = nbytes(results[j].type)
-                    copy(offset(outs[j], t, size), where[results[j]], size)
+                    copy(offset(outs[j], t, size), ptr(results[j]), size)
 
         for_range(b, 0, self.trips, "iter", iteration)
         for k in cs:
