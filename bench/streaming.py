@@ -1,0 +1,105 @@
+"""A streaming recurrent model over a symbolic sequence length: a two-layer LSTM (64 -> 128 -> 128)
+with a linear head, built as ONNX in-process, compiled once by Cuvil (one loop per layer, not
+unrolled) and run beside ONNX Runtime at several lengths, interleaved, one thread each. Reported per
+length: compile time of that specialization, median latency of both engines, their ratio, Cuvil's
+time per step (flat when run time grows linearly), and the largest difference from ONNX Runtime
+relative to its output scale.
+
+    python -m bench.streaming [--lengths 16,64,256,1024] [--repeat 30] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil.compiler import compile as compile_model
+
+INPUT, HIDDEN, HEAD = 64, 128, 8
+
+
+def streaming_lstm(seed: int = 0) -> onnx.ModelProto:
+    """x: f32[T, 1, 64] -> LSTM(128) -> LSTM(128) -> MatMul(128 x 8); T is the dim ``T``."""
+    rng = np.random.default_rng(seed)
+
+    def weights(prefix: str, inputs: int) -> list[onnx.TensorProto]:
+        scale = 1.0 / np.sqrt(HIDDEN)
+        return [numpy_helper.from_array((rng.uniform(-scale, scale, shape)).astype(np.float32), f"{prefix}{n}")
+                for n, shape in (("W", (1, 4 * HIDDEN, inputs)), ("R", (1, 4 * HIDDEN, HIDDEN)),
+                                 ("B", (1, 8 * HIDDEN)))]
+
+    head = numpy_helper.from_array((rng.standard_normal((HIDDEN, HEAD)) / np.sqrt(HIDDEN)).astype(np.float32),
+                                   "head")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("LSTM", ["x", "l1W", "l1R", "l1B"], ["y1"], hidden_size=HIDDEN),
+             helper.make_node("Squeeze", ["y1", "axes"], ["s1"]),
+             helper.make_node("LSTM", ["s1", "l2W", "l2R", "l2B"], ["y2"], hidden_size=HIDDEN),
+             helper.make_node("Squeeze", ["y2", "axes"], ["s2"]),
+             helper.make_node("MatMul", ["s2", "head"], ["logits"])]
+    graph = helper.make_graph(nodes, "streaming", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 ["T", 1, INPUT])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+                              [*weights("l1", INPUT), *weights("l2", HIDDEN), head, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run(lengths: Sequence[int], repeat: int) -> list[dict[str, Any]]:
+    import onnxruntime as ort
+
+    model = streaming_lstm().SerializeToString()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    compiled = compile_model(model, cache=False, threads=1)
+    rng = np.random.default_rng(1)
+    rows = []
+    for n in lengths:
+        x = rng.standard_normal((n, 1, INPUT)).astype(np.float32)
+        start = time.perf_counter()
+        got = compiled(x)
+        compile_s = time.perf_counter() - start
+        (want,) = session.run(None, {"x": x})
+        error = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+        ours, theirs = [], []
+        for k in range(repeat):
+            calls = [("cuvil", lambda x=x: compiled(x)), ("ort", lambda x=x: session.run(None, {"x": x}))]
+            for name, call in calls if k % 2 == 0 else reversed(calls):
+                t0 = time.perf_counter()
+                call()
+                (ours if name == "cuvil" else theirs).append(time.perf_counter() - t0)
+        c_ms, o_ms = statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3
+        rows.append({"length": n, "compile_s": round(compile_s, 3), "cuvil_ms": round(c_ms, 4),
+                     "ort_ms": round(o_ms, 4), "ratio": round(c_ms / o_ms, 3),
+                     "cuvil_us_per_step": round(c_ms * 1e3 / n, 2), "rel_error": error})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.streaming", description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="16,64,256,1024", help="comma-separated sequence lengths")
+    parser.add_argument("--repeat", type=int, default=30, help="timed calls per engine and length")
+    parser.add_argument("--json", help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = run([int(x) for x in args.lengths.split(",")], args.repeat)
+    print("| length | compile s | cuvil ms | ort ms | cuvil/ort | cuvil µs/step | rel. error |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['length']} | {r['compile_s']:.2f} | {r['cuvil_ms']:.3f} | {r['ort_ms']:.3f} | {r['ratio']:.2f} | "
+              f"{r['cuvil_us_per_step']:.1f} | {r['rel_error']:.1e} |")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
