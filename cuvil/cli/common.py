@@ -12,7 +12,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -111,8 +111,13 @@ def read_bindings(specs: Sequence[str], flag: str) -> tuple[dict[str, np.ndarray
     return named, positional
 
 
-def import_model_file(path: str, static_specs: Sequence[str] = ()) -> Any:
+def import_model_file(path: str, static_specs: Sequence[str] = (), *, dims: Mapping[str, int] | None = None,
+                      shape_specs: Sequence[str] = ()) -> Any:
+    """Import the model at ``path``. A model whose import decides on a dim's value (CUVIL-DYNAMIC-INPUT)
+    is imported again with its dims pinned, when ``dims`` (``--dim``) or ``shape_specs`` (``--shape``)
+    give them, as a compile does per shape."""
     from cuvil.frontend.dispatch import import_model
+    from cuvil.frontend.onnx_node import SymbolicValueRequired
 
     options: dict[str, Any] = {}
     if static_specs:
@@ -127,10 +132,33 @@ def import_model_file(path: str, static_specs: Sequence[str] = ()) -> Any:
     if not p.exists():
         raise ModelLoadError(f"model file {p} does not exist", location=str(p))
     try:
-        return import_model(p, **options)
+        try:
+            return import_model(p, **options)
+        except SymbolicValueRequired:
+            pinned = {**_dims_of_shapes(p, options, shape_specs), **(dims or {})}
+            if not pinned:
+                raise
+            return import_model(p, **options, dims=pinned)
     except ModuleNotFoundError as e:
         raise ModelLoadError(f"cannot import {p}: {e}", location=str(p),
                              hint="the torch frontend needs `pip install cuvil[torch]`") from None
+
+
+def _dims_of_shapes(path: Path, options: Mapping[str, Any], specs: Sequence[str]) -> dict[str, int]:
+    """The symbolic dims the ``--shape`` specs give the model's declared inputs."""
+    if not specs:
+        return {}
+    from cuvil.frontend.onnx_import import declared_types
+    from cuvil.ir.types import bind_symbols
+
+    declared = dict(declared_types(path, static_inputs=options.get("static_inputs"))[0])
+    shapes = parse_shapes(list(specs))
+    known = [n for n in shapes if n in declared]
+    try:
+        return bind_symbols([declared[n] for n in known], [shapes[n] for n in known])
+    except ValueError as e:
+        raise InputError(f"--shape does not fit the model's inputs: {e}",
+                         hint="inputs: " + ", ".join(f"{n}: {t}" for n, t in declared.items())) from None
 
 
 def check_output(path: str | None, flag: str, *, folder: bool = False, suffix: str | None = None) -> Path | None:

@@ -77,7 +77,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         if not name or not value.strip().isdigit():
             raise InputError(f"--dim {spec!r} is malformed", hint="write --dim NAME=VALUE, e.g. --dim batch=1")
         dims[name.strip()] = int(value)
-    module = _specialize(import_model_file(args.model, args.static_input), dims)
+    module = _specialize(import_model_file(args.model, args.static_input, dims=dims), dims)
     names = [p.name for p in module.main.params]
     ranges: dict[str, tuple[float, float]] = {}
     if args.calibrate:

@@ -188,7 +188,7 @@ def verify_model(args: argparse.Namespace) -> int:
     plugins = plugins_from_args(args)
     passes = resolve_pipeline(args.passes, plugins, default=f"O{args.opt_level or 3}")
     start = time.perf_counter()
-    module = import_model_file(args.model, args.static_input)
+    module = import_model_file(args.model, args.static_input, shape_specs=args.shape)
     if args.shape:
         module = specialize_shapes(module, args.shape)
     imported = time.perf_counter()
@@ -288,7 +288,7 @@ def verify_certificate(args: argparse.Namespace) -> int:
     cert, library, manifest = load_certificate(Path(args.check_certificate))
     model = None
     if args.model:
-        model = import_model_file(args.model, args.static_input)
+        model = import_model_file(args.model, args.static_input, shape_specs=args.shape)
         if args.shape:
             model = specialize_shapes(model, args.shape)
     bar = _QueryBar(enabled=not args.quiet, solver=args.solver)

@@ -71,3 +71,18 @@ def test_a_static_compile_without_shapes_names_what_to_give(tmp_path) -> None:
     with pytest.raises(CuvilError) as err:
         cuvil.compile(_squeeze_if_single().SerializeToString(), output_dir=tmp_path)
     assert "--shape" in (err.value.hint or "")
+
+
+def test_verify_and_probe_import_at_the_shapes_they_are_given(tmp_path, capsys) -> None:
+    """``cuvil verify --shape`` and ``cuvil probe --dim`` pin the dims the import needs, as compile does."""
+    from cuvil import cli
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_squeeze_if_single().SerializeToString())
+    assert cli.main(["verify", str(path), "--shape", "x=1x3", "-q"]) == 0
+    assert "0 refuted, 0 unknown" in capsys.readouterr().out
+    code = cli.main(["probe", str(path), "--dim", "N=4", "--range", "x=-1:1", "--witness-dir", str(tmp_path / "w")])
+    out = capsys.readouterr().out
+    assert code == 0 and "0 open" in out
+    assert cli.main(["verify", str(path)]) != 0  # no shapes: the import says which dim it needs
+    assert "depends on the run-time value of symbolic dims" in capsys.readouterr().err
