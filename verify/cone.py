@@ -14,6 +14,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +85,9 @@ class LeafTable:
     common: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     _cuts: int = 0
+    congruences: list[dict[str, Any]] = field(default_factory=list)
+    """Pairs cut without a query of their own (same op, attributes and operand leaves; loops whose
+    bodies were proved equal), with what justified each: the certificate lists them for audit."""
 
     @staticmethod
     def build(before: Function, after: Function, constants_before: Mapping[str, np.ndarray],
@@ -152,8 +156,13 @@ class LeafTable:
             self.leaves[const] = leaf
             self.notes.append(f"@{key[:9]} equals its constant expression {v.op}(...) bit for bit (re-evaluated)")
 
-    def add_cut(self, vb: Value, va: Value) -> Leaf:
-        """Make a pair proved equal one shared leaf for later obligations."""
+    def add_cut(self, vb: Value, va: Value, why: str = "") -> Leaf:
+        """Make a pair proved equal one shared leaf for later obligations; ``why``: the justification of
+        a pair cut without a query of its own (recorded in :attr:`congruences`)."""
+        if why:
+            operands = [self.leaves[o].key if o in self.leaves else "?" for o in va.operands]
+            self.congruences.append({"op": va.op, "before": structural_hash(vb), "after": structural_hash(va),
+                                     "operand_leaves": operands, "why": why})
         existing = self.leaves.get(vb)
         if existing is not None and existing.kind == "cut":
             self.leaves[va] = existing
@@ -168,7 +177,7 @@ class LeafTable:
     def copy(self) -> LeafTable:
         """An independent table (cut points added to the copy stay there)."""
         return LeafTable(self.before, self.after, self.constants, dict(self.leaves), set(self.common),
-                         list(self.notes), self._cuts)
+                         list(self.notes), self._cuts, list(self.congruences))
 
     def leaf_of(self, v: Value) -> Leaf | None:
         return self.leaves.get(v)

@@ -109,6 +109,8 @@ class Application:
     """SMT-LIB queries of the cut-point lemmas the obligations rely on (each answered ``unsat``)."""
     lemma_axioms: set[str] = field(default_factory=set)
     """Axioms the proved lemmas used (the certificate lists them with the obligations' own)."""
+    congruences: list[dict[str, Any]] = field(default_factory=list)
+    """Pairs the obligations rely on that were cut without a query (see ``LeafTable.congruences``)."""
 
     def count(self, kind: str) -> int:
         return sum(1 for o in self.obligations if o.status == kind)
@@ -130,7 +132,8 @@ class Application:
         out = {"pass": self.pass_name, "contract": self.contract, "before_hash": self.before_hash,
                "after_hash": self.after_hash, "identical_outputs": self.identical_outputs,
                "seconds": round(self.seconds, 4), "obligations": [o.to_json() for o in self.obligations],
-               "lemmas": [{"smt2": q, "answer": "unsat"} for q in self.lemmas]}
+               "lemmas": [{"smt2": q, "answer": "unsat"} for q in self.lemmas],
+               "congruences": list(self.congruences)}
         if self.vacuous:
             out["vacuous"] = self.vacuous
         return out
@@ -192,6 +195,7 @@ def check_application(pass_: Pass, before: Module, after: Module, *, timeout: fl
         bodies.record(app, table)
         app.lemmas += [lm.smt2 for lm in lemmas if lm.proved]
         app.lemma_axioms |= {a for lm in lemmas if lm.proved for a in lm.axioms}
+        app.congruences += cut_table.congruences
         for r in diffs:
             app.obligations.append(_output_obligation(pass_, fb, fa, r, table, cut_table, lemmas, constants,
                                                       timeout, seed, runs, search))
@@ -511,9 +515,11 @@ def _congruent(va: Value, by_op: dict[tuple[object, ...], list[Value]], table: L
     for vb in by_op.get(_op_key(va), []):
         if table.leaf_of(vb) is not None:
             continue
-        same = vb.attrs == va.attrs and None not in ops and _operand_keys(vb, table) == ops
-        if same or (va.op == "loop" and bodies is not None and bodies.loops_equal(vb, va, table)):
-            table.add_cut(vb, va)
+        if vb.attrs == va.attrs and None not in ops and _operand_keys(vb, table) == ops:
+            table.add_cut(vb, va, "congruence: the same op, attributes and operand leaves")
+            return True
+        if va.op == "loop" and bodies is not None and bodies.loops_equal(vb, va, table):
+            table.add_cut(vb, va, "loop: operands the same leaves, bodies equal (the loop_body obligations)")
             return True
     return False
 
@@ -566,6 +572,7 @@ class BodyProofs:
                 app.obligations += [replace(o, function=f"{self.outer.name}/{o.function}") for o in sub.obligations]
                 app.lemmas += sub.lemmas
                 app.lemma_axioms |= sub.lemma_axioms
+                app.congruences += sub.congruences
             else:
                 why = "; ".join(f"{o.output}: {o.status}" for o in sub.obligations) or "no obligation"
                 table.notes.append(f"a loop body the pass rewrote was not proved equal ({why})")

@@ -36,6 +36,9 @@ def test_a_reordered_product_near_the_inputs_is_proved_through_a_deep_network(op
     assert cert["summary"] == {**cert["summary"], "obligations": 1, "proved": 1, "unknown": 0, "refuted": 0}
     app = cert["applications"][0]
     assert len(app["lemmas"]) == 1  # the swapped op; everything above it is paired by congruence
+    pairs = app["congruences"]  # listed for audit: each pair cut without a query, and why
+    assert len(pairs) >= DEPTH and all(c["why"].startswith("congruence") for c in pairs)
+    assert {c["op"] for c in pairs} >= {"conv", "relu", "tanh"}
     assert f"{op}-commutative" in cert["axioms"]  # the lemma's proof used it: listed, proved, re-checked
     assert check_certificate(cert).ok
 

@@ -78,6 +78,8 @@ def test_a_rewritten_body_is_proved_as_a_function_and_the_proof_is_in_the_certif
     bodies = [o for o in obligations if o["function"] == "main/loop_body"]
     assert bodies and all(o["verdict"] == "proved" for o in bodies)
     assert {o["output"] for o in obligations if o["function"] == "main"} == {"out0", "out1"}
+    pairs = cert["applications"][0]["congruences"]
+    assert any(c["op"] == "loop" and c["why"].startswith("loop:") for c in pairs)
     assert check_certificate(cert).ok
 
 
