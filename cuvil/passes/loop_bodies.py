@@ -15,6 +15,7 @@ from cuvil.ir.region import close_body
 from cuvil.ir.unroll import module_has_loops
 from cuvil.ir.values import Value
 from cuvil.passes.base import Pass, PassResult
+from cuvil.passes.value_rewrite import rebuild
 
 BODY_FUNCTION = "loop_body"
 
@@ -22,25 +23,17 @@ BODY_FUNCTION = "loop_body"
 def enter_loop_bodies(p: Pass, module: Module, run: Callable[[Pass, Module], PassResult]) -> Module:
     """``module`` with ``p`` applied (through ``run``) inside every loop body, innermost first. The
     pass sees a body with its constant invariants in place (``open_body``), so it can fold them."""
-    b = Builder(module.constants)
     done: dict[Value, Value] = {}
-    fns: list[Function] = []
-    for fn in module.functions:
-        new: dict[Value, Value] = {}
-        for v in fn.values():
-            if v.is_param or v.is_const:
-                new[v] = v
-                continue
-            rebuilt = b.op(v.op, *(new[o] for o in v.operands), **v.attr_dict)
-            if v.op == "loop":
-                if rebuilt not in done:
-                    done[rebuilt] = _rewrite_loop(p, rebuilt, fn, b, run)
-                rebuilt = done[rebuilt]
-            new[v] = rebuilt
-        fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names, fn.constraints))
-    if tuple(fns) == module.functions:
-        return module
-    return module.replace(functions=fns, constants=b.constants)
+
+    def inside(fn: Function, v: Value, operands: list[Value], b: Builder) -> Value | None:
+        if v.op != "loop":
+            return None
+        loop = b.op(v.op, *operands, **v.attr_dict)
+        if loop not in done:
+            done[loop] = _rewrite_loop(p, loop, fn, b, run)
+        return done[loop]
+
+    return rebuild(module, inside)
 
 
 def body_function(args: list[Value], results: list[Value], outer: Function) -> Function:

@@ -21,6 +21,7 @@ from cuvil.ir.types import DimConstraint, TensorType
 from cuvil.ir.unroll import unroll_module
 from cuvil.ir.values import Value, param
 from cuvil.passes import Contract, Pass, PassResult
+from cuvil.passes.value_rewrite import rebuild
 from verify import check_pass, check_pipeline, check_rewrite
 from verify.audit import check_certificate
 
@@ -114,23 +115,14 @@ class DropLastIteration(Pass):
     contract = Contract.EXACT
 
     def run(self, module: Module) -> PassResult:
-        b = Builder(module.constants)
-        fn = module.main
-        new: dict[Value, Value] = {}
-        for v in fn.values():
-            if v.is_param or v.is_const:
-                new[v] = v
-                continue
-            attrs = v.attr_dict
-            if v.op == "loop" and attrs["trips"][0] > 1:
-                attrs["trips"] = (attrs["trips"][0] - 1,)
-                operands = [new[o] for o in v.operands]
-                operands[1] = b.slice(operands[1], starts=[0, 0, 0], ends=[attrs["trips"][0], 2, H], steps=[1, 1, 1])
-                new[v] = b.op("loop", *operands, **attrs)
-                continue
-            new[v] = b.op(v.op, *(new[o] for o in v.operands), **attrs)
-        out = Module((Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names,
-                               fn.constraints),), b.constants)
+        def shorter(fn: Function, v: Value, operands: list[Value], b: Builder) -> Value | None:
+            trips = v.attr("trips")[0] if v.op == "loop" else 0
+            if trips <= 1:
+                return None
+            scanned = b.slice(operands[1], starts=[0, 0, 0], ends=[trips - 1, 2, H], steps=[1, 1, 1])
+            return b.op("loop", operands[0], scanned, *operands[2:], **{**v.attr_dict, "trips": (trips - 1,)})
+
+        out = rebuild(module, shorter)
         return PassResult(unroll_module(out, partial=True), True)
 
 
