@@ -1,9 +1,10 @@
 """Structured control flow: ``loop``, a region run once per iteration over carried state.
 
 A loop has no element rule: its meaning is its body's meaning (the body ops' rules) applied
-``trips`` times, which :func:`iterate_loop` spells out and every other reading follows (the code
-generator emits the same iteration as a real loop; the verifier treats a loop as a function of
-its operands and its body). Operands come in three groups, in order:
+``trips`` times, which :func:`iterate` spells out once for every reading (the interpreter runs the
+body's ops per iteration, the verifier's Z_p evaluation the same over residues; the code generator
+emits that iteration as a real loop, and ``cuvil.ir.unroll`` writes it out, both tested against it;
+the verifier pairs loops by their operands and bodies). Operands come in three groups, in order:
 
 * ``carried`` initial values of the state, threaded through the iterations;
 * ``scanned`` tensors whose leading dim is the trip count: iteration ``t`` reads slice ``[t]``;
@@ -101,7 +102,7 @@ def open_body(v: Value) -> tuple[list[Value], list[Value], list[Value]]:
 
 def _no_rule(c: R.RuleCtx) -> R.Expr:
     raise NotImplementedError("a loop has no element rule: its meaning is its body iterated "
-                              "(cuvil.ir.ops.control.iterate_loop)")
+                              "(cuvil.ir.ops.control.iterate)")
 
 
 BodyRunner = Callable[[Region, list[np.ndarray]], list[np.ndarray]]
@@ -171,7 +172,8 @@ def _loop_numpy(xs: list[np.ndarray], out: TensorType, body: Region, carried: in
 
 
 def _examples(rng: np.random.Generator) -> list[tuple[list[np.ndarray], dict[str, Any]]]:
-    """A running sum with a scanned input and an invariant scale; a reverse scan of products."""
+    """A running sum of scanned rows times an invariant scale, yielding its relu as a scan output;
+    forward and reverse, each result."""
     from cuvil.ir.builder import Builder
 
     b = Builder()
