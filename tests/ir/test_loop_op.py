@@ -168,3 +168,20 @@ def test_a_loop_too_long_to_interpret_is_refused_and_the_verifier_still_decides(
     summary = check_pass(Canonicalize(), mod).certificate()["summary"]
     assert time.perf_counter() - start < 60
     assert summary["refuted"] == 0 and summary["proved"] + summary["unknown"] == summary["obligations"]
+
+
+def test_the_interpreter_does_not_answer_new_operand_values_from_its_last_run() -> None:
+    """The results of one loop share a run; the same arrays refilled with other values are a new run."""
+    from cuvil.interp import evaluate_op
+    from cuvil.ir.opdef import get_op
+
+    op = get_op("loop")
+    arrays, attrs = op.examples(np.random.default_rng(0))[0]
+    full = op.check_attrs(attrs)
+    out_type = op.infer([TensorType(DType.from_numpy(a.dtype), a.shape) for a in arrays], full)
+    first = evaluate_op(op, arrays, full, out_type)
+    arrays[1][:] = 3.0  # the scanned operand: the same object, other values
+    second = evaluate_op(op, arrays, full, out_type)
+    fresh = evaluate_op(op, [np.array(a, copy=True) for a in arrays], full, out_type)
+    np.testing.assert_array_equal(second, fresh)
+    assert not np.array_equal(first, second)

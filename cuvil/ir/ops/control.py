@@ -109,7 +109,7 @@ BodyRunner = Callable[[Region, list[np.ndarray]], list[np.ndarray]]
 """Runs a body once on its arguments and returns what it yields (the interpreter's reading of the
 body's ops, or another domain's: the verifier iterates the same loop over residues)."""
 
-# the last loop run, so the results of one loop read one after another run it once
+# the last loop run, so the results of one loop read one after another run the loop once
 _last: list[tuple[tuple[Any, ...], tuple[Any, ...], list[np.ndarray]]] = []
 
 
@@ -157,13 +157,22 @@ def iterate_loop(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: 
         raise BudgetError(f"the reference interpreter would compute {trips * elements:.3g} elements running a "
                           f"loop of {trips} iterations (more than {MAX_INTERPRETED_WORK:.3g})", location="loop",
                           hint="run the compiled library instead, or the model at a smaller size")
-    key = (id(body), tuple(id(x) for x in xs), carried, scanned, trips, reverse, use_fast_path)
-    if _last and _last[0][0] == key:
+    key = (id(body), carried, scanned, trips, reverse, use_fast_path)
+    if _last and _last[0][0] == key and _same_arrays(_last[0][1][1], xs):
         return _last[0][2]
     everything = iterate(xs, body, carried, scanned, trips, reverse,
                          lambda r, args: evaluate_region_results(r, args, use_fast_path=use_fast_path))
-    _last[:] = [(key, (body, tuple(xs)), everything)]  # holding the operands keeps their ids unique
+    # the body is held so its id stays unique; the operands are copied, so a caller that fills the same
+    # arrays with new values between calls is not answered from the cache
+    _last[:] = [(key, (body, tuple(np.array(x, copy=True) for x in xs)), everything)]
     return everything
+
+
+def _same_arrays(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
+    """Bit for bit the same operands (NaN payloads and signed zeros included)."""
+    return len(a) == len(b) and all(
+        x.dtype == np.asarray(y).dtype and x.shape == np.shape(y) and x.tobytes() == np.asarray(y).tobytes()
+        for x, y in zip(a, b, strict=True))
 
 
 def _loop_numpy(xs: list[np.ndarray], out: TensorType, body: Region, carried: int, scanned: int,
