@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from cuvil.codegen.abi import ARENA_ALIGN
 from cuvil.codegen.lower_rule import static_shape
 from cuvil.ir.module import Function
+from cuvil.ir.ops.control import loop_key
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 
@@ -85,8 +86,7 @@ class _Arena:
 
 
 def loop_group_key(v: Value) -> tuple[object, ...]:
-    """What the results of one loop share: operands and every attribute but ``output``."""
-    return (v.operands, tuple((k, a) for k, a in v.attrs if k != "output"))
+    return loop_key(v.operands, v.attrs)
 
 
 def ordered_steps(fn: Function) -> tuple[Value, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from cuvil.errors import BudgetError, UnsupportedOpError
 from cuvil.ir.builder import Builder
 from cuvil.ir.module import Function, Module
-from cuvil.ir.ops.control import loop_groups
+from cuvil.ir.ops.control import loop_groups, loop_key
 from cuvil.ir.region import substitute
 from cuvil.ir.values import Value
 
@@ -48,7 +48,7 @@ def unroll_function(fn: Function, b: Builder, budget: int = DEFAULT_BUDGET, *, p
         if v.op != "loop":
             new[v] = b.op(v.op, *operands, **v.attr_dict)
             continue
-        key = (tuple(operands), tuple((k, a) for k, a in v.attrs if k != "output"))
+        key = loop_key(operands, v.attrs)
         if key not in groups:
             trips = v.attr("trips")[0]
             cost = trips * max(1, len(v.attr("body").ops())) if isinstance(trips, int) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
@@ -12,8 +13,10 @@ from cuvil.frontend.onnx_ops.fold import Scalar, is_symbolic
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis
+from cuvil.ir.ops.control import INDEX
 from cuvil.ir.symbolic import Dim
-from cuvil.ir.values import Value
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value, param
 
 # the most iterations an unrolled Loop/Scan/recurrence may have before import refuses it
 MAX_UNROLL = 4096
@@ -107,3 +110,13 @@ def static_scalar(ctx: NodeCtx, i: int, symbolic: bool = False) -> Any:
 
 def cast_to(b: Builder, v: Value, dtype: DType) -> Value:
     return v if v.dtype is dtype else b.cast(v, to=dtype)
+
+
+_FRESH = itertools.count()
+
+
+def block_args(types: Sequence[TensorType]) -> tuple[Value, list[Value]]:
+    """Fresh arguments for a loop body being built: the iteration index, then one per type (named so
+    that no graph input can share a name, so hash-consing never merges them with one)."""
+    tag = f"%body{next(_FRESH)}"
+    return param(f"{tag}.t", INDEX), [param(f"{tag}.{k}", t) for k, t in enumerate(types)]

@@ -3,7 +3,6 @@ a compile-time trip count or, over a symbolic one, imported as one CIR ``loop``.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,16 +10,13 @@ import numpy as np
 
 from cuvil.errors import CuvilError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
-from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, fill, index_const, scalar, stack, static_scalar, take
+from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, block_args, fill, index_const, scalar, stack, static_scalar, take
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis
-from cuvil.ir.ops.control import INDEX
 from cuvil.ir.region import close_body
 from cuvil.ir.symbolic import Dim, Sym
 from cuvil.ir.types import TensorType
-from cuvil.ir.values import Value, param
-
-_FRESH = itertools.count()
+from cuvil.ir.values import Value
 
 
 @onnx_op("Dropout", emits=("fill",))
@@ -152,10 +148,8 @@ def _scan_loop(ctx: NodeCtx, body: object, states: list[Value], xs: list[Value],
     reverse = bool(in_dirs[0]) if in_dirs else False
     fronted = [x if a == 0 else b.transpose(x, perm=[a, *(k for k in range(x.type.rank) if k != a)])
                for x, a in zip(xs, axes, strict=True)]
-    tag = f"%scan{next(_FRESH)}"
-    t = param(f"{tag}.t", INDEX)
-    state_args = [param(f"{tag}.s{k}", s.type) for k, s in enumerate(states)]
-    slice_args = [param(f"{tag}.x{k}", TensorType(x.dtype, x.shape[1:])) for k, x in enumerate(fronted)]
+    t, args = block_args([*(s.type for s in states), *(TensorType(x.dtype, x.shape[1:]) for x in fronted)])
+    state_args, slice_args = args[:len(states)], args[len(states):]
     outs = ctx.imp.import_subgraph(body, [*state_args, *slice_args])  # type: ignore[arg-type]
     for k, (new, old) in enumerate(zip(outs, state_args, strict=False)):
         if new.type != old.type:
@@ -180,11 +174,9 @@ def _counted_loop(ctx: NodeCtx, body: Any, count: Dim, carried: list[Value]) -> 
     arguments (the iteration number, the carried values; the condition fed as the constant true),
     its condition output required to be that constant (a loop that may stop early is a while loop)."""
     b = ctx.b
-    tag = f"%loop{next(_FRESH)}"
-    t = param(f"{tag}.t", INDEX)
+    t, args = block_args([v.type for v in carried])
     formal = body.input[0].type.tensor_type.shape.dim if body.input else []
     index = b.reshape(t, shape=[1]) if len(formal) == 1 else t
-    args = [param(f"{tag}.s{k}", v.type) for k, v in enumerate(carried)]
     outs = ctx.imp.import_subgraph(body, [index, scalar(b, True, DType.bool), *args])
     try:
         stays = bool(np.asarray(ctx.imp.static_value(outs[0], ctx.location)).reshape(()))

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
-from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, cast_to, fill, reshape_to, scalar, split_equal, stack, take
-from cuvil.ir.ops.control import INDEX
+from cuvil.frontend.onnx_ops.blocks import (
+    MAX_UNROLL,
+    block_args,
+    cast_to,
+    fill,
+    reshape_to,
+    scalar,
+    split_equal,
+    stack,
+    take,
+)
 from cuvil.ir.region import close_body
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import TensorType
-from cuvil.ir.values import Value, param
+from cuvil.ir.values import Value
 
 _ALPHA_DEFAULT = {"LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "ScaledTanh": 1.0, "HardSigmoid": 0.2,
                   "Elu": 1.0, "Affine": 1.0}
@@ -20,7 +28,6 @@ _BETA_DEFAULT = {"ScaledTanh": 1.0, "HardSigmoid": 0.5, "Affine": 0.0}
 Activation = Callable[[Value], Value]
 Step = Callable[[Value, list[Value]], list[Value]]
 """One time step: (the step's projected input, states) -> new states, the hidden state first."""
-_FRESH = itertools.count()
 _RECURRENT_EMITS = ("matmul", "add", "mul", "sub", "gather", "split", "where", "less", "concat", "reshape", "fill",
                     "relu", "sigmoid", "tanh", "leaky_relu", "thresholded_relu", "elu", "softsign", "softplus",
                     "hardsigmoid", "clip", "loop", "cast")
@@ -166,10 +173,8 @@ class _Recurrence:
         """``step`` as the body of a ``loop`` over a symbolic number of steps, scanning ``xw``;
         everything the step reads from outside (weights, biases) is captured as a loop invariant."""
         b = self.b
-        tag = f"%step{next(_FRESH)}"
-        t = param(f"{tag}.t", INDEX)
-        hs = [param(f"{tag}.s{k}", s.type) for k, s in enumerate(state)]
-        xt = param(f"{tag}.x", TensorType(xw.dtype, xw.shape[1:]))
+        t, args = block_args([*(s.type for s in state), TensorType(xw.dtype, xw.shape[1:])])
+        hs, xt = args[:-1], args[-1]
         y, kept = self.advance(t, xt, hs, step)
         body, captured = close_body([t, *hs, xt], [*kept, y])
         operands = [*state, xw, *captured]
