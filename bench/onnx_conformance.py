@@ -143,9 +143,9 @@ def run_case(case: Any, timeout: float | None = None, mode: str = "interpreter",
                 if len(got) != len(expected):
                     return done("failed", f"output count {len(got)} != {len(expected)}")
                 for k, (g, e) in enumerate(zip(got, expected, strict=True)):
-                    msg = compare(np.asarray(g), _expected_array(e), case.rtol, case.atol)
+                    msg = compare_structured(g, e, lambda a, b: compare(a, _expected_array(b), case.rtol, case.atol))
                     if msg:
-                        where = f" [{np.asarray(g).dtype}]" if rep.mode == "compiled" else ""
+                        where = f" [{np.asarray(g).dtype}]" if rep.mode == "compiled" and g is not None else ""
                         return done("failed", f"output {k}: {msg}{where}")
     except CaseTimeout as e:
         return done("failed", f"TIMEOUT {e}")
@@ -167,10 +167,29 @@ def interpreter_mismatch(rep: Any, ins: Sequence[Any], got: Sequence[Any]) -> st
     if len(want) != len(got):
         return f"output count {len(got)} != {len(want)}"
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        msg = compare_exact(np.asarray(g), np.asarray(w))
+        msg = compare_structured(g, w, lambda a, b: compare_exact(a, np.asarray(b)))
         if msg:
             return f"output {k}: {msg}"
     return ""
+
+
+def compare_structured(got: Any, want: Any, compare_arrays: Callable[[np.ndarray, Any], str]) -> str:
+    """'' when ``got`` matches ``want`` where outputs may be sequences (lists, compared element by
+    element) or empty optionals (None) as well as tensors."""
+    if want is None or got is None:
+        return "" if want is None and got is None else f"{'None' if got is None else 'a value'} where " \
+                                                       f"{'None' if want is None else 'a value'} is expected"
+    if isinstance(want, list) or isinstance(got, list):
+        if not (isinstance(want, list) and isinstance(got, list)):
+            return "a sequence and a tensor"
+        if len(got) != len(want):
+            return f"a sequence of {len(got)} tensors, {len(want)} expected"
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            msg = compare_arrays(np.asarray(g), w)
+            if msg:
+                return f"element {k}: {msg}"
+        return ""
+    return compare_arrays(np.asarray(got), want)
 
 
 def compare_exact(got: np.ndarray, want: np.ndarray) -> str:

@@ -9,7 +9,10 @@ compile options through.
 Models that feed attribute-like operands (Reshape shapes, Slice bounds, an If
 condition, ...) through graph inputs are specialized on those inputs' values at
 run time, since CIR needs them at compile time; each specialization is imported
-once and cached by the bound values.
+once and cached by the bound values. Sequence and optional inputs are fed as lists of
+arrays and ``None``; the model is imported for each form they come in (a sequence's
+length and element shapes, whether an optional is present), and sequence or optional
+outputs come back as lists and ``None`` (see :mod:`cuvil.frontend.onnx_structure`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from cuvil.errors import InputError, ModelLoadError
 from cuvil.frontend.onnx_import import StaticInputRequired, import_onnx, load_onnx
+from cuvil.frontend.onnx_structure import InputForm, input_kind, regroup
 from cuvil.interp import run_reference, to_numpy
 from cuvil.ir.module import Module
 
@@ -78,11 +82,14 @@ class CuvilRep(BackendRep):
         self.model = model
         initializers = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in initializers]
+        self._kinds = {i.name: input_kind(i.type) for i in model.graph.input if i.name not in initializers}
         self.output_names = [o.name for o in model.graph.output]
         self._outputs_type = namedtupledict("Outputs", self.output_names)
         self.static_names: set[str] = set()
         self._module: Module | None = None
         self._cache: dict[bytes, Module] = {}
+        if any(k != "tensor" for k in self._kinds.values()):
+            return  # imported per form of the sequence and optional inputs
         try:
             self._module = import_onnx(model)
         except StaticInputRequired as e:
@@ -98,21 +105,22 @@ class CuvilRep(BackendRep):
             raise e
         self.static_names.add(e.param_name)
 
-    def _module_for(self, feeds: Mapping[str, np.ndarray]) -> Module:
+    def _module_for(self, feeds: Mapping[str, Any]) -> Module:
         if self._module is not None:
             return self._module
+        forms = {n: InputForm.of(feeds.get(n), kind) for n, kind in self._kinds.items() if kind != "tensor"}
         for _ in range(_MAX_SPECIALIZATIONS):
             missing = sorted(self.static_names - set(feeds))
             if missing:
                 raise InputError(f"inputs {missing} are needed to specialize the model but were not given",
                                  hint="inputs: " + ", ".join(self.input_names))
             bound = {n: feeds[n] for n in self.static_names}
-            key = _key(bound)
+            key = _key(bound) + repr(sorted(forms.items())).encode()
             found = self._cache.get(key)
             if found is not None:
                 return found
             try:
-                module = import_onnx(self.model, static_inputs=bound)
+                module = import_onnx(self.model, static_inputs=bound, input_forms=forms)
             except StaticInputRequired as e:
                 self._require_static(e)
                 continue
@@ -120,28 +128,48 @@ class CuvilRep(BackendRep):
             return module
         raise InputError("the model needs too many inputs bound at compile time")
 
-    def feeds(self, inputs: Any) -> dict[str, np.ndarray]:
-        """Name the inputs: a dict by name, a list/tuple in graph-input order, or one array."""
+    def feeds(self, inputs: Any) -> dict[str, Any]:
+        """Name the inputs: a dict by name, a list/tuple in graph-input order, or one array (a
+        sequence input takes a list of arrays, an optional one ``None`` when empty)."""
         if isinstance(inputs, Mapping):
             unknown = sorted(set(inputs) - set(self.input_names))
             if unknown:
                 raise InputError(f"unknown inputs {unknown}", hint="inputs: " + ", ".join(self.input_names))
-            return {str(k): _array(v) for k, v in inputs.items()}
+            return {str(k): self._fed(str(k), v) for k, v in inputs.items()}
         single = isinstance(inputs, (np.ndarray, onnx.TensorProto)) or not isinstance(inputs, Sequence)
         arrays = [inputs] if single else list(cast(Sequence[Any], inputs))
         if len(arrays) > len(self.input_names):
             raise InputError(f"the model takes {len(self.input_names)} inputs, got {len(arrays)}",
                              hint="inputs: " + ", ".join(self.input_names))
-        return {n: _array(a) for n, a in zip(self.input_names, arrays, strict=False)}
+        return {n: self._fed(n, a) for n, a in zip(self.input_names, arrays, strict=False)}
+
+    def _fed(self, name: str, value: Any) -> Any:
+        """An input as arrays: a list of them for a sequence, None for an empty optional."""
+        if self._kinds.get(name, "tensor") == "tensor":
+            return _array(value)
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)):
+            return [_array(v) for v in value]
+        return _array(value)
 
     def _bind(self, inputs: Any) -> tuple[Module, dict[str, np.ndarray]]:
         feeds = self.feeds(inputs)
         module = self._module_for(feeds)
+        flat: dict[str, np.ndarray] = {}
+        for name, value in feeds.items():
+            if isinstance(value, list):
+                flat.update({f"{name}.{k}": v for k, v in enumerate(value)})
+            elif value is not None:
+                flat[name] = value
         params = [p.name for p in module.main.params]
-        missing = [n for n in params if n not in feeds]
+        missing = [n for n in params if n not in flat]
         if missing:
             raise InputError(f"missing inputs {missing}", hint="inputs: " + ", ".join(self.input_names))
-        return module, {n: feeds[n] for n in params}
+        return module, {n: flat[n] for n in params}
+
+    def _outputs(self, module: Module, flat: Sequence[Any]) -> tuple[Any, ...]:
+        return self._outputs_type(*regroup(module.metadata, self.output_names, flat))
 
     def compiled(self, module: Module) -> Any:
         """The :class:`cuvil.runtime.loader.CompiledModel` of ``module`` (compiled on first use)."""
@@ -160,13 +188,13 @@ class CuvilRep(BackendRep):
             outs = self.compiled(module).run(feeds)
         else:
             outs = run_reference(module, feeds)
-        return self._outputs_type(*outs)
+        return self._outputs(module, outs)
 
     def run_reference(self, inputs: Any) -> tuple[np.ndarray, ...]:
         """The interpreter's outputs for ``inputs`` (whatever the mode): the oracle compiled runs are
         compared with."""
         module, feeds = self._bind(inputs)
-        return self._outputs_type(*run_reference(module, feeds))
+        return self._outputs(module, run_reference(module, feeds))
 
 
 class CuvilBackend(Backend):

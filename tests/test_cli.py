@@ -88,7 +88,7 @@ def test_ops_json_has_one_row_per_catalogue_op(capsys):
         r = rows[op.name]
         assert r["family"] == op.family
         if op.structured:  # control flow: its meaning is the region it runs
-            assert r["interpreter"] == cli_ops.STRUCTURED["interpreter"]
+            assert r["interpreter"] == cli_ops.STRUCTURED[op.name]["interpreter"]
             continue
         assert r["interpreter"] == ("rule + fast path" if op.numpy is not None else "rule only")
         emitted_by = sorted(t for (d, t), e in converters().items() if not d and op.name in e.cir_ops)
@@ -116,7 +116,7 @@ def test_reader_columns_come_from_the_readers_tables(capsys):
     rows = {r["op"]: r for r in json.loads(out)["ops"]}
     structured = {o.name for o in all_ops() if o.structured}
     for name in structured:
-        assert rows.pop(name)["z3"] == cli_ops.STRUCTURED["z3"]
+        assert rows.pop(name)["z3"] == cli_ops.STRUCTURED[name]["z3"]
     assert {r["z3"] for r in rows.values()} == {"yes"}
     tuned = tuned_kernels()
     assert set(tuned) == {"matmul", "conv", "fused"}

@@ -179,7 +179,66 @@ REAL: dict[str, Axiom] = {a.name: a for a in [
 ]}
 """Facts of the real encoder; checked in float64 within a few ulps (the real tier ignores rounding)."""
 
-ALL: dict[str, Axiom] = {**ABSTRACT_FP, **REAL}
+def _bit_words(bits: int) -> np.ndarray:
+    """Every 16-bit pattern, or edge and random patterns of a wider word (NaN payloads, zeros, extremes)."""
+    if bits == 16:
+        return np.arange(1 << 16, dtype=np.uint16)
+    ints = np.dtype(f"u{bits // 8}")
+    top = (1 << bits) - 1
+    edge = [0, 1, top, top >> 1, 1 << (bits - 1), (top >> 1) ^ (top >> 10), 0x7F800001, 0x7FC00005]
+    rng = np.random.default_rng(3)
+    rand = rng.integers(0, 1 << 62, 4096, dtype=np.uint64).astype(ints)
+    return np.concatenate([np.array(edge, dtype=np.uint64).astype(ints), rand])
+
+
+_BIT_TYPES = {16: (np.int16, np.uint16, np.float16, ml_dtypes.bfloat16), 32: (np.int32, np.uint32, np.float32),
+              64: (np.int64, np.uint64, np.float64)}
+
+
+def _bitcast_round_trip() -> list[str]:
+    bad: list[str] = []
+    for bits, types in _BIT_TYPES.items():
+        words = _bit_words(bits)
+        for a, mid, b in itertools.product(types, repeat=3):
+            x = words.view(a)
+            if not np.array_equal(x.view(mid).view(b).view(words.dtype), x.view(b).view(words.dtype)):
+                bad.append(f"bitcast-round-trip fails for {np.dtype(a)} via {np.dtype(mid)} to {np.dtype(b)}")
+    return bad
+
+
+def _bitcast_literal() -> list[str]:
+    """As the encoders fold a literal: a float stored as a literal of its type has the float's own bits,
+    and a word read as a float and stored as a literal again has the word's bits (NaNs identified)."""
+    from cuvil.ir.dtypes import DType
+    from cuvil.ir.numpy_prims import literal
+
+    bad: list[str] = []
+    for dt in FLOAT_DTYPES:
+        with np.errstate(all="ignore"):
+            x = samples(dt, n=256)
+        cir = DType.from_numpy(dt)
+        ints = np.dtype(f"u{dt.itemsize}")
+        for v in x:
+            stored = literal(float(v.astype(np.float64)), cir)
+            if not np.isnan(v) and stored.view(ints) != np.array(v).view(ints):
+                bad.append(f"bitcast-literal fails at {dt}: {v!r}")
+                break
+            if not same_bits(np.array(v), stored):
+                bad.append(f"bitcast-literal fails at {dt}: {v!r} read back")
+                break
+    return bad
+
+
+BITS: dict[str, Axiom] = {a.name: a for a in [
+    Axiom("bitcast-round-trip", "bitcast(bitcast(x, a), b) = bitcast(x, b): reading bits as one type, then as "
+          "another, reads them as the second", _bitcast_round_trip),
+    Axiom("bitcast-literal", "the bits of a known non-NaN float are its IEEE encoding, and bits read as a float "
+          "are the float they encode", _bitcast_literal),
+]}
+"""Laws of bit reinterpretation, used by both encoders: they hold by definition (a bitcast is a numpy
+view, an LLVM bitcast), checked over every 16-bit pattern and sampled wider ones."""
+
+ALL: dict[str, Axiom] = {**ABSTRACT_FP, **REAL, **BITS}
 
 
 # --------------------------------------------------------------------------------------
@@ -249,6 +308,9 @@ def axiom_status(name: str) -> dict[str, str]:
     axiom = ALL.get(name)
     if axiom is None:
         return {"status": "assumed", "how": "not a known axiom of the encoders"}
+    if name in BITS:
+        return {"status": "proved", "statement": axiom.statement,
+                "how": "by definition: a bitcast reads the same bits as another type (a numpy view, an LLVM bitcast)"}
     if name == "ne-as-not-eq":
         return {"status": "proved", "statement": axiom.statement,
                 "how": "by definition: IEEE 754's compareQuietNotEqual (numpy's !=) is the negation of =="}

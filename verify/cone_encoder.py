@@ -512,6 +512,12 @@ class ConeEncoder:
         return self.sem.select(inb, self._scalar(inner, dt), self._scalar(self._lit(e.oob, dt), dt), dt)
 
     def _call(self, e: R.Call, env: _Env, owner: Value) -> Any:
+        if e.fn == "bitcast":
+            source = self._bits_source(e.args[0], env, owner)
+            if source is not None:  # bits read as one type, then as another: read as the last at once
+                self.sem.axioms.add("bitcast-round-trip")
+                value, dtype = source
+                return self.sem.bitcast(self._scalar(value, dtype), dtype, e.dtype)
         args = [self.expr(a, env, owner) for a in e.args]
         dtypes = [a.dtype for a in e.args]
         attrs = dict(e.attrs)
@@ -524,6 +530,28 @@ class ConeEncoder:
             return self.sem.select(cond, self._scalar(args[1], e.dtype), self._scalar(args[2], e.dtype), e.dtype)
         scal = [self._scalar(a, d) for a, d in zip(args, dtypes, strict=True)]
         return self.sem.call(fn, scal, dtypes, e.dtype, attrs)
+
+    def _bits_source(self, e: R.Expr, env: _Env, owner: Value) -> tuple[Any, DType] | None:
+        """When ``e`` is itself a bit reinterpretation (a bitcast in the rule, or an in-bounds load of a
+        bitcast op the encoder looks into), the value whose bits it reads and that value's type. A
+        float's bits are lost in the sort only at NaN (``AbstractFPSemantics.float_bits``); reading
+        them through the chain keeps them exactly, as the interpreter's views do."""
+        if isinstance(e, R.Call) and e.fn == "bitcast":
+            inner = e.args[0]
+            return self._bits_source(inner, env, owner) or (self.expr(inner, env, owner), inner.dtype)
+        if not isinstance(e, R.Load) or e.oob is not None:
+            return None
+        operand = owner.operands[e.operand]
+        if operand.op != "bitcast" or self.leaf_of(operand) is not None:
+            return None
+        return self._value_bits_source(operand, tuple(self.ix(i, env, owner) for i in e.index))
+
+    def _value_bits_source(self, v: Value, idx: tuple[Lin, ...]) -> tuple[Any, DType]:
+        """The value a bitcast op ``v`` reads at ``idx`` (its operand has its shape), through a chain."""
+        src = v.operands[0]
+        if src.op == "bitcast" and self.leaf_of(src) is None:
+            return self._value_bits_source(src, idx)
+        return self.value_at(src, idx), src.dtype
 
     def _index_call(self, fn: str, args: list[Any], dtypes: list[DType], out: DType) -> Any:
         """Integer arithmetic on index-derived values stays in linear forms."""

@@ -23,9 +23,9 @@ import numpy as np
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
-from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, bitcast
 from cuvil.ir.opdef import contraction_ops, get_op
-from cuvil.ir.ops.control import iterate
+from cuvil.ir.ops.control import branch, iterate
 from cuvil.ir.region import Region
 from cuvil.ir.rulewalk import fold_ix, mentioned_vars, numpy_ix
 from cuvil.ir.specialize import bind_attr
@@ -109,6 +109,8 @@ def _work(v: Value, dims: Mapping[str, int]) -> int:
     if v.op == "loop":  # its body's work once per iteration
         trips = evaluate_dim(v.attr("trips")[0], dims)
         return trips * sum(_work(u, dims) for u in v.attr("body").ops())
+    if v.op == "cond":  # the branch taken: at most the larger one
+        return max(sum(_work(u, dims) for u in v.attr(name).ops()) for name in ("then_body", "else_body"))
     rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
     extent = _reduce_extent(rule, dims)
     cost = int(np.prod([evaluate_dim(d, dims) for d in v.type.shape], dtype=np.int64)) * extent
@@ -172,6 +174,9 @@ class ModularEvaluator:
     def op(self, v: Value, arrays: list[np.ndarray], dims: Mapping[str, int]) -> np.ndarray:
         if v.op == "loop":
             return self._loop(v, arrays, dims)
+        if v.op == "cond":  # the branch the condition (its residue or plain value, nonzero) picks
+            return branch(arrays, v.attr("then_body"), v.attr("else_body"),
+                          lambda r, args: self._region(r, args, dims))[int(v.attr("output"))]
         rule = get_op(v.op).make_rule([o.type for o in v.operands], v.attr_dict, v.type)
         shape = tuple(evaluate_dim(d, dims) for d in v.type.shape)
         if _limb_product_applies(v, _reduce_extent(rule, dims)):
@@ -189,17 +194,19 @@ class ModularEvaluator:
         return out.reshape(shape)
 
 
+    def _region(self, body: Region, args: list[np.ndarray], dims: Mapping[str, int]) -> list[np.ndarray]:
+        """A region's results with its ops read over Z_p."""
+        memo: dict[Value, np.ndarray] = dict(zip(body.params, args, strict=True))
+        for u in walk(body.results):
+            if u not in memo:
+                memo[u] = self.op(u, [memo[o] for o in u.operands], dims)
+        return [memo[r] for r in body.results]
+
     def _loop(self, v: Value, arrays: list[np.ndarray], dims: Mapping[str, int]) -> np.ndarray:
         """The loop's iteration (its one definition) with the body's ops read over Z_p."""
-        def run_body(body: Region, args: list[np.ndarray]) -> list[np.ndarray]:
-            memo: dict[Value, np.ndarray] = dict(zip(body.params, args, strict=True))
-            for u in walk(body.results):
-                if u not in memo:
-                    memo[u] = self.op(u, [memo[o] for o in u.operands], dims)
-            return [memo[r] for r in body.results]
-
         results = iterate(arrays, v.attr("body"), int(v.attr("carried")), int(v.attr("scanned")),
-                          evaluate_dim(v.attr("trips")[0], dims), bool(v.attr("reverse")), run_body)
+                          evaluate_dim(v.attr("trips")[0], dims), bool(v.attr("reverse")),
+                          lambda body, args: self._region(body, args, dims), int(v.attr("stop")))
         return results[int(v.attr("output"))]
 
     @staticmethod
@@ -312,6 +319,8 @@ class _Chunk:
             return np.where(args[0], args[1], args[2])
         if fn == "cast":
             return self._cast(args[0], e.args[0].dtype, e.dtype)
+        if fn == "bitcast":
+            return self._bitcast(args[0], e.args[0].dtype, e.dtype)
         dt = e.args[0].dtype
         if not dt.is_float:
             with np.errstate(all="ignore"):
@@ -370,6 +379,17 @@ class _Chunk:
         if dst is DType.bool:
             return x != 0
         return x.astype(dst.np)
+
+    def _bitcast(self, x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
+        """Integer and bool bits are read exactly; a float's bits have no image in Z_p (a residue is a
+        value, not a bit pattern), so bits read from or as a float are a random oracle. A proof that
+        reads bits through a chain of bitcasts (``bitcast-round-trip``) is therefore not checked here."""
+        if src is dst:
+            return x
+        if not (src.is_float or dst.is_float):
+            return bitcast(np.asarray(x).astype(src.np, copy=False), dst)
+        out = self.ev.oracle(f"bitcast_{src.value}_{dst.value}", np.asarray(x).astype(np.int64))
+        return out if dst.is_float else out.astype(dst.np)
 
     def _reduce(self, e: R.Reduce) -> np.ndarray:
         base = self.depth

@@ -22,7 +22,7 @@ import z3
 from cuvil.errors import BudgetError, UnsupportedOpError
 from cuvil.ir.hashing import constant_conflicts, module_hash, structural_hash
 from cuvil.ir.module import Function, Module, content_hash
-from cuvil.ir.ops.control import open_body
+from cuvil.ir.ops.control import open_regions
 from cuvil.ir.unroll import module_has_loops, unroll_module
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
@@ -42,6 +42,8 @@ BOUNDED_REASON = "bounded contracts are checked by the overflow prober"
 
 # real axioms a Z_p evaluation does not model (its transcendental functions are random oracles)
 _NON_FIELD_AXIOMS = ("sqrt-square", "sqrt-nonnegative", "sqrt-positive", "exp-positive")
+# laws of either encoder a Z_p evaluation does not model (a float's bits there are a random oracle)
+_NOT_IN_Z_P = ("bitcast-round-trip", "bitcast-literal")
 
 
 @dataclass
@@ -312,7 +314,10 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
               *(str(c) for c in fb.constraints))
     verdict = _combine(attempt, fallback, search, contract, enc_name, shapes, notes)
     if search.rit_differs is not None:
-        notes.append("randomized identity test over Z_p: " + ("the cones differ" if search.rit_differs else "agree"))
+        differs = "the cones differ" if search.rit_differs else "agree"
+        if search.rit_differs and proved and not _rit_applies(attempt, search):
+            differs += " (it has no bit patterns for floats, which this proof reads)"
+        notes.append("randomized identity test over Z_p: " + differs)
     seconds = time.perf_counter() - start
     if isinstance(verdict, Proved):
         verdict = Proved(verdict.encoder, verdict.shapes, seconds, verdict.axioms, verdict.note)
@@ -486,9 +491,13 @@ def _congruent_cuts(fb: Function, fa: Function, table: LeafTable, encoder: str, 
 
 def _op_key(v: Value) -> tuple[object, ...]:
     """Op, attributes and type; a structured op's body left out (bodies are compared by proof)."""
-    if v.op == "loop":
-        return (v.op, tuple((k, a) for k, a in v.attrs if k != "body"), v.type)
+    if v.op in REGION_ATTRS:
+        return (v.op, tuple((k, a) for k, a in v.attrs if k not in REGION_ATTRS[v.op]), v.type)
     return (v.op, v.attrs, v.type)
+
+
+REGION_ATTRS = {"loop": ("body",), "cond": ("then_body", "else_body")}
+"""The attributes of a structured op that hold its regions."""
 
 
 def _by_op(fb: Function, table: LeafTable) -> dict[tuple[object, ...], list[Value]]:
@@ -518,8 +527,9 @@ def _congruent(va: Value, by_op: dict[tuple[object, ...], list[Value]], table: L
         if vb.attrs == va.attrs and None not in ops and _operand_keys(vb, table) == ops:
             table.add_cut(vb, va, "congruence: the same op, attributes and operand leaves")
             return True
-        if va.op == "loop" and bodies is not None and bodies.loops_equal(vb, va, table):
-            table.add_cut(vb, va, "loop: operands the same leaves, bodies equal (the loop_body obligations)")
+        if va.op in REGION_ATTRS and bodies is not None and bodies.regions_equal(vb, va, table):
+            why = "bodies equal" if va.op == "loop" else "both branches equal"
+            table.add_cut(vb, va, f"{va.op}: operands the same leaves, {why} (the loop_body obligations)")
             return True
     return False
 
@@ -542,15 +552,23 @@ class BodyProofs:
     search: str
     checked: dict[tuple[tuple[int, ...], tuple[int, ...]], Application] = field(default_factory=dict)
 
-    def loops_equal(self, vb: Value, va: Value, table: LeafTable) -> bool:
+    def regions_equal(self, vb: Value, va: Value, table: LeafTable) -> bool:
+        """Whether the two loops (or conds) are proved to compute the same results: operands the same
+        leaves and each region of one proved equal to the other's, as functions of its arguments (two
+        conds then run equal branches on equal operands, whichever the condition picks)."""
         if self.pass_.contract is Contract.BOUNDED:
             return False
-        args_b, results_b, ops_b = open_body(vb)
-        args_a, results_a, ops_a = open_body(va)
+        regions_b, ops_b = open_regions(vb)
+        regions_a, ops_a = open_regions(va)
         keys_b = [table.leaf_of(o) for o in ops_b]
         keys_a = [table.leaf_of(o) for o in ops_a]
         if None in keys_b or None in keys_a or [k.key for k in keys_b if k] != [k.key for k in keys_a if k]:
             return False
+        return all(self._region_equal(rb, ra) for rb, ra in zip(regions_b, regions_a, strict=True))
+
+    def _region_equal(self, region_b: tuple[list[Value], list[Value]], region_a: tuple[list[Value], list[Value]]
+                      ) -> bool:
+        (args_b, results_b), (args_a, results_a) = region_b, region_a
         if [a.type for a in args_b] != [a.type for a in args_a]:
             return False
         if results_b == results_a:
@@ -575,7 +593,7 @@ class BodyProofs:
                 app.congruences += sub.congruences
             else:
                 why = "; ".join(f"{o.output}: {o.status}" for o in sub.obligations) or "no obligation"
-                table.notes.append(f"a loop body the pass rewrote was not proved equal ({why})")
+                table.notes.append(f"a loop body or branch the pass rewrote was not proved equal ({why})")
 
 
 def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Function, timeout: float,
@@ -642,8 +660,12 @@ def _combine(attempt: Attempt, fallback: Attempt | None, search: Search, contrac
 
 
 def _rit_applies(attempt: Attempt, search: Search) -> bool:
-    """Whether a Z_p disagreement contradicts this proof: always for abstract-fp (its laws hold in the
-    Z_p reading); for a real proof only when the evaluation stayed inside field arithmetic."""
+    """Whether a Z_p disagreement contradicts this proof: never when it read a float's bits exactly (a
+    chain of bitcasts, a literal's encoding: Z_p has no bit patterns for floats); otherwise always for
+    abstract-fp (its laws hold in the Z_p reading); for a real proof only when the evaluation stayed
+    inside field arithmetic."""
+    if any(a in _NOT_IN_Z_P for a in attempt.axioms):
+        return False
     if attempt.encoder == "abstract-fp":
         return True
     trace = search.rit_trace

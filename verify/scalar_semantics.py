@@ -16,12 +16,14 @@ Integers are bit-vectors of their real width and booleans z3 booleans under both
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import z3
 from z3 import z3core as Z3C
 
@@ -145,6 +147,7 @@ class Semantics:
         self._dag_keys: dict[int, tuple[z3.ExprRef, str]] = {}
         self.int_sort = z3.IntSort(ctx)
         self._narrow_terms: dict[tuple[DType, str], tuple[z3.BitVecRef, z3.BitVecRef]] = {}
+        self._fresh = itertools.count()
 
     # sorts and functions ----------------------------------------------------------
     def float_sort(self, dtype: DType) -> z3.SortRef:
@@ -191,6 +194,8 @@ class Semantics:
             return self.select(args[0], args[1], args[2], out)
         if fn == "cast":
             return self.cast(args[0], dtypes[0], out)
+        if fn == "bitcast":
+            return self.bitcast(args[0], dtypes[0], out)
         dt = dtypes[0]
         if dt is DType.bool:
             return self._bool_call(fn, args)
@@ -346,6 +351,47 @@ class Semantics:
         return bitvec(self.uf(f"cast_{src.value}_{dst.value}", [self.sort(src)], sort)(self.term(x, src)))
 
     def float_to_float(self, x: Any, src: DType, dst: DType) -> Any:
+        raise NotImplementedError
+
+    # bit reinterpretation ---------------------------------------------------------------
+    def bitcast(self, x: Any, src: DType, dst: DType) -> Any:
+        """``x``'s bits read as ``dst`` (``numpy_prims.bitcast``): an integer keeps its bit-vector, a
+        bool is the byte 0 or 1, a float goes through its bit pattern."""
+        refused = R.bitcast_refusal(src, dst)
+        if refused is not None:
+            raise EncodingError(f"bitcast: {refused}")
+        if src is dst:
+            return x
+        if src is DType.bool:
+            return self.select(x, self.lit(1, dst), self.lit(0, dst), dst)
+        bits = self._known_float_bits(x, src) if src.is_float else bitvec(x)
+        return self._known_bits_float(bits, dst) if dst.is_float else bits
+
+    def _known_float_bits(self, x: Any, dtype: DType) -> z3.BitVecRef:
+        """A float literal's bits as a numeral (not a NaN's: a literal NaN stands for every NaN)."""
+        value = self.literal_value(x, dtype)
+        if value is None or math.isnan(value):
+            return self.float_bits(x, dtype)
+        self.axioms.add("bitcast-literal")
+        pattern = literal(value, dtype).view(np.dtype(f"u{dtype.bits // 8}"))
+        return z3.BitVecVal(int(pattern), dtype.bits, self.ctx)
+
+    def _known_bits_float(self, bits: z3.BitVecRef, dtype: DType) -> Any:
+        """A numeral's bits as a float literal (any NaN pattern as the NaN literal)."""
+        if not z3.is_bv_value(bits):
+            return self.bits_float(bits, dtype)
+        self.axioms.add("bitcast-literal")
+        word = np.array(bv_value(bits), dtype=np.dtype(f"u{dtype.bits // 8}")).view(dtype.np)
+        return self.lit(float(word.astype(np.float64)), dtype)
+
+    def fresh_bits(self, dtype: DType) -> z3.BitVecRef:
+        """A bit-vector of ``dtype``'s width that nothing constrains, new at each call."""
+        return z3.BitVec(f"free_bits_{dtype.value}_{next(self._fresh)}", dtype.bits, self.ctx)
+
+    def float_bits(self, x: Any, dtype: DType) -> z3.BitVecRef:
+        raise NotImplementedError
+
+    def bits_float(self, bits: z3.BitVecRef, dtype: DType) -> Any:
         raise NotImplementedError
 
     # reductions -----------------------------------------------------------------------
@@ -561,6 +607,15 @@ class RealSemantics(Semantics):
     def float_to_float(self, x: Any, src: DType, dst: DType) -> Any:
         return x
 
+    def float_bits(self, x: Any, dtype: DType) -> z3.BitVecRef:
+        """This tier has no NaN and no rounding: a value's bits are an uninterpreted function of the real."""
+        bv = z3.BitVecSort(dtype.bits, self.ctx)
+        return bitvec(self.uf(f"real_bits_{dtype.value}", [self.real], bv)(self.atoms.term(x)))
+
+    def bits_float(self, bits: z3.BitVecRef, dtype: DType) -> Any:
+        bv = z3.BitVecSort(dtype.bits, self.ctx)
+        return self.atoms.atom(arith(self.uf(f"real_from_bits_{dtype.value}", [bv], self.real)(bits)))
+
     def range_facts(self, t: z3.ExprRef, dtype: DType, lo: float, hi: float) -> None:
         if not dtype.is_float:
             super().range_facts(t, dtype, lo, hi)
@@ -746,6 +801,19 @@ class AbstractFPSemantics(Semantics):
         out = f(x)
         self._apps[out.get_id()] = (out, f"cast_{src.value}", (x,))
         return out
+
+    def float_bits(self, x: Any, dtype: DType) -> z3.BitVecRef:
+        """A float's bits: a function of its value except on NaN. The sort holds one NaN and its laws
+        (``x * 1 = x``, ...) are equalities up to that, while IEEE arithmetic may change a NaN's bits
+        (a signaling NaN times 1 comes out quiet), so a NaN's bits are fresh: no proof rests on them."""
+        bv = z3.BitVecSort(dtype.bits, self.ctx)
+        known = self.uf(f"fbits_{dtype.value}", [self.float_sort(dtype)], bv)(x)
+        nan = boolean(self._app("isnan", dtype, (x,), z3.BoolSort(self.ctx)))
+        return bitvec(ite(nan, self.fresh_bits(dtype), bitvec(known)))
+
+    def bits_float(self, bits: z3.BitVecRef, dtype: DType) -> Any:
+        bv = z3.BitVecSort(dtype.bits, self.ctx)
+        return self.uf(f"ffrom_bits_{dtype.value}", [bv], self.float_sort(dtype))(bits)
 
 
 ENCODERS: dict[str, type[Semantics]] = {"real": RealSemantics, "abstract-fp": AbstractFPSemantics}

@@ -129,7 +129,7 @@ def _reader_cells(op: OpDef, readers: Mapping[str, ReaderSupport], tuned: Mappin
                   cases: Sequence[Example]) -> dict[str, str]:
     """The z3 and LLVM cells of one op."""
     if op.structured:
-        return {name: STRUCTURED[name] for name in readers}
+        return {name: STRUCTURED[op.name][name] for name in readers}
     if not cases:
         return {name: "unknown (no catalogue examples)" for name in readers}
     uses = set().union(*(rule_uses(c.rule) for c in cases))
@@ -183,14 +183,18 @@ def _torch_sources() -> dict[str, list[str]] | str:
     return {k: sorted(set(v)) for k, v in by_op.items()}
 
 
-STRUCTURED = {"interpreter": "its body iterated", "z3": "a cut point: same body or bodies proved equal",
-              "llvm": "a real loop over its body's kernels"}
+STRUCTURED = {
+    "loop": {"interpreter": "its body iterated", "z3": "a cut point: same body or bodies proved equal",
+             "llvm": "a real loop over its body's kernels"},
+    "cond": {"interpreter": "the chosen region run", "z3": "a cut point: same regions or regions proved equal",
+             "llvm": "a real branch to one region's kernels"},
+}
 """How each reader handles control flow (an op whose meaning is a region it runs)."""
 
 
 def _interpreter_cell(op: OpDef) -> str:
     if op.structured:
-        return STRUCTURED["interpreter"]
+        return STRUCTURED[op.name]["interpreter"]
     return "rule + fast path" if op.numpy is not None else "rule only"
 
 

@@ -32,10 +32,10 @@ from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_faul
 from cuvil.codegen.kernels import Kernel, select_kernel
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
-from cuvil.codegen.loop_kernel import LoopGroup, LoopKernel
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
-from cuvil.codegen.plan import MemoryPlan, loop_group_key, nbytes, ordered_steps, plan_memory
+from cuvil.codegen.plan import MemoryPlan, nbytes, ordered_steps, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
+from cuvil.codegen.structured import StructuredKernel, structured_kernels
 from cuvil.errors import CodegenError
 from cuvil.ir import hashing
 from cuvil.ir.module import Function
@@ -94,7 +94,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
     outputs = tuple(TensorSpec(n, r.dtype, static_shape(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
-    loops = _loop_kernels(fn, constants)
+    loops = structured_kernels(ordered_steps(fn), constants)
     plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()})
     mod = ir.Module(name=prefix)
 
@@ -105,7 +105,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     kernels: list[ir.Function | None] = []
     tuned: dict[Value, Kernel] = {}
     for k, v in enumerate(plan.steps):
-        if v.op == "loop":  # emitted below, once the constants it reads are embedded
+        if get_op(v.op).structured:  # emitted below, once the constants it reads are embedded
             kernels.append(None)
             continue
         kernel = select_kernel(v, constants)
@@ -139,9 +139,9 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
         const_globals[v.const_hash] = embed_array(mod, f"const.{v.const_hash}", data)
 
     const_bytes += sum(kn.constant_bytes for kn in tuned.values()) + sum(lk.constant_bytes for lk in loops.values())
-    for k, v in enumerate(plan.steps):  # the group's first result runs the loop; the others are written by it
+    for k, v in enumerate(plan.steps):  # the group's first result runs the op; the others are written by it
         if v in loops:
-            kernels[k] = loops[v].emit(mod, f"k{k}.loop", lambda c: const_globals[c.const_hash])
+            kernels[k] = loops[v].emit(mod, f"k{k}.{v.op}", lambda c: const_globals[c.const_hash])
     scratch = max([kn.scratch_bytes for kn in tuned.values()] + [lk.scratch_bytes for lk in loops.values()],
                   default=0)
     set_default_threads(mod, threads)
@@ -154,15 +154,6 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
                            tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps), guard)
-
-
-def _loop_kernels(fn: Function, constants: Mapping[str, np.ndarray]) -> dict[Value, LoopKernel]:
-    """One lowered loop per group of loop results, by the group's first result in plan order."""
-    groups: dict[tuple[object, ...], LoopGroup] = {}
-    for v in ordered_steps(fn):
-        if v.op == "loop":
-            groups.setdefault(loop_group_key(v), LoopGroup({})).members[int(v.attr("output"))] = v
-    return {g.first: LoopKernel(g, constants) for g in groups.values()}
 
 
 def _check_storage(fn: Function) -> None:
@@ -209,7 +200,7 @@ def _guard(b: Builder, checks: list[tuple[TensorCheck, ir.Function]], side: str,
 def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPlan,
                        const_globals: dict[str, ir.GlobalVariable], kernels: list[ir.Function | None],
                        inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
-                       tuned: Mapping[Value, Kernel], loops: Mapping[Value, LoopKernel], scratch: int,
+                       tuned: Mapping[Value, Kernel], loops: Mapping[Value, StructuredKernel], scratch: int,
                        checks: list[tuple[TensorCheck, ir.Function]]) -> None:
     # tuned kernels share one scratch area after the arena (they run one at a time)
     scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
@@ -253,7 +244,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
             else ir.Constant(PTR, None)
 
     for v, kernel in zip(plan.steps, kernels, strict=True):
-        if kernel is None:  # a loop result its group's first result writes
+        if kernel is None:  # a loop or cond result its group's first result writes
             continue
         if v in loops:
             lk = loops[v]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from cuvil.codegen.abi import ARENA_ALIGN
 from cuvil.codegen.lower_rule import static_shape
 from cuvil.ir.module import Function
+from cuvil.ir.opdef import get_op
 from cuvil.ir.ops.control import loop_key
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
@@ -85,24 +86,32 @@ class _Arena:
         self.free = merged
 
 
-def loop_group_key(v: Value) -> tuple[object, ...]:
+def structured_group_key(v: Value) -> tuple[object, ...]:
     return loop_key(v.operands, v.attrs)
 
 
+def _structured(v: Value) -> bool:
+    return get_op(v.op).structured
+
+
 def ordered_steps(fn: Function) -> tuple[Value, ...]:
-    """The function's ops in order, the results of one loop moved up to sit right after the first
-    (they read the same operands, so the order stays topological)."""
-    steps = fn.ops()
+    """The function's ops in order (see :func:`order_steps`)."""
+    return order_steps(fn.ops())
+
+
+def order_steps(steps: Sequence[Value]) -> tuple[Value, ...]:
+    """Ops in order, the results of one loop or cond moved up to sit right after the first (they
+    read the same operands, so the order stays topological)."""
     members: dict[tuple[object, ...], list[Value]] = {}
     for v in steps:
-        if v.op == "loop":
-            members.setdefault(loop_group_key(v), []).append(v)
+        if _structured(v):
+            members.setdefault(structured_group_key(v), []).append(v)
     out: list[Value] = []
     placed: set[Value] = set()
     for v in steps:
         if v in placed:
             continue
-        group = members.get(loop_group_key(v), [v]) if v.op == "loop" else [v]
+        group = members.get(structured_group_key(v), [v]) if _structured(v) else [v]
         out += group
         placed.update(group)
     return tuple(out)
@@ -128,7 +137,7 @@ def plan_steps(steps: Sequence[Value], keep: Sequence[Value] = ()) -> tuple[dict
 
 
 def plan_memory(fn: Function, work: Mapping[Value, int] | None = None) -> MemoryPlan:
-    """``work``: the work area (bytes) of each loop group, by its first result."""
+    """``work``: the work area (bytes) of each loop or cond group, by its first result."""
     work = work or {}
     steps = ordered_steps(fn)
     slots: dict[Value, Slot] = {}
@@ -148,9 +157,9 @@ def plan_memory(fn: Function, work: Mapping[Value, int] | None = None) -> Memory
     for pos, v in enumerate(steps):
         for o in v.operands:
             last_use[o] = pos
-    # a loop's work area: from its first result until its last one (its members are adjacent)
+    # a loop's or cond's work area: from its first result until its last one (its members are adjacent)
     work_end = {first: max(pos for pos, v in enumerate(steps)
-                           if v.op == "loop" and loop_group_key(v) == loop_group_key(first))
+                           if _structured(v) and structured_group_key(v) == structured_group_key(first))
                 for first in work}
     arena = _Arena()
     work_at: dict[Value, int] = {}

@@ -171,6 +171,10 @@ class ScalarEmitter:
 
     def __init__(self, builder: Builder) -> None:
         self.b = builder
+        self._stored: dict[int, tuple[Val, Val]] = {}
+        """Half-precision registers (by id) whose exact storage bits are known, with those bits: a
+        register holds f16/bf16 widened to f32, and the hardware quiets a signaling NaN on the way,
+        so a value read from memory or bit-cast keeps its own bits for a store or a bitcast."""
 
     @property
     def module(self) -> ir.Module:
@@ -188,14 +192,23 @@ class ScalarEmitter:
         return self._extern(name if ty == F64 else name + "f", ty, [ty] * arity)
 
     # -- memory <-> registers ---------------------------------------------------------
+    def _remember(self, reg: Val, stored: Val) -> Val:
+        self._stored[id(reg)] = (reg, stored)
+        return reg
+
+    def _stored_form(self, reg: Val) -> Val | None:
+        """The exact storage value of a half-precision register, when known."""
+        found = self._stored.get(id(reg))
+        return found[1] if found is not None and found[0] is reg else None
+
     def from_storage(self, v: Val, dt: DType) -> Val:
         if dt is DType.bool:
             return self.b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
         if dt is DType.f16:
-            return self.b.fpext(v, F32)
+            return self._remember(self.b.fpext(v, F32), v)
         if dt is DType.bf16:
             bits = self.b.shl(self.b.zext(v, I32), ir.Constant(I32, 16))
-            return self.b.bitcast(bits, F32)
+            return self._remember(self.b.bitcast(bits, F32), v)
         if dt.is_narrow:  # floats widen through a table; ints keep their low bits
             return emit_widen(self.b, v, dt) if dt.is_float else self.b.trunc(v, compute_type(dt))
         return v
@@ -203,6 +216,10 @@ class ScalarEmitter:
     def to_storage(self, v: Val, dt: DType) -> Val:
         if dt is DType.bool:
             return self.b.zext(v, I8)
+        if dt in (DType.f16, DType.bf16):
+            stored = self._stored_form(v)
+            if stored is not None:
+                return stored
         if dt is DType.f16:
             return self.b.fptrunc(v, F16)
         if dt is DType.bf16:
@@ -242,6 +259,8 @@ class ScalarEmitter:
              attrs: dict[str, object]) -> Val:
         if fn == "cast":
             return self.cast(args[0], arg_dtypes[0], out)
+        if fn == "bitcast":
+            return self.bitcast(args[0], arg_dtypes[0], out)
         if fn == "select":
             return self.b.select(args[0], args[1], args[2])
         dt = arg_dtypes[0]
@@ -455,6 +474,39 @@ class ScalarEmitter:
         finite = b.fcmp_ordered("<", mag, ir.Constant(ty, float("inf")))
         t = b.select(finite, t, ir.Constant(ty, 0.0))
         return self.float_to_int(t, dst)
+
+    def bitcast(self, v: Val, src: DType, dst: DType) -> Val:
+        """``v``'s bits read as ``dst`` (``numpy_prims.bitcast``): a bool is the byte 0 or 1; a
+        half-precision register goes through its exact storage bits."""
+        refused = R.bitcast_refusal(src, dst)
+        if refused is not None:
+            raise CodegenError(f"bitcast: {refused}", location="bitcast")
+        if src is dst:
+            return v
+        if src is DType.bool:
+            return self.b.zext(v, I8)
+        bits = self._float_bits(v, src) if src.is_float else v
+        return self._bits_float(bits, dst) if dst.is_float else bits
+
+    def _float_bits(self, v: Val, dt: DType) -> Val:
+        """A float register's storage bits as an integer of its width."""
+        b = self.b
+        if dt in (DType.f32, DType.f64):
+            return b.bitcast(v, ir.IntType(dt.bits))
+        stored = self._stored_form(v)
+        if dt is DType.f16:
+            return b.bitcast(stored if stored is not None else b.fptrunc(v, F16), I16)
+        return stored if stored is not None else b.trunc(b.lshr(b.bitcast(v, I32), ir.Constant(I32, 16)), I16)
+
+    def _bits_float(self, bits: Val, dt: DType) -> Val:
+        """Integer bits as a float register of ``dt`` (halves widened to f32, their bits kept for a store)."""
+        b = self.b
+        if dt in (DType.f32, DType.f64):
+            return b.bitcast(bits, compute_type(dt))
+        if dt is DType.f16:
+            half = b.bitcast(bits, F16)
+            return self._remember(b.fpext(half, F32), half)
+        return self._remember(b.bitcast(b.shl(b.zext(bits, I32), ir.Constant(I32, 16)), F32), bits)
 
     def to_index(self, v: Val, dt: DType) -> Val:
         """A scalar used as an index: ``astype(int64)`` as in the interpreter."""

@@ -23,6 +23,7 @@ from cuvil.errors import (
     BudgetError,
     CuvilError,
     ExternalDataError,
+    InputError,
     IRError,
     MissingInitializerError,
     ModelLoadError,
@@ -30,8 +31,17 @@ from cuvil.errors import (
     UnsupportedOpsetError,
 )
 from cuvil.frontend import onnx_ops  # noqa: F401  (registers the converter families)
-from cuvil.frontend.onnx_node import NodeCtx, StaticInputRequired, converters, onnx_dtype
+from cuvil.frontend.onnx_node import (
+    Entity,
+    NodeCtx,
+    OptValue,
+    SeqValue,
+    StaticInputRequired,
+    converters,
+    onnx_dtype,
+)
 from cuvil.frontend.onnx_ops.fold import fold_symbolic
+from cuvil.frontend.onnx_structure import InputForm, bind_input, encode_forms, flatten_outputs, input_kind
 from cuvil.frontend.registry import ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
@@ -40,7 +50,7 @@ from cuvil.ir.module import Module
 from cuvil.ir.opdef import get_op
 from cuvil.ir.symbolic import Dim, Sym, evaluate_dim
 from cuvil.ir.types import MAX_TENSOR_ELEMENTS, DimConstraint, TensorType
-from cuvil.ir.values import Value
+from cuvil.ir.values import Value, walk
 
 MIN_OPSET = 7
 MAX_UNROLL_TOTAL = 65536  # unrolled Loop/Scan/recurrence iterations in one model, nested ones multiplied
@@ -57,8 +67,10 @@ class OnnxImporter:
     dims: Mapping[str, int] = field(default_factory=dict)
     """Symbolic input dims imported at these sizes (by symbol name): a model whose import needs a
     dim's value (a branch chosen by a shape) is imported once per shape with them."""
+    input_forms: Mapping[str, InputForm] = field(default_factory=dict)
+    """The run-time form of each sequence or optional graph input (see :mod:`.onnx_structure`)."""
     b: Builder = field(default_factory=Builder)
-    env: dict[str, Value] = field(default_factory=dict)
+    env: dict[str, Entity] = field(default_factory=dict)
     _static: dict[Value, np.ndarray] = field(default_factory=dict)
     _dim_names: set[str] = field(default_factory=set)
     _dim_limits: dict[str, int] = field(default_factory=dict)
@@ -208,25 +220,51 @@ class OnnxImporter:
             if vi.name in self.static_inputs:
                 self.env[vi.name] = self.b.const(np.asarray(self.static_inputs[vi.name]))
                 continue
+            if input_kind(vi.type) != "tensor":
+                entity = bind_input(vi, self.input_forms.get(vi.name),
+                                    lambda tp, name, shape: self._element_param(tp, name, shape, params))
+                if entity is not None:
+                    self.env[vi.name] = entity
+                continue
             dtype, shape = _unpack(self.value_type(vi, graph))
             p = self.b.param(vi.name, dtype, [_pinned(d, self.dims) for d in shape])
             params.append(p)
             self.env[vi.name] = p
         self.convert_nodes(graph.node)
-        results: list[Value] = []
+        produced: list[Entity] = []
         for out in graph.output:
             if out.name not in self.env:
                 raise MissingInitializerError(f"graph output {out.name!r} is never produced",
                                               location=f"output {out.name!r}")
-            results.append(self.env[out.name])
+            produced.append(self.env[out.name])
+        results, names, forms = flatten_outputs([o.name for o in graph.output], produced)
         symbols = sorted({s for p in params for s in p.type.symbols()})
-        fn = self.b.function("main", params, results, [o.name for o in graph.output],
+        fn = self.b.function("main", params, results, names,
                              [DimConstraint(s, hi=self._dim_limits.get(s)) for s in symbols])
         meta = {"source": "onnx", "producer": self.model.producer_name or "",
-                "opset": str(self.opset_for("")), "graph": graph.name or ""}
+                "opset": str(self.opset_for("")), "graph": graph.name or "", **encode_forms(forms)}
         return self.b.module(fn, metadata=meta)
 
-    def import_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Value] = ()) -> list[Value]:
+    def _element_param(self, tp: onnx.TypeProto, name: str, shape: tuple[int, ...] | None,
+                       params: list[Value]) -> Value:
+        """One parameter of a sequence or optional input: an element of the fed ``shape``, or (an
+        optional's tensor) of its declared type."""
+        if shape is None:
+            t = self.value_type(onnx.helper.make_value_info(name, tp))
+        else:
+            dtype = onnx_dtype(tp.tensor_type.elem_type, f"input {name!r}")
+            declared = tp.tensor_type.shape.dim if tp.tensor_type.HasField("shape") else None
+            if declared is not None and (len(declared) != len(shape) or any(
+                    d.HasField("dim_value") and d.dim_value not in (-1, n) for d, n in zip(declared, shape,
+                                                                                     strict=False))):
+                raise InputError(f"sequence element {name!r} has shape {list(shape)}, which its declared type "
+                                 "does not allow", location=f"input {name!r}")
+            t = TensorType(dtype, shape)
+        p = self.b.param(name, t.dtype, [_pinned(d, self.dims) for d in t.shape])
+        params.append(p)
+        return p
+
+    def import_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Entity] = ()) -> list[Entity]:
         """Convert a control-flow body (If branch, Loop/Scan body) inline: it sees every name of the
         enclosing scopes, its formal inputs are bound to ``inputs``, and the names it defines stay local."""
         if len(inputs) != len(graph.input):
@@ -247,6 +285,14 @@ class OnnxImporter:
         finally:
             self.env = outer
 
+    def scope_values(self) -> set[Value]:
+        """Every value the names in scope denote or are computed from (what a branch reads from outside)."""
+        roots: list[Value] = []
+        for e in self.env.values():
+            content = e.content if isinstance(e, OptValue) else e
+            roots += content.elems if isinstance(content, SeqValue) else [content] if content is not None else []
+        return set(walk(roots))
+
     def convert_nodes(self, nodes: Sequence[onnx.NodeProto]) -> None:
         table = converters()
         outer = getattr(self, "_producers", {})
@@ -265,7 +311,7 @@ class OnnxImporter:
         if entry is None:
             dom = f"{domain}::" if domain else ""
             raise UnsupportedOpError(f"ONNX op {dom}{node.op_type} is not supported", location=where)
-        inputs: list[Value | None] = []
+        inputs: list[Entity | None] = []
         for name in node.input:
             if not name:
                 inputs.append(None)
@@ -279,7 +325,7 @@ class OnnxImporter:
                                               "or initializer", location=where)
             inputs.append(self.env[name])
         produced = entry.run(NodeCtx(self, node, inputs))
-        outs = [produced] if isinstance(produced, Value) else list(produced)
+        outs = [produced] if isinstance(produced, (Value, SeqValue, OptValue)) else list(produced)
         for name, v in zip(node.output, outs, strict=False):
             if name and v is not None:
                 self.env[name] = v
@@ -407,14 +453,49 @@ def check_structure(model: onnx.ModelProto) -> None:
                                       "(to keep them inputs, remove the initializers)")
 
 
+def _check_old_opset(graph: onnx.GraphProto, opset: int) -> None:
+    """A model of an opset before :data:`MIN_OPSET` is imported as one of MIN_OPSET when every ai.onnx
+    op it uses has, at its opset, the very definition (same ``since_version``) in force at MIN_OPSET;
+    an op whose definition changed in between (Add's ``broadcast`` attribute, BatchNormalization's
+    ``consumed_inputs``...) is refused, naming it."""
+    changed: set[str] = set()
+    for node in _nodes(graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            then = onnx.defs.get_schema(node.op_type, opset, "").since_version
+            now = onnx.defs.get_schema(node.op_type, MIN_OPSET, "").since_version
+        except Exception:
+            changed.add(node.op_type)
+            continue
+        if then != now:
+            changed.add(node.op_type)
+    if changed:
+        raise UnsupportedOpsetError(f"ONNX opset {opset} is not supported for {', '.join(sorted(changed))}: their "
+                                    f"definitions changed before opset {MIN_OPSET}", location="opset_import",
+                                    hint="convert the model to a newer opset (onnx.version_converter)")
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a graph and of its subgraphs."""
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            if a.HasField("g"):
+                yield from _nodes(a.g)
+            for g in a.graphs:
+                yield from _nodes(g)
+
+
 def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
-                static_inputs: Mapping[str, np.ndarray] | None = None, dims: Mapping[str, int] | None = None
-                ) -> Module:
+                static_inputs: Mapping[str, np.ndarray] | None = None, dims: Mapping[str, int] | None = None,
+                input_forms: Mapping[str, InputForm] | None = None) -> Module:
     """Import an ONNX model (path, bytes or ModelProto) into a CIR module.
 
     ``static_inputs`` binds graph inputs to compile-time values (for models that feed shapes
     or other attribute-like operands through inputs); ``dims`` imports symbolic input dims at the
-    given sizes, by symbol name (what a model needs whose import decides on a dim's value)."""
+    given sizes, by symbol name (what a model needs whose import decides on a dim's value);
+    ``input_forms`` gives the form of each sequence or optional input (:mod:`.onnx_structure`)."""
     model, base = load_onnx(source)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
     newest = onnx.defs.onnx_opset_version()
@@ -422,15 +503,19 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
     if main is None:  # only other domains (ai.onnx.ml, training) are imported: no ai.onnx op to version
         main = newest
         opsets[""] = main
-    if main < MIN_OPSET or main > newest:
+    if main > newest:
         raise UnsupportedOpsetError(f"ONNX opset {main} is not supported (supported: {MIN_OPSET}..{newest})",
                                     location="opset_import")
+    if main < MIN_OPSET:
+        _check_old_opset(model.graph, main)
+        opsets[""] = MIN_OPSET  # every op it uses means at opset MIN_OPSET what it means at ``main``
     check_structure(model)
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
     except Exception:
         pass
-    imp = OnnxImporter(model, base, dict(static_inputs or {}), dict(dims or {}), opsets=opsets)
+    imp = OnnxImporter(model, base, dict(static_inputs or {}), dict(dims or {}), dict(input_forms or {}),
+                       opsets=opsets)
     return imp.import_graph(model.graph)
 
 

@@ -7,6 +7,7 @@ Converters (``cuvil/frontend/onnx_ops``) depend on this module only; the driver
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
 import numpy as np
@@ -22,6 +23,28 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
 
 
+@dataclass(frozen=True)
+class SeqValue:
+    """An ONNX sequence whose length is known at import: its tensors, in order. CIR has no
+    sequence type: a sequence lives only while a model is imported, as the list of its elements
+    (a sequence graph input or output becomes one parameter or result per element)."""
+
+    elems: tuple[Value, ...]
+    dtype: DType
+    """The element type (an empty sequence has one too)."""
+
+
+@dataclass(frozen=True)
+class OptValue:
+    """An ONNX optional, decided at import: its content, or None when it is empty."""
+
+    content: Value | SeqValue | None
+
+
+Entity = Value | SeqValue | OptValue
+"""What an ONNX name denotes while a model is imported: a tensor, a sequence or an optional."""
+
+
 class Importer(Protocol):
     """The services of the import driver a converter may call."""
 
@@ -33,9 +56,11 @@ class Importer(Protocol):
 
     def static_value(self, v: Value, where: str) -> np.ndarray: ...
 
-    def import_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Value] = ()) -> list[Value]: ...
+    def import_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Entity] = ()) -> list[Any]: ...
 
     def charge_unroll(self, steps: int, location: str) -> None: ...
+
+    def scope_values(self) -> set[Value]: ...
 
     def limit_dim(self, symbol: str, hi: int) -> None: ...
 
@@ -66,7 +91,7 @@ def onnx_dtype(code: int, where: str) -> DType:
 # --------------------------------------------------------------------------------------
 # converter registry
 
-Converter = Callable[["NodeCtx"], "Value | Sequence[Value | None]"]
+Converter = Callable[["NodeCtx"], "Entity | Sequence[Entity | None]"]
 
 CONVERTERS: dict[tuple[str, str], ConverterEntry] = {}
 
@@ -130,7 +155,7 @@ class NodeCtx(ConverterCtx[Importer]):
 
     node: onnx.NodeProto
 
-    def __init__(self, imp: Importer, node: onnx.NodeProto, inputs: list[Value | None]) -> None:
+    def __init__(self, imp: Importer, node: onnx.NodeProto, inputs: list[Entity | None]) -> None:
         super().__init__(imp, node)
         self.inputs = inputs
         self.opset = imp.opset_for(node.domain)
@@ -152,10 +177,26 @@ class NodeCtx(ConverterCtx[Importer]):
         return i < len(self.inputs) and self.inputs[i] is not None
 
     def input(self, i: int) -> Value:
+        """Input ``i``, a tensor (a sequence or optional there is refused with the reason)."""
+        v = self.entity(i)
+        if not isinstance(v, Value):
+            kind = "a sequence" if isinstance(v, SeqValue) else "an optional"
+            raise self.unsupported(f"input {i} is {kind}, where a tensor is required")
+        return v
+
+    def entity(self, i: int) -> Entity:
+        """Input ``i`` as it is: a tensor, a sequence or an optional."""
         if not self.has_input(i):
             raise AttributeTypeError(f"input {i} is required", location=self.location)
         v = self.inputs[i]
         assert v is not None
+        return v
+
+    def sequence(self, i: int) -> SeqValue:
+        """Input ``i``, which must be a sequence."""
+        v = self.entity(i)
+        if not isinstance(v, SeqValue):
+            raise self.unsupported(f"input {i} must be a sequence")
         return v
 
     def has_attr(self, name: str) -> bool:

@@ -36,6 +36,7 @@ from cuvil.frontend.aten_node import (
     torch_dtype,
 )
 from cuvil.frontend.registry import CONVERTER_BUGS, ConverterEntry
+from cuvil.frontend.torch_cond import import_cond
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
@@ -390,9 +391,12 @@ class TorchImporter:
             # symbolic size arithmetic (sym_size.int, operator.mul, ...): its value is in the metadata
             self.env[node] = self._scalar_from_meta(val, where)
             return
+        if target is torch.ops.higher_order.cond:
+            self.env[node] = import_cond(self, node, where)
+            return
         if not isinstance(target, torch._ops.OpOverload):
             raise UnsupportedOpError(f"{name} is not supported", location=where,
-                                     hint="control flow and other higher-order operators cannot be imported")
+                                     hint="higher-order operators other than torch.cond cannot be imported")
         entry = CONVERTERS.get(name)
         if entry is None:
             raise UnsupportedOpError(f"aten op {name} is not supported", location=where)

@@ -18,7 +18,7 @@ import numpy as np
 
 from cuvil.errors import IRError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, cast, sequential_reduce
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, bitcast, cast, sequential_reduce
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.region import Region
 from cuvil.ir.rules import Call, Load, Reduce
@@ -58,6 +58,8 @@ class NumpyWalker(ArrayWalker):
         with np.errstate(all="ignore"):
             if e.fn == "cast":
                 return self.lift(cast(args[0], dict(e.attrs)["to"]))
+            if e.fn == "bitcast":
+                return self.lift(bitcast(args[0], dict(e.attrs)["to"]))
             out = NUMPY_PRIMITIVES[e.fn](*args)
             return self.lift(np.asarray(out).astype(e.dtype.np, copy=False))
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from cuvil.ir import narrow
 from cuvil.ir.dtypes import DType
-from cuvil.ir.rules import reduction_identity
+from cuvil.ir.rules import bitcast_refusal, reduction_identity
 
 _erf_obj = np.frompyfunc(math.erf, 1, 1)
 
@@ -86,6 +86,15 @@ def cast(x: np.ndarray, to: DType) -> np.ndarray:
     if to.is_int and DType.from_numpy(x.dtype).is_float:
         return float_to_int(x, to)
     return x.astype(to.np)
+
+
+def bitcast(x: np.ndarray, to: DType) -> np.ndarray:
+    """``x``'s bits read as ``to``: a numpy view, so every bit pattern (NaN payloads, -0.0) is kept."""
+    x = np.asarray(x)
+    refused = bitcast_refusal(DType.from_numpy(x.dtype), to)
+    if refused is not None:
+        raise TypeError(f"bitcast: {refused}")
+    return x.view(to.np)
 
 
 def literal(value: float | int | bool, to: DType) -> np.ndarray:

@@ -1,8 +1,8 @@
-"""Regions: the body of a fused op or a loop, a single block of CIR over its own block arguments."""
+"""Regions: the body of a fused op, a loop or a branch, a single block of CIR over its own block arguments."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from cuvil.ir.types import TensorType
@@ -76,3 +76,48 @@ def substitute(roots: Sequence[Value], mapping: Mapping[Value, Value]) -> list[V
             operands = tuple(memo[o] for o in v.operands)
             memo[v] = v if operands == v.operands else Value(v.op, operands, v.attr_dict, v.type)
     return [memo[r] for r in roots]
+
+
+def close_branches(branches: Sequence[Sequence[Value]], outer: Collection[Value]) -> tuple[list[Region], list[Value]]:
+    """Regions yielding each branch's ``results``, built by code that read ``outer`` values (those
+    computed before the branches: they are captured, once, as arguments every region takes, in the
+    order first read) and constants (captured too); everything else the branches computed stays
+    inside, so only the branch a run takes does its work."""
+    captured: list[Value] = []
+
+    def outside(v: Value) -> bool:
+        return v in outer or v.is_const or v.is_param
+
+    for results in branches:
+        for v in walk_inside(results, outside):
+            captured += [o for o in v.operands if outside(o) and o not in captured]
+        captured += [r for r in results if outside(r) and r not in captured]
+    args = [Region.arg(k, c.type) for k, c in enumerate(captured)]
+    regions = []
+    for results in branches:
+        new = substitute(results, dict(zip(captured, args, strict=True)))
+        region = Region(tuple(args), new[0], tuple(new[1:]))
+        region.check()
+        regions.append(region)
+    return regions, captured
+
+
+def walk_inside(roots: Sequence[Value], outside: Callable[[Value], bool]) -> list[Value]:
+    """The values ``roots`` reach without entering those ``outside`` says are (operands first)."""
+    order: list[Value] = []
+    seen: set[Value] = set()
+    for root in roots:
+        if outside(root) or root in seen:
+            continue
+        stack: list[tuple[Value, bool]] = [(root, False)]
+        while stack:
+            v, expanded = stack.pop()
+            if expanded:
+                order.append(v)
+                continue
+            if v in seen:
+                continue
+            seen.add(v)
+            stack.append((v, True))
+            stack.extend((o, False) for o in v.operands if not outside(o) and o not in seen)
+    return order

@@ -2,8 +2,9 @@
 
 A rule prints as ``out[i0, i1] = <expr>`` in infix notation with the usual precedence:
 operands by name (``x[i0, (i1 - 1)]``), ``a ?? v`` for a load that reads ``v`` out of bounds,
-``c ? a : b`` for select, ``f16(x)`` for a cast, ``sum[r0 < 3, r1 < 4](body)`` for a reduction,
-``index(e)`` for an index used as a value and ``dyn(e)`` for a value used as an index.
+``c ? a : b`` for select, ``f16(x)`` for a cast, ``bitcast<i32>(x)`` for a bit reinterpretation,
+``sum[r0 < 3, r1 < 4](body)`` for a reduction, ``index(e)`` for an index used as a value and
+``dyn(e)`` for a value used as an index.
 Subexpressions the rule shares are printed once, as ``t0 = ...`` lines before the result
 (unless they depend on a reduction's variable), so a rule that reuses a value (expm1, softmax's
 max) stays as short as its definition; reduction variables are numbered from ``r0`` in the order
@@ -121,6 +122,8 @@ class _Printer:
             return f"{self.wrap(c, _SELECT + 1)} ? {self.wrap(a, _SELECT + 1)} : {self.wrap(b, _SELECT)}", _SELECT
         if e.fn == "cast":
             return f"{e.dtype}({self.expr(e.args[0])[0]})", _ATOM
+        if e.fn == "bitcast":
+            return f"bitcast<{e.dtype}>({self.expr(e.args[0])[0]})", _ATOM
         args = ", ".join(self.expr(a)[0] for a in e.args)
         return f"{e.fn}({args})", _ATOM
 

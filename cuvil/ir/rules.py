@@ -234,6 +234,7 @@ for _n in ["bit_and", "bit_or", "bit_xor", "shl", "shr"]:
 _prim("bit_not", 1, "same", "int", "bitwise not")
 _prim("select", 3, "cond", "any", "c ? a : b")
 _prim("cast", 1, "cast", "any", "convert to attr `to` (float->int truncates, ->bool is != 0)")
+_prim("bitcast", 1, "cast", "any", "reinterpret the bits as attr `to` (same width; a bool is the byte 0 or 1)")
 
 _KIND_ACCEPTS = {"float": ("num", "float", "any"), "int": ("num", "int", "any"), "bool": ("bool", "any")}
 
@@ -273,8 +274,12 @@ def call(fn: str, *args: ExprLike, **attrs: Any) -> Expr:
             raise TypeError(f"select branches differ: {rest[0].dtype} vs {rest[1].dtype}")
         return Call(rest[0].dtype, fn, (c, rest[0], rest[1]))
     xs = _coerce(args)
-    if fn != "cast" and any(x.dtype is not xs[0].dtype for x in xs):
+    if prim.result != "cast" and any(x.dtype is not xs[0].dtype for x in xs):
         raise TypeError(f"{fn}: operand dtypes differ: {[str(x.dtype) for x in xs]}")
+    if fn == "bitcast":
+        refused = bitcast_refusal(xs[0].dtype, attrs["to"])
+        if refused is not None:
+            raise TypeError(f"bitcast: {refused}")
     if prim.result == "bool":
         dtype = DType.bool
     elif prim.result == "cast":
@@ -361,6 +366,29 @@ def select(c: Expr, a: ExprLike, b: ExprLike) -> Expr:
 
 def cast(x: Expr, to: DType) -> Expr:
     return x if x.dtype is to else call("cast", x, to=to)
+
+
+def bitcast_refusal(src: DType, to: DType) -> str | None:
+    """Why ``src`` bits cannot be read as ``to`` (None when they can): the widths must be equal, a
+    bool is one byte (0 or 1) and may be read as an 8-bit integer but no byte may be read as a bool
+    (any other value would be no bool), and narrow storage types have no bit pattern of their own
+    in a register."""
+    if src is to:
+        return None
+    if src.is_narrow or to.is_narrow:
+        return f"{src} -> {to}: narrow storage types (under 8 bits of int, 16 of float) are not bit-cast"
+    if to is DType.bool:
+        return f"{src} -> bool: a byte other than 0 or 1 is no bool"
+    if src is DType.bool and to not in (DType.i8, DType.u8):
+        return f"bool -> {to}: a bool is one byte, read only as i8 or u8"
+    if src.bits != to.bits:
+        return f"{src} -> {to}: {src.bits} bits cannot be read as {to.bits}"
+    return None
+
+
+def bitcast(x: Expr, to: DType) -> Expr:
+    """``x``'s bit pattern read as ``to`` (see :func:`bitcast_refusal` for the pairs allowed)."""
+    return x if x.dtype is to else call("bitcast", x, to=to)
 
 
 HALF_DTYPES = (DType.f16, DType.bf16)

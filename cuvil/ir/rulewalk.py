@@ -248,8 +248,8 @@ def describe(e: Expr, depth: int = 2) -> str:
     if isinstance(e, Call):
         if depth <= 0:
             return f"{e.fn}(..)"
-        if e.fn == "cast":
-            return f"cast<{dict(e.attrs)['to']}>({describe(e.args[0], depth - 1)})"
+        if e.fn in ("cast", "bitcast"):
+            return f"{e.fn}<{dict(e.attrs)['to']}>({describe(e.args[0], depth - 1)})"
         return f"{e.fn}(" + ", ".join(describe(a, depth - 1) for a in e.args) + ")"
     return type(e).__name__
 

@@ -24,6 +24,11 @@ def module_has_loops(module: Module) -> bool:
     return any(has_loops(fn) for fn in module.functions)
 
 
+def module_has_regions(module: Module) -> bool:
+    """Whether a function holds a loop or a cond (an op whose meaning is its regions')."""
+    return any(v.op in ("loop", "cond") for fn in module.functions for v in fn.ops())
+
+
 def unroll_module(module: Module, budget: int = DEFAULT_BUDGET, *, partial: bool = False) -> Module:
     """``module`` with every loop of its functions unrolled (see :func:`unroll_function`)."""
     if not module_has_loops(module):
@@ -52,7 +57,12 @@ def unroll_function(fn: Function, b: Builder, budget: int = DEFAULT_BUDGET, *, p
         if key not in groups:
             trips = v.attr("trips")[0]
             cost = trips * max(1, len(v.attr("body").ops())) if isinstance(trips, int) else None
-            if cost is None or spent + cost > budget:
+            if int(v.attr("stop")) >= 0:  # how many iterations run is known only at run time
+                if not partial:
+                    raise UnsupportedOpError("a while loop (one that may stop early) cannot be unrolled",
+                                             location="loop", hint="its iteration count depends on the data")
+                groups[key] = []
+            elif cost is None or spent + cost > budget:
                 if partial:
                     groups[key] = []
                 elif cost is None:
@@ -92,3 +102,35 @@ def _unrolled(b: Builder, operands: list[Value], loop: Value, trips: int) -> lis
         rows = [b.reshape(y, shape=[1, *out_type.shape]) for y in per_t if y is not None]
         stacked.append(rows[0] if len(rows) == 1 else b.concat(*rows, axis=0))
     return [*state, *stacked]
+
+
+def flatten_conds(module: Module) -> Module:
+    """``module`` with each ``cond`` replaced by both its branches, inlined, and a ``where`` on the
+    condition choosing between their results: the same values for every input, computed without
+    control flow (both branches run). What analyses that bound every op by its rule read (the
+    overflow prober: a bound of the ``where`` covers both branches). A cond nested in a branch is
+    flattened too; a loop in a branch stays a loop."""
+    while any(v.op == "cond" for fn in module.functions for v in fn.ops()):
+        module = _flatten_outer_conds(module)
+    return module
+
+
+def _flatten_outer_conds(module: Module) -> Module:
+    b = Builder(module.constants)
+    fns = []
+    for fn in module.functions:
+        new: dict[Value, Value] = {}
+        for v in fn.values():
+            if v.is_param or v.is_const:
+                new[v] = v
+                continue
+            operands = [new[o] for o in v.operands]
+            if v.op != "cond":
+                new[v] = b.op(v.op, *operands, **v.attr_dict)
+                continue
+            k = int(v.attr("output"))
+            picks = [substitute([body.results[k]], dict(zip(body.params, operands[1:], strict=True)))[0]
+                     for body in (v.attr("then_body"), v.attr("else_body"))]
+            new[v] = b.where(operands[0], *picks)
+        fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names, fn.constraints))
+    return module.replace(functions=fns, constants=b.constants)

@@ -45,7 +45,7 @@ class Pass:
     contract: ClassVar[Contract] = Contract.EXACT
     description: ClassVar[str] = ""
     enters_loops: ClassVar[bool] = True
-    """Whether the pass manager also runs the pass inside loop bodies (``cuvil.passes.loop_bodies``).
+    """Whether the pass manager also runs the pass inside loop bodies and branches (``cuvil.passes.loop_bodies``).
     Off for passes whose plan spans the whole function (layout, precision, quantization)."""
 
     def run(self, module: Module) -> PassResult:

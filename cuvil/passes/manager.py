@@ -12,7 +12,7 @@ from cuvil.budget import wall_time_limit
 from cuvil.errors import CuvilError, PluginError
 from cuvil.ir.hashing import module_hash
 from cuvil.ir.module import Module
-from cuvil.ir.unroll import module_has_loops
+from cuvil.ir.unroll import module_has_regions
 from cuvil.log import logger
 from cuvil.passes.base import PASS_REGISTRY, Contract, Pass, PassResult
 from cuvil.passes.catalogue import PIPELINES
@@ -121,7 +121,7 @@ class PassManager:
         for p in self.passes:
             start = time.perf_counter()
             out = self._run_one(p, current)
-            if p.enters_loops and module_has_loops(out.module):
+            if p.enters_loops and module_has_regions(out.module):
                 out = replace(out, module=enter_loop_bodies(p, out.module, self._run_one))
             seconds = time.perf_counter() - start
             changed = content_changed(current, out.module)

@@ -223,10 +223,17 @@ def test_group_norm_opset18_scale_per_group():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_batch_norm_training_mode_is_unsupported():
-    c = Case("BatchNormalization", {"x": f32(2, 3, 4)}, {"training_mode": 1},
-             {"s": f32(3), "b": f32(3), "m": f32(3), "v": pos32(3)}, opset=15)
-    with pytest.raises(UnsupportedOpError, match="training_mode"):
+def test_batch_norm_training_mode_matches_onnx_runtime():
+    c = Case("BatchNormalization", {"x": f32(2, 3, 4)}, {"training_mode": 1, "momentum": 0.8},
+             {"s": f32(3), "b": f32(3), "m": f32(3), "v": pos32(3)}, opset=15, outputs=3)
+    compare(c)
+
+
+def test_batch_norm_statistics_outputs_of_old_opsets_are_refused():
+    """Before opset 14 the extra outputs were training-time statistics whose definitions changed."""
+    c = Case("BatchNormalization", {"x": f32(2, 3, 4)}, {}, {"s": f32(3), "b": f32(3), "m": f32(3), "v": pos32(3)},
+             opset=9, outputs=3)
+    with pytest.raises(UnsupportedOpError, match="running statistics outputs"):
         import_onnx(make_model(c))
 
 

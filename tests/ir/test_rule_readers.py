@@ -24,6 +24,10 @@ KIND_DTYPES = {"float": (DType.f16, DType.bf16, DType.f32, DType.f64),
                "int": (DType.i8, DType.u8, DType.i32, DType.i64, DType.u64), "bool": (DType.bool,)}
 APPLIES = {"float": ("num", "float", "any"), "int": ("num", "int", "any")}
 """Which primitives apply to a kind (bool: every one; numpy gives some arithmetic a bool meaning)."""
+BITCAST_PARTNER = {DType.f16: DType.i16, DType.bf16: DType.u16, DType.f32: DType.i32, DType.f64: DType.u64,
+                   DType.i8: DType.u8, DType.u8: DType.i8, DType.i32: DType.f32, DType.i64: DType.f64,
+                   DType.u64: DType.f64, DType.bool: DType.u8}
+"""A type of the same width each probed type's bits are read as (a bool's byte as u8)."""
 REDUCTIONS = ("sum", "prod", "max", "min", "mean")  # "mean" is no reduction kind: both readers refuse it
 
 
@@ -38,6 +42,8 @@ def _signature(fn: str, dt: DType) -> tuple[list[DType], DType, dict[str, object
         return [DType.bool, dt, dt], dt, {}
     if fn == "cast":
         return [dt], DType.f64, {"to": DType.f64}
+    if fn == "bitcast":
+        return [dt], BITCAST_PARTNER[dt], {"to": BITCAST_PARTNER[dt]}
     return [dt] * prim.arity, DType.bool if prim.result == "bool" else dt, {}
 
 

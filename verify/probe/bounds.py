@@ -196,7 +196,7 @@ class IntervalWalker(RuleWalker[Interval]):
     def call(self, e: Call, args: list[Interval]) -> Interval:
         attrs = dict(e.attrs)
         arg_dtypes = [a.dtype for a in e.args]
-        if all(a.point for a in args):
+        if all(a.point for a in args) and e.fn != "bitcast":  # bitcast: a float64 point may have lost bits
             return Interval(I.concrete(e.fn, [a.lo for a in args], e.dtype, attrs, arg_dtypes))
         if e.fn == "mul" and e.args[0] is e.args[1]:
             out = I.square(args[0])

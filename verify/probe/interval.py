@@ -18,6 +18,7 @@ import numpy as np
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
+from cuvil.ir.numpy_prims import bitcast as _bitcast
 from cuvil.ir.numpy_prims import cast as _cast
 
 # --------------------------------------------------------------------------------------
@@ -488,6 +489,36 @@ def _exact_float_cast(src: DType, to: DType) -> bool:
         src.is_int and src.bits <= 16 and to is not DType.bf16 and to.bits >= 32)
 
 
+_EXACT_INT = 2.0 ** 53
+"""Integers below this magnitude are exact in the float64 bounds; a point beyond may have lost bits."""
+
+
+def bitcast(a: Interval, to: DType, src: DType) -> Interval:
+    """Bits read as another type of the same width. Between integers (a bool's byte is 0 or 1) it
+    wraps as a cast does. Through a float's bits: exact at elements known to one value whose bits the
+    float64 bound holds (every float, integers below 2**53 in magnitude), anywhere in ``to`` elsewhere
+    (for a float target: any value, NaN and infinities included); a 64-bit integer result beyond
+    2**53 keeps the float64 neighbours around it."""
+    if src is to:
+        return a
+    if not (src.is_float or to.is_float):
+        return cast(a, to, src)
+    lo, hi, nan = np.broadcast_arrays(a.lo, a.hi, a.nan)
+    known = (lo == hi) & ~nan & (True if src.is_float else np.abs(lo) < _EXACT_INT)
+    with np.errstate(all="ignore"):
+        value = _bitcast(np.where(known, lo, 0.0).astype(src.np), to).astype(np.float64)
+    if to.is_float:
+        nan_out = ~known | np.isnan(value)
+        out_lo = np.where(known & ~nan_out, value, -np.inf)
+        out_hi = np.where(known & ~nan_out, value, np.inf)
+        return Interval(out_lo, out_hi, nan_out)
+    t_lo, t_hi = type_range(to)
+    inexact = np.abs(value) >= _EXACT_INT
+    out_lo = np.where(inexact, np.nextafter(value, -np.inf), value)
+    out_hi = np.where(inexact, np.nextafter(value, np.inf), value)
+    return Interval(np.where(known, out_lo, t_lo), np.where(known, out_hi, t_hi))
+
+
 def select(c: Interval, a: Interval, b: Interval) -> Interval:
     yes = c.lo >= 1
     no = c.hi <= 0
@@ -554,6 +585,8 @@ def apply(fn: str, args: list[Interval], dtype: DType, attrs: dict[str, Any], ar
         return select(*args)
     if fn == "cast":
         return cast(args[0], attrs["to"], arg_dtypes[0])
+    if fn == "bitcast":
+        return bitcast(args[0], attrs["to"], arg_dtypes[0])
     raise NotImplementedError(f"no interval rule for primitive {fn!r}")
 
 
@@ -564,6 +597,8 @@ def concrete(fn: str, args: list[np.ndarray], dtype: DType, attrs: dict[str, Any
     with np.errstate(all="ignore"):
         if fn == "cast":
             out = _cast(typed[0], attrs["to"])
+        elif fn == "bitcast":
+            out = _bitcast(typed[0], attrs["to"])
         else:
             out = np.asarray(NUMPY_PRIMITIVES[fn](*typed)).astype(dtype.np, copy=False)
     return np.asarray(out).astype(np.float64)

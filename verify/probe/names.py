@@ -32,7 +32,7 @@ def onnx_node_names(source: str | Path | Any) -> dict[Value, str]:
             label = f"{node.name or '<unnamed>'} ({node.op_type})"
             for out in node.output:
                 v = self.env.get(out) if out else None
-                if v is None:
+                if not isinstance(v, Value):  # absent, or a sequence/optional (its tensors are named where made)
                     continue
                 for u in walk([v]):
                     if not (u.is_param or u.is_const) and u not in names:

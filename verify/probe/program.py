@@ -26,7 +26,7 @@ from cuvil.ir.module import Function, Module
 from cuvil.ir.opdef import all_ops, ops_with_precision
 from cuvil.ir.rules import Call, Expr, Lit, Reduce
 from cuvil.ir.rulewalk import RuleInfo
-from cuvil.ir.unroll import unroll_module
+from cuvil.ir.unroll import flatten_conds, module_has_regions, unroll_module
 from cuvil.ir.values import Value
 from cuvil.passes.fp16 import KEEP_FP32, narrow_function
 from cuvil.passes.quantize_int8 import (
@@ -100,12 +100,16 @@ def reduced_program(module: Module, precision: str, *, keep_ops: Iterable[str] |
 
 
 def without_loops(module: Module) -> Module:
-    """The module with its loops unrolled: the prober bounds every iteration's ops by their rules (a
-    loop has none of its own), so a loop needs a concrete trip count and fits a budget. Unrolling is
-    deterministic and values are interned, so every caller unrolling one module gets the same values
-    (a keep set computed on one unrolling applies to another)."""
+    """The module with its loops unrolled and its conds flattened: the prober bounds every iteration's
+    ops by their rules (a loop has none of its own), so a loop needs a concrete trip count and fits a
+    budget; a cond becomes both branches and a ``where`` (its bound covers either branch, and a site
+    in a branch is checked whichever way the condition goes, so a run that takes the other branch may
+    not reach it). Unrolling is deterministic and values are interned, so every caller unrolling one
+    module gets the same values (a keep set computed on one unrolling applies to another)."""
     try:
-        return unroll_module(module)
+        while module_has_regions(module):  # a loop in a branch, a cond in a loop body
+            module = flatten_conds(unroll_module(module))
+        return module
     except (UnsupportedOpError, BudgetError) as e:
         raise UnsupportedOpError(f"the overflow prober analyses loops unrolled, and {e.message}",
                                  location=e.location, hint=e.hint) from None

@@ -17,6 +17,7 @@ import numpy as np
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
+from cuvil.ir.numpy_prims import bitcast
 from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce, reduction_identity
 from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker
@@ -100,6 +101,8 @@ class TorchWalker(RuleWalker[Any]):
             if to.is_int and src.is_float:
                 return _ste(a, lambda x: t.trunc(t.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)))
             return a
+        if fn == "bitcast":  # bits have no gradient: the exact reinterpretation, detached
+            return self._bitcast(a, e.args[0].dtype, dict(e.attrs)["to"])
         if fn in _SIMPLE:
             return _SIMPLE[fn](t, *args)
         if fn == "div":
@@ -131,6 +134,12 @@ class TorchWalker(RuleWalker[Any]):
                  "bit_not": t.bitwise_not, "shl": t.bitwise_left_shift, "shr": t.bitwise_right_shift}[fn]
             return f(*ints).to(t.float64)
         raise NotImplementedError(f"no torch reading of primitive {fn!r}")
+
+    def _bitcast(self, a: Any, src: DType, to: DType) -> Any:
+        """``a``'s bits read as ``to`` (values held as float64: integers exact below 2**53)."""
+        with np.errstate(all="ignore"):
+            held = np.asarray(a.detach().numpy()).astype(src.np)
+            return self._t(bitcast(held, to).astype(np.float64))
 
     def reduce(self, e: Reduce, body: Any, axes: tuple[int, ...], extents: list[int]) -> Any:
         t = self.torch

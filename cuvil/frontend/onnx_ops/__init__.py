@@ -2,10 +2,10 @@
 
 The composite families (attention, recurrent, training, spectral, grid, control, composites)
 add no catalogue op: they spell ONNX ops out in matmul/softmax/where/reshape/..., so the
-verifier and the code generator see only ops they already understand. Not supported:
-Bernoulli, Multinomial and Random* (their results are random), and sequence/optional values
-(CIR values are tensors). ``fold`` is no family: it evaluates shape computations on symbolic
-dims for the importer's compile-time values.
+verifier and the code generator see only ops they already understand; ``sequence``
+resolves sequences and optionals while the model is imported (CIR values are tensors).
+Not supported: Bernoulli, Multinomial and Random* (their results are random). ``fold`` is no
+family: it evaluates shape computations on symbolic dims for the importer's compile-time values.
 """
 
 from cuvil.frontend.onnx_ops import (  # noqa: F401
@@ -20,6 +20,7 @@ from cuvil.frontend.onnx_ops import (  # noqa: F401
     quant,
     recurrent,
     reduce,
+    sequence,
     shape,
     spectral,
     training,

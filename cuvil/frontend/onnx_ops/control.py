@@ -1,5 +1,6 @@
-"""ONNX control flow: Dropout (inference), If with a compile-time condition, Loop/Scan unrolled over
-a compile-time trip count or, over a symbolic one, imported as one CIR ``loop``."""
+"""ONNX control flow: Dropout (inference), If (the branch a compile-time condition selects, or one
+CIR ``cond`` over both), Loop/Scan unrolled over a compile-time trip count or, over a symbolic one,
+imported as one CIR ``loop``; a Loop whose condition only a run knows becomes a while ``loop``."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from cuvil.errors import CuvilError
-from cuvil.frontend.onnx_node import NodeCtx, onnx_op
+from cuvil.errors import CuvilError, UnsupportedOpError
+from cuvil.frontend.onnx_node import Entity, NodeCtx, StaticInputRequired, onnx_op
 from cuvil.frontend.onnx_ops.blocks import MAX_UNROLL, block_args, fill, index_const, scalar, stack, static_scalar, take
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import norm_axis
-from cuvil.ir.region import close_body
+from cuvil.ir.region import close_body, close_branches
 from cuvil.ir.symbolic import Dim, Sym
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
@@ -35,40 +36,78 @@ def dropout(ctx: NodeCtx) -> list[Value | None]:
     return outs
 
 
-@onnx_op("If", emits=())
-def if_(ctx: NodeCtx) -> list[Value]:
-    """Inline the branch a compile-time condition selects."""
-    cond = np.asarray(ctx.static(0))
+@onnx_op("If", emits=("cond", "reshape"))
+def if_(ctx: NodeCtx) -> list[Entity]:
+    """Inline the branch a compile-time condition selects; on a condition only a run knows, one
+    ``cond`` over both branches (each yielding tensors of the same types)."""
+    try:
+        cond = np.asarray(ctx.static(0))
+    except StaticInputRequired as e:
+        return _run_time_if(ctx, e)
     if cond.size != 1:
         raise ctx.unsupported(f"the condition must have one element, got shape {cond.shape}")
     branch = ctx.attr("then_branch") if bool(cond.reshape(())) else ctx.attr("else_branch")
     return ctx.imp.import_subgraph(branch)
 
 
+def _run_time_if(ctx: NodeCtx, needed: StaticInputRequired) -> list[Entity]:
+    """Both branches imported, each into a region of one ``cond``. Branches that yield sequences, or
+    tensors of other types in the two, cannot share one: the condition is then needed at compile time
+    (``needed`` is raised, so a caller that can bind the input's value does)."""
+    pred = ctx.input(0)
+    if pred.dtype is not DType.bool or pred.type.numel() != 1:
+        raise ctx.unsupported(f"the condition must be one bool, got {pred.type}")
+    outer = ctx.imp.scope_values()
+    outs = [ctx.imp.import_subgraph(ctx.attr(name)) for name in ("then_branch", "else_branch")]
+    tensors = [[v for v in o if isinstance(v, Value)] for o in outs]
+    if any(len(t) != len(o) for t, o in zip(tensors, outs, strict=True)) or \
+            [v.type for v in tensors[0]] != [v.type for v in tensors[1]] or not tensors[0]:
+        raise needed
+    regions, captured = close_branches(tensors, outer)
+    if pred.type.rank:
+        pred = ctx.b.reshape(pred, shape=[])
+    attrs = {"then_body": regions[0], "else_body": regions[1]}
+    return [ctx.b.cond(pred, *captured, **attrs, output=k) for k in range(len(tensors[0]))]
+
+
 @onnx_op("Loop", emits=("concat", "reshape", "loop"))
-def loop(ctx: NodeCtx) -> list[Value]:
+def loop(ctx: NodeCtx) -> Sequence[Entity]:
     """Unroll a loop whose trip count and continuation condition are known at compile time; a trip
-    count given by symbolic dims becomes one ``loop`` (its condition must stay true)."""
+    count given by symbolic dims becomes one ``loop``, and a condition only a run knows (the initial
+    one or the body's) a while ``loop`` bounded by the trip count."""
     body = ctx.attr("body")
     count = static_scalar(ctx, 0, symbolic=True) if ctx.has_input(0) else None
-    cond = bool(static_scalar(ctx, 1)) if ctx.has_input(1) else True
-    carried = [ctx.input(i) for i in range(2, len(ctx.inputs))]
+    carried: list[Entity] = [ctx.entity(i) for i in range(2, len(ctx.inputs))]
+    try:
+        cond = bool(static_scalar(ctx, 1)) if ctx.has_input(1) else True
+    except UnsupportedOpError as needed:  # a run-time initial condition
+        return _while_loop(ctx, body, count, carried, needed)
     if isinstance(count, Sym) and cond:
-        return _counted_loop(ctx, body, count, carried)
+        tensors = [v for v in carried if isinstance(v, Value)]
+        if len(tensors) != len(carried):
+            raise ctx.unsupported("a loop of symbolic length cannot carry sequences or optionals")
+        return _counted_loop(ctx, body, count, tensors, ctx.has_input(1))
     if count is not None and not isinstance(count, (int, float, np.integer, np.floating)):
         raise ctx.unsupported(f"a trip count of {count}")
     trip = int(count) if count is not None else None
     n_scan = len(body.output) - 1 - len(carried)
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
+    initial = list(carried)
     i = 0
     while cond and (trip is None or i < trip):
         if i >= MAX_UNROLL:
             raise ctx.unsupported(f"more than {MAX_UNROLL} iterations cannot be unrolled")
         ctx.imp.charge_unroll(1, ctx.location)
         outs = ctx.imp.import_subgraph(body, [index_const(ctx.b, i), scalar(ctx.b, True, DType.bool), *carried])
-        cond = bool(np.asarray(ctx.imp.static_value(outs[0], ctx.location)).reshape(()))
+        if ctx.has_input(1):  # without an initial condition, the body's is ignored (a for loop)
+            try:
+                cond = bool(np.asarray(ctx.imp.static_value(outs[0], ctx.location)).reshape(()))
+            except UnsupportedOpError as needed:  # the body decides at run time whether to go on
+                return _while_loop(ctx, body, trip, initial, needed)
         carried = outs[1:1 + len(carried)]
         for k, v in enumerate(outs[1 + len(carried):]):
+            if not isinstance(v, Value):
+                raise ctx.unsupported("a scan output that is not a tensor")
             scans[k].append(v)
         i += 1
     if n_scan and i == 0:
@@ -169,24 +208,75 @@ def _scan_loop(ctx: NodeCtx, body: object, states: list[Value], xs: list[Value],
     return results
 
 
-def _counted_loop(ctx: NodeCtx, body: Any, count: Dim, carried: list[Value]) -> list[Value]:
+def _counted_loop(ctx: NodeCtx, body: Any, count: Dim, carried: list[Value], cond_given: bool) -> list[Value]:
     """An ONNX Loop over a symbolic trip count as one ``loop``: the body imported once over block
-    arguments (the iteration number, the carried values; the condition fed as the constant true),
-    its condition output required to be that constant (a loop that may stop early is a while loop)."""
+    arguments (the iteration number, the carried values; the condition fed as the constant true).
+    A body whose condition output is not that constant makes it a while loop (:func:`_while_loop`)."""
     b = ctx.b
     t, args = block_args([v.type for v in carried])
     formal = body.input[0].type.tensor_type.shape.dim if body.input else []
     index = b.reshape(t, shape=[1]) if len(formal) == 1 else t
     outs = ctx.imp.import_subgraph(body, [index, scalar(b, True, DType.bool), *args])
-    try:
-        stays = bool(np.asarray(ctx.imp.static_value(outs[0], ctx.location)).reshape(()))
+    try:  # without an initial condition, the body's is ignored (a for loop)
+        stays = not cond_given or bool(np.asarray(ctx.imp.static_value(outs[0], ctx.location)).reshape(()))
     except CuvilError:
         stays = False
     if not stays:
-        raise ctx.unsupported("a loop whose condition the body computes (a while loop) over a symbolic trip count")
+        return _while_loop(ctx, body, count, list(carried), None)
     for k, (new, old) in enumerate(zip(outs[1:], args, strict=False)):
         if new.type != old.type:
             raise ctx.unsupported(f"loop-carried value {k} changes type in the body ({old.type} -> {new.type})")
     region, captured = close_body([t, *args], list(outs[1:]))
     attrs = {"body": region, "carried": len(carried), "scanned": 0, "trips": (count,)}
     return [b.loop(*carried, *captured, **attrs, output=k) for k in range(len(outs) - 1)]
+
+
+def _while_loop(ctx: NodeCtx, body: Any, count: Any, carried: Sequence[Entity],
+                needed: UnsupportedOpError | None) -> list[Value]:
+    """An ONNX Loop whose condition only a run knows, as one ``loop`` with the condition as its first
+    carried value and ``stop`` on it: at most ``count`` iterations (static or symbolic; a loop with no
+    trip count could run forever and is refused), no scan outputs (their length would be known only
+    at run time). Where it cannot be one, ``needed`` (what asked for the condition's value at import)
+    is raised, so a caller that can bind the input the condition comes from does."""
+    try:
+        return _while_loop_of(ctx, body, count, carried)
+    except UnsupportedOpError as why:
+        if needed is None:
+            raise
+        needed.hint = f"as a while loop it is refused ({why.message}); {needed.hint}"
+        raise needed from None
+
+
+def _while_loop_of(ctx: NodeCtx, body: Any, count: Any, carried: Sequence[Entity]) -> list[Value]:
+    if count is None:
+        raise ctx.unsupported("a while loop without a trip count (M): it may not terminate")
+    if not isinstance(count, (int, np.integer, Sym)):
+        raise ctx.unsupported(f"a trip count of {count}")
+    tensors = [v for v in carried if isinstance(v, Value)]
+    if len(tensors) != len(carried):
+        raise ctx.unsupported("a while loop cannot carry sequences or optionals")
+    if len(body.output) - 1 != len(tensors):
+        raise ctx.unsupported("a while loop with scan outputs (their length is known only at run time)")
+    b = ctx.b
+    go = _scalar_bool(b, ctx.input(1)) if ctx.has_input(1) else scalar(b, True, DType.bool)
+    t, args = block_args([go.type, *(v.type for v in tensors)])
+    formal = body.input[0].type.tensor_type.shape.dim if body.input else []
+    index = b.reshape(t, shape=[1]) if len(formal) == 1 else t
+    cond_formal = body.input[1].type.tensor_type.shape.dim if len(body.input) > 1 else []
+    cond_arg = b.reshape(args[0], shape=[1]) if len(cond_formal) == 1 else args[0]
+    outs = ctx.imp.import_subgraph(body, [index, cond_arg, *args[1:]])
+    new = [_scalar_bool(b, outs[0]), *outs[1:]]
+    for k, (v, old) in enumerate(zip(new, args, strict=True)):
+        if not isinstance(v, Value) or v.type != old.type:
+            raise ctx.unsupported(f"loop-carried value {k} changes type in the body")
+    region, captured = close_body([t, *args], new)
+    attrs = {"body": region, "carried": len(args), "scanned": 0, "trips": (int(count) if not isinstance(count, Sym)
+                                                                          else count,), "stop": 0}
+    return [b.loop(go, *tensors, *captured, **attrs, output=k) for k in range(1, len(args))]
+
+
+def _scalar_bool(b: Any, v: Value) -> Value:
+    """A one-element condition as a bool scalar."""
+    if v.dtype is not DType.bool or v.type.numel() != 1:
+        raise UnsupportedOpError(f"a loop condition must be one bool, got {v.type}", location="Loop")
+    return v if v.type.rank == 0 else b.reshape(v, shape=[])

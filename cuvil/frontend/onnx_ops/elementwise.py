@@ -15,6 +15,7 @@ import numpy as np
 from cuvil.errors import UnsupportedOpError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
 from cuvil.ir.dtypes import DType
+from cuvil.ir.rules import bitcast_refusal
 from cuvil.ir.values import Value
 
 _BINARY = {
@@ -136,17 +137,54 @@ def _cast(ctx: NodeCtx, x: Value, to: DType) -> Value:
         limit = float(ml_dtypes.finfo(to.np).max)
         if limit < float(ml_dtypes.finfo(x.dtype.np).max):
             x = ctx.b.clip(x, min=-limit if to.is_signed else None, max=limit)
+    if to is DType.f8e8m0 and x.dtype.is_float:
+        return _cast_power_of_two(ctx, x, ctx.attr_str("round_mode", "up"), bool(ctx.attr_int("saturate", 1)))
     return ctx.b.cast(x, to=to)
 
 
-@onnx_op("Cast", emits=("cast",))
+def _cast_power_of_two(ctx: NodeCtx, x: Value, mode: str, saturate: bool) -> Value:
+    """A cast to FLOAT8E8M0 (powers of two) rounding as ``round_mode`` says: the nearest power
+    (the cast's own rounding), then one power up where that fell below ``x`` ("up") or down where
+    it rose above it ("down"); the neighbour of a power of two is exact in ``x``'s type. Saturating,
+    values below the smallest power (2**-127, zero included) become it."""
+    if mode not in ("up", "down", "nearest"):
+        raise ctx.unsupported(f"round_mode={mode!r}")
+    b = ctx.b
+    out = near = b.cast(x, to=DType.f8e8m0)
+    if mode != "nearest":
+        back = b.cast(near, to=x.dtype)
+        if mode == "up":
+            missed, other = b.less(back, x), b.mul(back, b.scalar(2.0, x.dtype))
+        else:
+            missed, other = b.greater(back, x), b.mul(back, b.scalar(0.5, x.dtype))
+        out = b.where(missed, b.cast(other, to=DType.f8e8m0), near)
+    if saturate:
+        wide = x if x.dtype in (DType.f32, DType.f64) else b.cast(x, to=DType.f32)
+        smallest = np.array(2.0 ** -127, dtype=wide.dtype.np)
+        below = b.less(wide, b.const(smallest))
+        out = b.where(below, b.const(smallest.astype(DType.f8e8m0.np)), out)
+    return out
+
+
+@onnx_op("Cast", emits=("cast", "clip", "less", "greater", "mul", "where"))
 def cast(ctx: NodeCtx) -> Value:
     return _cast(ctx, ctx.input(0), onnx_dtype(ctx.attr_int("to"), ctx.location))
 
 
-@onnx_op("CastLike", emits=("cast",))
+@onnx_op("CastLike", emits=("cast", "clip", "less", "greater", "mul", "where"))
 def cast_like(ctx: NodeCtx) -> Value:
     return _cast(ctx, ctx.input(0), ctx.input(1).dtype)
+
+
+@onnx_op("BitCast", emits=("bitcast",))
+def bitcast(ctx: NodeCtx) -> Value:
+    """The input's bits read as type ``to``; ONNX requires equal widths (a bool is one byte)."""
+    x = ctx.input(0)
+    to = onnx_dtype(ctx.attr_int("to"), ctx.location)
+    refused = bitcast_refusal(x.dtype, to)
+    if refused is not None:
+        raise ctx.unsupported(refused)
+    return x if x.dtype is to else ctx.b.bitcast(x, to=to)
 
 
 @onnx_op("Where", emits=("where",))

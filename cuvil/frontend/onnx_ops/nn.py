@@ -197,15 +197,39 @@ def global_lp_pool(ctx: NodeCtx) -> Value:
 # normalization
 
 
-@onnx_op("BatchNormalization", emits=("batch_norm",))
-def batch_norm(ctx: NodeCtx) -> Value:
-    if ctx.attr_int("training_mode", 0):
-        raise ctx.unsupported("training_mode=1 (only inference batch normalization is supported)")
+@onnx_op("BatchNormalization", emits=("batch_norm", "reduce_mean", "sub", "mul", "add", "cast"))
+def batch_norm(ctx: NodeCtx) -> list[Value]:
     if not ctx.attr_int("spatial", 1):
         raise ctx.unsupported("spatial=0 (per-activation statistics)")
     x = ctx.input(0)
-    rest = [ctx.input(i) for i in range(1, 5)]
-    return ctx.b.batch_norm(x, *(_as_dtype(ctx, v, x.dtype) for v in rest), epsilon=ctx.attr_float("epsilon", 1e-5))
+    rest = [_as_dtype(ctx, ctx.input(i), x.dtype) for i in range(1, 5)]
+    eps = ctx.attr_float("epsilon", 1e-5)
+    if ctx.opset >= 14 and ctx.attr_int("training_mode", 0):
+        return _batch_norm_training(ctx, x, *rest, epsilon=eps)
+    if ctx.num_outputs > 1 and any(ctx.node.output[1:]):
+        raise ctx.unsupported("the running statistics outputs of an inference batch normalization (opset < 14 "
+                              "training outputs)")
+    return [ctx.b.batch_norm(x, *rest, epsilon=eps)]
+
+
+def _batch_norm_training(ctx: NodeCtx, x: Value, scale: Value, bias: Value, mean: Value, var: Value,
+                         epsilon: float) -> list[Value]:
+    """Training mode normalizes by the batch's own statistics (mean and population variance over
+    every axis but the channels, computed in float32 for half types) and also returns the running
+    statistics blended with them by ``momentum``."""
+    b = ctx.b
+    wide = b.cast(x, to=DType.f32) if x.dtype in _HALF else x
+    axes = [a for a in range(x.type.rank) if a != 1]
+    batch_mean = b.reduce_mean(wide, axes=axes, keepdims=False)
+    centred = b.sub(wide, b.reshape(batch_mean, shape=[1, x.shape[1]] + [1] * (x.type.rank - 2)))
+    batch_var = b.reduce_mean(b.mul(centred, centred), axes=axes, keepdims=False)
+    stats = [_as_dtype(ctx, batch_mean, x.dtype), _as_dtype(ctx, batch_var, x.dtype)]
+    y = b.batch_norm(x, scale, bias, *stats, epsilon=epsilon)
+    momentum = ctx.attr_float("momentum", 0.9)
+    keep = b.const(np.array(momentum, dtype=x.dtype.np))
+    blend = b.const(np.array(1.0 - momentum, dtype=x.dtype.np))
+    running = [b.add(b.mul(old, keep), b.mul(new, blend)) for old, new in zip((mean, var), stats, strict=True)]
+    return [y, *running][:max(ctx.num_outputs, 1)]
 
 
 def _as_dtype(ctx: NodeCtx, v: Value, dtype: DType) -> Value:

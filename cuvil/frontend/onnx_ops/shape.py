@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from cuvil.errors import ShapeError
-from cuvil.frontend.onnx_node import NodeCtx, SymbolicValueRequired, onnx_op
+from cuvil.frontend.onnx_node import Entity, NodeCtx, SymbolicValueRequired, onnx_op
 from cuvil.frontend.onnx_ops.blocks import static_scalar
 from cuvil.frontend.onnx_ops.fold import floor_of, is_symbolic, require, times
 from cuvil.ir.dtypes import DType
@@ -47,8 +47,8 @@ def _dense(ctx: NodeCtx, t: onnx.SparseTensorProto) -> np.ndarray:
 
 
 @onnx_op("Identity", emits=())
-def identity(ctx: NodeCtx) -> Value:
-    return ctx.input(0)
+def identity(ctx: NodeCtx) -> Entity:
+    return ctx.entity(0)
 
 
 def reshape_target(x_shape: tuple[Dim, ...], target: list, allowzero: bool, where: str) -> list[Dim]:

@@ -32,8 +32,8 @@ def _reduce(cir: str) -> AtenConverter:
 
 aten_op("mean.dim", "mean.default", emits=("reduce_mean", "cast"))(_reduce("reduce_mean"))
 aten_op("sum.dim_IntList", "sum.default", emits=("reduce_sum", "cast"))(_reduce("reduce_sum"))
-aten_op("amax.default", emits=("reduce_max",))(_reduce("reduce_max"))
-aten_op("amin.default", emits=("reduce_min",))(_reduce("reduce_min"))
+aten_op("amax.default", "max.default", emits=("reduce_max",))(_reduce("reduce_max"))
+aten_op("amin.default", "min.default", emits=("reduce_min",))(_reduce("reduce_min"))
 aten_op("prod.dim_int", "prod.default", emits=("reduce_prod", "cast"))(_reduce("reduce_prod"))
 
 

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from cuvil.errors import OpDefinitionError
@@ -96,6 +97,10 @@ def _np_pow(xs: list[np.ndarray], out: TensorType) -> np.ndarray:
 
 def _np_cast(xs: list[np.ndarray], out: TensorType, to: DType) -> np.ndarray:
     return numpy_prims.cast(xs[0], to)
+
+
+def _np_bitcast(xs: list[np.ndarray], out: TensorType, to: DType) -> np.ndarray:
+    return numpy_prims.bitcast(xs[0], to)
 
 
 def _np_clip(xs: list[np.ndarray], out: TensorType, min: float | None, max: float | None) -> np.ndarray:
@@ -503,6 +508,61 @@ define("cast", ("x",), attrs={"to": ("dtype", REQUIRED)},
        examples=_cast_examples, epilogue_fusible=True, precision_policy="as-declared",
        doc="convert element type; float->int truncates toward zero (NaN/inf give 0, other out-of-range values "
            "are unspecified), ->bool is x != 0, int->int wraps, float->narrower float rounds to nearest even")
+
+
+# --------------------------------------------------------------------------------------
+# bitcast
+
+
+def _bitcast_type(types: list[TensorType], to: DType) -> TensorType:
+    """The operand's shape with element type ``to``, when its bits can be read as ``to``."""
+    refused = R.bitcast_refusal(types[0].dtype, to)
+    if refused is not None:
+        raise TypeError(refused)
+    return types[0].with_dtype(to)
+
+
+def _float_bits(dt: DType) -> np.ndarray:
+    """Floats of ``dt`` with every kind of bit pattern as a (2, 6) array: signed zeros, a subnormal,
+    normals, infinities, and quiet and signaling NaNs of both signs carrying payloads."""
+    nmant = int(ml_dtypes.finfo(dt.np).nmant)
+    ints = np.dtype(f"u{dt.bits // 8}")
+    sign, quiet = 1 << (dt.bits - 1), 1 << (nmant - 1)
+    inf = (sign - 1) ^ ((1 << nmant) - 1)
+    nans = np.array([inf | 1, inf | quiet | 5, sign | inf | 2, sign | inf | quiet], dtype=ints)
+    info = ml_dtypes.finfo(dt.np)
+    values = np.array([0.0, -0.0, 1.0, -1.5, np.inf, -np.inf, float(info.smallest_subnormal), float(info.max)],
+                      dtype=np.float64).astype(dt.np)
+    return np.concatenate([values.view(ints), nans]).view(dt.np).reshape(2, 6)
+
+
+_BITCAST_FLOATS = ((DType.f32, (DType.i32, DType.u32)), (DType.f64, (DType.i64, DType.u64)),
+                   (DType.f16, (DType.i16, DType.u16, DType.bf16)), (DType.bf16, (DType.i16, DType.u16, DType.f16)))
+_BITCAST_INTS = ((DType.i32, DType.f32), (DType.u32, DType.f32), (DType.i64, DType.f64), (DType.u64, DType.f64),
+                 (DType.i16, DType.f16), (DType.u16, DType.bf16), (DType.i8, DType.u8), (DType.u8, DType.i8),
+                 (DType.u32, DType.i32), (DType.i64, DType.u64))
+
+
+def _bitcast_examples(rng: np.random.Generator) -> list[Example]:
+    """Every float's bit patterns read as integers (and back, so NaN payloads come from the integer
+    side too), integer edge values read as floats and as the other signedness, bools as bytes."""
+    cases: list[Example] = []
+    for src, targets in _BITCAST_FLOATS:
+        bits = _float_bits(src)
+        cases += [([bits], {"to": to}) for to in targets]
+        cases.append(([bits.view(np.dtype(f"i{src.bits // 8}"))], {"to": src}))
+    cases += [([_iedges(src.np)], {"to": to}) for src, to in _BITCAST_INTS]
+    cases += [([rng.standard_normal((2, 3)) > 0], {"to": DType.u8}),
+              ([rng.standard_normal((3,)) > 0], {"to": DType.i8})]
+    return cases
+
+
+define("bitcast", ("x",), attrs={"to": ("dtype", REQUIRED)}, shape=_bitcast_type,
+       rule=R.elementwise(lambda x, to: R.bitcast(x, to)), numpy=_np_bitcast, family="elementwise",
+       examples=_bitcast_examples, precision_policy="as-declared",
+       doc="reinterpret each element's bits as type `to` of the same width (ONNX BitCast): every bit pattern "
+           "is kept, NaN payloads and -0.0 included; a bool is the byte 0 or 1 and reads as i8 or u8; no "
+           "byte reads as a bool and narrow storage types are not bit-cast")
 
 
 def _where_type(types: list[TensorType], **_: Any) -> TensorType:
