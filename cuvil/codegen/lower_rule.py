@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.dims import DimValues
 from cuvil.codegen.loops import for_range, row_major_strides, start_block
 from cuvil.codegen.scalar import (
     I1,
@@ -37,7 +38,7 @@ from cuvil.errors import CodegenError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.rulewalk import FreeVars, fold_ix, walk_exprs
-from cuvil.ir.symbolic import Dim
+from cuvil.ir.symbolic import Dim, dim_bounds
 from cuvil.ir.types import TensorType
 
 Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a reduction at that depth
@@ -45,17 +46,18 @@ Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a
 
 @dataclass(frozen=True)
 class Buffer:
-    """An operand or result as a kernel sees it: its pointer, dtype and static shape."""
+    """An operand or result as a kernel sees it: its pointer, dtype and shape (ints, or symbolic dims
+    in a kernel that reads them at run time)."""
 
     ptr: Val
     dtype: DType
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
 
     @property
-    def numel(self) -> int:
-        n = 1
+    def numel(self) -> Dim:
+        n: Dim = 1
         for d in self.shape:
-            n *= d
+            n = n * d
         return n
 
 
@@ -72,6 +74,14 @@ def _static_int(d: object, where: str) -> int:
         return d
     raise CodegenError(f"{where}: the rule uses the symbolic extent {d}", location=where,
                        hint="specialize symbolic dims before compiling")
+
+
+def _symbolic_strides(shape: Sequence[Dim]) -> list[Dim]:
+    """Row-major strides of a shape whose dims may be symbolic."""
+    strides: list[Dim] = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
 
 
 # --------------------------------------------------------------------------------------
@@ -154,16 +164,21 @@ def _lit_key(v: object) -> object:
 
 
 class RuleKernel:
-    """Emits one op as ``i32 name(ptr out, ptr in0, ...)``; returns 0 or ``ERR_INDEX``."""
+    """Emits one op as ``i32 name(ptr out, ptr in0, ...)``; returns 0 or ``ERR_INDEX``. With ``dims``
+    (the symbols of a function compiled for a whole shape class, in order) the kernel takes one more
+    argument, ``ptr dims`` (their ``i64`` values), and its extents, strides and bounds come from them."""
 
     def __init__(self, module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
-                 out_type: TensorType, op: str) -> None:
+                 out_type: TensorType, op: str, dims: Sequence[str] | None = None) -> None:
         self.op = op
         self.rule = rule
         self.out_type = out_type
-        self.out_shape = static_shape(out_type, op)
-        in_shapes = [static_shape(t, op) for t in in_types]
-        fnty = ir.FunctionType(I32, [PTR] * (1 + len(in_types)))
+        self.symbolic = dims is not None
+        shape_of: Callable[[TensorType], tuple[Dim, ...]] = \
+            (lambda t: tuple(t.shape)) if self.symbolic else (lambda t: static_shape(t, op))
+        self.out_shape = shape_of(out_type)
+        in_shapes = [shape_of(t) for t in in_types]
+        fnty = ir.FunctionType(I32, [PTR] * (1 + len(in_types) + (1 if self.symbolic else 0)))
         self.fn = ir.Function(module, fnty, name=name)
         # Hidden but not internal, and never inlined: the optimizer cannot see which buffers a
         # kernel is called with, so it does not fold weight arrays into immediates (code size
@@ -172,11 +187,11 @@ class RuleKernel:
         self.fn.attributes.add("noinline")
         self.fn.args[0].name = "out"
         self.fn.args[0].add_attribute("noalias")
-        for k, a in enumerate(self.fn.args[1:]):
+        for k, a in enumerate(self.fn.args[1:1 + len(in_types)]):
             a.name = f"in{k}"
             a.add_attribute("noalias")
             a.add_attribute("captures(none)")
-        self.inputs = [Buffer(a, t.dtype, s) for a, t, s in zip(self.fn.args[1:], in_types, in_shapes, strict=True)]
+        self.inputs = [Buffer(a, t.dtype, s) for a, t, s in zip(self.fn.args[1:], in_types, in_shapes, strict=False)]
         self.out = Buffer(self.fn.args[0], out_type.dtype, self.out_shape)
 
         entry = self.fn.append_basic_block("entry")
@@ -186,18 +201,32 @@ class RuleKernel:
         self.s = ScalarEmitter(self.b)
         self.err = self.alloca_builder.alloca(I1, name="err")
         self.alloca_builder.store(ir.Constant(I1, 0), self.err)
+        self.dims: DimValues | None = None
+        if dims is not None:
+            arg = self.fn.args[-1]
+            arg.name = "dims"
+            self.dims = DimValues(self.alloca_builder, arg, dims)
 
         self.keys = _Keys()
-        self.extents: dict[str, int] = {f"i{k}": n for k, n in enumerate(self.out_shape)}
+        self.extents: dict[str, Dim | None] = {f"i{k}": n for k, n in enumerate(self.out_shape)}
         self._collect_extents(rule)
         self.bound: dict[Token, Val] = {}
         self.layers: list[dict[int, Val]] = [{}]
 
     # -- driver -------------------------------------------------------------------------
+    def _dim(self, d: Dim) -> Val | int:
+        """An extent as the loop emitter takes it: an int where static, else its run-time value."""
+        if isinstance(d, int):
+            return d
+        if self.dims is None:
+            raise CodegenError(f"{self.op}: the symbolic extent {d} in a kernel compiled for static shapes",
+                               location=self.op, hint="specialize symbolic dims before compiling")
+        return self.dims.value(d)
+
     def emit(self) -> ir.Function:
         env = {f"i{k}": ("o", k) for k in range(len(self.out_shape))}
         order = self._loop_order(env)
-        strides = row_major_strides(self.out_shape)
+        strides = _symbolic_strides(self.out_shape)
         self._hoist(self.rule, env, 0)
 
         def level(pos: int) -> None:
@@ -215,7 +244,7 @@ class RuleKernel:
                     level(pos + 1)
                     del self.bound[("o", k)]
 
-            for_range(self.b, 0, self.out_shape[k], f"i{k}", body)
+            for_range(self.b, 0, self._dim(self.out_shape[k]), f"i{k}", body)
 
         level(0)
         failed = self.b.load(self.err, typ=I1)
@@ -293,8 +322,12 @@ class RuleKernel:
     def _collect_extents(self, e: R.Expr) -> None:
         for red in self._all_reduces(e):
             for name, n in red.axes:
-                ext = _static_int(n, self.op)
-                self.extents[name] = max(ext, self.extents.get(name, ext))
+                ext: Dim = n if self.symbolic else _static_int(n, self.op)
+                old = self.extents.get(name, ext)
+                if isinstance(ext, int) and isinstance(old, int):
+                    self.extents[name] = max(ext, old)
+                else:  # symbolic extents that may differ: no static bound for the variable
+                    self.extents[name] = ext if old == ext else None
 
     def _all_reduces(self, e: R.Expr) -> Iterator[R.Reduce]:
         return (x for x in walk_exprs(e) if isinstance(x, R.Reduce))
@@ -327,15 +360,18 @@ class RuleKernel:
         if e.kind not in ("sum", "prod", "max", "min"):
             raise CodegenError(f"unknown reduction {e.kind!r}", location=self.op)
         dt = e.dtype
-        extents = [_static_int(n, self.op) for _, n in e.axes]
-        terms = 1
+        extents: list[Dim] = [n if self.symbolic else _static_int(n, self.op) for _, n in e.axes]
+        terms: Dim = 1
         for n in extents:
-            terms *= n
+            terms = terms * n
         ct = compute_type(dt)
         acc = self.alloca_builder.alloca(ct, name=f"acc.{e.kind}")
         # the rule folds from the first term; a float sum folded from -0.0 is the same bit for bit
         # (x + -0.0 is x), and a sum over nothing is +0.0
-        start = ir.Constant(ct, -0.0) if e.kind == "sum" and dt.is_float and terms else identity(e.kind, dt)
+        start: Val = ir.Constant(ct, -0.0) if e.kind == "sum" and dt.is_float and terms else identity(e.kind, dt)
+        if e.kind == "sum" and dt.is_float and not isinstance(terms, int):
+            empty = self.b.icmp_signed("==", self._value(terms), ir.Constant(I64, 0))
+            start = self.b.select(empty, identity(e.kind, dt), ir.Constant(ct, -0.0))
         self.b.store(start, acc)
         rounds = dt in (DType.f16, DType.bf16) or (dt.is_float and dt.is_narrow)
         inner = dict(env)
@@ -359,7 +395,7 @@ class RuleKernel:
                     level(pos + 1)
                     del self.bound[tokens[pos]]
 
-            for_range(self.b, 0, extents[pos], f"r{depth}_{pos}", body)
+            for_range(self.b, 0, self._dim(extents[pos]), f"r{depth}_{pos}", body)
 
         level(0)
         out = self.b.load(acc, typ=ct)
@@ -381,10 +417,14 @@ class RuleKernel:
         return self.s.call(fn, [acc, v], [dt, dt], dt, {})
 
     # -- memory -------------------------------------------------------------------------
-    def _flat(self, idx: Sequence[Val], strides: Sequence[int]) -> Val:
+    def _value(self, d: Dim) -> Val:
+        v = self._dim(d)
+        return ir.Constant(I64, v) if isinstance(v, int) else v
+
+    def _flat(self, idx: Sequence[Val], strides: Sequence[Dim]) -> Val:
         flat: Val = ir.Constant(I64, 0)
         for i, s in zip(idx, strides, strict=True):
-            term = i if s == 1 else self.b.mul(i, ir.Constant(I64, s), flags=("nuw", "nsw"))
+            term = i if isinstance(s, int) and s == 1 else self.b.mul(i, self._value(s), flags=("nuw", "nsw"))
             flat = term if isinstance(flat, ir.Constant) and flat.constant == 0 else \
                 self.b.add(flat, term, flags=("nuw", "nsw"))
         return flat
@@ -401,7 +441,7 @@ class RuleKernel:
                                location=self.op, hint="a bug in the op's rule")
         b = self.b
         fallback = literal(e.oob, buf.dtype) if e.oob is not None else None
-        if buf.numel == 0:
+        if isinstance(buf.numel, int) and buf.numel == 0:
             if fallback is None:
                 b.store(ir.Constant(I1, 1), self.err)
                 return literal(0, buf.dtype)
@@ -410,16 +450,20 @@ class RuleKernel:
         inb: Val | None = None
         for ix, dim in zip(e.index, buf.shape, strict=True):
             i = self.ix(ix, env, depth)
-            lo, hi = self.ix_range(ix)
-            if lo is not None and hi is not None and lo >= 0 and hi < dim:
+            if self._within(ix, dim):
                 idx.append(i)
                 continue
-            ok = b.icmp_unsigned("<", i, ir.Constant(I64, dim))
+            ok = b.icmp_unsigned("<", i, self._value(dim))
             inb = ok if inb is None else b.and_(inb, ok)
             idx.append(b.select(ok, i, ir.Constant(I64, 0)))
-        flat = self._flat(idx, row_major_strides(buf.shape))
+        strides = row_major_strides([int(d) for d in buf.shape]) if not self.symbolic else _symbolic_strides(buf.shape)
+        flat = self._flat(idx, strides)
         ty = storage_type(buf.dtype)
         ptr = b.gep(buf.ptr, [flat], inbounds=True, source_etype=ty)
+        if inb is not None and not isinstance(buf.numel, int):
+            # the buffer may be empty at run time: an index out of range reads a stack slot instead
+            spare = self.alloca_builder.alloca(ty, name="spare")
+            ptr = b.select(inb, ptr, spare)
         v = self.s.from_storage(b.load(ptr, typ=ty), buf.dtype)
         if inb is None:
             return v
@@ -429,6 +473,14 @@ class RuleKernel:
         b.store(failed, self.err)
         return v
 
+    def _within(self, ix: R.Ix, dim: Dim) -> bool:
+        """Whether ``ix`` is always in ``[0, dim)``: by its interval where ``dim`` is static, or as a
+        loop variable over ``dim`` itself where it is symbolic."""
+        if isinstance(dim, int):
+            lo, hi = self.ix_range(ix)
+            return lo is not None and hi is not None and lo >= 0 and hi < dim
+        return ix.kind == "var" and self.extents.get(ix.args[0]) == dim
+
     # -- index expressions --------------------------------------------------------------
     def ix_range(self, ix: R.Ix) -> tuple[int | None, int | None]:
         """A sound interval for an index expression (None: unbounded)."""
@@ -436,9 +488,13 @@ class RuleKernel:
 
     def _var_range(self, name: str) -> tuple[int | None, int | None]:
         n = self.extents.get(name)
-        return (0, max(n - 1, 0)) if n is not None else (None, None)
+        if isinstance(n, int):
+            return (0, max(n - 1, 0))
+        return (0, None) if n is not None else (None, None)
 
     def _lit_range(self, d: Dim) -> tuple[int | None, int | None]:
+        if not isinstance(d, int) and self.symbolic:
+            return dim_bounds(d)
         v = _static_int(d, self.op)
         return (v, v)
 
@@ -450,6 +506,8 @@ class RuleKernel:
             return _IxCode(self.bound[env[name]], self._var_range(name), False)
 
         def lit(d: Dim) -> _IxCode:
+            if not isinstance(d, int) and self.symbolic:
+                return _IxCode(self._value(d), self._lit_range(d), False)
             v = _static_int(d, self.op)
             return _IxCode(ir.Constant(I64, v), (v, v), False)
 
@@ -538,9 +596,10 @@ def _range_op(kind: str, a: tuple[int | None, int | None], b: tuple[int | None, 
 
 
 def emit_rule_kernel(module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
-                     out_type: TensorType, op: str) -> ir.Function:
-    """Lower ``rule`` (an op's rule at concrete shapes) to an internal kernel function in ``module``."""
-    return RuleKernel(module, name, rule, in_types, out_type, op).emit()
+                     out_type: TensorType, op: str, dims: Sequence[str] | None = None) -> ir.Function:
+    """Lower ``rule`` to an internal kernel function in ``module``: at concrete shapes, or over the
+    symbolic dims ``dims`` (read at run time from the kernel's last argument)."""
+    return RuleKernel(module, name, rule, in_types, out_type, op, dims).emit()
 
 
 SUPPORTED_REDUCTIONS: dict[str, frozenset[str]] = {

@@ -118,6 +118,8 @@ class EpilogueEmitter(RuleKernel):
         self.b = builder
         self.s = ScalarEmitter(builder)
         self.err = err
+        self.symbolic = False  # tuned kernels are compiled for static shapes
+        self.dims = None
         self.keys = _Keys()
         self.extents = {f"i{k}": n for k, n in enumerate(out.shape)}
         self._collect_extents(rule)
