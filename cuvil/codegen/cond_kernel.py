@@ -16,8 +16,15 @@ from llvmlite import ir
 
 from cuvil.codegen.abi import OK
 from cuvil.codegen.plan import nbytes
-from cuvil.codegen.region_steps import RegionSteps, StructuredGroup, copier, pointer, work_pointer
-from cuvil.codegen.scalar import I8, I32, PTR, Builder
+from cuvil.codegen.region_steps import (
+    RegionSteps,
+    StructuredGroup,
+    copier,
+    pointer,
+    structured_function,
+    work_pointer,
+)
+from cuvil.codegen.scalar import I8, I32, Builder
 from cuvil.ir.ops.control import open_regions
 from cuvil.ir.values import Value
 
@@ -46,10 +53,7 @@ class CondKernel:
     def emit(self, mod: ir.Module, name: str, constant: Callable[[Value], ir.Value]) -> ir.Function:
         """The cond's function; ``constant`` gives the global holding a constant's data."""
         n_out = len(self.results)
-        fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_out + len(self.operands) + 2)), name=name)
-        fn.linkage = "internal"
-        outs, ins = fn.args[:n_out], fn.args[n_out:n_out + len(self.operands)]
-        work, scratch = fn.args[-2], fn.args[-1]
+        fn, outs, ins, work, scratch = structured_function(mod, name, n_out, len(self.operands))
         entry = fn.append_basic_block("entry")
         blocks = [fn.append_basic_block("then"), fn.append_basic_block("else")]
         b = Builder(entry)

@@ -28,9 +28,10 @@ from cuvil.codegen.region_steps import (
     copier,
     pointer,
     round_up,
+    structured_function,
     work_pointer,
 )
-from cuvil.codegen.scalar import I8, I32, PTR, Builder, Val
+from cuvil.codegen.scalar import I8, I32, Builder, Val
 from cuvil.errors import CodegenError
 from cuvil.ir.ops.control import loop_groups, open_body
 from cuvil.ir.values import Value
@@ -80,10 +81,7 @@ class LoopKernel:
     def emit(self, mod: ir.Module, name: str, constant: Callable[[Value], ir.Value]) -> ir.Function:
         """The loop's function; ``constant`` gives the global holding a constant's data."""
         n_out = len(self.results)
-        fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_out + len(self.operands) + 2)), name=name)
-        fn.linkage = "internal"
-        outs, ins = fn.args[:n_out], fn.args[n_out:n_out + len(self.operands)]
-        work, scratch = fn.args[-2], fn.args[-1]
+        fn, outs, ins, work, scratch = structured_function(mod, name, n_out, len(self.operands))
         body_fns = self.body.emit_functions(mod, f"{name}.b", constant)
 
         b = Builder(fn.append_basic_block("entry"))

@@ -121,6 +121,16 @@ class RegionSteps:
             return_unless_ok(b, b.call(kfn, args))
 
 
+def structured_function(mod: ir.Module, name: str, n_out: int, n_in: int
+                        ) -> tuple[ir.Function, list[ir.Argument], list[ir.Argument], ir.Argument, ir.Argument]:
+    """The function a lowered loop or cond runs as, ``i32 name(ptr out_0, ..., ptr in_0, ..., ptr work,
+    ptr scratch)``: it and its outputs, inputs, work area and scratch arguments."""
+    fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_out + n_in + 2)), name=name)
+    fn.linkage = "internal"
+    args = list(fn.args)
+    return fn, args[:n_out], args[n_out:n_out + n_in], args[-2], args[-1]
+
+
 def pointer(o: Value, where: Mapping[Value, ir.Value], constant: Callable[[Value], ir.Value]) -> ir.Value:
     return constant(o) if o.is_const else where[o]
 

@@ -9,6 +9,7 @@ from cuvil.errors import BudgetError, UnsupportedOpError
 from cuvil.ir.builder import Builder
 from cuvil.ir.module import Function, Module
 from cuvil.ir.ops.control import loop_groups, loop_key
+from cuvil.ir.rebuild import rebuild
 from cuvil.ir.region import substitute
 from cuvil.ir.values import Value
 
@@ -116,21 +117,12 @@ def flatten_conds(module: Module) -> Module:
 
 
 def _flatten_outer_conds(module: Module) -> Module:
-    b = Builder(module.constants)
-    fns = []
-    for fn in module.functions:
-        new: dict[Value, Value] = {}
-        for v in fn.values():
-            if v.is_param or v.is_const:
-                new[v] = v
-                continue
-            operands = [new[o] for o in v.operands]
-            if v.op != "cond":
-                new[v] = b.op(v.op, *operands, **v.attr_dict)
-                continue
-            k = int(v.attr("output"))
-            picks = [substitute([body.results[k]], dict(zip(body.params, operands[1:], strict=True)))[0]
-                     for body in (v.attr("then_body"), v.attr("else_body"))]
-            new[v] = b.where(operands[0], *picks)
-        fns.append(Function(fn.name, fn.params, tuple(new[r] for r in fn.results), fn.result_names, fn.constraints))
-    return module.replace(functions=fns, constants=b.constants)
+    def flattened(fn: Function, v: Value, operands: list[Value], b: Builder) -> Value | None:
+        if v.op != "cond":
+            return None
+        k = int(v.attr("output"))
+        picks = [substitute([body.results[k]], dict(zip(body.params, operands[1:], strict=True)))[0]
+                 for body in (v.attr("then_body"), v.attr("else_body"))]
+        return b.where(operands[0], *picks)
+
+    return rebuild(module, flattened)

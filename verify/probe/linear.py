@@ -399,10 +399,10 @@ class LinearRefiner:
             if expand and isinstance(f, AffineOp):
                 step = 2.0 * m * sum(j.size for j in f.jac.values())
                 work += step
+                if work > FLOP_BUDGET or (budget is not None and LINEAR_FACTOR * step / UNIT > budget.left):
+                    return None  # what it would spend is not left: keep the interval bound, spend nothing
                 if budget is not None:
                     budget.charge(LINEAR_FACTOR * step / UNIT)
-                if work > FLOP_BUDGET:
-                    return None
                 mag_in = {k: np.maximum(np.abs(box(v.operands[k])[0]), np.abs(box(v.operands[k])[1]))
                           for k in f.jac}
                 mags = sum((np.abs(j) @ mag_in[k] for k, j in f.jac.items()), np.abs(f.offset))
@@ -418,6 +418,8 @@ class LinearRefiner:
                     self._add(lam_l, o, al @ j, pending)
                 continue
             if budget is not None:  # clamp lines and interval ends: a few passes over the coefficients
+                if LINEAR_FACTOR * 4.0 * m * n_v / UNIT > budget.left:
+                    return None
                 budget.charge(LINEAR_FACTOR * 4.0 * m * n_v / UNIT)
             if expand and isinstance(f, ClampOp):
                 x = v.operands[f.operand]
