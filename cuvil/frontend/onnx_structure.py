@@ -20,8 +20,6 @@ import onnx
 
 from cuvil.errors import InputError, ModelLoadError, UnsupportedOpError
 from cuvil.frontend.onnx_node import Entity, OptValue, SeqValue, onnx_dtype
-from cuvil.ir.dtypes import DType
-from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 
 STRUCTURE_KEY = "onnx.output_forms"
@@ -161,8 +159,3 @@ def regroup(metadata: Mapping[str, str], names: Sequence[str], flat: Sequence[An
     if k != len(flat):
         raise ModelLoadError(f"{len(flat)} results for outputs {list(names)} with forms {forms}")
     return out
-
-
-def element_type(dtype: DType, shape: Sequence[int]) -> TensorType:
-    """The type of one fed sequence element."""
-    return TensorType(dtype, tuple(int(d) for d in shape))

@@ -28,9 +28,8 @@ class GraphImporter(Protocol):
 
 def import_cond(imp: GraphImporter, node: Any, where: str) -> tuple[Value, ...]:
     """The results of one ``cond`` node (a tuple, as the node's ``getitem`` users read them)."""
-    pred, true_gm, false_gm, operands = (imp.resolve(node.args[0], where), _module(node, 1), _module(node, 2),
-                                         imp.resolve(node.args[3], where))
-    operands = [imp.resolve(o, where) if not isinstance(o, Value) else o for o in operands]
+    pred, true_gm, false_gm = imp.resolve(node.args[0], where), _module(node, 1), _module(node, 2)
+    operands = list(imp.resolve(node.args[3], where))
     if not all(isinstance(o, Value) for o in operands):
         raise UnsupportedOpError("torch.cond over operands that are not tensors", location=where)
     if isinstance(pred, (bool, np.bool_)):  # decided at export time
