@@ -10,7 +10,7 @@ side by side, with the loop's work area live across them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cuvil.codegen.abi import ARENA_ALIGN
@@ -136,9 +136,13 @@ def plan_steps(steps: Sequence[Value], keep: Sequence[Value] = ()) -> tuple[dict
     return offsets, arena.top
 
 
-def plan_memory(fn: Function, work: Mapping[Value, int] | None = None) -> MemoryPlan:
-    """``work``: the work area (bytes) of each loop or cond group, by its first result."""
+def plan_memory(fn: Function, work: Mapping[Value, int] | None = None,
+                size_of: Callable[[TensorType], int] | None = None) -> MemoryPlan:
+    """``work``: the work area (bytes) of each loop or cond group, by its first result; ``size_of``
+    the bytes a value's slot takes (its size, by default; a function compiled for a shape class
+    plans each value at the largest size its dims' constraints allow)."""
     work = work or {}
+    size = size_of or nbytes
     steps = ordered_steps(fn)
     slots: dict[Value, Slot] = {}
     for k, p in enumerate(fn.params):
@@ -166,7 +170,7 @@ def plan_memory(fn: Function, work: Mapping[Value, int] | None = None) -> Memory
     open_work: dict[int, tuple[int, int]] = {}
     for pos, v in enumerate(steps):
         if v not in slots:
-            slots[v] = Slot("arena", arena.alloc(nbytes(v.type)))
+            slots[v] = Slot("arena", arena.alloc(size(v.type)))
         if v in work:
             work_at[v] = arena.alloc(work[v])
             open_work[work_end[v]] = (work_at[v], work[v])
@@ -175,5 +179,5 @@ def plan_memory(fn: Function, work: Mapping[Value, int] | None = None) -> Memory
         for o in set(v.operands):
             s = slots.get(o)
             if s is not None and s.kind == "arena" and last_use.get(o) == pos:
-                arena.release(s.index, nbytes(o.type))
+                arena.release(s.index, size(o.type))
     return MemoryPlan(steps, slots, arena.top, tuple(copies), work_at)
