@@ -252,3 +252,19 @@ def test_power_of_two_casts_round_as_asked(mode: str, saturate: int) -> None:
         np.testing.assert_array_equal(got[defined], want[defined])
         if saturate:  # Cast's table: saturating, +inf becomes E8M0_MAX (onnx's reference evaluator gives NaN)
             assert got[11] == 254
+
+
+@pytest.mark.parametrize("fed,kind,message", [
+    ([np.zeros(1, np.float32)] * 5000, "sequence", "longer than"),
+    (None, "sequence", "cannot be None"),
+    (np.zeros(3, np.float32), "sequence", "takes a list of arrays"),
+])
+def test_hostile_forms_of_a_sequence_input_are_clear_errors(fed: Any, kind: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        InputForm.of(fed, kind)
+
+
+def test_a_list_fed_where_an_optional_holds_a_tensor_is_refused() -> None:
+    rep = CuvilBackend.prepare(_optional_model())
+    with pytest.raises(InputError, match="holds a tensor, got a list"):
+        rep.run({"opt": [np.zeros(4, np.float32)]})
