@@ -32,6 +32,7 @@ from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_faul
 from cuvil.codegen.kernels import Kernel, select_kernel
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
+from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
 from cuvil.codegen.plan import MemoryPlan, nbytes, ordered_steps, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
@@ -173,19 +174,30 @@ def _check_storage(fn: Function) -> None:
 # entry points
 
 
-def _fail_unless(b: Builder, ok: Val, code: int | Val) -> None:
-    """Continue when ``ok``; otherwise return ``code``."""
-    fn = b.function
-    fail = fn.append_basic_block("fail")
-    cont = fn.append_basic_block("ok")
-    b.cbranch(ok, cont, fail)
-    b.position_at_end(fail)
-    b.ret(code if isinstance(code, ir.Value) else ir.Constant(I32, code))
-    b.position_at_end(cont)
+def emit_context_functions(mod: ir.Module, prefix: str, arena_bytes: int) -> None:
+    """``{prefix}_create()``, which allocates the arena (aligned), and ``{prefix}_destroy(ctx)``."""
+    create = ir.Function(mod, ir.FunctionType(PTR, []), name=f"{prefix}_create")
+    b = Builder(create.append_basic_block("entry"))
+    aligned_alloc = declare(mod, "aligned_alloc", PTR, [I64, I64])
+    size = -(-max(arena_bytes, abi.ARENA_ALIGN) // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
+    b.ret(b.call(aligned_alloc, [ir.Constant(I64, abi.ARENA_ALIGN), ir.Constant(I64, size)]))
+    destroy = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{prefix}_destroy")
+    b = Builder(destroy.append_basic_block("entry"))
+    b.call(declare(mod, "free", ir.VoidType(), [PTR]), [destroy.args[0]])
+    b.ret_void()
 
 
-def _not_null(b: Builder, p: Val) -> Val:
-    return b.icmp_unsigned("!=", p, ir.Constant(PTR, None))
+def slot_pointer(b: Builder, plan: MemoryPlan, v: Value, ctx: Val, in_arr: Val, out_arr: Val,
+                 const_globals: Mapping[str, ir.GlobalVariable]) -> ir.Value:
+    """Where ``v`` lives while the run entry point runs: a constant's global, its arena offset in
+    ``ctx``, or the caller's input or output buffer."""
+    s = plan.slots[v]
+    if s.kind == "const":
+        return const_globals[v.const_hash]
+    if s.kind == "arena":
+        return b.gep(ctx, [ir.Constant(I64, s.index)], inbounds=True, source_etype=I8)
+    arr = in_arr if s.kind == "input" else out_arr
+    return b.load(b.gep(arr, [ir.Constant(I64, s.index)], inbounds=True, source_etype=PTR), typ=PTR)
 
 
 def _guard(b: Builder, checks: list[tuple[TensorCheck, ir.Function]], side: str, tensors: Val) -> None:
@@ -194,7 +206,7 @@ def _guard(b: Builder, checks: list[tuple[TensorCheck, ir.Function]], side: str,
         if check.side == side:
             data = b.load(b.gep(tensors, [ir.Constant(I64, check.index)], inbounds=True, source_etype=PTR), typ=PTR)
             rc = b.call(fn, [data])
-            _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
+            fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
 
 
 def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPlan,
@@ -206,16 +218,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
     scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
     arena_alloc = max(scratch_at + scratch if scratch else plan.arena_bytes, abi.ARENA_ALIGN)
 
-    # create / destroy
-    create = ir.Function(mod, ir.FunctionType(PTR, []), name=f"{prefix}_create")
-    b = Builder(create.append_basic_block("entry"))
-    aligned_alloc = declare(mod, "aligned_alloc", PTR, [I64, I64])
-    b.ret(b.call(aligned_alloc, [ir.Constant(I64, abi.ARENA_ALIGN), ir.Constant(I64, arena_alloc)]))
-
-    destroy = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{prefix}_destroy")
-    b = Builder(destroy.append_basic_block("entry"))
-    b.call(declare(mod, "free", ir.VoidType(), [PTR]), [destroy.args[0]])
-    b.ret_void()
+    emit_context_functions(mod, prefix, arena_alloc)
 
     # run: the ops in plan order
     run = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, PTR]), name=f"{prefix}_run")
@@ -223,21 +226,15 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
     ctx.name, in_arr.name, out_arr.name = "ctx", "inputs", "outputs"
     b = Builder(run.append_basic_block("entry"))
     if plan.arena_bytes > 0 or scratch > 0:
-        _fail_unless(b, _not_null(b, ctx), abi.ERR_NULL)
+        fail_unless(b, not_null(b, ctx), abi.ERR_NULL)
     if inputs:
-        _fail_unless(b, _not_null(b, in_arr), abi.ERR_NULL)
+        fail_unless(b, not_null(b, in_arr), abi.ERR_NULL)
     if outputs:
-        _fail_unless(b, _not_null(b, out_arr), abi.ERR_NULL)
+        fail_unless(b, not_null(b, out_arr), abi.ERR_NULL)
     _guard(b, checks, "input", in_arr)
 
     def slot_ptr(v: Value) -> ir.Value:
-        s = plan.slots[v]
-        if s.kind == "const":
-            return const_globals[v.const_hash]
-        if s.kind == "arena":
-            return b.gep(ctx, [ir.Constant(I64, s.index)], inbounds=True, source_etype=I8)
-        arr = in_arr if s.kind == "input" else out_arr
-        return b.load(b.gep(arr, [ir.Constant(I64, s.index)], inbounds=True, source_etype=PTR), typ=PTR)
+        return slot_pointer(b, plan, v, ctx, in_arr, out_arr, const_globals)
 
     def scratch_ptr() -> ir.Value:
         return b.gep(ctx, [ir.Constant(I64, scratch_at)], inbounds=True, source_etype=I8) if scratch \
@@ -254,7 +251,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
             args += [slot_ptr(o) for o in lk.operands]
             args += [b.gep(ctx, [ir.Constant(I64, plan.work[v])], inbounds=True, source_etype=I8), scratch_ptr()]
             rc = b.call(kernel, args)
-            _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
+            fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
             continue
         unused = tuned[v].unused_operands if v in tuned else frozenset()
         args = [slot_ptr(v)] + [ir.Constant(PTR, None) if j in unused else slot_ptr(o)
@@ -263,7 +260,7 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
             args.append(b.gep(ctx, [ir.Constant(I64, scratch_at)], inbounds=True, source_etype=I8) if scratch
                         else ir.Constant(PTR, None))
         rc = b.call(kernel, args)
-        _fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
+        fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
     if plan.copies:
         memcpy = declare(mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
         for v, r in plan.copies:
@@ -281,12 +278,12 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
     b = Builder(checked.append_basic_block("entry"))
     in_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(inputs), 1)), name="input_data")
     out_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(outputs), 1)), name="output_data")
-    _fail_unless(b, b.and_(b.icmp_signed("==", n_in, ir.Constant(I64, len(inputs))),
+    fail_unless(b, b.and_(b.icmp_signed("==", n_in, ir.Constant(I64, len(inputs))),
                            b.icmp_signed("==", n_out, ir.Constant(I64, len(outputs)))), abi.ERR_ARITY)
     for tensors, specs, ptrs in ((tin, inputs, in_ptrs), (tout, outputs, out_ptrs)):
         if not specs:
             continue
-        _fail_unless(b, _not_null(b, tensors), abi.ERR_NULL)
+        fail_unless(b, not_null(b, tensors), abi.ERR_NULL)
         for k, spec in enumerate(specs):
             def field(i: int, ty: ir.Type, k: int = k, tensors: Val = tensors) -> Val:
                 p = b.gep(tensors, [ir.Constant(I64, k), ir.Constant(I32, i)], inbounds=True,
@@ -295,17 +292,17 @@ def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPl
 
             data = field(0, PTR)
             if spec.nbytes:
-                _fail_unless(b, _not_null(b, data), abi.ERR_NULL)
-            _fail_unless(b, b.icmp_signed("==", field(3, I32), ir.Constant(I32, abi.DTYPE_CODES[spec.dtype])),
+                fail_unless(b, not_null(b, data), abi.ERR_NULL)
+            fail_unless(b, b.icmp_signed("==", field(3, I32), ir.Constant(I32, abi.DTYPE_CODES[spec.dtype])),
                          abi.ERR_DTYPE)
-            _fail_unless(b, b.icmp_signed("==", field(2, I32), ir.Constant(I32, len(spec.shape))), abi.ERR_RANK)
+            fail_unless(b, b.icmp_signed("==", field(2, I32), ir.Constant(I32, len(spec.shape))), abi.ERR_RANK)
             if spec.shape:
                 shape = field(1, PTR)
-                _fail_unless(b, _not_null(b, shape), abi.ERR_NULL)
+                fail_unless(b, not_null(b, shape), abi.ERR_NULL)
                 ok: Val = ir.Constant(I1, 1)
                 for d, n in enumerate(spec.shape):
                     dim = b.load(b.gep(shape, [ir.Constant(I64, d)], inbounds=True, source_etype=I64), typ=I64)
                     ok = b.and_(ok, b.icmp_signed("==", dim, ir.Constant(I64, n)))
-                _fail_unless(b, ok, abi.ERR_SHAPE)
+                fail_unless(b, ok, abi.ERR_SHAPE)
             b.store(data, b.gep(ptrs, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR))
     b.ret(b.call(run, [cctx, in_ptrs, out_ptrs]))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
-from cuvil.codegen.scalar import I64, PTR, Builder, Flags, Val
+from cuvil.codegen.scalar import I32, I64, PTR, Builder, Flags, Val
 
 
 def row_major_strides(shape: Sequence[int]) -> list[int]:
@@ -130,3 +130,18 @@ def unravel(b: Builder, flat: Val, shape: Sequence[int]) -> list[Val]:
 def start_block(fn: ir.Function) -> ir.Block:
     """The block after the alloca-only entry block."""
     return fn.blocks[1]
+
+
+def fail_unless(b: Builder, ok: Val, code: int | Val) -> None:
+    """Continue when ``ok``; otherwise return ``code`` (an i32) from the function."""
+    fn = b.function
+    fail = fn.append_basic_block("fail")
+    cont = fn.append_basic_block("ok")
+    b.cbranch(ok, cont, fail)
+    b.position_at_end(fail)
+    b.ret(code if isinstance(code, ir.Value) else ir.Constant(I32, code))
+    b.position_at_end(cont)
+
+
+def not_null(b: Builder, p: Val) -> Val:
+    return b.icmp_unsigned("!=", p, ir.Constant(PTR, None))

@@ -16,10 +16,10 @@ from llvmlite import ir
 
 from cuvil.codegen.abi import OK
 from cuvil.codegen.kernels import Kernel, select_kernel
-from cuvil.codegen.loops import const
+from cuvil.codegen.loops import const, fail_unless
 from cuvil.codegen.lower_rule import emit_rule_kernel
 from cuvil.codegen.plan import order_steps, plan_steps
-from cuvil.codegen.scalar import I1, I32, I64, PTR, Builder, declare
+from cuvil.codegen.scalar import I1, I32, I64, PTR, Builder, Val, declare
 from cuvil.ir.opdef import get_op
 from cuvil.ir.values import Value, walk
 
@@ -150,10 +150,6 @@ def copier(b: Builder) -> Callable[[ir.Value, ir.Value, int], None]:
     return copy
 
 
-def return_unless_ok(b: Builder, rc: ir.Value) -> None:
-    fail = b.function.append_basic_block("fail")
-    cont = b.function.append_basic_block("ok")
-    b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, OK)), cont, fail)
-    b.position_at_end(fail)
-    b.ret(rc)
-    b.position_at_end(cont)
+def return_unless_ok(b: Builder, rc: Val) -> None:
+    """Return a kernel's error code from the calling function unless it is OK."""
+    fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, OK)), rc)

@@ -19,9 +19,12 @@ from llvmlite import ir
 from cuvil.codegen import abi
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels.pack import embed_array
+from cuvil.codegen.llvm_module import emit_context_functions, slot_pointer
+from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel
 from cuvil.codegen.plan import MemoryPlan, plan_memory
-from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, declare
+from cuvil.codegen.region_steps import return_unless_ok
+from cuvil.codegen.scalar import I1, I32, I64, PTR, Builder, declare
 from cuvil.errors import CodegenError
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
@@ -91,46 +94,20 @@ def lower_symbolic_function(fn: Function, constants: Mapping[str, np.ndarray], m
 
 def _emit_entry_points(mod: ir.Module, prefix: str, plan: MemoryPlan, kernels: list[ir.Function],
                        const_globals: Mapping[str, ir.GlobalVariable], symbols: tuple[str, ...]) -> None:
-    arena = max(plan.arena_bytes, abi.ARENA_ALIGN)
-    create = ir.Function(mod, ir.FunctionType(PTR, []), name=f"{prefix}_create")
-    b = Builder(create.append_basic_block("entry"))
-    aligned_alloc = declare(mod, "aligned_alloc", PTR, [I64, I64])
-    b.ret(b.call(aligned_alloc, [ir.Constant(I64, abi.ARENA_ALIGN), ir.Constant(I64, -(-arena // abi.ARENA_ALIGN)
-                                                                             * abi.ARENA_ALIGN)]))
-    destroy = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{prefix}_destroy")
-    b = Builder(destroy.append_basic_block("entry"))
-    b.call(declare(mod, "free", ir.VoidType(), [PTR]), [destroy.args[0]])
-    b.ret_void()
-
+    emit_context_functions(mod, prefix, plan.arena_bytes)
     run = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), name=f"{prefix}_run_dims")
     ctx, dims_ptr, in_arr, out_arr = run.args
     ctx.name, dims_ptr.name, in_arr.name, out_arr.name = "ctx", "dims", "inputs", "outputs"
     b = Builder(run.append_basic_block("entry"))
     for p in (ctx, dims_ptr, in_arr, out_arr):
-        ok = b.icmp_unsigned("!=", p, ir.Constant(PTR, None))
-        fail, cont = run.append_basic_block("null"), run.append_basic_block("ok")
-        b.cbranch(ok, cont, fail)
-        b.position_at_end(fail)
-        b.ret(ir.Constant(I32, abi.ERR_NULL))
-        b.position_at_end(cont)
+        fail_unless(b, not_null(b, p), abi.ERR_NULL)
     dims = DimValues(b, dims_ptr, symbols)
 
     def slot_ptr(v: Value) -> ir.Value:
-        s = plan.slots[v]
-        if s.kind == "const":
-            return const_globals[v.const_hash]
-        if s.kind == "arena":
-            return b.gep(ctx, [ir.Constant(I64, s.index)], inbounds=True, source_etype=I8)
-        arr = in_arr if s.kind == "input" else out_arr
-        return b.load(b.gep(arr, [ir.Constant(I64, s.index)], inbounds=True, source_etype=PTR), typ=PTR)
+        return slot_pointer(b, plan, v, ctx, in_arr, out_arr, const_globals)
 
     for v, kernel in zip(plan.steps, kernels, strict=True):
-        rc = b.call(kernel, [slot_ptr(v), *(slot_ptr(o) for o in v.operands), dims_ptr])
-        fail, cont = run.append_basic_block("fail"), run.append_basic_block("ok")
-        b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), cont, fail)
-        b.position_at_end(fail)
-        b.ret(rc)
-        b.position_at_end(cont)
+        return_unless_ok(b, b.call(kernel, [slot_ptr(v), *(slot_ptr(o) for o in v.operands), dims_ptr]))
     memcpy = declare(mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
     for v, r in plan.copies:  # results that are inputs or constants: copied, at their run-time size
         dst = b.load(b.gep(out_arr, [ir.Constant(I64, r)], inbounds=True, source_etype=PTR), typ=PTR)

@@ -132,8 +132,21 @@ BodyRunner = Callable[[Region, list[np.ndarray]], list[np.ndarray]]
 """Runs a body once on its arguments and returns what it yields (the interpreter's reading of the
 body's ops, or another domain's: the verifier iterates the same loop over residues)."""
 
-# the last loop run, so the results of one loop read one after another run the loop once
+# the last loop or cond run, so the results of one op read one after another run its regions once
 _last: list[tuple[tuple[Any, ...], tuple[Any, ...], list[np.ndarray]]] = []
+
+
+def _run_once(key: tuple[Any, ...], held: Any, xs: Sequence[np.ndarray],
+              run: Callable[[], list[np.ndarray]]) -> list[np.ndarray]:
+    """``run()``'s results, or those of the last run when it had the same ``key`` and bit-for-bit the
+    same operands. ``held`` (the regions) is kept so the ids in ``key`` stay unique; the operands are
+    copied, so a caller that fills the same arrays with new values between calls is not answered
+    from the cache."""
+    if _last and _last[0][0] == key and _same_arrays(_last[0][1][1], xs):
+        return _last[0][2]
+    everything = run()
+    _last[:] = [(key, (held, tuple(np.array(x, copy=True) for x in xs)), everything)]
+    return everything
 
 
 def iterate(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: int, trips: int, reverse: bool,
@@ -173,12 +186,16 @@ past it a loop is refused (``CUVIL-BUDGET``) instead of running for hours."""
 def iterate_loop(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: int, trips: int,
                  reverse: bool, *, use_fast_path: bool = True, stop: int = -1) -> list[np.ndarray]:
     """Every result of the loop on concrete arrays, the body's ops run by the interpreter."""
+    key = (id(body), carried, scanned, trips, reverse, use_fast_path, stop)
+    return _run_once(key, body, xs, lambda: _budgeted_iterate(xs, body, carried, scanned, trips, reverse,
+                                                             use_fast_path, stop))
+
+
+def _budgeted_iterate(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: int, trips: int,
+                      reverse: bool, use_fast_path: bool, stop: int) -> list[np.ndarray]:
     from cuvil.ir.evaluate import evaluate_region_results
     from cuvil.ir.types import bind_symbols
 
-    key = (id(body), carried, scanned, trips, reverse, use_fast_path, stop)
-    if _last and _last[0][0] == key and _same_arrays(_last[0][1][1], xs):
-        return _last[0][2]
     env = bind_symbols([p.type for p in body.params[1:]], [np.shape(x)[1:] if k in range(carried, carried + scanned)
                                                           else np.shape(x) for k, x in enumerate(xs)])
     elements = sum(max(1, int(np.prod(v.type.concrete(env), dtype=np.int64))) for v in body.ops())
@@ -186,12 +203,8 @@ def iterate_loop(xs: Sequence[np.ndarray], body: Region, carried: int, scanned: 
         raise BudgetError(f"the reference interpreter would compute {trips * elements:.3g} elements running a "
                           f"loop of {trips} iterations (more than {MAX_INTERPRETED_WORK:.3g})", location="loop",
                           hint="run the compiled library instead, or the model at a smaller size")
-    everything = iterate(xs, body, carried, scanned, trips, reverse,
-                         lambda r, args: evaluate_region_results(r, args, use_fast_path=use_fast_path), stop)
-    # the body is held so its id stays unique; the operands are copied, so a caller that fills the same
-    # arrays with new values between calls is not answered from the cache
-    _last[:] = [(key, (body, tuple(np.array(x, copy=True) for x in xs)), everything)]
-    return everything
+    return iterate(xs, body, carried, scanned, trips, reverse,
+                   lambda r, args: evaluate_region_results(r, args, use_fast_path=use_fast_path), stop)
 
 
 def _same_arrays(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
@@ -276,11 +289,13 @@ def branch(xs: Sequence[np.ndarray], then_body: Region, else_body: Region, run_b
 
 def chosen_results(xs: Sequence[np.ndarray], then_body: Region, else_body: Region, *,
                    use_fast_path: bool = True) -> list[np.ndarray]:
-    """Every result of a cond on concrete arrays, the chosen region's ops run by the interpreter."""
+    """Every result of a cond on concrete arrays, the chosen region's ops run by the interpreter (once
+    for all its results read one after another)."""
     from cuvil.ir.evaluate import evaluate_region_results
 
-    return branch(xs, then_body, else_body,
-                  lambda r, args: evaluate_region_results(r, args, use_fast_path=use_fast_path))
+    key = ("cond", id(then_body), id(else_body), use_fast_path)
+    return _run_once(key, (then_body, else_body), xs, lambda: branch(
+        xs, then_body, else_body, lambda r, args: evaluate_region_results(r, args, use_fast_path=use_fast_path)))
 
 
 def _cond_numpy(xs: list[np.ndarray], out: TensorType, then_body: Region, else_body: Region, output: int,
