@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,10 @@ class Verification:
     def rolled_back_at(self, index: int) -> bool:
         return any(r.get("application") == index for r in self.rollbacks)
 
-    def certificate(self, function_hash: str | None = None) -> dict[str, Any]:
+    def certificate(self, function_hash: str | None = None, shapes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The sealed certificate; ``function_hash``: the function it vouches for (a compiled
-        library embeds it and the digest)."""
+        library embeds it and the digest); ``shapes``: which shapes its proofs cover (a library's
+        static shapes, or its whole shape class)."""
         apps = []
         for k, a in enumerate(self.applications):
             entry = a.to_json()
@@ -154,6 +156,7 @@ class Verification:
             "rollbacks": [dict(r) for r in self.rollbacks],
             "applications": apps,
             **({"function_hash": function_hash} if function_hash else {}),
+            **({"shapes": dict(shapes)} if shapes else {}),
         })
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -270,6 +270,20 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def parse_dim_max(specs: list[str]) -> dict[str, int]:
+    """``DIM=N`` per symbolic dim: the largest value a shape-class library serves."""
+    out: dict[str, int] = {}
+    for spec in specs:
+        name, eq, value = spec.rpartition("=")
+        if not eq or not name or not re.fullmatch(r"\s*\d+\s*", value):
+            raise InputError(f"--dim-max {spec!r} is malformed", location="--dim-max",
+                             hint="write --dim-max DIM=N with a whole number N, e.g. --dim-max seq=512")
+        if name in out:
+            raise InputError(f"--dim-max gives dim {name!r} twice", location="--dim-max")
+        out[name] = int(value)
+    return out
+
+
 def specialize_shapes(module: Any, specs: Sequence[str]) -> Any:
     """``module`` with its main function at the ``--shape NAME=DIMS`` shapes."""
     from cuvil.ir.module import Module

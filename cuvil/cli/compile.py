@@ -28,6 +28,7 @@ from cuvil.cli.common import (
     calibration_ranges,
     check_output,
     exit_for,
+    parse_dim_max,
     parse_opt_level,
     parse_range,
     parse_shapes,
@@ -35,6 +36,7 @@ from cuvil.cli.common import (
     read_bindings,
     report_error,
 )
+from cuvil.codegen.shape_class import ShapeClass
 from cuvil.errors import CodegenError, CuvilError, InputError, ModelLoadError
 
 COMPILE_EXIT_CODES = EXIT_CODES + """
@@ -107,6 +109,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              location=str(model_path), hint="give a .onnx, .pt2 or .cir file")
     opt_level = parse_opt_level(args.opt_level)
     shapes = parse_shapes(args.shape)
+    dim_max = parse_dim_max(args.dim_max)
+    if dim_max and shapes:
+        raise InputError("--dim-max sizes a library for a whole shape class; --specialize compiles one for given "
+                         "shapes: give one", location="--dim-max")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}", location="--threads")
     output = check_output(args.output or str(Path.cwd() / f"lib{model_path.stem}.so"), "--output", suffix=".so")
@@ -134,7 +140,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         model = compile_model(model_path, target=args.target, opt_level=opt_level, threads=args.threads,
                               input_shapes=shapes or None, passes=passes, gate=gate, name=args.name or
                               _symbol_name(model_path), cache=not args.no_cache, output_dir=staging,
-                              dynamic=False, failsafe=args.failsafe, **options)
+                              dynamic=False, failsafe=args.failsafe, shape_class=not shapes,
+                              dim_max=dim_max or None, **options)
         assert model.library_path is not None and model.manifest is not None
         header, manifest_path = _install(model.library_path, model.manifest, output)
     except CuvilError as e:
@@ -160,6 +167,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
             out.write(f"  {label:<9} {e['name']}: {e['dtype']}[{', '.join(map(str, e['shape']))}]\n")
     if man.get("specialized_dims"):
         out.write("  dims      " + ", ".join(f"{k}={v}" for k, v in man["specialized_dims"].items()) + "\n")
+    if man.get("shape_class"):
+        sc = ShapeClass.from_json(man["shape_class"])
+        out.write("  dims      " + ", ".join(f"{s} in [{sc.bound(s)[0]}, {sc.bound(s)[1]}]" for s in sc.symbols)
+                  + " (one library for the shape class; the dims are read from the input shapes)\n")
     _print_verification(man.get("verification"))
     _print_precision(man.get("precision"))
     _print_guard(man.get("guard"), man.get("failsafe"))
@@ -270,8 +281,13 @@ def register(sub: Any) -> None:
     p.add_argument("--passes", default=None, metavar="SPEC",
                    help="a pass pipeline instead of the opt level's (e.g. 'O2' or 'fold-batchnorm,dce')")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="threads the library may use")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=2x3x224x224",
-                   help="the shape of an input with symbolic dims; repeatable")
+    p.add_argument("--shape", "--specialize", dest="shape", action="append", default=[], metavar="NAME=2x3x224x224",
+                   help="specialize the library to this shape of an input with symbolic dims; repeatable. Without "
+                        "it, a model with symbolic dims compiles to one library for its whole shape class, which "
+                        "takes the dims at run time")
+    p.add_argument("--dim-max", action="append", default=[], metavar="DIM=N",
+                   help="the largest value of a symbolic dim a shape-class library serves (its working memory is "
+                        "sized for it); needed for a dim the model does not bound; repeatable")
     p.add_argument("--name", default=None, help="the symbol prefix (cuvil_<name>_run...; default: the model's stem)")
     p.add_argument("--no-cache", action="store_true", help="compile from scratch, without reading or filling "
                                                             "the artifact cache")

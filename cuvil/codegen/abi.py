@@ -41,13 +41,15 @@ ERR_INDEX = 6  # a data-dependent index (gather, ...) was out of range
 ERR_INPUT_BOX = 7  # an input element outside the box the policy's proofs cover
 ERR_INPUT_NONFINITE = 8  # an input element is NaN or infinite
 ERR_OUTPUT_NONFINITE = 9  # an output element is NaN or infinite (the outputs were written: do not use them)
+# a library compiled for a shape class (see cuvil.codegen.shape_class)
+ERR_SHAPE_CLASS = 10  # a dim solved from the input shapes is outside the library's shape class
 GUARD_CODES = frozenset({ERR_INPUT_BOX, ERR_INPUT_NONFINITE, ERR_OUTPUT_NONFINITE})
 
 ERROR_NAMES: dict[int, str] = {
     OK: "OK", ERR_NULL: "ERR_NULL", ERR_ARITY: "ERR_ARITY", ERR_RANK: "ERR_RANK",
     ERR_SHAPE: "ERR_SHAPE", ERR_DTYPE: "ERR_DTYPE", ERR_INDEX: "ERR_INDEX",
     ERR_INPUT_BOX: "ERR_INPUT_BOX", ERR_INPUT_NONFINITE: "ERR_INPUT_NONFINITE",
-    ERR_OUTPUT_NONFINITE: "ERR_OUTPUT_NONFINITE",
+    ERR_OUTPUT_NONFINITE: "ERR_OUTPUT_NONFINITE", ERR_SHAPE_CLASS: "ERR_SHAPE_CLASS",
 }
 
 ERROR_TEXT: dict[int, str] = {
@@ -60,6 +62,7 @@ ERROR_TEXT: dict[int, str] = {
     ERR_INPUT_BOX: "an input element is outside the box the fail-safe policy was proved for",
     ERR_INPUT_NONFINITE: "an input element is NaN or infinite",
     ERR_OUTPUT_NONFINITE: "an output element is NaN or infinite",
+    ERR_SHAPE_CLASS: "a dim of the input shapes is outside the library's shape class",
 }
 
 ARENA_ALIGN = 64

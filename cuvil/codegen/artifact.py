@@ -26,8 +26,10 @@ from cuvil.codegen.guard import GuardChecks
 from cuvil.codegen.header import render_header
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
 from cuvil.codegen.llvm_module import PROVENANCE_PREFIX, embed_provenance, lower_function
+from cuvil.codegen.shape_class import ShapeClass, check_shape_class_json
 from cuvil.errors import CodegenError, CuvilError
 from cuvil.ir.module import Function
+from cuvil.ir.symbolic import free_symbols, parse_dim
 from cuvil.ir.types import check_tensor_size
 
 MANIFEST_FORMAT = "cuvil-artifact"
@@ -82,9 +84,11 @@ class IntegrityError(CodegenError):
     default_hint = "the library or its manifest was modified or replaced after it was compiled; recompile it"
 
 
-def entry_symbols(prefix: str) -> dict[str, str]:
-    """The four entry points every library exports; a loader derives them from the prefix."""
-    return {"create": f"{prefix}_create", "destroy": f"{prefix}_destroy", "run": f"{prefix}_run",
+def entry_symbols(prefix: str, shape_class: bool = False) -> dict[str, str]:
+    """The four entry points every library exports (``run_dims`` in place of ``run`` for a shape
+    class); a loader derives them from the prefix."""
+    run = ("run_dims", f"{prefix}_run_dims") if shape_class else ("run", f"{prefix}_run")
+    return {"create": f"{prefix}_create", "destroy": f"{prefix}_destroy", run[0]: run[1],
             "run_checked": f"{prefix}_run_checked"}
 
 
@@ -115,7 +119,8 @@ def check_manifest(manifest: Any, library: Path) -> dict[str, Any]:
     prefix = manifest["symbol_prefix"]
     if not PREFIX_PATTERN.fullmatch(prefix):
         raise bad("symbol_prefix", f"{prefix!r} is not a prefix Cuvil generates")
-    if manifest.get("symbols") != entry_symbols(prefix):
+    shape_class = manifest.get("shape_class")
+    if manifest.get("symbols") != entry_symbols(prefix, shape_class is not None):
         raise bad("symbols", f"are not the entry points of prefix {prefix!r}")
     if not isinstance(manifest.get("arena_bytes"), int) or manifest["arena_bytes"] < 0:
         raise bad("arena_bytes", "is not a non-negative integer")
@@ -128,13 +133,30 @@ def check_manifest(manifest: Any, library: Path) -> dict[str, Any]:
         for k, e in enumerate(specs):
             if not (isinstance(e, dict) and isinstance(e.get("name"), str) and e.get("dtype") in codes
                     and isinstance(e.get("shape"), list)
-                    and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"])):
-                raise bad(f"{side}[{k}]", "is not {name, dtype, shape} with a known dtype and sizes >= 0")
+                    and all((isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+                            or (shape_class is not None and _symbolic_dim(d, shape_class)) for d in e["shape"])):
+                raise bad(f"{side}[{k}]", "is not {name, dtype, shape} with a known dtype and sizes >= 0"
+                          + (" or dims of the shape class's symbols" if shape_class is not None else ""))
             try:
-                check_tensor_size(e["shape"], f"{side}[{k}]", where)
+                check_tensor_size([d for d in e["shape"] if isinstance(d, int)], f"{side}[{k}]", where)
             except CuvilError as err:
                 raise bad(f"{side}[{k}]", err.message) from None
+    if shape_class is not None:
+        why = check_shape_class_json(shape_class, manifest["inputs"])
+        if why is not None:
+            raise bad("shape_class", why)
     return manifest
+
+
+def _symbolic_dim(d: Any, shape_class: Any) -> bool:
+    """Whether ``d`` is a dim formula over the shape class's symbols (as the manifest writes it)."""
+    if not isinstance(d, str) or not isinstance(shape_class, dict) or not isinstance(shape_class.get("symbols"), list):
+        return False
+    try:
+        dim = parse_dim(d)
+    except (CuvilError, ValueError):
+        return False
+    return free_symbols(dim) <= set(shape_class["symbols"])
 
 
 def manifest_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:
@@ -160,8 +182,10 @@ def _write_atomic(path: Path, text: str) -> None:
 def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: str | os.PathLike, *,
                   name: str | None = None, opt_level: int = 3, keep_ir: bool = False,
                   extra_manifest: Mapping[str, Any] | None = None, threads: int | None = None,
-                  provenance: Mapping[str, str] | None = None, guard: GuardChecks | None = None) -> Artifact:
-    """Compile ``fn`` (static shapes) into a shared library with its header and manifest in ``out_dir``.
+                  provenance: Mapping[str, str] | None = None, guard: GuardChecks | None = None,
+                  shape_class: ShapeClass | None = None) -> Artifact:
+    """Compile ``fn`` into a shared library with its header and manifest in ``out_dir``: at its static
+    shapes, or once for its whole ``shape_class`` (see :mod:`cuvil.codegen.shape_class`).
     ``threads`` is the library's default thread count (None: the CPUs it may use when it runs);
     ``provenance``: fields embedded in the library besides its function hash (a certificate digest);
     ``guard``: the value checks of a fail-safe policy (listed in the manifest's ``guard``)."""
@@ -169,7 +193,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard)
+    lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class)
     target = host_target()
     p = lowered.prefix
     lib = Path(out_dir) / f"lib{p}.so"
@@ -179,12 +203,13 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
         "cuvil_version": __version__,
         "function": lowered.name,
         "symbol_prefix": p,
-        "symbols": entry_symbols(p),
+        "symbols": entry_symbols(p, shape_class is not None),
         "library": lib.name,
         "header": f"{p}.h",
         "inputs": [s.to_json() for s in lowered.inputs],
         "outputs": [s.to_json() for s in lowered.outputs],
         "arena_bytes": lowered.arena_bytes,
+        **({"shape_class": shape_class.to_json()} if shape_class is not None else {}),
         "constants_bytes": lowered.constants_bytes,
         "ops": dict(sorted(collections.Counter(lowered.ops).items())),
         "kernels": list(lowered.kernels),  # per step, in run order: a tuned kernel's name or "rule"

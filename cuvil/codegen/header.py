@@ -24,12 +24,41 @@ def _spec_lines(kind: str, specs: tuple[TensorSpec, ...], macro: str) -> list[st
     for k, s in enumerate(specs):
         ident = abi.c_identifier(s.name).upper()
         dims = ", ".join(str(d) for d in s.shape)
-        lines.append(f" *   {kind} {k}: {abi.c_comment(s.name)}: {s.dtype.value}[{dims}]  ({_C_TYPES[s.dtype.value]})")
-        numel = 1
-        for d in s.shape:
-            numel *= d
-        lines.append(f"#define {macro}_{kind.upper()}_{k}_NUMEL {numel}  /* {ident} */")
+        lines.append(f" *   {kind} {k}: {abi.c_comment(s.name)}: {s.dtype.value}[{abi.c_comment(dims)}]  "
+                     f"({_C_TYPES[s.dtype.value]})")
+        if all(isinstance(d, int) for d in s.shape):  # a shape class's sizes are known at run time only
+            numel = 1
+            for d in s.shape:
+                numel *= int(d)
+            lines.append(f"#define {macro}_{kind.upper()}_{k}_NUMEL {numel}  /* {ident} */")
     return lines
+
+
+def _run_section(lf: LoweredFunction) -> str:
+    """The declaration of the trusted run entry point: ``P_run``, or ``P_run_dims`` and the dims it takes."""
+    p, macro, sc = lf.prefix, lf.prefix.upper(), lf.shape_class
+    if sc is None:
+        return f"""/* Run with data pointers in signature order; shapes and dtypes are trusted. */
+int32_t {p}_run(void* ctx, void* const* inputs, void* const* outputs);"""
+    rows, defines = [], [f"#define {macro}_NUM_DIMS {len(sc.symbols)}"]
+    for j, s in enumerate(sc.symbols):
+        lo, hi, mult = sc.bound(s)
+        i, axis = sc.sources[j]
+        rows.append(f" *   dims[{j}] = {abi.c_comment(s)}: {lo} <= {abi.c_comment(s)} <= {hi}"
+                    + (f", a multiple of {mult}" if mult != 1 else "")
+                    + f" (dim {axis} of input {i})")
+        ident = abi.c_identifier(s).upper()
+        defines += [f"#define {macro}_DIM_{j}_MIN {lo}  /* {ident} */",
+                    f"#define {macro}_DIM_{j}_MAX {hi}  /* {ident} */"]
+    return f"""/* This library serves a whole shape class: the symbolic dims of the signature take any values in
+{chr(10).join(rows)}
+ * {p}_run_checked solves them from the input shapes (CUVIL_ERR_SHAPE_CLASS when one is outside its
+ * range) and checks every dim against its formula; the working memory is sized for the largest dims. */
+{chr(10).join(defines)}
+
+/* Run with the dims' values (int64, in the order above) and data pointers in signature order; dims,
+ * shapes and dtypes are trusted. */
+int32_t {p}_run_dims(void* ctx, const int64_t* dims, void* const* inputs, void* const* outputs);"""
 
 
 def _guard_section(lf: LoweredFunction) -> str:
@@ -109,8 +138,7 @@ typedef struct cuvil_tensor {{
 void* {p}_create(void);
 void {p}_destroy(void* ctx);
 
-/* Run with data pointers in signature order; shapes and dtypes are trusted. */
-int32_t {p}_run(void* ctx, void* const* inputs, void* const* outputs);
+{_run_section(lf)}
 
 /* Run after checking counts, dtypes, ranks, dims and null pointers; returns a CUVIL_ERR_* code
  * without touching any buffer when they do not match the signature. */

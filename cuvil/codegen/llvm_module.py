@@ -5,11 +5,14 @@ Exported symbols (``P`` is ``cuvil_<function name>``; see :mod:`cuvil.codegen.he
 - ``void* P_create(void)``: a context owning the arena for intermediates (NULL when out of memory);
 - ``void P_destroy(void* ctx)``;
 - ``int32_t P_run(void* ctx, void* const* inputs, void* const* outputs)``: trusts its caller
-  about shapes and dtypes (the data pointers are in manifest order);
+  about shapes and dtypes (the data pointers are in manifest order); a library compiled for a
+  shape class (:mod:`cuvil.codegen.shape_class`) has ``int32_t P_run_dims(void* ctx, const int64_t*
+  dims, void* const* inputs, void* const* outputs)`` instead, ``dims`` giving each symbol's value;
 - ``int32_t P_run_checked(void* ctx, const cuvil_tensor* inputs, int64_t n_inputs,
   const cuvil_tensor* outputs, int64_t n_outputs)``: checks counts, ranks, dims, dtypes and
-  null pointers against the compiled signature first, and returns an error code instead of
-  touching memory when anything differs;
+  null pointers against the compiled signature first (for a shape class: solves the dims from the
+  input shapes and checks them against the class), and returns an error code instead of touching
+  memory when anything differs;
 - ``const char* P_guard_fault(int32_t code)``, in a library compiled with a fail-safe policy only:
   the policy's fault a guard code stands for (see :mod:`cuvil.codegen.guard`; ``P_run`` then checks
   the input and output values too).
@@ -20,7 +23,7 @@ must not run on two threads at once; separate contexts are independent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +31,7 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.abi import TensorSpec
+from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
 from cuvil.codegen.kernels import Kernel, select_kernel
 from cuvil.codegen.kernels.pack import embed_array
@@ -36,12 +40,14 @@ from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
 from cuvil.codegen.plan import MemoryPlan, nbytes, ordered_steps, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
+from cuvil.codegen.shape_class import ShapeClass
 from cuvil.codegen.structured import StructuredKernel, structured_kernels
 from cuvil.errors import CodegenError
 from cuvil.ir import hashing
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
-from cuvil.ir.types import check_tensor_size
+from cuvil.ir.symbolic import dim_range
+from cuvil.ir.types import TensorType, check_tensor_size
 from cuvil.ir.values import Value
 from cuvil.log import logger
 
@@ -64,6 +70,7 @@ class LoweredFunction:
     function_hash: str
     kernels: tuple[str, ...] = ()  # per step: the tuned kernel's name, or "rule" (generic lowering)
     guard: GuardChecks | None = None  # the value checks of a fail-safe policy
+    shape_class: ShapeClass | None = None  # the dims it takes at run time (None: static shapes)
 
     @property
     def arena_bytes(self) -> int:
@@ -85,18 +92,31 @@ def embed_provenance(mod: ir.Module, prefix: str, fields: Mapping[str, str]) -> 
 
 
 def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None = None,
-                   threads: int | None = None, guard: GuardChecks | None = None) -> LoweredFunction:
-    """Build the LLVM module of ``fn`` (static shapes only); ``threads`` is the default size of the
-    thread pool tuned kernels run on (None: the CPUs the process may use); ``guard``: the value checks
-    the run entry point makes before and after the ops."""
+                   threads: int | None = None, guard: GuardChecks | None = None,
+                   shape_class: ShapeClass | None = None) -> LoweredFunction:
+    """Build the LLVM module of ``fn``: at its static shapes, or, given its ``shape_class``, once for
+    every size its symbolic dims may take (kernels read the dims at run time; the arena is planned at
+    the maxima). ``threads`` is the default size of the thread pool tuned kernels run on (None: the
+    CPUs the process may use); ``guard``: the value checks the run entry point makes before and after
+    the ops."""
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
     _check_storage(fn)
-    inputs = tuple(TensorSpec(p.name, p.dtype, static_shape(p.type, f"input {p.name!r}")) for p in fn.params)
-    outputs = tuple(TensorSpec(n, r.dtype, static_shape(r.type, f"output {n!r}"))
+    symbols = shape_class.symbols if shape_class is not None else None
+    if shape_class is None:
+        def shape_of(t: TensorType, where: str) -> tuple[int, ...]:
+            return static_shape(t, where)
+    else:
+        _check_shape_class(fn, shape_class, guard)
+
+        def shape_of(t: TensorType, where: str) -> tuple[int, ...]:
+            return tuple(t.shape)  # type: ignore[arg-type]  (symbolic dims: the manifest formats them)
+    inputs = tuple(TensorSpec(p.name, p.dtype, shape_of(p.type, f"input {p.name!r}")) for p in fn.params)
+    outputs = tuple(TensorSpec(n, r.dtype, shape_of(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
     loops = structured_kernels(ordered_steps(fn), constants)
-    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()})
+    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()},
+                       size_of=None if shape_class is None else _size_at_most(shape_class))
     mod = ir.Module(name=prefix)
 
     for v in fn.values():
@@ -109,7 +129,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
         if get_op(v.op).structured:  # emitted below, once the constants it reads are embedded
             kernels.append(None)
             continue
-        kernel = select_kernel(v, constants)
+        kernel = select_kernel(v, constants) if shape_class is None else None
         if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
             tuned[v] = kernel
             kernels.append(kernel.emit(mod, f"k{k}.{v.op}"))
@@ -123,7 +143,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
             raise
         except Exception as e:  # a rule that cannot be built at these shapes
             raise CodegenError(f"the rule of {v.op} could not be built for {v.type}: {e}", location=v.op) from e
-        kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", rule, in_types, v.type, v.op))
+        kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", rule, in_types, v.type, v.op, dims=symbols))
 
     # raw constants: only those some kernel reads as they are (a packed weight is embedded packed)
     const_globals: dict[str, ir.GlobalVariable] = {}
@@ -150,11 +170,48 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     if guard is not None:
         checks = emit_checks(mod, prefix, guard.plan(inputs, outputs))
         emit_fault_names(mod, prefix, guard)
-    _emit_entry_points(mod, prefix, fn, plan, const_globals, kernels, inputs, outputs, tuned, loops, scratch,
-                       checks)
+    entry = EntryPoints(mod, prefix, plan, const_globals, inputs, outputs, scratch, shape_class)
+    run = entry.emit_run(kernels, tuned, loops, checks)
+    entry.emit_run_checked(run)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
-                           tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps), guard)
+                           tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps), guard, shape_class)
+
+
+def _check_shape_class(fn: Function, shape_class: ShapeClass, guard: GuardChecks | None) -> None:
+    """Refuse what a shape-class library cannot hold yet, naming the way out."""
+    hint = "compile at concrete shapes (--specialize NAME=2x3x...)"
+    if guard is not None:
+        raise CodegenError("a fail-safe guard is compiled at concrete shapes", location=fn.name, hint=hint)
+    for v in ordered_steps(fn):
+        if get_op(v.op).structured:
+            raise CodegenError(f"a {v.op} in a library for a whole shape class is not supported yet",
+                               location=v.op, hint=hint)
+    missing = sorted({s for v in fn.values() for s in v.type.symbols()} - set(shape_class.symbols))
+    if missing:
+        raise CodegenError(f"no largest size for symbolic dims {missing}", location=fn.name, hint=hint)
+
+
+def _size_at_most(shape_class: ShapeClass) -> Callable[[TensorType], int]:
+    """The bytes of a value at the largest size its dims may take in the class (its slot in the arena):
+    each dim's upper bound over the symbols' ranges, so a formula that falls as a symbol grows
+    (``10 - N``) is sized for its smallest symbol."""
+    ranges = {s: shape_class.bound(s)[:2] for s in shape_class.symbols}
+
+    def size(t: TensorType) -> int:
+        dims = []
+        for d in t.shape:
+            _, hi = dim_range(d, ranges)
+            if hi is None:
+                raise CodegenError(f"the dim {d} of a value of type {t} has no upper bound in the shape class",
+                                   location=str(t), hint="compile at concrete shapes (--specialize NAME=2x3x...)")
+            dims.append(max(hi, 0))
+        check_tensor_size(dims, f"a value of type {t} at the largest dims", str(t))
+        n = t.dtype.np.itemsize
+        for d in dims:
+            n *= d
+        return n
+    return size
 
 
 def _check_storage(fn: Function) -> None:
@@ -209,100 +266,159 @@ def _guard(b: Builder, checks: list[tuple[TensorCheck, ir.Function]], side: str,
             fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
 
 
-def _emit_entry_points(mod: ir.Module, prefix: str, fn: Function, plan: MemoryPlan,
-                       const_globals: dict[str, ir.GlobalVariable], kernels: list[ir.Function | None],
-                       inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
-                       tuned: Mapping[Value, Kernel], loops: Mapping[Value, StructuredKernel], scratch: int,
-                       checks: list[tuple[TensorCheck, ir.Function]]) -> None:
-    # tuned kernels share one scratch area after the arena (they run one at a time)
-    scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
-    arena_alloc = max(scratch_at + scratch if scratch else plan.arena_bytes, abi.ARENA_ALIGN)
+class EntryPoints:
+    """The exported entry points of one lowered function: create/destroy, the run entry point (``P_run``,
+    or ``P_run_dims`` for a shape class) and ``P_run_checked`` in front of it."""
 
-    emit_context_functions(mod, prefix, arena_alloc)
+    def __init__(self, mod: ir.Module, prefix: str, plan: MemoryPlan, const_globals: Mapping[str, ir.GlobalVariable],
+                 inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], scratch: int,
+                 shape_class: ShapeClass | None) -> None:
+        self.mod, self.prefix, self.plan, self.const_globals = mod, prefix, plan, const_globals
+        self.inputs, self.outputs, self.scratch, self.shape_class = inputs, outputs, scratch, shape_class
+        # tuned kernels share one scratch area after the arena (they run one at a time)
+        self.scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
+        emit_context_functions(mod, prefix, max(self.scratch_at + scratch if scratch else plan.arena_bytes,
+                                                abi.ARENA_ALIGN))
 
-    # run: the ops in plan order
-    run = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, PTR]), name=f"{prefix}_run")
-    ctx, in_arr, out_arr = run.args
-    ctx.name, in_arr.name, out_arr.name = "ctx", "inputs", "outputs"
-    b = Builder(run.append_basic_block("entry"))
-    if plan.arena_bytes > 0 or scratch > 0:
-        fail_unless(b, not_null(b, ctx), abi.ERR_NULL)
-    if inputs:
-        fail_unless(b, not_null(b, in_arr), abi.ERR_NULL)
-    if outputs:
-        fail_unless(b, not_null(b, out_arr), abi.ERR_NULL)
-    _guard(b, checks, "input", in_arr)
+    def emit_run(self, kernels: list[ir.Function | None], tuned: Mapping[Value, Kernel],
+                 loops: Mapping[Value, StructuredKernel], checks: list[tuple[TensorCheck, ir.Function]]) -> ir.Function:
+        """The ops in plan order, on trusted buffers (and, for a shape class, trusted dims)."""
+        plan, sc = self.plan, self.shape_class
+        if sc is None:
+            run = ir.Function(self.mod, ir.FunctionType(I32, [PTR, PTR, PTR]), name=f"{self.prefix}_run")
+            ctx, in_arr, out_arr = run.args
+            dims_ptr: Val | None = None
+        else:
+            run = ir.Function(self.mod, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), name=f"{self.prefix}_run_dims")
+            ctx, dims_ptr, in_arr, out_arr = run.args
+            dims_ptr.name = "dims"
+        ctx.name, in_arr.name, out_arr.name = "ctx", "inputs", "outputs"
+        b = Builder(run.append_basic_block("entry"))
+        if plan.arena_bytes > 0 or self.scratch > 0:
+            fail_unless(b, not_null(b, ctx), abi.ERR_NULL)
+        for ptr, needed in ((in_arr, self.inputs), (out_arr, self.outputs), (dims_ptr, sc and sc.symbols)):
+            if ptr is not None and needed:
+                fail_unless(b, not_null(b, ptr), abi.ERR_NULL)
+        _guard(b, checks, "input", in_arr)
+        dims = DimValues(b, dims_ptr, sc.symbols) if sc is not None and dims_ptr is not None else None
 
-    def slot_ptr(v: Value) -> ir.Value:
-        return slot_pointer(b, plan, v, ctx, in_arr, out_arr, const_globals)
+        def slot_ptr(v: Value) -> ir.Value:
+            return slot_pointer(b, plan, v, ctx, in_arr, out_arr, self.const_globals)
 
-    def scratch_ptr() -> ir.Value:
-        return b.gep(ctx, [ir.Constant(I64, scratch_at)], inbounds=True, source_etype=I8) if scratch \
-            else ir.Constant(PTR, None)
+        def scratch_ptr() -> ir.Value:
+            return b.gep(ctx, [ir.Constant(I64, self.scratch_at)], inbounds=True, source_etype=I8) if self.scratch \
+                else ir.Constant(PTR, None)
 
-    for v, kernel in zip(plan.steps, kernels, strict=True):
-        if kernel is None:  # a loop or cond result its group's first result writes
-            continue
-        if v in loops:
-            lk = loops[v]
-            members = lk.group.members
-            args = [slot_ptr(members[j]) if j in members else ir.Constant(PTR, None)
-                    for j in range(len(lk.results))]
-            args += [slot_ptr(o) for o in lk.operands]
-            args += [b.gep(ctx, [ir.Constant(I64, plan.work[v])], inbounds=True, source_etype=I8), scratch_ptr()]
+        for v, kernel in zip(plan.steps, kernels, strict=True):
+            if kernel is None:  # a loop or cond result its group's first result writes
+                continue
+            if v in loops:
+                lk = loops[v]
+                members = lk.group.members
+                args = [slot_ptr(members[j]) if j in members else ir.Constant(PTR, None)
+                        for j in range(len(lk.results))]
+                args += [slot_ptr(o) for o in lk.operands]
+                args += [b.gep(ctx, [ir.Constant(I64, plan.work[v])], inbounds=True, source_etype=I8), scratch_ptr()]
+            else:
+                unused = tuned[v].unused_operands if v in tuned else frozenset()
+                args = [slot_ptr(v)] + [ir.Constant(PTR, None) if j in unused else slot_ptr(o)
+                                        for j, o in enumerate(v.operands)]
+                if v in tuned:
+                    args.append(scratch_ptr())
+                if dims_ptr is not None:
+                    args.append(dims_ptr)
             rc = b.call(kernel, args)
             fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
-            continue
-        unused = tuned[v].unused_operands if v in tuned else frozenset()
-        args = [slot_ptr(v)] + [ir.Constant(PTR, None) if j in unused else slot_ptr(o)
-                                for j, o in enumerate(v.operands)]
-        if v in tuned:
-            args.append(b.gep(ctx, [ir.Constant(I64, scratch_at)], inbounds=True, source_etype=I8) if scratch
-                        else ir.Constant(PTR, None))
-        rc = b.call(kernel, args)
-        fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
-    if plan.copies:
-        memcpy = declare(mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
-        for v, r in plan.copies:
-            dst = b.load(b.gep(out_arr, [ir.Constant(I64, r)], inbounds=True, source_etype=PTR), typ=PTR)
-            size = nbytes(v.type)
-            if size:
-                b.call(memcpy, [dst, slot_ptr(v), ir.Constant(I64, size), ir.Constant(I1, 0)])
-    _guard(b, checks, "output", out_arr)
-    b.ret(ir.Constant(I32, abi.OK))
+        if plan.copies:  # results that are inputs or constants: copied
+            memcpy = declare(self.mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
+            for v, r in plan.copies:
+                dst = b.load(b.gep(out_arr, [ir.Constant(I64, r)], inbounds=True, source_etype=PTR), typ=PTR)
+                size: Val = ir.Constant(I64, nbytes(v.type)) if dims is None else _numel(b, dims, v.type.shape,
+                                                                                           v.dtype.np.itemsize)
+                b.call(memcpy, [dst, slot_ptr(v), size, ir.Constant(I1, 0)])
+        _guard(b, checks, "output", out_arr)
+        b.ret(ir.Constant(I32, abi.OK))
+        return run
 
-    # run_checked: validate the descriptors, then run
-    checked = ir.Function(mod, ir.FunctionType(I32, [PTR, PTR, I64, PTR, I64]), name=f"{prefix}_run_checked")
-    cctx, tin, n_in, tout, n_out = checked.args
-    cctx.name, tin.name, n_in.name, tout.name, n_out.name = "ctx", "inputs", "n_inputs", "outputs", "n_outputs"
-    b = Builder(checked.append_basic_block("entry"))
-    in_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(inputs), 1)), name="input_data")
-    out_ptrs = b.alloca(PTR, size=ir.Constant(I64, max(len(outputs), 1)), name="output_data")
-    fail_unless(b, b.and_(b.icmp_signed("==", n_in, ir.Constant(I64, len(inputs))),
-                           b.icmp_signed("==", n_out, ir.Constant(I64, len(outputs)))), abi.ERR_ARITY)
-    for tensors, specs, ptrs in ((tin, inputs, in_ptrs), (tout, outputs, out_ptrs)):
-        if not specs:
-            continue
-        fail_unless(b, not_null(b, tensors), abi.ERR_NULL)
-        for k, spec in enumerate(specs):
-            def field(i: int, ty: ir.Type, k: int = k, tensors: Val = tensors) -> Val:
-                p = b.gep(tensors, [ir.Constant(I64, k), ir.Constant(I32, i)], inbounds=True,
-                          source_etype=TENSOR_STRUCT)
-                return b.load(p, typ=ty)
+    def emit_run_checked(self, run: ir.Function) -> None:
+        """Validate the descriptors (for a shape class: solve the dims from the input shapes, check them
+        against the class and every dim against its formula), then call ``run``."""
+        sc = self.shape_class
+        checked = ir.Function(self.mod, ir.FunctionType(I32, [PTR, PTR, I64, PTR, I64]),
+                              name=f"{self.prefix}_run_checked")
+        cctx, tin, n_in, tout, n_out = checked.args
+        cctx.name, tin.name, n_in.name, tout.name, n_out.name = "ctx", "inputs", "n_inputs", "outputs", "n_outputs"
+        b = Builder(checked.append_basic_block("entry"))
+        sides = ((tin, self.inputs, b.alloca(PTR, size=ir.Constant(I64, max(len(self.inputs), 1)), name="input_data")),
+                 (tout, self.outputs, b.alloca(PTR, size=ir.Constant(I64, max(len(self.outputs), 1)),
+                                               name="output_data")))
+        dims_arr = b.alloca(I64, size=ir.Constant(I64, max(len(sc.symbols), 1)), name="dims") if sc else None
+        fail_unless(b, b.and_(b.icmp_signed("==", n_in, ir.Constant(I64, len(self.inputs))),
+                               b.icmp_signed("==", n_out, ir.Constant(I64, len(self.outputs)))), abi.ERR_ARITY)
 
-            data = field(0, PTR)
-            if spec.nbytes:
-                fail_unless(b, not_null(b, data), abi.ERR_NULL)
-            fail_unless(b, b.icmp_signed("==", field(3, I32), ir.Constant(I32, abi.DTYPE_CODES[spec.dtype])),
-                         abi.ERR_DTYPE)
-            fail_unless(b, b.icmp_signed("==", field(2, I32), ir.Constant(I32, len(spec.shape))), abi.ERR_RANK)
-            if spec.shape:
-                shape = field(1, PTR)
-                fail_unless(b, not_null(b, shape), abi.ERR_NULL)
+        def field(tensors: Val, k: int, i: int, ty: ir.Type) -> Val:
+            p = b.gep(tensors, [ir.Constant(I64, k), ir.Constant(I32, i)], inbounds=True, source_etype=TENSOR_STRUCT)
+            return b.load(p, typ=ty)
+
+        def dim_of(tensors: Val, k: int, axis: int) -> Val:
+            shape = field(tensors, k, 1, PTR)
+            return b.load(b.gep(shape, [ir.Constant(I64, axis)], inbounds=True, source_etype=I64), typ=I64)
+
+        # the descriptors' own fields, first
+        for tensors, specs, ptrs in sides:
+            if not specs:
+                continue
+            fail_unless(b, not_null(b, tensors), abi.ERR_NULL)
+            for k, spec in enumerate(specs):
+                data = field(tensors, k, 0, PTR)
+                if sc is None and spec.nbytes:
+                    fail_unless(b, not_null(b, data), abi.ERR_NULL)
+                fail_unless(b, b.icmp_signed("==", field(tensors, k, 3, I32),
+                                             ir.Constant(I32, abi.DTYPE_CODES[spec.dtype])), abi.ERR_DTYPE)
+                fail_unless(b, b.icmp_signed("==", field(tensors, k, 2, I32), ir.Constant(I32, len(spec.shape))),
+                            abi.ERR_RANK)
+                if spec.shape:
+                    fail_unless(b, not_null(b, field(tensors, k, 1, PTR)), abi.ERR_NULL)
+                b.store(data, b.gep(ptrs, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR))
+        # the dims of a shape class: each from its source, inside the class
+        dims: DimValues | None = None
+        if sc is not None and dims_arr is not None:
+            for j, (symbol, (i, axis)) in enumerate(zip(sc.symbols, sc.sources, strict=True)):
+                value = dim_of(tin, i, axis)
+                lo, hi, mult = sc.bound(symbol)
+                ok = b.and_(b.icmp_signed(">=", value, ir.Constant(I64, lo)),
+                            b.icmp_signed("<=", value, ir.Constant(I64, hi)))
+                fail_unless(b, ok, abi.ERR_SHAPE_CLASS)
+                if mult != 1:
+                    fail_unless(b, b.icmp_signed("==", b.srem(value, ir.Constant(I64, mult)), ir.Constant(I64, 0)),
+                                abi.ERR_SHAPE_CLASS)
+                b.store(value, b.gep(dims_arr, [ir.Constant(I64, j)], inbounds=True, source_etype=I64))
+            dims = DimValues(b, dims_arr, sc.symbols)
+        # every dim against the signature (its formula, for a shape class)
+        for tensors, specs, ptrs in sides:
+            for k, spec in enumerate(specs):
+                if not spec.shape:
+                    continue
                 ok: Val = ir.Constant(I1, 1)
-                for d, n in enumerate(spec.shape):
-                    dim = b.load(b.gep(shape, [ir.Constant(I64, d)], inbounds=True, source_etype=I64), typ=I64)
-                    ok = b.and_(ok, b.icmp_signed("==", dim, ir.Constant(I64, n)))
+                for axis, d in enumerate(spec.shape):
+                    expect = ir.Constant(I64, d) if isinstance(d, int) or dims is None else dims.value(d)
+                    ok = b.and_(ok, b.icmp_signed("==", dim_of(tensors, k, axis), expect))
+                    if not isinstance(expect, ir.Constant):  # a formula may fall below zero (``N - 5``)
+                        fail_unless(b, b.icmp_signed(">=", expect, ir.Constant(I64, 0)), abi.ERR_SHAPE_CLASS)
                 fail_unless(b, ok, abi.ERR_SHAPE)
-            b.store(data, b.gep(ptrs, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR))
-    b.ret(b.call(run, [cctx, in_ptrs, out_ptrs]))
+                if dims is not None:  # data may be null only when the tensor is empty
+                    data = b.load(b.gep(ptrs, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR), typ=PTR)
+                    empty = b.icmp_signed("==", _numel(b, dims, spec.shape, 1), ir.Constant(I64, 0))
+                    fail_unless(b, b.or_(not_null(b, data), empty), abi.ERR_NULL)
+        args = [cctx, sides[0][2], sides[1][2]]
+        if dims_arr is not None:
+            args.insert(1, dims_arr)
+        b.ret(b.call(run, args))
+
+
+def _numel(b: Builder, dims: DimValues, shape: tuple[object, ...], itemsize: int) -> Val:
+    """``itemsize`` times the product of ``shape``'s dims, at run time."""
+    size: Val = ir.Constant(I64, itemsize)
+    for d in shape:
+        size = b.mul(size, dims.value(d))  # type: ignore[arg-type]
+    return size

@@ -42,6 +42,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
             cache: bool = True, dynamic: bool | None = None, fp16: bool = False,
             ranges: Mapping[str, tuple[float, float]] | None = None, fp16_strict: bool | None = None,
             lora: Any = None, merge: bool = True, lora_base: Any = None, failsafe: Any = None,
+            shape_class: bool = False, dim_max: Mapping[str, int] | None = None,
             **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
@@ -96,10 +97,20 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
                      passes=passes if passes is not None else f"O{opt_level}", gate=gate, opt_level=opt_level,
                       name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
                       output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request,
-                      guard=guard)
+                      guard=guard, dim_max=dim_max if shape_class else None)
     sig = job.signature()
     if guard is not None:
         guard.check_model(sig.inputs)
+    if dim_max is not None and not shape_class:
+        raise InputError("dim_max sizes a library compiled for a whole shape class", location="dim_max",
+                         hint="pass shape_class=True with it (on the command line, --dim-max without --shape)")
+    if shape_class and not sig.is_static:
+        if fp16_request is not None:
+            raise InputError("FP16 is planned per specialization (the prober needs static shapes)",
+                             location=sig.function, hint="give concrete shapes (input_shapes=...) with fp16=True")
+        lib = job.library({})
+        job.release()
+        return CompiledModel.from_library(lib, ir=job.optimized)
     if sig.is_static:
         lib = job.library({})
         job.release()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.artifact import Artifact, build_library
 from cuvil.codegen.link import HostTarget
+from cuvil.codegen.shape_class import ShapeClass
 from cuvil.compiler.keys import (
     CACHE_KEY_FORMAT,
     Unkeyable,
@@ -66,8 +67,9 @@ class CompileJob:
                  passes: str | Sequence[Any], gate: Any, opt_level: int, name: str | None, keep_ir: bool,
                  threads: int | None, target: HostTarget, store: ArtifactCache | None,
                  output_dir: Path | None, fp16: Mapping[str, Any] | None = None,
-                 guard: GuardSpec | None = None) -> None:
+                 guard: GuardSpec | None = None, dim_max: Mapping[str, int] | None = None) -> None:
         self.model = model
+        self.dim_max = dict(dim_max) if dim_max is not None else None  # a shape-class library's largest dims
         self.guard = guard  # a fail-safe policy's guard, built into every library of this job
         self.fp16 = fp16  # {"ranges": ..., "strict": ...}: lower to float16 where proved (see _fp16_plan)
         self._fp16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
@@ -117,7 +119,8 @@ class CompileJob:
                 "pipeline": pipeline_key(self.passes), "gate": callable_key(self.gate), "name": self.name,
                 "keep_ir": self.keep_ir, "threads": self.threads,
                 **({"fp16": dict(self.fp16)} if self.fp16 is not None else {}),
-                **({"failsafe": self.guard.cache_key()} if self.guard is not None else {})}
+                **({"failsafe": self.guard.cache_key()} if self.guard is not None else {}),
+                **({"dim_max": dict(sorted(self.dim_max.items()))} if self.dim_max is not None else {})}
 
     # -- the model -----------------------------------------------------------------------
     def module(self) -> Module:
@@ -240,13 +243,16 @@ class CompileJob:
         mark = self.gate.mark() if certifies(self.gate) else None
         optimized = self.optimized(env)
         extra: dict[str, Any] = {"specialized_dims": dict(env)} if env else {}
+        shape_class = None
+        if not env and not all(p.type.is_static for p in optimized.main.params):
+            shape_class = ShapeClass.of(optimized.main, self.dim_max)
         extra["pipeline"] = self._options["pipeline_spec"]
         if self.fp16 is not None:
             extra["precision"] = {**self._fp16_plans[tuple(sorted(env.items()))].manifest(),
                                   "strict": self.fp16["strict"]}
         provenance: dict[str, str] = {}
         if mark is not None:
-            extra["verification"] = self._certificate(mark, optimized)
+            extra["verification"] = self._certificate(mark, optimized, shape_class)
             provenance["certificate"] = extra["verification"]["digest"]
         if self.guard is not None:
             extra["failsafe"] = self.guard.manifest()
@@ -256,17 +262,28 @@ class CompileJob:
             artifact = build_library(optimized.main, optimized.constants, out_dir, name=self.name,
                                      opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra,
                                      provenance=provenance, threads=self.threads,
-                                     guard=self.guard.checks() if self.guard is not None else None)
+                                     guard=self.guard.checks() if self.guard is not None else None,
+                                     shape_class=shape_class)
         for step, seconds in artifact.manifest.get("compile_times", {}).items():
             logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
                          seconds)
         return artifact
 
-    def _certificate(self, mark: int, optimized: Module) -> dict[str, Any]:
-        """The gate's certificate for the applications since ``mark``, bound to the function compiled."""
+    def _certificate(self, mark: int, optimized: Module, shape_class: ShapeClass | None) -> dict[str, Any]:
+        """The gate's certificate for the applications since ``mark``, bound to the function compiled and
+        saying which shapes its proofs cover."""
         names = [p.name for p in parse_pipeline(self.passes)]
         report = self.gate.report(names, since=mark)
-        return report.certificate(function_hash=hashing.compiled_function_hash(optimized.main, optimized.constants))
+        fn = optimized.main
+        if shape_class is not None:
+            shapes = {"scope": "shape class", "constraints": [str(c) for c in fn.constraints],
+                      "library_maxima": dict(shape_class.maxima),
+                      "meaning": "the proofs are over symbolic dims: they hold for every value of the dims the "
+                                 "constraints admit; the library serves those up to its maxima"}
+        else:
+            shapes = {"scope": "static shapes", "inputs": {p.name: list(p.type.shape) for p in fn.params}}
+        return report.certificate(function_hash=hashing.compiled_function_hash(fn, optimized.constants),
+                                  shapes=shapes)
 
     def _usable(self, entry: Entry | None) -> TypeGuard[Entry]:
         """A cached artifact serves a verified request only if it carries a certificate."""

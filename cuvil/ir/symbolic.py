@@ -297,7 +297,17 @@ def dim_bounds(d: Dim, symbol_min: int = 1) -> Bound:
     return lo, hi
 
 
-def _interval(d: Dim, symbol_min: int) -> Bound:
+def dim_range(d: Dim, ranges: Mapping[str, tuple[int, int]]) -> Bound:
+    """An interval holding every value ``d`` takes when each symbol ``s`` lies in ``ranges[s]`` (each
+    at least 0): what a shape-class library sizes its buffers by (a symbol not in ``ranges`` is
+    unbounded above)."""
+    return _interval(d, lambda s: ranges.get(s, (0, None)))
+
+
+SymbolRange = Callable[[str], Bound]
+
+
+def _interval(d: Dim, symbol_min: int | SymbolRange) -> Bound:
     if isinstance(d, int):
         return d, d
     lo: int | None = 0
@@ -315,9 +325,9 @@ def _scale(v: int | None, coef: int) -> int | None:
     return None if v is None else v * coef
 
 
-def _factor_bounds(f: _Factor, symbol_min: int) -> Bound:
+def _factor_bounds(f: _Factor, symbol_min: int | SymbolRange) -> Bound:
     if isinstance(f, str):
-        return symbol_min, None
+        return symbol_min(f) if callable(symbol_min) else (symbol_min, None)
     bounds = [_interval(a, symbol_min) for a in f.args]
     if f.kind in ("max", "min"):
         return _extreme_bounds(f.kind, bounds)

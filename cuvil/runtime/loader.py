@@ -4,9 +4,10 @@ Inputs are checked against the signature (count, dtype, shape, dim constraints) 
 anything is passed to native code, and the library's own checked entry point checks them
 again. Output buffers are allocated here, by the caller, as the ABI requires.
 
-A :class:`CompiledModel` holds either one library (static shapes) or, for a function with
-symbolic dims, one library per shape signature it has been called with: the first call with
-a new signature compiles (or loads from the cache) that specialization.
+A :class:`CompiledModel` holds one library (static shapes, or one compiled for a whole shape
+class, which takes the dims at run time) or, for a function with symbolic dims compiled per
+specialization, one library per shape signature it has been called with: the first call with a
+new signature compiles (or loads from the cache) that specialization.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from cuvil.codegen.artifact import (
     entry_symbols,
     manifest_problems,
 )
+from cuvil.codegen.shape_class import ShapeClass
 from cuvil.errors import BudgetError, CodegenError, ConstraintError, InputError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function, Module
+from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import DimConstraint, bind_symbols
 from cuvil.runtime.guard import GuardFault, guard_fault
 
@@ -127,7 +130,7 @@ def _dlopen(path: Path) -> ctypes.CDLL:
 
 
 class NativeLibrary:
-    """One loaded library of static shapes with its working context."""
+    """One loaded library (static shapes, or a whole shape class) with its working context."""
 
     def __init__(self, library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
                  verify_hash: bool = True) -> None:
@@ -143,9 +146,12 @@ class NativeLibrary:
         self.manifest = m
         self.inputs = tuple(TensorSpec.from_json(e) for e in m["inputs"])
         self.outputs = tuple(TensorSpec.from_json(e) for e in m["outputs"])
+        self.shape_class = ShapeClass.from_json(m["shape_class"]) if "shape_class" in m else None
+        self.signature = Signature(m["function"], self.inputs, self.outputs,
+                                   self.shape_class.constraints if self.shape_class is not None else ())
         self.info: dict[str, Any] = {}  # how it was obtained (cache hit/miss, timings), set by the compiler
         self._lib = _dlopen(path)
-        sym = entry_symbols(m["symbol_prefix"])  # never names from the manifest: only these four
+        sym = entry_symbols(m["symbol_prefix"], self.shape_class is not None)  # never names from the manifest
         self._create = getattr(self._lib, sym["create"])
         self._create.restype = ctypes.c_void_p
         self._create.argtypes = []
@@ -167,12 +173,12 @@ class NativeLibrary:
 
     @staticmethod
     def _table(specs: Sequence[TensorSpec]) -> tuple[ctypes.Array[CTensor], list[Any]]:
-        """The descriptors of tensors of these (static) specs, built once: a call only sets the data pointers
-        (the shapes they point to stay alive with the table)."""
+        """The descriptors of tensors of these specs, built once: a call only sets the data pointers
+        (and, in a shape class, the dims; the shapes they point to stay alive with the table)."""
         table = (CTensor * max(len(specs), 1))()
         shapes = []
         for k, spec in enumerate(specs):
-            dims = tuple(int(d) for d in spec.shape)
+            dims = tuple(d if isinstance(d, int) else 0 for d in spec.shape)
             shape = (ctypes.c_int64 * max(len(dims), 1))(*dims)
             shapes.append(shape)
             table[k] = CTensor(None, ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), len(dims),
@@ -184,16 +190,36 @@ class NativeLibrary:
             if a.dtype != dtype:
                 raise InputError(f"input {name!r} has dtype {a.dtype}, expected {DType.from_numpy(dtype)}",
                                  location=name, hint=f"convert with .astype({dtype.name!r})")
-            if a.shape != shape:
+            if self.shape_class is None and a.shape != shape:
                 raise InputError(f"input {name!r} has shape {tuple(a.shape)}, expected {list(shape)}",
                                  location=name,
                                  hint="this library was compiled for static shapes; recompile for other shapes")
+        if self.shape_class is not None:
+            self.dims(arrays)
+
+    def dims(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+        """The values of the shape class's dims for these inputs (checked against the class)."""
+        assert self.shape_class is not None
+        env = self.signature.bind([a.shape for a in arrays])
+        why = self.shape_class.admits(env)
+        if why is not None:
+            sc = self.shape_class
+            raise ConstraintError(why, location=f"@{self.manifest['function']}",
+                                  hint="the library was compiled for " + ", ".join(
+                                      f"{s} in [{sc.bound(s)[0]}, {sc.bound(s)[1]}]" for s in sc.symbols)
+                                  + "; recompile with a larger --dim-max for larger inputs")
+        return env
 
     def run(self, arrays: Sequence[np.ndarray], run_checked: Callable[..., int] | None = None) -> list[np.ndarray]:
         """Run on C-contiguous arrays already checked by :meth:`check`; returns fresh output arrays. The
         descriptor tables are the library's own, filled and used under its lock."""
-        outputs = [np.empty(shape, dtype=dtype) for shape, dtype in self._made]
-        (tin, _), (tout, _) = self._tables
+        if self.shape_class is None:
+            made = self._made
+        else:
+            env = self.dims(arrays)
+            made = tuple((tuple(evaluate_dim(d, env) for d in shape), dtype) for shape, dtype in self._made)
+        outputs = [np.empty(shape, dtype=dtype) for shape, dtype in made]
+        (tin, in_shapes), (tout, out_shapes) = self._tables
         native = run_checked or self._run_checked
         with self._lock:
             if not self._ctx:
@@ -203,6 +229,11 @@ class NativeLibrary:
                 tin[k].data = _address(a)
             for k, a in enumerate(outputs):
                 tout[k].data = _address(a)
+            if self.shape_class is not None:
+                for tensors, shapes in ((arrays, in_shapes), (outputs, out_shapes)):
+                    for a, shape in zip(tensors, shapes, strict=True):
+                        for axis, n in enumerate(a.shape):
+                            shape[axis] = n
             rc = native(self._ctx, tin, len(arrays), tout, len(outputs))
         if rc in abi.GUARD_CODES:
             raise guard_fault(self.manifest, rc, arrays, outputs, self.path.name)
@@ -248,7 +279,7 @@ class CompiledModel:
     def __init__(self, library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
                  verify_hash: bool = True, ir: IRProvider | None = None) -> None:
         lib = NativeLibrary(library_path, manifest, verify_hash=verify_hash)
-        self._setup(Signature(lib.manifest["function"], lib.inputs, lib.outputs), ir)
+        self._setup(lib.signature, ir)
         self._variants[()] = lib
         self._last = lib
         self._run_checked = lib._run_checked
@@ -256,7 +287,7 @@ class CompiledModel:
     @classmethod
     def from_library(cls, lib: NativeLibrary, *, ir: IRProvider | None = None) -> CompiledModel:
         self = cls.__new__(cls)
-        self._setup(Signature(lib.manifest["function"], lib.inputs, lib.outputs), ir)
+        self._setup(lib.signature, ir)
         self._variants[()] = lib
         self._last = lib
         self._run_checked = lib._run_checked

@@ -72,13 +72,39 @@ def test_compile_cir_with_symbolic_dims_and_shape(tmp_path, capsys, rng):
     lib = tmp_path / "libm.so"
     assert main(["compile", "--input", str(path), "--output", str(lib)]) == 2
     err = capsys.readouterr().err
-    assert "CUVIL-CODEGEN" in err and "--shape" in err
+    assert "CUVIL-CODEGEN" in err and "--dim-max N=" in err and "--specialize" in err
     assert main(["compile", "--input", str(path), "--output", str(lib), "--shape", "x=5x8"]) == 0
     assert "N=5" in capsys.readouterr().out
     x = rng.standard_normal((5, 8)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     assert main(["run", str(lib), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o")]) == 0
     np.testing.assert_allclose(np.load(tmp_path / "o" / "y.npy"), scaled_softmax(x), rtol=1e-5, atol=1e-7)
+
+
+def test_compile_without_shapes_gives_one_library_for_the_shape_class(tmp_path, capsys, rng):
+    path = export_ir(softmax_module("N"), tmp_path / "m.cir")
+    lib = tmp_path / "libm.so"
+    assert main(["compile", str(path), "-o", str(lib), "--dim-max", "N=16", "--shape", "x=5x8"]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert main(["compile", str(path), "-o", str(lib), "--dim-max", "N=16", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "N in [1, 16]" in out and "one library for the shape class" in out
+    manifest = json.loads((tmp_path / "m.json").read_text())
+    assert manifest["verification"]["shapes"]["scope"] == "shape class"
+    assert "cuvil_m_run_dims" in (tmp_path / "m.h").read_text()
+    for n in (1, 5, 16):
+        x = rng.standard_normal((n, 8)).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        assert main(["run", str(lib), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o")]) == 0
+        np.testing.assert_allclose(np.load(tmp_path / "o" / "y.npy"), scaled_softmax(x), rtol=1e-5, atol=1e-7)
+    np.save(tmp_path / "x.npy", np.zeros((17, 8), np.float32))
+    capsys.readouterr()
+    assert main(["run", str(lib), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o")]) == 2
+    assert "outside the library's shape class" in capsys.readouterr().err
+    for bad in (["--dim-max", "N"], ["--dim-max", "N=x"], ["--dim-max", "N=4", "--dim-max", "N=5"],
+                ["--dim-max", "M=4"]):
+        assert main(["compile", str(path), "-o", str(lib), *bad]) == 2
+        assert "--dim-max" in capsys.readouterr().err
 
 
 def test_no_cache_leaves_the_cache_empty(tmp_path, capsys, private_cache):
