@@ -23,7 +23,7 @@ must not run on two threads at once; separate contexts are independent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,15 +38,15 @@ from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
 from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
-from cuvil.codegen.plan import MemoryPlan, nbytes, ordered_steps, plan_memory
+from cuvil.codegen.plan import MemoryPlan, ordered_steps, plan_memory
 from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
 from cuvil.codegen.shape_class import ShapeClass
+from cuvil.codegen.sizing import Sizing, numel
 from cuvil.codegen.structured import StructuredKernel, structured_kernels
 from cuvil.errors import CodegenError
 from cuvil.ir import hashing
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
-from cuvil.ir.symbolic import dim_range
 from cuvil.ir.types import TensorType, check_tensor_size
 from cuvil.ir.values import Value
 from cuvil.log import logger
@@ -102,7 +102,8 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
     _check_storage(fn)
-    symbols = shape_class.symbols if shape_class is not None else None
+    sizing = Sizing(shape_class)
+    symbols = sizing.symbols
     if shape_class is None:
         def shape_of(t: TensorType, where: str) -> tuple[int, ...]:
             return static_shape(t, where)
@@ -114,9 +115,8 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     inputs = tuple(TensorSpec(p.name, p.dtype, shape_of(p.type, f"input {p.name!r}")) for p in fn.params)
     outputs = tuple(TensorSpec(n, r.dtype, shape_of(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
-    loops = structured_kernels(ordered_steps(fn), constants)
-    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()},
-                       size_of=None if shape_class is None else _size_at_most(shape_class))
+    loops = structured_kernels(ordered_steps(fn), constants, sizing)
+    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()}, size_of=sizing.planned)
     mod = ir.Module(name=prefix)
 
     for v in fn.values():
@@ -170,7 +170,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     if guard is not None:
         checks = emit_checks(mod, prefix, guard.plan(inputs, outputs))
         emit_fault_names(mod, prefix, guard)
-    entry = EntryPoints(mod, prefix, plan, const_globals, inputs, outputs, scratch, shape_class)
+    entry = EntryPoints(mod, prefix, plan, const_globals, inputs, outputs, scratch, sizing)
     run = entry.emit_run(kernels, tuned, loops, checks)
     entry.emit_run_checked(run)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
@@ -183,35 +183,9 @@ def _check_shape_class(fn: Function, shape_class: ShapeClass, guard: GuardChecks
     hint = "compile at concrete shapes (--specialize NAME=2x3x...)"
     if guard is not None:
         raise CodegenError("a fail-safe guard is compiled at concrete shapes", location=fn.name, hint=hint)
-    for v in ordered_steps(fn):
-        if get_op(v.op).structured:
-            raise CodegenError(f"a {v.op} in a library for a whole shape class is not supported yet",
-                               location=v.op, hint=hint)
     missing = sorted({s for v in fn.values() for s in v.type.symbols()} - set(shape_class.symbols))
     if missing:
         raise CodegenError(f"no largest size for symbolic dims {missing}", location=fn.name, hint=hint)
-
-
-def _size_at_most(shape_class: ShapeClass) -> Callable[[TensorType], int]:
-    """The bytes of a value at the largest size its dims may take in the class (its slot in the arena):
-    each dim's upper bound over the symbols' ranges, so a formula that falls as a symbol grows
-    (``10 - N``) is sized for its smallest symbol."""
-    ranges = {s: shape_class.bound(s)[:2] for s in shape_class.symbols}
-
-    def size(t: TensorType) -> int:
-        dims = []
-        for d in t.shape:
-            _, hi = dim_range(d, ranges)
-            if hi is None:
-                raise CodegenError(f"the dim {d} of a value of type {t} has no upper bound in the shape class",
-                                   location=str(t), hint="compile at concrete shapes (--specialize NAME=2x3x...)")
-            dims.append(max(hi, 0))
-        check_tensor_size(dims, f"a value of type {t} at the largest dims", str(t))
-        n = t.dtype.np.itemsize
-        for d in dims:
-            n *= d
-        return n
-    return size
 
 
 def _check_storage(fn: Function) -> None:
@@ -272,9 +246,10 @@ class EntryPoints:
 
     def __init__(self, mod: ir.Module, prefix: str, plan: MemoryPlan, const_globals: Mapping[str, ir.GlobalVariable],
                  inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], scratch: int,
-                 shape_class: ShapeClass | None) -> None:
+                 sizing: Sizing) -> None:
         self.mod, self.prefix, self.plan, self.const_globals = mod, prefix, plan, const_globals
-        self.inputs, self.outputs, self.scratch, self.shape_class = inputs, outputs, scratch, shape_class
+        self.inputs, self.outputs, self.scratch, self.sizing = inputs, outputs, scratch, sizing
+        self.shape_class = sizing.shape_class
         # tuned kernels share one scratch area after the arena (they run one at a time)
         self.scratch_at = -(-plan.arena_bytes // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
         emit_context_functions(mod, prefix, max(self.scratch_at + scratch if scratch else plan.arena_bytes,
@@ -319,6 +294,8 @@ class EntryPoints:
                         for j in range(len(lk.results))]
                 args += [slot_ptr(o) for o in lk.operands]
                 args += [b.gep(ctx, [ir.Constant(I64, plan.work[v])], inbounds=True, source_etype=I8), scratch_ptr()]
+                if dims_ptr is not None:
+                    args.append(dims_ptr)
             else:
                 unused = tuned[v].unused_operands if v in tuned else frozenset()
                 args = [slot_ptr(v)] + [ir.Constant(PTR, None) if j in unused else slot_ptr(o)
@@ -333,8 +310,7 @@ class EntryPoints:
             memcpy = declare(self.mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
             for v, r in plan.copies:
                 dst = b.load(b.gep(out_arr, [ir.Constant(I64, r)], inbounds=True, source_etype=PTR), typ=PTR)
-                size: Val = ir.Constant(I64, nbytes(v.type)) if dims is None else _numel(b, dims, v.type.shape,
-                                                                                           v.dtype.np.itemsize)
+                size = self.sizing.runtime(b, dims, v.type)
                 b.call(memcpy, [dst, slot_ptr(v), size, ir.Constant(I1, 0)])
         _guard(b, checks, "output", out_arr)
         b.ret(ir.Constant(I32, abi.OK))
@@ -408,17 +384,9 @@ class EntryPoints:
                 fail_unless(b, ok, abi.ERR_SHAPE)
                 if dims is not None:  # data may be null only when the tensor is empty
                     data = b.load(b.gep(ptrs, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR), typ=PTR)
-                    empty = b.icmp_signed("==", _numel(b, dims, spec.shape, 1), ir.Constant(I64, 0))
+                    empty = b.icmp_signed("==", numel(b, dims, spec.shape), ir.Constant(I64, 0))
                     fail_unless(b, b.or_(not_null(b, data), empty), abi.ERR_NULL)
         args = [cctx, sides[0][2], sides[1][2]]
         if dims_arr is not None:
             args.insert(1, dims_arr)
         b.ret(b.call(run, args))
-
-
-def _numel(b: Builder, dims: DimValues, shape: tuple[object, ...], itemsize: int) -> Val:
-    """``itemsize`` times the product of ``shape``'s dims, at run time."""
-    size: Val = ir.Constant(I64, itemsize)
-    for d in shape:
-        size = b.mul(size, dims.value(d))  # type: ignore[arg-type]
-    return size

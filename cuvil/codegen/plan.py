@@ -117,9 +117,12 @@ def order_steps(steps: Sequence[Value]) -> tuple[Value, ...]:
     return tuple(out)
 
 
-def plan_steps(steps: Sequence[Value], keep: Sequence[Value] = ()) -> tuple[dict[Value, int], int]:
+def plan_steps(steps: Sequence[Value], keep: Sequence[Value] = (),
+               size_of: Callable[[TensorType], int] | None = None) -> tuple[dict[Value, int], int]:
     """Arena offsets for ``steps`` run in order (a region body), each freed after its last reader;
-    ``keep`` live to the end. Returns the offsets and the arena's size."""
+    ``keep`` live to the end; ``size_of`` as for :func:`plan_memory`. Returns the offsets and the
+    arena's size."""
+    size = size_of or nbytes
     last_use: dict[Value, int] = {}
     for pos, v in enumerate(steps):
         for o in v.operands:
@@ -129,10 +132,10 @@ def plan_steps(steps: Sequence[Value], keep: Sequence[Value] = ()) -> tuple[dict
     arena = _Arena()
     offsets: dict[Value, int] = {}
     for pos, v in enumerate(steps):
-        offsets[v] = arena.alloc(nbytes(v.type))
+        offsets[v] = arena.alloc(size(v.type))
         for o in set(v.operands):
             if o in offsets and last_use.get(o) == pos:
-                arena.release(offsets[o], nbytes(o.type))
+                arena.release(offsets[o], size(o.type))
     return offsets, arena.top
 
 

@@ -15,12 +15,15 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen.abi import OK
+from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels import Kernel, select_kernel
 from cuvil.codegen.loops import const, fail_unless
 from cuvil.codegen.lower_rule import emit_rule_kernel
 from cuvil.codegen.plan import order_steps, plan_steps
 from cuvil.codegen.scalar import I1, I32, I64, PTR, Builder, Val, declare
+from cuvil.codegen.sizing import STATIC, Sizing
 from cuvil.ir.opdef import get_op
+from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value, walk
 
 WORK_ALIGN = 64
@@ -46,15 +49,19 @@ class RegionSteps:
     rule's loop nest (a nested loop or cond on its own lowering, its work area after the values),
     their values planned in the work area from ``base`` on."""
 
-    def __init__(self, results: Sequence[Value], constants: Mapping[str, np.ndarray], base: int) -> None:
+    def __init__(self, results: Sequence[Value], constants: Mapping[str, np.ndarray], base: int,
+                 sizing: Sizing = STATIC) -> None:
         from cuvil.codegen.structured import structured_kernels  # which imports this module
 
         self.results = list(results)
+        self.sizing = sizing
         self.steps = list(order_steps([u for u in walk(self.results) if not (u.is_param or u.is_const)]))
-        self.nested = structured_kernels(self.steps, constants)
-        self.kernels: list[Kernel | None] = [None if get_op(u.op).structured else select_kernel(u, constants)
-                                             for u in self.steps]
-        offsets, size = plan_steps(self.steps, keep=[r for r in self.results if not r.is_const])
+        self.nested = structured_kernels(self.steps, constants, sizing)
+        static = sizing.shape_class is None
+        self.kernels: list[Kernel | None] = [
+            select_kernel(u, constants) if static and not get_op(u.op).structured else None for u in self.steps]
+        offsets, size = plan_steps(self.steps, keep=[r for r in self.results if not r.is_const],
+                                   size_of=sizing.planned)
         self.value_at = {u: base + off for u, off in offsets.items()}
         top = base + round_up(size)
         self.nested_work: dict[Value, int] = {}
@@ -95,12 +102,15 @@ class RegionSteps:
             else:
                 in_types = [o.type for o in u.operands]
                 rule = get_op(u.op).make_rule(in_types, u.attr_dict, u.type)
-                fns.append(emit_rule_kernel(mod, f"{name}.{k}.{u.op}", rule, in_types, u.type, u.op))
+                fns.append(emit_rule_kernel(mod, f"{name}.{k}.{u.op}", rule, in_types, u.type, u.op,
+                                            dims=self.sizing.symbols))
         return fns
 
     def emit_run(self, b: Builder, fns: Sequence[ir.Function | None], where: dict[Value, ir.Value],
-                 at: Callable[[int], ir.Value], constant: Callable[[Value], ir.Value], scratch: ir.Value) -> None:
-        """Call the steps in order; ``where`` holds the arguments' pointers and gains each step's."""
+                 at: Callable[[int], ir.Value], constant: Callable[[Value], ir.Value], scratch: ir.Value,
+                 dims: ir.Value | None = None) -> None:
+        """Call the steps in order; ``where`` holds the arguments' pointers and gains each step's; ``dims``
+        is the shape class's dims pointer every kernel takes last."""
         for u, kn, kfn in zip(self.steps, self.kernels, fns, strict=True):
             where[u] = at(self.value_at[u])
             if kfn is None:
@@ -118,17 +128,43 @@ class RegionSteps:
                                      for j, o in enumerate(u.operands)]
                 if kn is not None:
                     args.append(scratch)
+            if dims is not None:
+                args.append(dims)
             return_unless_ok(b, b.call(kfn, args))
 
 
-def structured_function(mod: ir.Module, name: str, n_out: int, n_in: int
-                        ) -> tuple[ir.Function, list[ir.Argument], list[ir.Argument], ir.Argument, ir.Argument]:
+@dataclass
+class StructuredFunction:
     """The function a lowered loop or cond runs as, ``i32 name(ptr out_0, ..., ptr in_0, ..., ptr work,
-    ptr scratch)``: it and its outputs, inputs, work area and scratch arguments."""
-    fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_out + n_in + 2)), name=name)
-    fn.linkage = "internal"
-    args = list(fn.args)
-    return fn, args[:n_out], args[n_out:n_out + n_in], args[-2], args[-1]
+    ptr scratch[, ptr dims])``: its outputs, inputs, work area, scratch and (for a shape class) dims
+    arguments, and the dims' values read at its entry (so they dominate every block)."""
+
+    fn: ir.Function
+    outs: list[ir.Argument]
+    ins: list[ir.Argument]
+    work: ir.Argument
+    scratch: ir.Argument
+    dims_ptr: ir.Argument | None
+    b: Builder
+    dims: DimValues | None
+
+    @classmethod
+    def create(cls, mod: ir.Module, name: str, n_out: int, n_in: int, sizing: Sizing) -> StructuredFunction:
+        symbols = sizing.symbols
+        fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_out + n_in + 2 + (symbols is not None))), name=name)
+        fn.linkage = "internal"
+        args = list(fn.args)
+        dims_ptr = args.pop() if symbols is not None else None
+        b = Builder(fn.append_basic_block("entry"))
+        dims = DimValues(b, dims_ptr, symbols) if dims_ptr is not None and symbols is not None else None
+        if dims is not None:
+            for s in symbols or ():
+                dims.symbol(s)
+        return cls(fn, args[:n_out], args[n_out:n_out + n_in], args[-2], args[-1], dims_ptr, b, dims)
+
+    def size(self, sizing: Sizing, t: TensorType) -> Val:
+        """The bytes of ``t`` in this run (computed where the builder stands: call it at the entry)."""
+        return sizing.runtime(self.b, self.dims, t)
 
 
 def pointer(o: Value, where: Mapping[Value, ir.Value], constant: Callable[[Value], ir.Value]) -> ir.Value:
@@ -139,13 +175,13 @@ def work_pointer(b: Builder, work: ir.Value, off: int) -> ir.Value:
     return b.gep(work, [const(off)], inbounds=True, source_etype=ir.IntType(8))
 
 
-def copier(b: Builder) -> Callable[[ir.Value, ir.Value, int], None]:
-    """``copy(dst, src, size)``: a memcpy of ``size`` bytes (nothing for an empty tensor)."""
+def copier(b: Builder) -> Callable[[ir.Value, ir.Value, Val], None]:
+    """``copy(dst, src, size)``: a memcpy of ``size`` bytes (nothing for an empty static tensor)."""
     memcpy = declare(b.module, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
 
-    def copy(dst: ir.Value, src: ir.Value, size: int) -> None:
-        if size:
-            b.call(memcpy, [dst, src, const(size), ir.Constant(I1, 0)])
+    def copy(dst: ir.Value, src: ir.Value, size: Val) -> None:
+        if not (isinstance(size, ir.Constant) and size.constant == 0):
+            b.call(memcpy, [dst, src, size, ir.Constant(I1, 0)])
 
     return copy
 
