@@ -129,7 +129,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
         if get_op(v.op).structured:  # emitted below, once the constants it reads are embedded
             kernels.append(None)
             continue
-        kernel = select_kernel(v, constants) if shape_class is None else None
+        kernel = select_kernel(v, constants)  # static shapes only: in a shape class, ops whose types are static
         if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
             tuned[v] = kernel
             kernels.append(kernel.emit(mod, f"k{k}.{v.op}"))
@@ -302,7 +302,7 @@ class EntryPoints:
                                         for j, o in enumerate(v.operands)]
                 if v in tuned:
                     args.append(scratch_ptr())
-                if dims_ptr is not None:
+                if dims_ptr is not None and v not in tuned:  # a rule kernel over the class's dims
                     args.append(dims_ptr)
             rc = b.call(kernel, args)
             fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)

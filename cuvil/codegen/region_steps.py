@@ -57,9 +57,9 @@ class RegionSteps:
         self.sizing = sizing
         self.steps = list(order_steps([u for u in walk(self.results) if not (u.is_param or u.is_const)]))
         self.nested = structured_kernels(self.steps, constants, sizing)
-        static = sizing.shape_class is None
-        self.kernels: list[Kernel | None] = [
-            select_kernel(u, constants) if static and not get_op(u.op).structured else None for u in self.steps]
+        # tuned kernels at static shapes (in a shape class: for the ops whose types are static)
+        self.kernels: list[Kernel | None] = [None if get_op(u.op).structured else select_kernel(u, constants)
+                                             for u in self.steps]
         offsets, size = plan_steps(self.steps, keep=[r for r in self.results if not r.is_const],
                                    size_of=sizing.planned)
         self.value_at = {u: base + off for u, off in offsets.items()}
@@ -128,7 +128,7 @@ class RegionSteps:
                                      for j, o in enumerate(u.operands)]
                 if kn is not None:
                     args.append(scratch)
-            if dims is not None:
+            if dims is not None and kn is None:  # a rule kernel or structured op over the class's dims
                 args.append(dims)
             return_unless_ok(b, b.call(kfn, args))
 

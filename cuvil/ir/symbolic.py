@@ -226,6 +226,8 @@ class Sym:
                 parts.append("-" + body)
             else:
                 parts.append(f"{c}*{body}")
+        if not parts:  # the zero polynomial (a lifted 0)
+            return "0"
         text = parts[0]
         for p in parts[1:]:
             text += f" - {p[1:]}" if p.startswith("-") else f" + {p}"
@@ -332,12 +334,31 @@ def _factor_bounds(f: _Factor, symbol_min: int | SymbolRange) -> Bound:
     if f.kind in ("max", "min"):
         return _extreme_bounds(f.kind, bounds)
     divisor = f.args[1]
-    if not isinstance(divisor, int) or divisor <= 0:
+    if not isinstance(divisor, int):
+        return _quotient_bounds(f.kind, bounds[0], bounds[1])
+    if divisor <= 0:
         return None, None
     if f.kind == "mod":  # Python's % with a positive divisor lies in [0, divisor)
         return 0, divisor - 1
     lo, hi = bounds[0]
     return (None if lo is None else lo // divisor), (None if hi is None else hi // divisor)
+
+
+def _quotient_bounds(kind: str, a: Bound, b: Bound) -> Bound:
+    """``a // b`` or ``a % b`` over intervals, for a divisor known to be positive (else unbounded):
+    floored division grows with ``a`` and, for a fixed sign of ``a``, moves monotonically with ``b``,
+    so its extremes lie at the corners."""
+    (a_lo, a_hi), (b_lo, b_hi) = a, b
+    if b_lo is None or b_lo < 1:
+        return None, None
+    if kind == "mod":
+        return 0, None if b_hi is None else b_hi - 1
+    if a_lo is not None and a_hi is not None and b_hi is not None:
+        corners = [x // y for x in (a_lo, a_hi) for y in (b_lo, b_hi)]
+        return min(corners), max(corners)
+    if a_lo is not None and a_lo >= 0:
+        return (0 if b_hi is None else a_lo // b_hi), (None if a_hi is None else a_hi // b_lo)
+    return None, None
 
 
 def _extreme_bounds(kind: str, bounds: list[Bound]) -> Bound:
@@ -350,13 +371,18 @@ def _extreme_bounds(kind: str, bounds: list[Bound]) -> Bound:
 
 
 def _product_bounds(factors: list[Bound]) -> Bound:
-    """Bounds of a product of non-negative factors (else unbounded: the monomials of shapes are)."""
-    lo, hi = 1, 1
+    """Bounds of a product of factors: interval multiplication (a factor that may be negative and is
+    unbounded on a side leaves the product unbounded; the monomials of shapes rarely are)."""
+    lo: int | None = 1
+    hi: int | None = 1
     for f_lo, f_hi in factors:
-        if f_lo is None or f_lo < 0:
+        if lo is not None and hi is not None and f_lo is not None and f_hi is not None:
+            corners = (lo * f_lo, lo * f_hi, hi * f_lo, hi * f_hi)
+            lo, hi = min(corners), max(corners)
+        elif lo is not None and lo >= 0 and f_lo is not None and f_lo >= 0:  # both non-negative
+            lo, hi = lo * f_lo, (None if hi is None or f_hi is None else hi * f_hi)
+        else:
             return None, None
-        lo *= f_lo
-        hi = None if hi is None or f_hi is None else hi * f_hi
     return lo, hi
 
 

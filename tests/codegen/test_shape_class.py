@@ -18,7 +18,7 @@ from cuvil.interp import run_reference
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
-from cuvil.ir.symbolic import Sym, dim_range, parse_dim
+from cuvil.ir.symbolic import Sym, dim_range, evaluate_dim, parse_dim, sym_max, sym_min
 from cuvil.ir.types import DimConstraint
 from cuvil.runtime.loader import CompiledModel, CTensor
 
@@ -177,6 +177,47 @@ def test_buffers_are_sized_by_each_formula_s_upper_bound() -> None:
     assert dim_range(parse_dim("S // 2 + N"), ranges) == (2, 16)
     assert dim_range(parse_dim("S % 5"), ranges) == (0, 4)
     assert dim_range(parse_dim("N*S"), {"N": (1, 8)})[1] is None  # S unbounded
+    assert dim_range(parse_dim("((((S - 1)//2)//2 - 1)//2 + 1)"), ranges) == (0, 2)  # a factor may dip below 0
+    assert dim_range(parse_dim("(1024*N + 1024)//(N + 1)"), ranges)[1] is not None  # a dim divided by a dim
+    assert dim_range(parse_dim("S % N"), ranges) == (0, 7)
+
+
+def _random_dim(rng: np.random.Generator, depth: int = 0) -> object:
+    """A random dim formula over N and S: sums, products, constant and symbolic floor divisions and
+    remainders, max/min (what shape arithmetic on imports produces)."""
+    if depth > 3 or rng.random() < 0.3:
+        return [Sym.symbol("N"), Sym.symbol("S"), int(rng.integers(-3, 9))][int(rng.integers(0, 3))]
+    a, b = _random_dim(rng, depth + 1), _random_dim(rng, depth + 1)
+    kind = int(rng.integers(0, 6))
+    if kind == 0:
+        return a + b  # type: ignore[operator]
+    if kind == 1:
+        return a - b  # type: ignore[operator]
+    if kind == 2:
+        return a * b  # type: ignore[operator]
+    divisor = int(rng.integers(1, 5)) if rng.random() < 0.5 else Sym.symbol("N") + int(rng.integers(0, 3))
+    if kind == 3:
+        return a // divisor if isinstance(a, Sym) else Sym.lift(a) // divisor  # type: ignore[operator]
+    if kind == 4:
+        return a % divisor if isinstance(a, Sym) else Sym.lift(a) % divisor  # type: ignore[operator]
+    return sym_max(a, b) if rng.random() < 0.5 else sym_min(a, b)  # type: ignore[arg-type]
+
+
+def test_a_dim_s_range_holds_every_value_it_takes() -> None:
+    """The soundness buffers rely on: over random formulas and every point of small ranges, each value
+    lies in the interval (an unbounded side bounds nothing)."""
+    rng = np.random.default_rng(0)
+    ranges = {"N": (1, 5), "S": (0, 7)}
+    bounded = 0
+    for _ in range(300):
+        d = _random_dim(rng)
+        lo, hi = dim_range(d, ranges)  # type: ignore[arg-type]
+        bounded += hi is not None
+        for n in range(1, 6):
+            for s_ in range(0, 8):
+                v = evaluate_dim(d, {"N": n, "S": s_})  # type: ignore[arg-type]
+                assert (lo is None or v >= lo) and (hi is None or v <= hi), (str(d), n, s_, v, lo, hi)
+    assert bounded > 200  # most formulas get a finite size
 
 
 def test_a_manifest_whose_shape_class_was_edited_is_refused(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Real models from other exporters (PyTorch 1.9-2.11, tf2onnx, Paddle2ONNX, spox), with the weights their
 packages ship: each imported, compiled, run at up to three input shapes (every dynamic dim varied) and
-compared with ONNX Runtime, the oracle. Models that do not import yet are expected failures that name
-what they need (strict: one that starts working fails until its entry is updated)."""
+compared with ONNX Runtime, the oracle, both specialized per shape and as one library for the whole
+shape class (compiled once, the dims read at run time). Models that do not import yet, or that cannot
+be one library, are expected failures that name what they need (strict: one that starts working
+fails until its entry is updated)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import numpy as np
 import pytest
 
 import cuvil
+from cuvil.frontend.dispatch import import_model
+from cuvil.runtime.loader import Signature
 from tests.corpus.corpus import CORPUS, Entry, Unavailable, model_path
 
 ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the oracle")
@@ -69,16 +73,35 @@ def _session(path: str, entry: Entry) -> Any:
 @pytest.mark.parametrize("entry", _entries())
 def test_real_model_matches_onnxruntime(entry: Entry) -> None:
     path = _path(entry)
-    session = _session(path, entry)
     statics = {k: np.asarray(v, dtype=np.int64) for k, v in entry.statics.items()}
-    compiled = cuvil.compile(path, cache=False, static_inputs=statics) if statics else cuvil.compile(path, cache=False)
+    _check(entry, path, cuvil.compile(path, cache=False, **({"static_inputs": statics} if statics else {})))
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e.name, marks=[pytest.mark.xfail(strict=True, reason=e.per_shape)]
+                                                if e.per_shape else []) for e in CORPUS if not e.blocked])
+def test_real_model_compiles_once_for_its_shape_class(entry: Entry) -> None:
+    """One library serves every shape the entry runs: the largest value of each dim is the largest the
+    shapes give (the library refuses larger ones)."""
+    path = _path(entry)
+    statics = {k: np.asarray(v, dtype=np.int64) for k, v in entry.statics.items()}
+    options: dict[str, Any] = {"static_inputs": statics} if statics else {}
+    signature = Signature.of(import_model(path, **options).main)
+    envs = [signature.bind([shapes[s.name] for s in signature.inputs]) for shapes in entry.shapes]
+    dim_max = {d: max(env[d] for env in envs) for d in envs[0]}
+    compiled = cuvil.compile(path, cache=False, shape_class=True, dim_max=dim_max or None, **options)
+    assert compiled.specializations.keys() == {()}  # one library, whatever the shapes
+    _check(entry, path, compiled)
+
+
+def _check(entry: Entry, path: str, compiled: Any) -> None:
+    session = _session(path, entry)
     for k, shapes in enumerate(entry.shapes):
         feeds = _feeds(session, shapes, entry.statics, k)
         want = session.run(None, feeds)
         if entry.sigmoid_of:  # the float64 sigmoid of ONNX Runtime's logits replaces its output
             logits = np.asarray(want.pop(), np.float64)
             want = [1.0 / (1.0 + np.exp(-logits))]
-        got = compiled(**{n: a for n, a in feeds.items() if n not in statics})
+        got = compiled(**{n: a for n, a in feeds.items() if n not in entry.statics})
         got = list(got) if isinstance(got, (list, tuple)) else [got]
         assert len(got) == len(want)
         errors = [_error(g, w) for g, w in zip(got, want, strict=True)]
