@@ -33,7 +33,7 @@ from cuvil.codegen import abi
 from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
-from cuvil.codegen.kernels import Kernel, select_kernel
+from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
 from cuvil.codegen.loops import fail_unless, not_null
@@ -129,7 +129,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
         if get_op(v.op).structured:  # emitted below, once the constants it reads are embedded
             kernels.append(None)
             continue
-        kernel = select_kernel(v, constants)  # static shapes only: in a shape class, ops whose types are static
+        kernel = choose_kernel(v, constants, shape_class)
         if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
             tuned[v] = kernel
             kernels.append(kernel.emit(mod, f"k{k}.{v.op}"))
@@ -302,7 +302,7 @@ class EntryPoints:
                                         for j, o in enumerate(v.operands)]
                 if v in tuned:
                     args.append(scratch_ptr())
-                if dims_ptr is not None and v not in tuned:  # a rule kernel over the class's dims
+                if dims_ptr is not None and (v not in tuned or takes_dims(tuned[v])):  # sizes read at run time
                     args.append(dims_ptr)
             rc = b.call(kernel, args)
             fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)

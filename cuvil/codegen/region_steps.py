@@ -16,7 +16,7 @@ from llvmlite import ir
 
 from cuvil.codegen.abi import OK
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.kernels import Kernel, select_kernel
+from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
 from cuvil.codegen.loops import const, fail_unless
 from cuvil.codegen.lower_rule import emit_rule_kernel
 from cuvil.codegen.plan import order_steps, plan_steps
@@ -57,9 +57,8 @@ class RegionSteps:
         self.sizing = sizing
         self.steps = list(order_steps([u for u in walk(self.results) if not (u.is_param or u.is_const)]))
         self.nested = structured_kernels(self.steps, constants, sizing)
-        # tuned kernels at static shapes (in a shape class: for the ops whose types are static)
-        self.kernels: list[Kernel | None] = [None if get_op(u.op).structured else select_kernel(u, constants)
-                                             for u in self.steps]
+        self.kernels: list[Kernel | None] = [None if get_op(u.op).structured
+                                             else choose_kernel(u, constants, sizing.shape_class) for u in self.steps]
         offsets, size = plan_steps(self.steps, keep=[r for r in self.results if not r.is_const],
                                    size_of=sizing.planned)
         self.value_at = {u: base + off for u, off in offsets.items()}
@@ -128,7 +127,7 @@ class RegionSteps:
                                      for j, o in enumerate(u.operands)]
                 if kn is not None:
                     args.append(scratch)
-            if dims is not None and kn is None:  # a rule kernel or structured op over the class's dims
+            if dims is not None and (kn is None or takes_dims(kn)):  # sizes read at run time
                 args.append(dims)
             return_unless_ok(b, b.call(kfn, args))
 

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import cuvil
+from cuvil.codegen.kernels import tuned_kernels
 from cuvil.errors import ConstraintError
 from tests.frontend.test_onnx_recurrent_loops import _feeds, _model
 from verify.gate import make_gate
@@ -35,6 +36,8 @@ def test_a_recurrence_compiles_once_for_every_length(op: str, direction: str, le
     cert = man["verification"]
     assert cert["summary"]["proved"] == cert["summary"]["obligations"] > 0
     assert cert["shapes"]["scope"] == "shape class"
+    if "matmul" in tuned_kernels():  # the input projection over every step: the tuned GEMM, M read at run time
+        assert any(k.endswith("runtime_m") for k in man["kernels"]), man["kernels"]
     where = Counter(o["function"] for a in cert["applications"] for o in a["obligations"])
     assert any(f.endswith("loop_body") for f in where), where  # the body's rewrites were proved too
     for trips in (1, 6, 40):

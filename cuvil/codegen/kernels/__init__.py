@@ -9,6 +9,14 @@ nests. Each kernel is differential-tested against the interpreter (tests/codegen
 A kernel emits ``i32 name(ptr out, ptr in0, ..., ptr scratch)``; ``unused_operands`` are
 operand positions it never reads (constants it packed), ``scratch_bytes`` the private working
 memory it needs in the context, ``constant_bytes`` what it embeds (packed weights, tables).
+
+A function with symbolic dims compiled once for its shape class (:mod:`cuvil.codegen.dims`) asks
+:func:`select_symbolic_kernel` instead: for a float32 ``matmul`` (or matmul epilogue) by a constant,
+static ``[K, N]`` rhs whose lhs and output have symbolic leading dims, the same tuned GEMM with its
+rows ``M = prod(leading dims)`` read at run time. That kernel takes one more argument, ``i32
+name(ptr out, ptr in0, ..., ptr scratch, ptr dims)`` (the ``i64`` values of the function's symbols,
+in the order given), decides the number of row blocks and whether to use the pool at run time,
+and does nothing when M is 0.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
-from cuvil.codegen.kernels.gemm import MatmulKernel, force_isa, host_isa
+from cuvil.codegen.kernels.gemm import MatmulKernel, RunTimeRows, force_isa, host_isa, rows_view
+from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import evaluate_dim, free_symbols
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 
@@ -114,4 +124,54 @@ def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | Non
     return entry[1](v, c, [o.type for o in v.operands], _const_array(v.operands[c.rhs], constants))
 
 
-__all__ = ["KERNELS", "Kernel", "force_isa", "generic_only", "host_isa", "select_kernel", "tuned_kernels"]
+def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbols: tuple[str, ...],
+                           maxima: Mapping[str, int]) -> Kernel | None:
+    """A tuned kernel for ``v`` in a function compiled for a shape class (dims read at run time from
+    the kernel's last argument, ``symbols``' values in that order; each at most its ``maxima``), or
+    None to use the generic rule lowering over symbolic extents.
+
+    Only a float32 matmul (or matmul epilogue) whose rhs is a constant of static shape ``[K, N]``
+    has one: its lhs and output may have symbolic leading dims, run as one GEMM of their product
+    rows (:func:`cuvil.codegen.kernels.gemm.rows_view`, which also declines epilogues that read an
+    operand by row in any other layout than the output's). The kernel needs no scratch at any size."""
+    if not _enabled or v.is_param or v.is_const:
+        return None
+    c = contraction_of(v)
+    if c is None or c.op != "matmul":
+        return None
+    types = [c.lhs_type, c.rhs_type, c.out_type]
+    if any(t.dtype is not DType.f32 for t in types) or not c.rhs_type.is_static:
+        return None
+    if any(isinstance(d, int) and d == 0 for t in types for d in t.shape) or not isinstance(c.lhs_type.shape[-1], int):
+        return None
+    if any(not t.symbols() <= set(symbols) for t in [v.type, *(o.type for o in v.operands)]):
+        return None
+    rhs = _const_array(v.operands[c.rhs], constants)
+    if rhs is None:
+        return None
+    view = rows_view(c, [o.type for o in v.operands], v.type)
+    if view is None:
+        return None
+    contraction, in_types, out_type, m = view
+    if not free_symbols(m) <= set(maxima):
+        return None
+    rows = RunTimeRows(m, max(1, evaluate_dim(m, maxima)), tuple(symbols))
+    return MatmulKernel(v.op, contraction, in_types, out_type, rhs, host_isa(), rows)
+
+
+def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: ShapeClass | None) -> Kernel | None:
+    """The tuned kernel of ``v`` in a function at static shapes or compiled for ``shape_class``: a static
+    one where ``v``'s types are static, else one taking the dims (:func:`takes_dims`), else None."""
+    kernel = select_kernel(v, constants)
+    if kernel is None and shape_class is not None:
+        kernel = select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
+    return kernel
+
+
+def takes_dims(kernel: Kernel) -> bool:
+    """Whether ``kernel`` takes the trailing ``ptr dims`` argument (its sizes are read at run time)."""
+    return bool(getattr(kernel, "rows", None))
+
+
+__all__ = ["KERNELS", "Kernel", "choose_kernel", "force_isa", "generic_only", "host_isa", "select_kernel",
+           "select_symbolic_kernel", "takes_dims", "tuned_kernels"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from llvmlite import ir
 
+from cuvil.codegen.dims import DimValues
 from cuvil.codegen.lower_rule import Buffer, RuleKernel, _Keys
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val
 from cuvil.ir import rules as R
@@ -45,7 +46,8 @@ class _NotElementwise(Exception):
     pass
 
 
-def _is_identity_index(index: Sequence[R.Ix]) -> bool:
+def is_identity_index(index: Sequence[R.Ix]) -> bool:
+    """Whether a load's index is the output's own ``(i0, i1, ...)`` (an element of the same place)."""
     return all(ix.kind == "var" and ix.args[0] == f"i{k}" for k, ix in enumerate(index))
 
 
@@ -81,7 +83,7 @@ def contraction_of(v: Value) -> Contraction | None:
 
     def leaf(u: Value, index: tuple[R.Ix, ...], ld: R.Load) -> R.Expr:
         if u is anchor:
-            if not _is_identity_index(index) or ld.oob is not None:
+            if not is_identity_index(index) or ld.oob is not None:
                 raise _NotElementwise
             return R.Load(DType.f32, marker, index, None)
         return R.Load(ld.dtype, position[u], index, ld.oob)
@@ -102,11 +104,13 @@ class EpilogueEmitter(RuleKernel):
 
     It shares the kernel's builder; loads of the marker operand yield the accumulator value
     given to :meth:`element`. (It does not create a function of its own, so the base
-    constructor is not called; the attributes it sets are set here.)
+    constructor is not called; the attributes it sets are set here.) With ``dims`` (a kernel
+    compiled for a shape class) the buffers' shapes may hold symbolic dims, read from them.
     """
 
     def __init__(self, fn: ir.Function, alloca_builder: Builder, builder: Builder, rule: R.Expr,
-                 inputs: Sequence[Buffer], out: Buffer, op: str, marker: int, err: Val) -> None:
+                 inputs: Sequence[Buffer], out: Buffer, op: str, marker: int, err: Val,
+                 dims: DimValues | None = None) -> None:
         self.op = op
         self.rule = rule
         self.out_type = None
@@ -118,8 +122,8 @@ class EpilogueEmitter(RuleKernel):
         self.b = builder
         self.s = ScalarEmitter(builder)
         self.err = err
-        self.symbolic = False  # tuned kernels are compiled for static shapes
-        self.dims = None
+        self.symbolic = dims is not None
+        self.dims = dims
         self.keys = _Keys()
         self.extents = {f"i{k}": n for k, n in enumerate(out.shape)}
         self._collect_extents(rule)

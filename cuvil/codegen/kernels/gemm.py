@@ -11,20 +11,28 @@ op's epilogue (:mod:`.epilogue`) on their way to memory.
 
 :class:`GemmCore` is the engine; :class:`MatmulKernel` applies it to ``matmul`` (and fused
 matmul epilogues); :mod:`.conv` applies it to convolution.
+
+In a function compiled for a shape class, M may be known only at run time (:class:`RunTimeRows`:
+symbolic leading dims of the lhs and output, seen as one row dim by :func:`rows_view`). The
+schedule is the same (the tiling is chosen for M's largest value, and edge rows are cut at run
+time anyway); the kernel reads M from a trailing ``ptr dims`` argument, and the number of row
+blocks and whether they go to the pool (:meth:`KernelFunction.phase`) are decided per call.
+At static shapes the emitted code is exactly what it was before the run-time variant existed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
 import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi
-from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, reads_operand
+from cuvil.codegen.dims import DimValues
+from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, is_identity_index, reads_operand
 from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
 from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
 from cuvil.codegen.loops import (
@@ -41,6 +49,9 @@ from cuvil.codegen.loops import (
 )
 from cuvil.codegen.lower_rule import Buffer
 from cuvil.codegen.scalar import F32, I1, I32, I64, PTR, Builder, Val, declare
+from cuvil.ir import rules as R
+from cuvil.ir.rulewalk import FreeVars, walk_exprs
+from cuvil.ir.symbolic import Dim
 from cuvil.ir.types import TensorType
 
 PARALLEL_MIN_FLOPS = 2_000_000
@@ -330,6 +341,7 @@ class Ctx:
     ins: list[Val]
     scratch: Val
     err: Val
+    dims: Val | None = None  # the ``i64`` dim values of a kernel compiled for a shape class
 
     def entry_alloca(self, ty: ir.Type, name: str, align: int = 64) -> Val:
         return opaque_alloca(self.alloca, ty, name, align)
@@ -337,42 +349,47 @@ class Ctx:
 
 class KernelFunction:
     """``i32 name(ptr out, ptr in0, ..., ptr scratch)``, made of phases; each phase is a body
-    function over a range of chunks, called directly or through the pool's task trampoline."""
+    function over a range of chunks, called directly or through the pool's task trampoline.
+    With ``dims`` the function takes one more argument, ``ptr dims`` (the ``i64`` values of the
+    symbols of a function compiled for a shape class), passed on to every body as ``Ctx.dims``."""
 
-    def __init__(self, mod: ir.Module, name: str, n_inputs: int) -> None:
+    def __init__(self, mod: ir.Module, name: str, n_inputs: int, *, dims: bool = False) -> None:
         self.mod = mod
         self.name = name
         self.n_inputs = n_inputs
-        self.fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n_inputs + 2)), name=name)
+        self.n_args = n_inputs + 2 + (1 if dims else 0)  # the pointers a body and a task pass on
+        self.fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * self.n_args), name=name)
         self.fn.linkage = "hidden"
         self.fn.attributes.add("noinline")
         self.fn.args[0].name = "out"
-        for k, a in enumerate(self.fn.args[1:-1]):
+        for k, a in enumerate(self.fn.args[1:n_inputs + 1]):
             a.name = f"in{k}"
-        self.fn.args[-1].name = "scratch"
+        self.fn.args[n_inputs + 1].name = "scratch"
+        if dims:
+            self.fn.args[-1].name = "dims"
         self.b = Builder(self.fn.append_basic_block("entry"))
         self.phases = 0
 
-    def phase(self, nchunks: int, flops: float, emit_chunk: Callable[[Ctx, Val], None]) -> None:
-        """Run ``emit_chunk`` for chunks ``0..nchunks`` (in parallel when the work is large enough)."""
-        if nchunks <= 0:
+    @property
+    def dims(self) -> Val | None:
+        """The kernel's ``ptr dims`` argument (None at static shapes)."""
+        return self.fn.args[-1] if self.n_args > self.n_inputs + 2 else None
+
+    def phase(self, nchunks: int | Val, flops: float | Val, emit_chunk: Callable[[Ctx, Val], None]) -> None:
+        """Run ``emit_chunk`` for chunks ``0..nchunks`` (in parallel when the work is large enough).
+        ``nchunks`` and ``flops`` (``i64``) may be run-time values: then the choice between the pool
+        and the calling thread is made at run time, and zero chunks run nothing."""
+        if isinstance(nchunks, int) and nchunks <= 0:
             return
         k = self.phases
         self.phases += 1
         body = self._body(f"{self.name}.p{k}", emit_chunk)
         b = self.b
-        args = list(self.fn.args)
-        if nchunks > 1 and flops >= PARALLEL_MIN_FLOPS:
-            task = self._task(f"{self.name}.p{k}.task", body)
-            slots = opaque_alloca(b, ir.ArrayType(I64, len(args) + 1), f"args{k}", 8)
-            for j, a in enumerate(args):
-                b.store(a, b.gep(slots, [const(j)], inbounds=True, source_etype=I64))
-            rc_slot = b.gep(slots, [const(len(args))], inbounds=True, source_etype=I64)
-            b.store(ir.Constant(I64, 0), rc_slot)
-            b.call(thread_pool(self.mod).run, [task, slots, const(nchunks)])
-            rc = b.trunc(b.load(rc_slot, typ=I64), I32)
+        if isinstance(nchunks, int) and isinstance(flops, (int, float)):
+            pooled = nchunks > 1 and flops >= PARALLEL_MIN_FLOPS
+            rc = self._pooled(k, body, const(nchunks)) if pooled else self._serial(body, const(nchunks))
         else:
-            rc = b.call(body, [*args, const(0), const(nchunks)])
+            rc = self._pooled_or_serial(k, body, i64(nchunks), flops)
         fail = self.fn.append_basic_block(f"p{k}.fail")
         ok = self.fn.append_basic_block(f"p{k}.ok")
         b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), ok, fail)
@@ -380,23 +397,64 @@ class KernelFunction:
         b.ret(rc)
         b.position_at_end(ok)
 
+    def _serial(self, body: ir.Function, nchunks: Val) -> Val:
+        return self.b.call(body, [*self.fn.args, const(0), nchunks])
+
+    def _pooled(self, k: int, body: ir.Function, nchunks: Val, slots: Val | None = None) -> Val:
+        """The chunks on the pool: the kernel's arguments and a return-code slot go through ``slots``."""
+        b = self.b
+        args = list(self.fn.args)
+        task = self._task(f"{self.name}.p{k}.task", body)
+        if slots is None:
+            slots = opaque_alloca(b, ir.ArrayType(I64, len(args) + 1), f"args{k}", 8)
+        for j, a in enumerate(args):
+            b.store(a, b.gep(slots, [const(j)], inbounds=True, source_etype=I64))
+        rc_slot = b.gep(slots, [const(len(args))], inbounds=True, source_etype=I64)
+        b.store(ir.Constant(I64, 0), rc_slot)
+        b.call(thread_pool(self.mod).run, [task, slots, nchunks])
+        return b.trunc(b.load(rc_slot, typ=I64), I32)
+
+    def _pooled_or_serial(self, k: int, body: ir.Function, nchunks: Val, flops: float | Val) -> Val:
+        """The pool when there is more than one chunk and enough work, decided at run time."""
+        b = self.b
+        slots = opaque_alloca(b, ir.ArrayType(I64, len(self.fn.args) + 1), f"args{k}", 8)  # not in a branch
+        enough = ir.Constant(I1, flops >= PARALLEL_MIN_FLOPS) if isinstance(flops, (int, float)) \
+            else b.icmp_signed(">=", flops, const(PARALLEL_MIN_FLOPS))
+        pool = self.fn.append_basic_block(f"p{k}.pool")
+        serial = self.fn.append_basic_block(f"p{k}.serial")
+        done = self.fn.append_basic_block(f"p{k}.done")
+        b.cbranch(b.and_(b.icmp_signed(">", nchunks, const(1)), enough), pool, serial)
+        b.position_at_end(pool)
+        pooled = self._pooled(k, body, nchunks, slots)
+        pool_end = b.block
+        b.branch(done)
+        b.position_at_end(serial)
+        alone = self._serial(body, nchunks)
+        b.branch(done)
+        b.position_at_end(done)
+        rc = b.phi(I32, name=f"rc{k}")
+        rc.add_incoming(pooled, pool_end)
+        rc.add_incoming(alone, serial)
+        return rc
+
     def finish(self) -> ir.Function:
         self.b.ret(ir.Constant(I32, abi.OK))
         return self.fn
 
     def _body(self, name: str, emit_chunk: Callable[[Ctx, Val], None]) -> ir.Function:
-        n = self.n_inputs
-        fn = ir.Function(self.mod, ir.FunctionType(I32, [PTR] * (n + 2) + [I64, I64]), name=name)
+        n, nargs = self.n_inputs, self.n_args
+        fn = ir.Function(self.mod, ir.FunctionType(I32, [PTR] * nargs + [I64, I64]), name=name)
         fn.linkage = "internal"
-        for a in fn.args[: n + 2]:
+        for a in fn.args[:nargs]:
             a.add_attribute("noalias")
         entry = Builder(fn.append_basic_block("entry"))
         start = fn.append_basic_block("start")
         b = Builder(start)
         err = entry.alloca(I1, name="err")
         entry.store(ir.Constant(I1, 0), err)
-        ctx = Ctx(fn, b, entry, fn.args[0], list(fn.args[1:n + 1]), fn.args[n + 1], err)
-        for_range(b, fn.args[n + 2], fn.args[n + 3], "chunk", lambda c: emit_chunk(ctx, c))
+        ctx = Ctx(fn, b, entry, fn.args[0], list(fn.args[1:n + 1]), fn.args[n + 1], err,
+                  fn.args[n + 2] if nargs > n + 2 else None)
+        for_range(b, fn.args[nargs], fn.args[nargs + 1], "chunk", lambda c: emit_chunk(ctx, c))
         failed = b.load(err, typ=I1)
         b.ret(b.select(failed, ir.Constant(I32, abi.ERR_INDEX), ir.Constant(I32, abi.OK)))
         entry.branch(start)
@@ -407,7 +465,7 @@ class KernelFunction:
         fn.linkage = "internal"
         slots, chunk = fn.args
         b = Builder(fn.append_basic_block("entry"))
-        nargs = self.n_inputs + 2
+        nargs = self.n_args
         ptrs = [b.load(b.gep(slots, [const(j)], inbounds=True, source_etype=I64), typ=PTR) for j in range(nargs)]
         rc = b.call(body, [*ptrs, chunk, b.add(chunk, const(1))])
         failed = b.icmp_signed("!=", rc, ir.Constant(I32, abi.OK))
@@ -484,6 +542,10 @@ class GemmCore:
     are clamped to the last one, so edge tiles read valid memory and only the store is cut
     (``rows``/``cols`` at run time). The one exception is a B read in place, whose last tile
     loads its partial vector with a mask (``b_masked_edge``): that is a second micro-kernel.
+
+    ``m`` may also be known only at run time (a shape class): the tiling is chosen for its
+    largest value, given as ``m``, and :meth:`emit_block` / :meth:`blocks_at` take the run-time
+    value. Since edge rows are already cut at run time, nothing else in the schedule changes.
     """
 
     def __init__(self, m: int, n: int, k: int, tiling: Tiling,
@@ -510,16 +572,28 @@ class GemmCore:
     def blocks(self) -> int:
         return self.mblocks * self.nblocks
 
-    def emit_block(self, ctx: Ctx, problem: Any, block: Val) -> None:
-        """Emit block ``block`` (``0 <= block < self.blocks``) of ``problem``."""
+    def m_tiles_at(self, b: Builder, m: Val) -> Val:
+        """Register tiles along M for ``m`` rows (run time, ``m >= 0``)."""
+        return b.udiv(b.add(m, const(self.t.mr - 1)), const(self.t.mr))
+
+    def blocks_at(self, b: Builder, m: Val) -> Val:
+        """:attr:`blocks` for ``m`` rows known at run time (0 when ``m`` is 0)."""
+        mblocks = b.udiv(b.add(self.m_tiles_at(b, m), const(self.t.mb_tiles - 1)), const(self.t.mb_tiles))
+        return b.mul(mblocks, const(self.nblocks))
+
+    def emit_block(self, ctx: Ctx, problem: Any, block: Val, m: Val | None = None) -> None:
+        """Emit block ``block`` (``0 <= block < self.blocks``, or ``blocks_at(m)``) of ``problem``,
+        which has ``m`` rows at run time (None: ``self.m``)."""
         b = ctx.b
         t = self.t
         nr = t.nr
         lanes = t.lanes
+        m_rows = const(self.m) if m is None else m
+        m_tiles = const(self.mt) if m is None else self.m_tiles_at(b, m)
         mb = b.udiv(block, const(self.nblocks))
         nb = b.urem(block, const(self.nblocks))
         mt0 = b.mul(mb, const(t.mb_tiles))
-        mt1 = imin(b, b.add(mt0, const(t.mb_tiles)), const(self.mt))
+        mt1 = imin(b, b.add(mt0, const(t.mb_tiles)), m_tiles)
         nt0 = b.mul(nb, const(t.nb_tiles))
         nt1 = imin(b, b.add(nt0, const(t.nb_tiles)), const(self.nt))
         blocked = self.kblocks > 1
@@ -544,7 +618,7 @@ class GemmCore:
 
                 def m_tile(mtv: Val) -> None:
                     m0 = b.mul(mtv, const(t.mr))
-                    rows = imin(b, const(t.mr), b.sub(const(self.m), m0))
+                    rows = imin(b, const(t.mr), b.sub(m_rows, m0))
                     slot = b.add(b.mul(b.sub(mtv, mt0), const(t.nb_tiles)), b.sub(nt, nt0)) if blocked else const(0)
                     tile = fgep(b, cbuf, b.mul(slot, const(tile_floats)))
 
@@ -600,11 +674,15 @@ class GemmCore:
 
 
 def epilogue_emitter(ctx: Ctx, contraction: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
-                     op: str) -> EpilogueEmitter:
-    inputs = [Buffer(p, t.dtype, tuple(int(d) for d in t.shape)) for p, t in zip(ctx.ins, in_types, strict=True)]
-    out = Buffer(ctx.out, out_type.dtype, tuple(int(d) for d in out_type.shape))
+                     op: str, dims: DimValues | None = None) -> EpilogueEmitter:
+    """The epilogue of one chunk body; with ``dims`` the types may hold symbolic dims (read from them)."""
+    def shape(t: TensorType) -> tuple[Dim, ...]:
+        return tuple(t.shape) if dims is not None else tuple(int(d) for d in t.shape)
+
+    inputs = [Buffer(p, t.dtype, shape(t)) for p, t in zip(ctx.ins, in_types, strict=True)]
+    out = Buffer(ctx.out, out_type.dtype, shape(out_type))
     return EpilogueEmitter(ctx.fn, ctx.alloca, ctx.b, contraction.epilogue, inputs, out, op, contraction.marker,
-                           ctx.err)
+                           ctx.err, dims)
 
 
 def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows: int | Val,
@@ -658,30 +736,87 @@ def broadcast_offset(b: Builder, index: Sequence[Val], in_shape: Sequence[int],
 # matmul
 
 
-def _static(t: TensorType) -> tuple[int, ...]:
-    return tuple(int(d) for d in t.shape)
+@dataclass(frozen=True)
+class RunTimeRows:
+    """A matmul's M known only at run time (a function compiled for a shape class): ``dim`` over
+    ``symbols`` (the order of the kernel's ``dims`` argument), at most ``largest``, which the
+    tiling is chosen for (any run-time value is computed correctly; it is only the better fit)."""
+
+    dim: Dim
+    largest: int
+    symbols: tuple[str, ...]
+
+
+def _static(t: TensorType, rows: RunTimeRows | None = None) -> tuple[int, ...]:
+    """``t``'s shape; with run-time rows, their largest value stands for their dim."""
+    return tuple(rows.largest if rows is not None and d == rows.dim else int(d) for d in t.shape)
+
+
+def rows_view(c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+              ) -> tuple[Contraction, list[TensorType], TensorType, Dim] | None:
+    """``[*lead, K] @ [K, N] -> [*lead, N]`` seen as one GEMM of ``M = prod(lead)`` rows (they are
+    contiguous in a row-major lhs and output), the way a kernel whose leading dims are symbolic
+    runs it: the lhs, the output and each epilogue operand of the output's shape get the shape
+    ``(1, ..., 1, M, last)`` (same rank; the kernel indexes them ``[0, ..., 0, row, col]``, which
+    is the same element). Returns the contraction, operand types and output type of that view,
+    and ``M``; or None when the view is not exact: a transposed lhs, a batched rhs, or an
+    epilogue that reads an operand by row other than in the output's own layout (a ``[S, N]``
+    residual of a ``[B, S, N]`` output, the lhs itself, a row index used as a value)."""
+    lhs, rhs, out = tuple(c.lhs_type.shape), tuple(c.rhs_type.shape), tuple(out_type.shape)
+    if c.attrs.get("transpose_a", False) or len(rhs) != 2 or len(lhs) < 2 or len(out) != len(lhs):
+        return None
+    if lhs[:-1] != out[:-1] or tuple(c.out_type.shape) != out:
+        return None
+    lead = len(lhs) - 1
+    row_vars = {f"i{k}" for k in range(lead)}
+    free = FreeVars()
+    nodes = walk_exprs(c.epilogue)
+    if any(isinstance(x, R.IndexValue) and free(x) & row_vars for x in nodes):
+        return None
+    loads = [x for x in nodes if isinstance(x, R.Load) and x.operand != c.marker]
+    by_row = {x.operand for x in loads if free(x) & row_vars}  # read at the output's own index, or refused
+    if reads_operand(c.epilogue, c.lhs):
+        return None
+    for x in loads:
+        if x.operand in by_row and (not is_identity_index(x.index) or tuple(in_types[x.operand].shape) != out):
+            return None
+    m: Dim = 1
+    for d in lhs[:-1]:
+        m = m * d
+
+    def view(t: TensorType) -> TensorType:
+        return TensorType(t.dtype, (1,) * (lead - 1) + (m, t.shape[-1]))
+
+    types = [view(t) if k == c.lhs or k in by_row else t for k, t in enumerate(in_types)]
+    viewed = replace(c, lhs_type=view(c.lhs_type), out_type=view(c.out_type))
+    return viewed, types, view(out_type), m
 
 
 class MatmulKernel:
     """``matmul`` (batched, transposes, broadcasting batch dims) with its fused epilogue.
 
     A constant rhs is packed into column panels at compile time; a constant lhs is read in
-    place like any other (rows are broadcast, so packing buys little there)."""
+    place like any other (rows are broadcast, so packing buys little there).
+
+    With ``rows`` (a shape class) M is read at run time from the kernel's trailing ``ptr dims``
+    argument: the types are then those of :func:`rows_view` (M in the row position, batch dims 1),
+    the number of row blocks and the choice of the pool are made at run time, and M = 0 runs nothing."""
 
     def __init__(self, op: str, contraction: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
-                 rhs_const: np.ndarray | None, isa: Isa) -> None:
+                 rhs_const: np.ndarray | None, isa: Isa, rows: RunTimeRows | None = None) -> None:
         self.op = op
         self.c = contraction
         self.in_types = list(in_types)
         self.out_type = out_type
         self.isa = isa
-        a_shape, b_shape = _static(contraction.lhs_type), _static(contraction.rhs_type)
+        self.rows = rows
+        a_shape, b_shape = _static(contraction.lhs_type, rows), _static(contraction.rhs_type)
         self.ta = bool(contraction.attrs.get("transpose_a", False))
         self.tb = bool(contraction.attrs.get("transpose_b", False))
         self.m, self.k = (a_shape[-1], a_shape[-2]) if self.ta else (a_shape[-2], a_shape[-1])
         self.n = b_shape[-2] if self.tb else b_shape[-1]
         self.a_batch, self.b_batch = a_shape[:-2], b_shape[:-2]
-        self.out_batch = _static(contraction.out_type)[:-2]
+        self.out_batch = _static(contraction.out_type, rows)[:-2]
         self.batch = math.prod(self.out_batch)
         self.tiling = choose_tiling(isa, self.m, self.n, self.k)
         self.packed: np.ndarray | None = None
@@ -693,7 +828,7 @@ class MatmulKernel:
     @property
     def name(self) -> str:
         t = self.tiling
-        return f"gemm.{self.isa.name}.{t.mr}x{t.nr}.{self.b_mode}_b"
+        return f"gemm.{self.isa.name}.{t.mr}x{t.nr}.{self.b_mode}_b" + (".runtime_m" if self.rows else "")
 
     @property
     def unused_operands(self) -> frozenset[int]:
@@ -708,8 +843,18 @@ class MatmulKernel:
     def constant_bytes(self) -> int:
         return 0 if self.packed is None else int(self.packed.nbytes)
 
+    def _run_time_rows(self, b: Builder, dims_ptr: Val | None) -> tuple[DimValues, Val] | None:
+        """The dims of a kernel call and M (a negative value read as 0), emitted at ``b``; None
+        at static shapes."""
+        if self.rows is None:
+            return None
+        assert dims_ptr is not None
+        dims = DimValues(b, dims_ptr, self.rows.symbols)
+        m = dims.value(self.rows.dim)
+        return dims, b.select(b.icmp_signed("<", m, const(0)), const(0), m)
+
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        kf = KernelFunction(mod, name, len(self.in_types))
+        kf = KernelFunction(mod, name, len(self.in_types), dims=self.rows is not None)
         t = self.tiling
         packed = embed_array(mod, f"{name}.packed_b", self.packed) if self.packed is not None else None
         m, n, k = self.m, self.n, self.k
@@ -721,7 +866,7 @@ class MatmulKernel:
             base = fgep(ctx.b, ctx.ins[self.c.lhs], prob["a_off"])
             ptrs = []
             for i in range(t.mr):
-                row = imin(b, b.add(m0, const(i)), const(m - 1))
+                row = imin(b, b.add(m0, const(i)), prob["last_row"])
                 if self.ta:
                     ptrs.append(fgep(b, base, b.add(row, b.mul(k0, const(m)))))
                 else:
@@ -778,8 +923,14 @@ class MatmulKernel:
 
         def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
-            batch = b.udiv(c, const(core.blocks))
-            block = b.urem(c, const(core.blocks))
+            run_time = self._run_time_rows(ctx.alloca, ctx.dims)  # once per body, in its entry block
+            if run_time is None:
+                dims, rows = None, None
+                batch = b.udiv(c, const(core.blocks))
+                block = b.urem(c, const(core.blocks))
+            else:  # one problem (batch dims are 1 in the rows view): a chunk is a block
+                dims, rows = run_time
+                batch, block = const(0), c
             bidx = unravel(b, batch, self.out_batch)
             prob = {
                 "batch": batch,
@@ -787,13 +938,19 @@ class MatmulKernel:
                 "a_off": broadcast_offset(b, bidx, self.a_batch, self.out_batch, a_block),
                 "b_off": broadcast_offset(b, bidx, self.b_batch, self.out_batch,
                                           packed_block if packed is not None else b_block),
-                "epi": epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op),
+                "epi": epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op, dims),
+                "last_row": const(m - 1) if rows is None else ctx.alloca.sub(rows, const(1)),
             }
-            core.emit_block(ctx, prob, block)
+            core.emit_block(ctx, prob, block, rows)
 
-        kf.phase(self.batch * core.blocks, 2.0 * self.batch * m * n * k, chunk)
+        run_time = self._run_time_rows(kf.b, kf.dims)
+        if run_time is None:
+            kf.phase(self.batch * core.blocks, 2.0 * self.batch * m * n * k, chunk)
+        else:
+            rows = run_time[1]
+            kf.phase(core.blocks_at(kf.b, rows), kf.b.mul(rows, const(2 * n * k)), chunk)
         return kf.finish()
 
 
-__all__ = ["ISAS", "GemmCore", "Isa", "KernelFunction", "MatmulKernel", "Tiling", "choose_tiling",
-           "force_isa", "host_isa"]
+__all__ = ["ISAS", "GemmCore", "Isa", "KernelFunction", "MatmulKernel", "RunTimeRows", "Tiling", "choose_tiling",
+           "force_isa", "host_isa", "rows_view"]
