@@ -114,3 +114,78 @@ def test_c_program_runs_the_library_through_the_header(tmp_path):
     got = np.frombuffer((tmp_path / "y.bin").read_bytes(), np.float32).reshape(3, 5)
     want = run_reference(m, [xv, iv])[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+CLASS_PROGRAM = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "cuvil_seq.h"
+
+/* x[N, 6] -> y[N, 5]: run at every N given on the command line, through run_checked and run_dims */
+int main(int argc, char** argv) {
+    void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!h) return 91;
+    __typeof__(&cuvil_seq_create) create = (__typeof__(&cuvil_seq_create))dlsym(h, "cuvil_seq_create");
+    __typeof__(&cuvil_seq_destroy) destroy = (__typeof__(&cuvil_seq_destroy))dlsym(h, "cuvil_seq_destroy");
+    __typeof__(&cuvil_seq_run_dims) run_dims = (__typeof__(&cuvil_seq_run_dims))dlsym(h, "cuvil_seq_run_dims");
+    __typeof__(&cuvil_seq_run_checked) run_checked =
+        (__typeof__(&cuvil_seq_run_checked))dlsym(h, "cuvil_seq_run_checked");
+    if (!create || !destroy || !run_dims || !run_checked || CUVIL_SEQ_NUM_DIMS != 1) return 92;
+    void* ctx = create();
+    if (!ctx) return 94;
+    for (int a = 2; a < argc; a++) {
+        int64_t n = atoll(argv[a]);
+        float* x = malloc(sizeof(float) * (n * 6 + 1));
+        float* y = malloc(sizeof(float) * (n * 5 + 1));
+        float* y2 = malloc(sizeof(float) * (n * 5 + 1));
+        for (int64_t i = 0; i < n * 6; i++) x[i] = (float)((i * 37) % 11) / 7.0f - 0.5f;
+        int64_t xs[2] = {n, 6}, ys[2] = {n, 5};
+        cuvil_tensor in[1] = {{x, xs, 2, CUVIL_DTYPE_F32}};
+        cuvil_tensor out[1] = {{y, ys, 2, CUVIL_DTYPE_F32}};
+        int rc = run_checked(ctx, in, 1, out, 1);
+        int64_t dims[1] = {n};
+        void* ins[1] = {x};
+        void* outs[1] = {y2};
+        int rc_dims = n >= CUVIL_SEQ_DIM_0_MIN && n <= CUVIL_SEQ_DIM_0_MAX ? run_dims(ctx, dims, ins, outs) : -1;
+        double sum = 0;
+        int same = 1;
+        for (int64_t i = 0; rc == 0 && i < n * 5; i++) { sum += y[i]; same &= y[i] == y2[i]; }
+        printf("%lld %d %d %d %.9g\n", (long long)n, rc, rc_dims, same, sum);
+        free(x); free(y); free(y2);
+    }
+    destroy(ctx);
+    dlclose(h);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+def test_c_program_runs_one_library_at_every_size_of_its_shape_class(tmp_path):
+    rng = np.random.default_rng(4)
+    b = Builder()
+    x = b.param("x", DType.f32, ["N", 6])
+    w = b.const(rng.standard_normal((6, 5)).astype(np.float32))
+    y = b.tanh(b.matmul(x, w))
+    m = b.module(b.function("seq", [x], [y], ["y"]))
+    compile(m, output_dir=tmp_path / "lib", shape_class=True, dim_max={"N": 40})
+    exe = tmp_path / "consumer"
+    build = subprocess.run([CC, "-std=gnu11", "-Wall", "-Werror", "-I", str(tmp_path / "lib"), "-o", str(exe),
+                            "-x", "c", "-", "-ldl"], input=CLASS_PROGRAM, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    sizes = [1, 7, 40, 41, 0]
+    res = subprocess.run([str(exe), str(tmp_path / "lib" / "libcuvil_seq.so"), *map(str, sizes)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split() for line in res.stdout.splitlines()]
+    assert [int(r[0]) for r in rows] == sizes
+    for n, rc, rc_dims, same, total in rows:
+        n = int(n)
+        if n in (0, 41):  # below its constraint (N >= 1) and above the library's largest N
+            assert (int(rc), int(rc_dims)) == (10, -1)  # CUVIL_ERR_SHAPE_CLASS, and run_dims is not tried
+            continue
+        assert (int(rc), int(rc_dims), int(same)) == (0, 0, 1)
+        xv = ((np.arange(n * 6) * 37 % 11) / 7.0 - 0.5).astype(np.float32).reshape(n, 6)
+        want = run_reference(m, [xv])[0]
+        assert float(total) == pytest.approx(float(want.astype(np.float64).sum()), rel=1e-5, abs=1e-5)
