@@ -29,13 +29,15 @@ from cuvil.codegen.llvm_module import PROVENANCE_PREFIX, embed_provenance, lower
 from cuvil.codegen.shape_class import ShapeClass, check_shape_class_json
 from cuvil.errors import CodegenError, CuvilError
 from cuvil.ir.module import Function
-from cuvil.ir.symbolic import free_symbols, parse_dim
+from cuvil.ir.symbolic import evaluate_dim, free_symbols, parse_dim
 from cuvil.ir.types import check_tensor_size
 
 MANIFEST_FORMAT = "cuvil-artifact"
 UNSEALED_FIELDS = frozenset({"library", "header", "library_sha256", "compile_times"})
 """Manifest fields the library cannot vouch for: its own file names and hash, and link times.
 Every other field is sealed: the library embeds their digest (``manifest=`` in its provenance)."""
+MAX_DIM_TEXT = 2000
+"""Longest dim formula a manifest may write (the formulas Cuvil writes are far shorter)."""
 PREFIX_PATTERN = re.compile(r"cuvil_[A-Za-z0-9_]{1,64}")
 
 
@@ -150,13 +152,17 @@ def check_manifest(manifest: Any, library: Path) -> dict[str, Any]:
 
 def _symbolic_dim(d: Any, shape_class: Any) -> bool:
     """Whether ``d`` is a dim formula over the shape class's symbols (as the manifest writes it)."""
-    if not isinstance(d, str) or not isinstance(shape_class, dict) or not isinstance(shape_class.get("symbols"), list):
+    if not isinstance(d, str) or len(d) > MAX_DIM_TEXT or not isinstance(shape_class, dict) \
+            or not isinstance(shape_class.get("symbols"), list) or not isinstance(shape_class.get("maxima"), dict):
         return False
     try:
         dim = parse_dim(d)
-    except (CuvilError, ValueError):
+        if not free_symbols(dim) <= set(shape_class["symbols"]):
+            return False
+        evaluate_dim(dim, shape_class["maxima"])  # a formula that cannot be evaluated (``N // 0``) is refused
+    except (CuvilError, ValueError, ArithmeticError, RecursionError, KeyError, TypeError):
         return False
-    return free_symbols(dim) <= set(shape_class["symbols"])
+    return True
 
 
 def manifest_problems(library: Path, manifest: Mapping[str, Any]) -> list[str]:

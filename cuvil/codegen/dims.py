@@ -68,6 +68,8 @@ class DimValues:
                 out = b.select(b.icmp_signed(">" if kind == "max" else "<", out, v), out, v)
             return out
         a, c = vals
+        if not isinstance(c, ir.Constant):  # a dim divided by a dim: never trap on 0 (the checks refuse it)
+            c = b.select(b.icmp_signed("==", c, ir.Constant(I64, 0)), ir.Constant(I64, 1), c)
         q, r = b.sdiv(a, c), b.srem(a, c)
         # floored, as numpy: a remainder of the other sign than the divisor moves the quotient down
         fix = b.and_(b.icmp_signed("!=", r, ir.Constant(I64, 0)),
