@@ -84,7 +84,21 @@ class IndexSpace:
         self.ctx = ctx
         self.atoms: dict[int, z3.ArithRef] = {}
         self.bounds: dict[int, Bound] = {}
+        self.below: dict[int, Lin] = {}  # an index variable's extent: ``0 <= atom < below[atom]``
         self._terms: dict[Lin, z3.ArithRef] = {}
+
+    def index_var(self, t: z3.ArithRef, extent: Lin) -> Lin:
+        """The atom of an index variable ranging over ``[0, extent)``: its numeric bounds, and the
+        symbolic one, so ``i % extent`` and ``i // extent`` simplify where the extent is a dim."""
+        _, hi = self.interval(extent)
+        out = self.atom(t, 0, None if hi is None else hi - 1)
+        if out.terms:
+            self.below[out.terms[0][0]] = extent
+        return out
+
+    def _under(self, a: Lin, b: Lin) -> bool:
+        """Whether ``0 <= a < b`` holds by construction: ``a`` is an index variable over ``[0, b)``."""
+        return a.const == 0 and len(a.terms) == 1 and a.terms[0][1] == 1 and self.below.get(a.terms[0][0]) == b
 
     @staticmethod
     def const(c: int) -> Lin:
@@ -172,6 +186,8 @@ class IndexSpace:
                 return self.add(q, self.const(lo // d))
             return self.add(q, self.atom(arith(self.term(r) / d), None if lo is None else lo // d,
                                          None if hi is None else hi // d))
+        if self._under(a, b):
+            return self.const(0)
         lo, _ = self.interval(a)
         blo, _ = self.interval(b)
         nonneg = lo is not None and lo >= 0 and blo is not None and blo >= 1
@@ -190,6 +206,8 @@ class IndexSpace:
             if lo is not None and hi is not None and lo // d == hi // d:
                 return self.add(r, self.const(-(lo // d) * d))
             return self.atom(self.term(r) % d, 0, d - 1)
+        if self._under(a, b):
+            return a
         blo, bhi = self.interval(b)
         return self.atom(self.term(a) % self.term(b), 0 if blo is not None and blo >= 1 else None,
                          None if bhi is None else bhi - 1)
@@ -318,11 +336,10 @@ class ConeEncoder:
         idx: list[Lin] = []
         for k, d in enumerate(t.shape):
             ext = self.dim(d)
-            _, hi = self.space.interval(ext)
             v = z3.Int(f"__i{k}", self.ctx)
             self.bound_facts.append(v >= 0)
             self.bound_facts.append(v < self.space.term(ext))
-            idx.append(self.space.atom(v, 0, None if hi is None else hi - 1))
+            idx.append(self.space.index_var(v, ext))
         return tuple(idx)
 
     def facts(self) -> list[z3.BoolRef]:
@@ -623,9 +640,8 @@ class ConeEncoder:
         ext_values: list[int | z3.ArithRef] = []
         for j, ((name, _), ext) in enumerate(zip(e.axes, extents, strict=True)):
             b = z3.Int(f"__k{site}_{j}", self.ctx)
-            _, hi = self.space.interval(ext)
             binders.append(b)
-            bind[name] = self.space.atom(b, 0, None if hi is None else hi - 1)
+            bind[name] = self.space.index_var(b, ext)
             ext_values.append(ext.const if ext.is_const else self.space.term(ext))
         body = self._scalar(self.expr(e.body, env.bind(bind), owner), dt)
         return self._empty_extent_guard(e.kind, dt, extents, self.sem.reduce_symbolic(e.kind, body, dt, binders,
