@@ -114,16 +114,17 @@ def imin(b: Builder, x: Val, y: Val) -> Val:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-def unravel(b: Builder, flat: Val, shape: Sequence[int]) -> list[Val]:
-    """Multi-index of ``flat`` in a row-major ``shape`` (constant divisors)."""
+def unravel(b: Builder, flat: Val, shape: Sequence[int | Val]) -> list[Val]:
+    """Multi-index of ``flat`` in a row-major ``shape`` (constant divisors, or ``i64`` values known
+    only at run time)."""
     out: list[Val] = []
     rest = flat
     for d in reversed(shape):
-        if d == 1:
+        if isinstance(d, int) and d == 1:
             out.append(const(0))
             continue
-        out.append(b.urem(rest, const(d)))
-        rest = b.udiv(rest, const(d))
+        out.append(b.urem(rest, i64(d)))
+        rest = b.udiv(rest, i64(d))
     return list(reversed(out))
 
 

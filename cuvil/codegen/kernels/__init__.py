@@ -11,12 +11,13 @@ operand positions it never reads (constants it packed), ``scratch_bytes`` the pr
 memory it needs in the context, ``constant_bytes`` what it embeds (packed weights, tables).
 
 A function with symbolic dims compiled once for its shape class (:mod:`cuvil.codegen.dims`) asks
-:func:`select_symbolic_kernel` instead: for a float32 ``matmul`` (or matmul epilogue) by a constant,
-static ``[K, N]`` rhs whose lhs and output have symbolic leading dims, the same tuned GEMM with its
-rows ``M = prod(leading dims)`` read at run time. That kernel takes one more argument, ``i32
+:func:`select_symbolic_kernel` instead: for a float32 ``matmul`` (or matmul epilogue) whose M, N,
+K and batch dims may be symbolic (a linear layer over symbolic leading dims, run as one GEMM of
+their product rows; attention's ``Q @ K^T`` and ``P @ V`` over symbolic batch and sequence), the
+same tuned GEMM with those sizes read at run time. That kernel takes one more argument, ``i32
 name(ptr out, ptr in0, ..., ptr scratch, ptr dims)`` (the ``i64`` values of the function's symbols,
-in the order given), decides the number of row blocks and whether to use the pool at run time,
-and does nothing when M is 0.
+in the order given), decides the number of blocks and whether to use the pool at run time, does
+nothing when the output is empty and stores the epilogue of a zero sum when K is 0.
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
-from cuvil.codegen.kernels.gemm import MatmulKernel, RunTimeRows, force_isa, host_isa, rows_view
+from cuvil.codegen.kernels.gemm import (
+    MatmulKernel,
+    RunTimeDims,
+    agrees_at_every_size,
+    force_isa,
+    host_isa,
+    rows_view,
+)
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
-from cuvil.ir.symbolic import evaluate_dim, free_symbols
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 
@@ -94,7 +101,8 @@ KERNELS: dict[str, tuple[str, KernelFactory]] = {
     "conv": ("tuned GEMM convolution (constant weights, 1-3 spatial dims)", _conv_kernel),
 }
 """The tuned kernel of each contraction that has one: what it is, and how to make it for a value
-(given its contraction, operand types and constant right operand). Only float32 at static shapes."""
+(given its contraction, operand types and constant right operand). Only float32 at static shapes
+(:func:`select_symbolic_kernel` gives the matmul's at symbolic ones)."""
 
 
 def tuned_kernels() -> dict[str, str]:
@@ -130,33 +138,36 @@ def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbol
     the kernel's last argument, ``symbols``' values in that order; each at most its ``maxima``), or
     None to use the generic rule lowering over symbolic extents.
 
-    Only a float32 matmul (or matmul epilogue) whose rhs is a constant of static shape ``[K, N]``
-    has one: its lhs and output may have symbolic leading dims, run as one GEMM of their product
-    rows (:func:`cuvil.codegen.kernels.gemm.rows_view`, which also declines epilogues that read an
-    operand by row in any other layout than the output's). The kernel needs no scratch at any size."""
+    Only a float32 matmul (or matmul epilogue) has one, with any of M, N, K and the batch dims
+    symbolic, transposed operands or not (:class:`cuvil.codegen.kernels.gemm.MatmulKernel`). A 2-D
+    rhs (a constant one is packed at compile time) under symbolic leading lhs dims runs as one GEMM
+    of their product rows where :func:`cuvil.codegen.kernels.gemm.rows_view` allows; otherwise each
+    batch entry is a problem. Declined: sizes that are equal only at run time, batch dims that would
+    broadcast only at some sizes (:func:`cuvil.codegen.kernels.gemm.agrees_at_every_size`), and a
+    static dim of 0. The kernel needs no scratch."""
     if not _enabled or v.is_param or v.is_const:
         return None
     c = contraction_of(v)
     if c is None or c.op != "matmul":
         return None
     types = [c.lhs_type, c.rhs_type, c.out_type]
-    if any(t.dtype is not DType.f32 for t in types) or not c.rhs_type.is_static:
+    if any(t.dtype is not DType.f32 for t in types):
         return None
-    if any(isinstance(d, int) and d == 0 for t in types for d in t.shape) or not isinstance(c.lhs_type.shape[-1], int):
+    if any(isinstance(d, int) and d == 0 for t in types for d in t.shape):
         return None
-    if any(not t.symbols() <= set(symbols) for t in [v.type, *(o.type for o in v.operands)]):
+    operand_types = [o.type for o in v.operands]
+    known = set(symbols) & set(maxima)  # read from the dims, and tiled for their largest values
+    if any(not t.symbols() <= known for t in [v.type, *operand_types]):
+        return None
+    if not agrees_at_every_size(c):
         return None
     rhs = _const_array(v.operands[c.rhs], constants)
-    if rhs is None:
-        return None
-    view = rows_view(c, [o.type for o in v.operands], v.type)
-    if view is None:
-        return None
-    contraction, in_types, out_type, m = view
-    if not free_symbols(m) <= set(maxima):
-        return None
-    rows = RunTimeRows(m, max(1, evaluate_dim(m, maxima)), tuple(symbols))
-    return MatmulKernel(v.op, contraction, in_types, out_type, rhs, host_isa(), rows)
+    runtime = RunTimeDims(tuple(symbols), dict(maxima))
+    view = rows_view(c, operand_types, v.type) if c.rhs_type.rank == 2 else None
+    if view is not None:
+        contraction, in_types, out_type, _ = view
+        return MatmulKernel(v.op, contraction, in_types, out_type, rhs, host_isa(), runtime)
+    return MatmulKernel(v.op, c, operand_types, v.type, rhs, host_isa(), runtime)
 
 
 def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: ShapeClass | None) -> Kernel | None:
@@ -170,7 +181,7 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
 
 def takes_dims(kernel: Kernel) -> bool:
     """Whether ``kernel`` takes the trailing ``ptr dims`` argument (its sizes are read at run time)."""
-    return bool(getattr(kernel, "rows", None))
+    return getattr(kernel, "runtime", None) is not None
 
 
 __all__ = ["KERNELS", "Kernel", "choose_kernel", "force_isa", "generic_only", "host_isa", "select_kernel",

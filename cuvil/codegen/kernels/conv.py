@@ -43,6 +43,7 @@ from cuvil.codegen.kernels.gemm import (
     choose_tiling,
     epilogue_emitter,
     fgep,
+    pack_panel,
     store_rows,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
@@ -227,10 +228,11 @@ class ConvKernel:
 
         def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
-            image = b.udiv(c, const(g.groups * core.blocks))
-            rest = b.urem(c, const(g.groups * core.blocks))
-            group = b.udiv(rest, const(core.blocks))
-            block = b.urem(rest, const(core.blocks))
+            blocks = int(core.blocks)
+            image = b.udiv(c, const(g.groups * blocks))
+            rest = b.urem(c, const(g.groups * blocks))
+            group = b.udiv(rest, const(blocks))
+            block = b.urem(rest, const(blocks))
             if g.direct:
                 in_off = b.add(b.mul(image, const(in_image)), b.mul(group, const(g.cg * self.plane_size)))
             else:
@@ -246,15 +248,7 @@ class ConvKernel:
             kn = imin(b, const(t.kc), b.sub(const(k), k0))
             cols = imin(b, const(t.nr), b.sub(const(self.positions), n0))
             src = fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"], b.add(b.mul(k0, const(self.plane_size)), n0)))
-
-            def row(kk: Val) -> None:
-                s_row = fgep(b, src, b.mul(kk, const(self.plane_size)))
-                d_row = fgep(b, panel, b.mul(kk, const(t.nr)))
-                for_range(b, 0, cols, "bp", lambda j: b.store(b.load(fgep(b, s_row, j), typ=F32, align=4),
-                                                             fgep(b, d_row, j), align=4))
-                for_range(b, cols, t.nr, "bz", lambda j: b.store(ir.Constant(F32, 0.0), fgep(b, d_row, j), align=4))
-
-            for_range(b, 0, kn, "bk", row, hints=NO_UNROLL)
+            pack_panel(b, src, const(self.plane_size), kn, cols, panel, t.nr)
 
         pack_b = g.direct and self.pack_direct
         if self.transposed:
@@ -263,7 +257,7 @@ class ConvKernel:
             core = GemmCore(g.mg, self.positions, k, t, a_at, b_at, self._store, b_pack if pack_b else None,
                             b_masked_edge=g.direct and not pack_b)
         flops = 2.0 * g.batch * g.c_out * k * math.prod(g.out_sp)
-        kf.phase(g.batch * g.groups * core.blocks, flops, chunk)
+        kf.phase(g.batch * g.groups * int(core.blocks), flops, chunk)
         return kf.finish()
 
     def _transposed_core(self, packed: Val, table: Val | None, k: int) -> GemmCore:

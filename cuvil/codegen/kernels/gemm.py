@@ -6,24 +6,30 @@ a whole block of ``k`` while the micro-kernel broadcasts one A element per row a
 B vectors per step, with one ``llvm.fma`` per accumulator. Tiles are grouped into blocks
 (``mb_tiles x nb_tiles`` tiles over a ``kc`` slice of K) sized for L1/L2; a block is one unit of
 parallel work. A constant operand is packed at compile time (:mod:`.pack`); a non-constant B is
-read in place (row-major) or packed per tile at run time (transposed). Results go through the
+read in place (row-major) or packed per tile at run time (transposed, or N known only at run
+time). Results go through the
 op's epilogue (:mod:`.epilogue`) on their way to memory.
 
 :class:`GemmCore` is the engine; :class:`MatmulKernel` applies it to ``matmul`` (and fused
 matmul epilogues); :mod:`.conv` applies it to convolution.
 
-In a function compiled for a shape class, M may be known only at run time (:class:`RunTimeRows`:
-symbolic leading dims of the lhs and output, seen as one row dim by :func:`rows_view`). The
-schedule is the same (the tiling is chosen for M's largest value, and edge rows are cut at run
-time anyway); the kernel reads M from a trailing ``ptr dims`` argument, and the number of row
-blocks and whether they go to the pool (:meth:`KernelFunction.phase`) are decided per call.
-At static shapes the emitted code is exactly what it was before the run-time variant existed.
+In a function compiled for a shape class, any of M, N, K and the batch dims may be known only at
+run time (:class:`RunTimeDims`): attention's ``Q @ K^T`` and ``P @ V``, or symbolic leading dims
+of a linear layer's input seen as one row dim by :func:`rows_view`. The schedule is the same: the
+tiling is chosen for the sizes' largest values, edge rows and columns are cut at run time anyway,
+and a B read in place whose N is symbolic is packed per tile (its last tile's mask would depend on
+N). Sizes are dims (:class:`cuvil.ir.symbolic.Sym`) until the code is emitted: the kernel reads
+them, and the tile, block and chunk counts, strides and offsets that follow from them, from a
+trailing ``ptr dims`` argument, once per call; the number of chunks and whether they go to the
+pool (:meth:`KernelFunction.phase`) are decided per call, an empty output runs nothing, and K = 0
+stores the epilogue of a zero sum. At static shapes those dims are numbers, and the emitted code
+is exactly what it was before the run-time variant existed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -44,14 +50,13 @@ from cuvil.codegen.loops import (
     if_then,
     imin,
     opaque_alloca,
-    row_major_strides,
     unravel,
 )
 from cuvil.codegen.lower_rule import Buffer
 from cuvil.codegen.scalar import F32, I1, I32, I64, PTR, Builder, Val, declare
 from cuvil.ir import rules as R
 from cuvil.ir.rulewalk import FreeVars, walk_exprs
-from cuvil.ir.symbolic import Dim
+from cuvil.ir.symbolic import Dim, evaluate_dim, sym_max
 from cuvil.ir.types import TensorType
 
 PARALLEL_MIN_FLOPS = 2_000_000
@@ -534,6 +539,33 @@ StoreTile = Callable[[Ctx, Any, Val, Val, Val, Val, Val, int], None]
 """``store(ctx, problem, m0, n0, rows, cols, tile_ptr, tile_row_stride)``: write the valid part of a tile."""
 
 
+def pack_panel(b: Builder, src: Val, row_stride: Val, kn: Val, cols: Val, panel: Val, nr: int) -> None:
+    """``panel[kk][j] = src[kk * row_stride + j]`` for ``kk < kn``, ``j < cols``, and 0 for ``cols <= j
+    < nr``: a B panel whose rows lie ``row_stride`` apart, copied at run time (zero padded)."""
+    def row(kk: Val) -> None:
+        s_row = fgep(b, src, b.mul(kk, row_stride))
+        d_row = fgep(b, panel, b.mul(kk, const(nr)))
+        for_range(b, 0, cols, "bp", lambda j: b.store(b.load(fgep(b, s_row, j), typ=F32, align=4),
+                                                     fgep(b, d_row, j), align=4))
+        for_range(b, cols, nr, "bz", lambda j: b.store(ir.Constant(F32, 0.0), fgep(b, d_row, j), align=4))
+
+    for_range(b, 0, kn, "bk", row, hints=NO_UNROLL)
+
+
+def ceil_div(x: Dim, d: int) -> Dim:
+    """``ceil(x / d)`` for ``x >= 0``; a symbolic ``x`` gives a symbolic dim (read at run time)."""
+    return (x + (d - 1)) // d
+
+
+SizeOf = Callable[[Dim], Val]
+"""A size as an ``i64`` value: a constant at static shapes, else read from the kernel's dims
+(:meth:`cuvil.codegen.dims.DimValues.value`, emitted once in the entry block of the function)."""
+
+
+def static_size(d: Dim) -> Val:
+    return const(int(d))
+
+
 class GemmCore:
     """``C = A @ B`` over one problem instance (``m x k`` by ``k x n``), one block per call of
     :meth:`emit_block`. The operand accessors and the store are given by the user of the engine.
@@ -543,16 +575,19 @@ class GemmCore:
     (``rows``/``cols`` at run time). The one exception is a B read in place, whose last tile
     loads its partial vector with a mask (``b_masked_edge``): that is a second micro-kernel.
 
-    ``m`` may also be known only at run time (a shape class): the tiling is chosen for its
-    largest value, given as ``m``, and :meth:`emit_block` / :meth:`blocks_at` take the run-time
-    value. Since edge rows are already cut at run time, nothing else in the schedule changes.
+    ``m``, ``n`` and ``k`` may be symbolic (a shape class): the tiling is then chosen for their
+    largest values (``maxima``, each symbol's), and :meth:`emit_block` reads them, and the tile
+    and block counts that follow from them (:attr:`blocks` too is a dim), from the kernel's dims.
+    Edge rows and columns are cut at run time anyway, so the schedule is the same; a B read in
+    place with a symbolic N must be packed (``b_pack``), the masked edge needing N's value. K = 0
+    runs one empty K block, so every tile is stored with the epilogue of a zero sum.
     """
 
-    def __init__(self, m: int, n: int, k: int, tiling: Tiling,
+    def __init__(self, m: Dim, n: Dim, k: Dim, tiling: Tiling,
                  a_at: Callable[[Ctx, Any, Val, Val], AOperand],
                  b_at: Callable[[Ctx, Any, Val, Val, int, Val | None], BOperand],
                  store: StoreTile, b_pack: Callable[[Ctx, Any, Val, Val, Val], None] | None = None,
-                 b_masked_edge: bool = False) -> None:
+                 b_masked_edge: bool = False, maxima: Mapping[str, int] | None = None) -> None:
         self.m, self.n, self.k = m, n, k
         self.t = tiling
         self.a_at = a_at  # (ctx, problem, m0, k0) -> rows of the tile at m0, from step k0 on
@@ -560,43 +595,39 @@ class GemmCore:
         self.store = store
         self.b_pack = b_pack  # (ctx, problem, n0, k0, buffer): fill a [kc][NR] panel at run time
         t = tiling
-        self.mt = -(-m // t.mr)
-        self.nt = -(-n // t.nr)
-        self.mblocks = -(-self.mt // t.mb_tiles)
-        self.nblocks = -(-self.nt // t.nb_tiles)
-        self.kblocks = -(-k // t.kc)
-        self.n_edge = n - (self.nt - 1) * t.nr
-        self.b_masked_edge = b_masked_edge and self.n_edge != t.nr
+        self.mt = ceil_div(m, t.mr)
+        self.nt = ceil_div(n, t.nr)
+        self.mblocks = ceil_div(self.mt, t.mb_tiles)
+        self.nblocks = ceil_div(self.nt, t.nb_tiles)
+        self.kblocks = ceil_div(sym_max(k, 1), t.kc)  # one (empty) block when K is 0
+        self.blocked = evaluate_dim(self.kblocks, maxima or {}) > 1  # partial sums kept between K blocks
+        if isinstance(n, int) and isinstance(self.nt, int):
+            self.n_edge = n - (self.nt - 1) * t.nr
+            self.b_masked_edge = b_masked_edge and self.n_edge != t.nr
+        else:
+            assert not b_masked_edge, "a B read in place with a symbolic N is packed per tile"
+            self.n_edge, self.b_masked_edge = t.nr, False
 
     @property
-    def blocks(self) -> int:
+    def blocks(self) -> Dim:
         return self.mblocks * self.nblocks
 
-    def m_tiles_at(self, b: Builder, m: Val) -> Val:
-        """Register tiles along M for ``m`` rows (run time, ``m >= 0``)."""
-        return b.udiv(b.add(m, const(self.t.mr - 1)), const(self.t.mr))
-
-    def blocks_at(self, b: Builder, m: Val) -> Val:
-        """:attr:`blocks` for ``m`` rows known at run time (0 when ``m`` is 0)."""
-        mblocks = b.udiv(b.add(self.m_tiles_at(b, m), const(self.t.mb_tiles - 1)), const(self.t.mb_tiles))
-        return b.mul(mblocks, const(self.nblocks))
-
-    def emit_block(self, ctx: Ctx, problem: Any, block: Val, m: Val | None = None) -> None:
-        """Emit block ``block`` (``0 <= block < self.blocks``, or ``blocks_at(m)``) of ``problem``,
-        which has ``m`` rows at run time (None: ``self.m``)."""
+    def emit_block(self, ctx: Ctx, problem: Any, block: Val, size: SizeOf = static_size) -> None:
+        """Emit block ``block`` (``0 <= block < self.blocks``) of ``problem``; ``size`` gives the
+        value of a symbolic dim (:data:`SizeOf`)."""
         b = ctx.b
         t = self.t
         nr = t.nr
         lanes = t.lanes
-        m_rows = const(self.m) if m is None else m
-        m_tiles = const(self.mt) if m is None else self.m_tiles_at(b, m)
-        mb = b.udiv(block, const(self.nblocks))
-        nb = b.urem(block, const(self.nblocks))
+        m_rows = size(self.m)
+        m_tiles = size(self.mt)
+        mb = b.udiv(block, size(self.nblocks))
+        nb = b.urem(block, size(self.nblocks))
         mt0 = b.mul(mb, const(t.mb_tiles))
         mt1 = imin(b, b.add(mt0, const(t.mb_tiles)), m_tiles)
         nt0 = b.mul(nb, const(t.nb_tiles))
-        nt1 = imin(b, b.add(nt0, const(t.nb_tiles)), const(self.nt))
-        blocked = self.kblocks > 1
+        nt1 = imin(b, b.add(nt0, const(t.nb_tiles)), size(self.nt))
+        blocked = self.blocked
         tile_floats = t.mr * nr
         cbuf = ctx.entry_alloca(ir.ArrayType(F32, tile_floats * (t.mb_tiles * t.nb_tiles if blocked else 1)),
                                 "cbuf")
@@ -605,13 +636,13 @@ class GemmCore:
 
         def k_block(kb: Val) -> None:
             k0 = b.mul(kb, const(t.kc))
-            kn = imin(b, const(t.kc), b.sub(const(self.k), k0))
+            kn = imin(b, const(t.kc), b.sub(size(self.k), k0))
             first = b.icmp_signed("==", kb, const(0))
-            last = b.icmp_signed("==", kb, const(self.kblocks - 1))
+            last = b.icmp_signed("==", kb, size(self.kblocks - 1))
 
             def n_tile(nt: Val) -> None:
                 n0 = b.mul(nt, const(nr))
-                cols = imin(b, const(nr), b.sub(const(self.n), n0))
+                cols = imin(b, const(nr), b.sub(size(self.n), n0))
                 if self.b_pack is not None:
                     assert panel is not None
                     self.b_pack(ctx, problem, n0, k0, panel)
@@ -643,7 +674,7 @@ class GemmCore:
                         b.call(fn, [a_arg, i64(a.kstride), bb.ptr, i64(bb.kstride), table or null, kn, tile, acc])
 
                     if self.b_masked_edge:
-                        edge = b.icmp_signed("==", nt, const(self.nt - 1))
+                        edge = b.icmp_signed("==", nt, size(self.nt - 1))
                         then = b.append_basic_block("tile.edge")
                         full = b.append_basic_block("tile.full")
                         done = b.append_basic_block("tile.done")
@@ -666,7 +697,7 @@ class GemmCore:
 
             for_range(b, nt0, nt1, "nt", n_tile)
 
-        for_range(b, 0, self.kblocks, "kb", k_block)
+        for_range(b, 0, self.kblocks if isinstance(self.kblocks, int) else size(self.kblocks), "kb", k_block)
 
 
 # --------------------------------------------------------------------------------------
@@ -718,18 +749,38 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
     for_range(b, 0, rows, "row", row, hints=NO_UNROLL)  # one copy of the (vectorized) epilogue loop
 
 
-def broadcast_offset(b: Builder, index: Sequence[Val], in_shape: Sequence[int],
-                     out_shape: Sequence[int], block: int) -> Val:
+def broadcast_offset(b: Builder, index: Sequence[Val], in_shape: Sequence[Dim],
+                     out_shape: Sequence[Dim], block: Dim, size: SizeOf = static_size) -> Val:
     """Element offset of the batch ``index`` (of ``out_shape``) in an operand with batch dims
-    ``in_shape`` (numpy broadcasting) whose batch entries are ``block`` elements apart."""
-    strides = row_major_strides(list(in_shape))
+    ``in_shape`` (numpy broadcasting: a dim that is 1 is broadcast) whose batch entries are ``block``
+    elements apart; ``size`` gives the strides' values where they are symbolic."""
+    strides: list[Dim] = [block] * len(in_shape)
+    for d in range(len(in_shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * in_shape[d + 1]
     off: Val = const(0)
     lead = len(out_shape) - len(in_shape)
     for d, (n, s) in enumerate(zip(in_shape, strides, strict=True)):
         if n == 1:
             continue
-        off = b.add(off, b.mul(index[lead + d], const(s * block)))
+        off = b.add(off, b.mul(index[lead + d], size(s)))
     return off
+
+
+def agrees_at_every_size(c: Contraction) -> bool:
+    """Whether the matmul ``c``'s sizes are the same dims wherever they appear (K of both operands, M
+    of the lhs and the output, N of the rhs and the output), and each operand's batch dims broadcast
+    to the output's the same way at every size: each is 1 or the output's own dim. (A kernel whose
+    sizes are read at run time reads each once; a symbolic dim that would broadcast only at some
+    sizes, or a K the type leaves to be equal to another only when the function runs, is refused.)"""
+    lhs, rhs, out = tuple(c.lhs_type.shape), tuple(c.rhs_type.shape), tuple(c.out_type.shape)
+    if min(len(lhs), len(rhs)) < 2 or len(out) != max(len(lhs), len(rhs)):
+        return False
+    m, k = (lhs[-1], lhs[-2]) if c.attrs.get("transpose_a", False) else (lhs[-2], lhs[-1])
+    k_rhs, n = (rhs[-1], rhs[-2]) if c.attrs.get("transpose_b", False) else (rhs[-2], rhs[-1])
+    if k != k_rhs or m != out[-2] or n != out[-1]:
+        return False
+    lead = len(out) - 2
+    return all(d == 1 or d == out[lead - len(batch) + j] for batch in (lhs[:-2], rhs[:-2]) for j, d in enumerate(batch))
 
 
 # --------------------------------------------------------------------------------------
@@ -737,19 +788,28 @@ def broadcast_offset(b: Builder, index: Sequence[Val], in_shape: Sequence[int],
 
 
 @dataclass(frozen=True)
-class RunTimeRows:
-    """A matmul's M known only at run time (a function compiled for a shape class): ``dim`` over
-    ``symbols`` (the order of the kernel's ``dims`` argument), at most ``largest``, which the
-    tiling is chosen for (any run-time value is computed correctly; it is only the better fit)."""
+class RunTimeDims:
+    """The sizes of a kernel in a function compiled for a shape class: its types' symbolic dims are
+    read at run time from its trailing ``dims`` argument (``symbols``' values, in that order), each
+    symbol at most its ``maxima``, which the tiling is chosen for (any run-time value is computed
+    correctly; it is only the better fit)."""
 
-    dim: Dim
-    largest: int
     symbols: tuple[str, ...]
+    maxima: Mapping[str, int]
+
+    def largest(self, d: Dim) -> int:
+        """The size to tile ``d`` for (at least 1)."""
+        return max(1, evaluate_dim(d, self.maxima))
+
+    def values(self, b: Builder, dims_ptr: Val | None) -> DimValues:
+        """The dims of a call of the function whose ``dims`` argument is ``dims_ptr``, emitted at ``b``."""
+        assert dims_ptr is not None
+        return DimValues(b, dims_ptr, self.symbols)
 
 
-def _static(t: TensorType, rows: RunTimeRows | None = None) -> tuple[int, ...]:
-    """``t``'s shape; with run-time rows, their largest value stands for their dim."""
-    return tuple(rows.largest if rows is not None and d == rows.dim else int(d) for d in t.shape)
+def _at_least_zero(d: Dim) -> Dim:
+    """A symbolic size, a negative value read as 0 (static sizes are as they are)."""
+    return d if isinstance(d, int) else sym_max(d, 0)
 
 
 def rows_view(c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
@@ -798,37 +858,48 @@ class MatmulKernel:
     A constant rhs is packed into column panels at compile time; a constant lhs is read in
     place like any other (rows are broadcast, so packing buys little there).
 
-    With ``rows`` (a shape class) M is read at run time from the kernel's trailing ``ptr dims``
-    argument: the types are then those of :func:`rows_view` (M in the row position, batch dims 1),
-    the number of row blocks and the choice of the pool are made at run time, and M = 0 runs nothing."""
+    With ``runtime`` (a shape class) any of M, N, K and the batch dims may be symbolic, read from
+    the kernel's trailing ``ptr dims`` argument: the tiling is chosen for their largest values, the
+    number of chunks, the offsets and strides of each problem and the choice of the pool are
+    computed at run time, and an empty output runs nothing. A B read in place with a symbolic N is
+    packed per tile (as a transposed one is). The sizes must agree at every size
+    (:func:`agrees_at_every_size`). For a constant ``[K, N]`` rhs, the caller gives
+    the types of :func:`rows_view` instead: one GEMM of the leading dims' product rows."""
 
     def __init__(self, op: str, contraction: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
-                 rhs_const: np.ndarray | None, isa: Isa, rows: RunTimeRows | None = None) -> None:
+                 rhs_const: np.ndarray | None, isa: Isa, runtime: RunTimeDims | None = None) -> None:
         self.op = op
         self.c = contraction
         self.in_types = list(in_types)
         self.out_type = out_type
         self.isa = isa
-        self.rows = rows
-        a_shape, b_shape = _static(contraction.lhs_type, rows), _static(contraction.rhs_type)
+        self.runtime = runtime
+        a_shape, b_shape = tuple(contraction.lhs_type.shape), tuple(contraction.rhs_type.shape)
         self.ta = bool(contraction.attrs.get("transpose_a", False))
         self.tb = bool(contraction.attrs.get("transpose_b", False))
-        self.m, self.k = (a_shape[-1], a_shape[-2]) if self.ta else (a_shape[-2], a_shape[-1])
-        self.n = b_shape[-2] if self.tb else b_shape[-1]
+        m, k = (a_shape[-1], a_shape[-2]) if self.ta else (a_shape[-2], a_shape[-1])
+        n = b_shape[-2] if self.tb else b_shape[-1]
+        self.m, self.n, self.k = (_at_least_zero(d) for d in (m, n, k))
         self.a_batch, self.b_batch = a_shape[:-2], b_shape[:-2]
-        self.out_batch = _static(contraction.out_type, rows)[:-2]
-        self.batch = math.prod(self.out_batch)
-        self.tiling = choose_tiling(isa, self.m, self.n, self.k)
+        self.out_batch = tuple(contraction.out_type.shape)[:-2]
+        self.batch: Dim = _at_least_zero(math.prod(self.out_batch))
+        largest = runtime.largest if runtime is not None else int
+        self.tiling = choose_tiling(isa, largest(self.m), largest(self.n), largest(self.k))
         self.packed: np.ndarray | None = None
         if rhs_const is not None:
             mat = np.swapaxes(rhs_const, -1, -2) if self.tb else rhs_const
             self.packed = pack_b_panels(np.asarray(mat, dtype=np.float32), self.tiling.nr)
-        self.b_mode = "packed" if self.packed is not None else ("pack" if self.tb else "direct")
+        in_place = "pack" if self.tb or not isinstance(self.n, int) else "direct"
+        self.b_mode = "packed" if self.packed is not None else in_place
 
     @property
     def name(self) -> str:
         t = self.tiling
-        return f"gemm.{self.isa.name}.{t.mr}x{t.nr}.{self.b_mode}_b" + (".runtime_m" if self.rows else "")
+        base = f"gemm.{self.isa.name}.{t.mr}x{t.nr}.{self.b_mode}_b"
+        if self.runtime is None:
+            return base
+        sizes = {"b": self.batch, "m": self.m, "n": self.n, "k": self.k}
+        return base + ".runtime_" + ("".join(x for x, d in sizes.items() if not isinstance(d, int)) or "epilogue")
 
     @property
     def unused_operands(self) -> frozenset[int]:
@@ -837,24 +908,22 @@ class MatmulKernel:
             return frozenset()
         return frozenset([self.c.rhs])
 
-    scratch_bytes = 0
+    scratch_bytes = 0  # a B packed at run time goes to a panel on the stack
 
     @property
     def constant_bytes(self) -> int:
         return 0 if self.packed is None else int(self.packed.nbytes)
 
-    def _run_time_rows(self, b: Builder, dims_ptr: Val | None) -> tuple[DimValues, Val] | None:
-        """The dims of a kernel call and M (a negative value read as 0), emitted at ``b``; None
-        at static shapes."""
-        if self.rows is None:
-            return None
-        assert dims_ptr is not None
-        dims = DimValues(b, dims_ptr, self.rows.symbols)
-        m = dims.value(self.rows.dim)
-        return dims, b.select(b.icmp_signed("<", m, const(0)), const(0), m)
+    def _dims(self, b: Builder, dims_ptr: Val | None) -> tuple[DimValues | None, SizeOf]:
+        """The dims of a call (emitted at ``b``, once per function) and the values of sizes; at
+        static shapes, no dims and constants."""
+        if self.runtime is None:
+            return None, static_size
+        dims = self.runtime.values(b, dims_ptr)
+        return dims, dims.value
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        kf = KernelFunction(mod, name, len(self.in_types), dims=self.rows is not None)
+        kf = KernelFunction(mod, name, len(self.in_types), dims=self.runtime is not None)
         t = self.tiling
         packed = embed_array(mod, f"{name}.packed_b", self.packed) if self.packed is not None else None
         m, n, k = self.m, self.n, self.k
@@ -863,37 +932,45 @@ class MatmulKernel:
 
         def a_at(ctx: Ctx, prob: Any, m0: Val, k0: Val) -> AOperand:
             b = ctx.b
+            size: SizeOf = prob["size"]
             base = fgep(ctx.b, ctx.ins[self.c.lhs], prob["a_off"])
             ptrs = []
             for i in range(t.mr):
                 row = imin(b, b.add(m0, const(i)), prob["last_row"])
                 if self.ta:
-                    ptrs.append(fgep(b, base, b.add(row, b.mul(k0, const(m)))))
+                    ptrs.append(fgep(b, base, b.add(row, b.mul(k0, size(m)))))
                 else:
-                    ptrs.append(fgep(b, base, b.add(b.mul(row, const(k)), k0)))
-            return AOperand("rows", ptrs, m if self.ta else 1)
+                    ptrs.append(fgep(b, base, b.add(b.mul(row, size(k)), k0)))
+            return AOperand("rows", ptrs, size(m) if self.ta else 1)
 
         def b_at(ctx: Ctx, prob: Any, n0: Val, k0: Val, cols: int, panel: Val | None) -> BOperand:
             b = ctx.b
+            size: SizeOf = prob["size"]
             if packed is not None:
                 nt = b.udiv(n0, const(t.nr))
-                off = b.add(prob["b_off"], b.add(b.mul(nt, const(k * t.nr)), b.mul(k0, const(t.nr))))
+                off = b.add(prob["b_off"], b.add(b.mul(nt, size(k * t.nr)), b.mul(k0, const(t.nr))))
                 return BOperand("packed", fgep(b, packed, off))
             if panel is not None:
                 return BOperand("packed", panel)
-            base = fgep(b, ctx.ins[self.c.rhs], b.add(prob["b_off"], b.add(b.mul(k0, const(n)), n0)))
-            return BOperand("direct", base, n)
+            base = fgep(b, ctx.ins[self.c.rhs], b.add(prob["b_off"], b.add(b.mul(k0, size(n)), n0)))
+            return BOperand("direct", base, size(n))
 
         def b_pack(ctx: Ctx, prob: Any, n0: Val, k0: Val, panel: Val) -> None:
-            """panel[kk][j] = b[n0 + j, k0 + kk] (0 past N): a transposed rhs, packed per tile."""
+            """panel[kk][j] = B[k0 + kk, n0 + j] (0 past N), B read in place: a transposed rhs, or
+            one whose N is symbolic (then its last tile would need a mask known only at run time)."""
             b = ctx.b
+            size: SizeOf = prob["size"]
             src = fgep(b, ctx.ins[self.c.rhs], prob["b_off"])
-            kn = imin(b, const(t.kc), b.sub(const(k), k0))
+            kn = imin(b, const(t.kc), b.sub(size(k), k0))
+            if not self.tb:
+                cols = imin(b, const(t.nr), b.sub(size(n), n0))
+                pack_panel(b, fgep(b, src, b.add(b.mul(k0, size(n)), n0)), size(n), kn, cols, panel, t.nr)
+                return
 
             def col(j: Val) -> None:
                 nn = b.add(n0, j)
-                inside = b.icmp_signed("<", nn, const(n))
-                row = fgep(b, src, b.add(b.mul(imin(b, nn, const(n - 1)), const(k)), k0))
+                inside = b.icmp_signed("<", nn, size(n))
+                row = fgep(b, src, b.add(b.mul(imin(b, nn, size(n - 1)), size(k)), k0))
 
                 def step(kk: Val) -> None:
                     v = b.load(fgep(b, row, kk), typ=F32, align=4)
@@ -907,50 +984,49 @@ class MatmulKernel:
         def store(ctx: Ctx, prob: Any, m0: Val, n0: Val, rows: Val, cols: Val,
                   tile: Val, stride: int) -> None:
             b = ctx.b
+            size: SizeOf = prob["size"]
             epi = prob["epi"]
-            out_base = b.mul(prob["batch"], const(m * n))
+            out_base = b.mul(prob["batch"], size(m * n))
 
             def index_of(i: Val, j: Val) -> list[Val]:
                 return [*prob["bidx"], b.add(m0, i), b.add(n0, j)]
 
             def flat_of(i: Val, j: Val) -> Val:
-                return b.add(out_base, b.add(b.mul(b.add(m0, i), const(n)), b.add(n0, j)))
+                return b.add(out_base, b.add(b.mul(b.add(m0, i), size(n)), b.add(n0, j)))
 
             store_rows(ctx, epi, tile, stride, rows, cols, index_of, flat_of)
 
         core = GemmCore(m, n, k, t, a_at, b_at, store, b_pack if self.b_mode == "pack" else None,
-                        b_masked_edge=self.b_mode == "direct")
+                        b_masked_edge=self.b_mode == "direct", maxima=self.runtime.maxima if self.runtime else None)
 
         def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
-            run_time = self._run_time_rows(ctx.alloca, ctx.dims)  # once per body, in its entry block
-            if run_time is None:
-                dims, rows = None, None
-                batch = b.udiv(c, const(core.blocks))
-                block = b.urem(c, const(core.blocks))
-            else:  # one problem (batch dims are 1 in the rows view): a chunk is a block
-                dims, rows = run_time
+            dims, size = self._dims(ctx.alloca, ctx.dims)  # read once per body, in its entry block
+            if self.runtime is not None and self.batch == 1:  # one problem: a chunk is a block
                 batch, block = const(0), c
-            bidx = unravel(b, batch, self.out_batch)
+            else:
+                batch = b.udiv(c, size(core.blocks))
+                block = b.urem(c, size(core.blocks))
+            bidx = unravel(b, batch, [d if isinstance(d, int) else size(d) for d in self.out_batch])
             prob = {
+                "size": size,
                 "batch": batch,
                 "bidx": bidx,
-                "a_off": broadcast_offset(b, bidx, self.a_batch, self.out_batch, a_block),
+                "a_off": broadcast_offset(b, bidx, self.a_batch, self.out_batch, a_block, size),
                 "b_off": broadcast_offset(b, bidx, self.b_batch, self.out_batch,
-                                          packed_block if packed is not None else b_block),
+                                          packed_block if packed is not None else b_block, size),
                 "epi": epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op, dims),
-                "last_row": const(m - 1) if rows is None else ctx.alloca.sub(rows, const(1)),
+                "last_row": size(m - 1),
             }
-            core.emit_block(ctx, prob, block, rows)
+            core.emit_block(ctx, prob, block, size)
 
-        run_time = self._run_time_rows(kf.b, kf.dims)
-        if run_time is None:
-            kf.phase(self.batch * core.blocks, 2.0 * self.batch * m * n * k, chunk)
+        size = self._dims(kf.b, kf.dims)[1]
+        if self.runtime is None:
+            kf.phase(int(self.batch * core.blocks), 2.0 * int(self.batch) * int(m) * int(n) * int(k), chunk)
         else:
-            rows = run_time[1]
-            kf.phase(core.blocks_at(kf.b, rows), kf.b.mul(rows, const(2 * n * k)), chunk)
+            kf.phase(size(self.batch * core.blocks), size(2 * self.batch * m * n * k), chunk)
         return kf.finish()
 
 
-__all__ = ["ISAS", "GemmCore", "Isa", "KernelFunction", "MatmulKernel", "RunTimeRows", "Tiling", "choose_tiling",
-           "force_isa", "host_isa", "rows_view"]
+__all__ = ["ISAS", "GemmCore", "Isa", "KernelFunction", "MatmulKernel", "RunTimeDims", "Tiling",
+           "agrees_at_every_size", "choose_tiling", "force_isa", "host_isa", "rows_view"]
