@@ -12,6 +12,7 @@ import pytest
 
 from cuvil.codegen import abi
 from cuvil.codegen.artifact import ManifestError, build_library, check_manifest
+from cuvil.codegen.kernels import tuned_kernels
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.errors import CodegenError, ConstraintError, InputError
 from cuvil.interp import run_reference
@@ -234,3 +235,29 @@ def test_a_manifest_whose_shape_class_was_edited_is_refused(tmp_path: Path) -> N
             check_manifest({**man, "inputs": [{**man["inputs"][0], "shape": [hostile, 8]}]}, model.library_path)
     with pytest.raises(ManifestError, match="symbols"):
         check_manifest({**man, "symbols": {**man["symbols"], "run": "cuvil_edit_run"}}, model.library_path)
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f16, DType.i64, DType.bool, DType.i4])
+def test_a_reshape_over_symbolic_dims_is_a_copy_of_its_bytes(tmp_path: Path, dtype: DType) -> None:
+    """The copy kernel is the rule's schedule bit for bit, for every storage type (NaN payloads too)."""
+    b = Builder()
+    x = b.param("x", dtype, ["B", "S", 8])
+    bs, ss = x.type.shape[0], x.type.shape[1]
+    y = b.reshape(b.transpose(b.reshape(x, shape=[bs, ss, 2, 4]), perm=[0, 2, 1, 3]), shape=[bs, 2 * ss, 4])
+    module = b.module(b.function("main", [x], [y], ["y"], [DimConstraint("B", hi=4), DimConstraint("S", hi=9)]))
+    model = _build(module, tmp_path, f"copy_{dtype.value}")
+    man = model.manifest
+    assert man is not None
+    if "matmul" in tuned_kernels():
+        assert man["kernels"].count("copy") == 2, man["kernels"]
+    rng = np.random.default_rng(5)
+    for shape in ((1, 1, 8), (4, 9, 8), (3, 5, 8)):
+        raw = rng.integers(0, 256, size=(*shape, dtype.np.itemsize), dtype=np.uint8)
+        if dtype is DType.bool:
+            raw = raw % 2
+        elif dtype is DType.i4:
+            raw = raw % 8
+        data = raw.view(dtype.np).reshape(shape)
+        (want,) = run_reference(module, {"x": data})
+        got = model(data)
+        assert got.shape == want.shape and got.tobytes() == np.ascontiguousarray(want).tobytes()

@@ -30,6 +30,7 @@ from typing import Protocol
 import numpy as np
 from llvmlite import ir
 
+from cuvil.codegen.kernels.copy import copy_kernel
 from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
 from cuvil.codegen.kernels.gemm import (
     MatmulKernel,
@@ -174,8 +175,9 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     """The tuned kernel of ``v`` in a function at static shapes or compiled for ``shape_class``: a static
     one where ``v``'s types are static, else one taking the dims (:func:`takes_dims`), else None."""
     kernel = select_kernel(v, constants)
-    if kernel is None and shape_class is not None:
-        kernel = select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
+    if kernel is None and shape_class is not None and _enabled:
+        kernel = copy_kernel(v, shape_class.symbols) or \
+            select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
     return kernel
 
 
