@@ -284,6 +284,22 @@ def parse_dim_max(specs: list[str]) -> dict[str, int]:
     return out
 
 
+def parse_dim_ranges(specs: list[str]) -> dict[str, tuple[int, int]]:
+    """``DIM=LO:HI`` per symbolic dim: its declared range."""
+    out: dict[str, tuple[int, int]] = {}
+    for spec in specs:
+        name, eq, value = spec.rpartition("=")
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value)
+        if not eq or not name or m is None or int(m.group(1)) > int(m.group(2)):
+            raise InputError(f"--dim-range {spec!r} is malformed", location="--dim-range",
+                             hint="write --dim-range DIM=LO:HI with whole numbers LO <= HI, e.g. --dim-range "
+                                  "seq=16:512")
+        if name in out:
+            raise InputError(f"--dim-range gives dim {name!r} twice", location="--dim-range")
+        out[name] = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
 def specialize_shapes(module: Any, specs: Sequence[str]) -> Any:
     """``module`` with its main function at the ``--shape NAME=DIMS`` shapes."""
     from cuvil.ir.module import Module

@@ -29,6 +29,7 @@ from cuvil.cli.common import (
     check_output,
     exit_for,
     parse_dim_max,
+    parse_dim_ranges,
     parse_opt_level,
     parse_range,
     parse_shapes,
@@ -110,6 +111,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     opt_level = parse_opt_level(args.opt_level)
     shapes = parse_shapes(args.shape)
     dim_max = parse_dim_max(args.dim_max)
+    dim_ranges = parse_dim_ranges(args.dim_range)
     if dim_max and shapes:
         raise InputError("--dim-max sizes a library for a whole shape class; --specialize compiles one for given "
                          "shapes: give one", location="--dim-max")
@@ -123,6 +125,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if positional:
             raise InputError("--static-input values must be named", hint="write --static-input NAME=FILE.npy")
         options["static_inputs"] = named
+    if dim_ranges:
+        if model_path.suffix.lower() != ".onnx":
+            raise InputError("--dim-range declares the dims of an ONNX model's inputs", location="--dim-range",
+                             hint="a .pt2 export carries its dims' ranges (torch.export.Dim min/max)")
+        options["dim_ranges"] = dim_ranges
     options.update(_fp16_options(args, model_path, options))
     gate = _make_gate(args)
     passes: Any = args.passes
@@ -288,6 +295,11 @@ def register(sub: Any) -> None:
     p.add_argument("--dim-max", action="append", default=[], metavar="DIM=N",
                    help="the largest value of a symbolic dim a shape-class library serves (its working memory is "
                         "sized for it); needed for a dim the model does not bound; repeatable")
+    p.add_argument("--dim-range", action="append", default=[], metavar="DIM=LO:HI",
+                   help="declare the range of a symbolic dim of an ONNX model (the library refuses others): the "
+                        "import decides what the range decides, such as a branch on a dim that is 1 for every "
+                        "length in it, so one library serves a model that would otherwise need --specialize; "
+                        "repeatable")
     p.add_argument("--name", default=None, help="the symbol prefix (cuvil_<name>_run...; default: the model's stem)")
     p.add_argument("--no-cache", action="store_true", help="compile from scratch, without reading or filling "
                                                             "the artifact cache")

@@ -202,7 +202,9 @@ class CompileJob:
             if not env:
                 raise InputError("this model is imported once per shape: its import decides on the value of "
                                  f"a dim ({self._record['per_shape'] if self._record else ''})",
-                                 hint="give the input shapes (--shape NAME=2x3x..., or example_inputs=...)")
+                                 hint="give the input shapes (--specialize NAME=2x3x..., or example_inputs=...), or "
+                                      "declare ranges of the dims that decide it (--dim-range DIM=LO:HI, or "
+                                      "dim_ranges=...) for one library")
             module = self._imported_at(env)
             fn = module.main
         else:

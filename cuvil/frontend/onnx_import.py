@@ -48,7 +48,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Module
 from cuvil.ir.opdef import get_op
-from cuvil.ir.symbolic import Dim, Sym, evaluate_dim
+from cuvil.ir.symbolic import Dim, Sym, declared_ranges, evaluate_dim
 from cuvil.ir.types import MAX_TENSOR_ELEMENTS, DimConstraint, TensorType
 from cuvil.ir.values import Value, walk
 
@@ -74,11 +74,20 @@ class OnnxImporter:
     _static: dict[Value, np.ndarray] = field(default_factory=dict)
     _dim_names: set[str] = field(default_factory=set)
     _dim_limits: dict[str, int] = field(default_factory=dict)
+    dim_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     _unrolled: int = 0
     opsets: dict[str, int] = field(default_factory=dict)
 
     def opset_for(self, domain: str) -> int:
         return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
+
+    def _constraint(self, symbol: str) -> DimConstraint:
+        """A symbol's constraint: its declared range (if any) met with the limits the import relied on."""
+        lo, hi = self.dim_ranges.get(symbol, (1, None))
+        limit = self._dim_limits.get(symbol)
+        if limit is not None:
+            hi = limit if hi is None else min(hi, limit)
+        return DimConstraint(symbol, lo=lo, hi=hi)
 
     def limit_dim(self, symbol: str, hi: int) -> None:
         """Constrain a symbol to at most ``hi`` (the function's dim constraints say so, and a run with a
@@ -239,8 +248,11 @@ class OnnxImporter:
             produced.append(self.env[out.name])
         results, names, forms = flatten_outputs([o.name for o in graph.output], produced)
         symbols = sorted({s for p in params for s in p.type.symbols()})
-        fn = self.b.function("main", params, results, names,
-                             [DimConstraint(s, hi=self._dim_limits.get(s)) for s in symbols])
+        unknown = sorted(set(self.dim_ranges) - set(symbols))
+        if unknown:
+            raise InputError(f"dim_ranges names {unknown}, which are not symbolic dims of the graph's inputs",
+                             location="dim_ranges", hint="its symbolic dims: " + (", ".join(symbols) or "none"))
+        fn = self.b.function("main", params, results, names, [self._constraint(s) for s in symbols])
         meta = {"source": "onnx", "producer": self.model.producer_name or "",
                 "opset": str(self.opset_for("")), "graph": graph.name or "", **encode_forms(forms)}
         return self.b.module(fn, metadata=meta)
@@ -489,13 +501,17 @@ def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 
 def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
                 static_inputs: Mapping[str, np.ndarray] | None = None, dims: Mapping[str, int] | None = None,
-                input_forms: Mapping[str, InputForm] | None = None) -> Module:
+                input_forms: Mapping[str, InputForm] | None = None,
+                dim_ranges: Mapping[str, tuple[int, int]] | None = None) -> Module:
     """Import an ONNX model (path, bytes or ModelProto) into a CIR module.
 
     ``static_inputs`` binds graph inputs to compile-time values (for models that feed shapes
     or other attribute-like operands through inputs); ``dims`` imports symbolic input dims at the
     given sizes, by symbol name (what a model needs whose import decides on a dim's value);
-    ``input_forms`` gives the form of each sequence or optional input (:mod:`.onnx_structure`)."""
+    ``dim_ranges`` declares ``(lo, hi)`` for symbolic dims instead: the import decides what those
+    ranges decide (a branch on a dim that is 1 for every length in them), and the function's
+    constraints hold the ranges; ``input_forms`` gives the form of each sequence or optional input
+    (:mod:`.onnx_structure`)."""
     model, base = load_onnx(source)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
     newest = onnx.defs.onnx_opset_version()
@@ -514,9 +530,26 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto, *,
         model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
     except Exception:
         pass
+    ranges = _check_ranges(dim_ranges)
     imp = OnnxImporter(model, base, dict(static_inputs or {}), dict(dims or {}), dict(input_forms or {}),
-                       opsets=opsets)
-    return imp.import_graph(model.graph)
+                       opsets=opsets, dim_ranges=ranges)
+    with declared_ranges(ranges):
+        return imp.import_graph(model.graph)
+
+
+def _check_ranges(ranges: Mapping[str, tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for name, r in (ranges or {}).items():
+        try:
+            lo, hi = (int(x) for x in r)
+        except (TypeError, ValueError):
+            raise InputError(f"dim range {name}={r!r} is not (lo, hi)", location="dim_ranges",
+                             hint="give whole numbers, e.g. dim_ranges={'seq': (16, 512)}") from None
+        if not 0 <= lo <= hi:
+            raise InputError(f"dim range {name}={r!r} is empty or negative", location="dim_ranges",
+                             hint="give 0 <= lo <= hi")
+        out[str(name)] = (lo, hi)
+    return out
 
 
 def declared_types(source: str | os.PathLike | bytes | onnx.ModelProto, *,

@@ -8,9 +8,11 @@ canonical forms are, and shape rules can be written with ordinary ``+ - * //``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from fractions import Fraction
 from typing import Union
 
@@ -293,10 +295,27 @@ def dim_bounds(d: Dim, symbol_min: int = 1) -> Bound:
     a side open, each symbol under a ``//`` or ``%`` by constants is split by its residue modulo
     their lcm (``W = 4*q + r`` for r in 0..3), which turns those atoms into polynomials, so
     ``W - W % 4 >= 0`` and ``W // 2 <= W`` are decided too."""
-    lo, hi = _interval(d, symbol_min)
+    declared = _DECLARED.get()
+    lo, hi = _interval(d, symbol_min if declared is None else lambda s: declared.get(s, (symbol_min, None)))
     if (lo is None or hi is None) and isinstance(d, Sym):
         return _residue_bounds(d, symbol_min, (lo, hi))
     return lo, hi
+
+
+_DECLARED: contextvars.ContextVar[Mapping[str, tuple[int, int]] | None] = contextvars.ContextVar(
+    "declared_dim_ranges", default=None)
+
+
+@contextlib.contextmanager
+def declared_ranges(ranges: Mapping[str, tuple[int, int]] | None) -> Iterator[None]:
+    """Within the block, :func:`dim_bounds` takes each symbol in ``ranges`` to lie in its ``(lo, hi)``:
+    what an import may decide for a shape class declared that way (the function it builds then
+    carries those ranges as constraints, so no shape outside them reaches code that relied on it)."""
+    token = _DECLARED.set(dict(ranges) if ranges else None)
+    try:
+        yield
+    finally:
+        _DECLARED.reset(token)
 
 
 def dim_range(d: Dim, ranges: Mapping[str, tuple[int, int]]) -> Bound:

@@ -37,7 +37,9 @@ class Entry:
     inaccurate for tiny outputs (3x off at 1e-7), so the oracle is the float64 sigmoid of ONNX
     Runtime's own input to it."""
     blocked: str = ""  # why the model does not import yet (an expected failure until fixed)
-    per_shape: str = ""  # why the model cannot be one library for its shape class (its import decides on a dim)
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Declared dim ranges for one library: where the graph branches on a dim (an If on a Shape
+    comparison), the ranges that decide every branch for the class (``dim_ranges`` of the import)."""
 
 
 CORPUS: tuple[Entry, ...] = (
@@ -82,7 +84,7 @@ CORPUS: tuple[Entry, ...] = (
           "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49", "voice activity detector",
           "PyTorch 2.3.1", ({"input": (1, 576), "state": (2, 1, 128)}, {"input": (2, 576), "state": (2, 2, 128)},
                             {"input": (3, 512), "state": (2, 3, 128)}), statics={"sr": 16000},
-          per_shape="its graph branches on the chunk length (an If on a Shape comparison): imported per shape"),
+          ranges={"sequence": (512, 576)}),  # its graph squeezes an axis that is 1 for these chunk lengths
     Entry("silero-vad-seq", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
           "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85", "voice activity detector (LSTM)",
           "PyTorch 2.11", ({"input": (4, 576), "h": (1, 1, 128), "c": (1, 1, 128)},

@@ -77,14 +77,16 @@ def test_real_model_matches_onnxruntime(entry: Entry) -> None:
     _check(entry, path, cuvil.compile(path, cache=False, **({"static_inputs": statics} if statics else {})))
 
 
-@pytest.mark.parametrize("entry", [pytest.param(e, id=e.name, marks=[pytest.mark.xfail(strict=True, reason=e.per_shape)]
-                                                if e.per_shape else []) for e in CORPUS if not e.blocked])
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e.name) for e in CORPUS if not e.blocked])
 def test_real_model_compiles_once_for_its_shape_class(entry: Entry) -> None:
     """One library serves every shape the entry runs: the largest value of each dim is the largest the
-    shapes give (the library refuses larger ones)."""
+    shapes give (the library refuses larger ones); a graph that branches on a dim is imported for the
+    declared ranges that decide its branches."""
     path = _path(entry)
     statics = {k: np.asarray(v, dtype=np.int64) for k, v in entry.statics.items()}
     options: dict[str, Any] = {"static_inputs": statics} if statics else {}
+    if entry.ranges:
+        options["dim_ranges"] = entry.ranges
     signature = Signature.of(import_model(path, **options).main)
     envs = [signature.bind([shapes[s.name] for s in signature.inputs]) for shapes in entry.shapes]
     dim_max = {d: max(env[d] for env in envs) for d in envs[0]}

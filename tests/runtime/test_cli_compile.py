@@ -177,3 +177,42 @@ def test_default_output_is_next_to_the_working_directory(tmp_path, capsys, monke
     monkeypatch.chdir(work)
     assert main(["compile", str(model)]) == 0
     assert sorted(os.listdir(work)) == ["libtiny.so", "tiny.h", "tiny.json"]
+
+
+def test_dim_range_lets_one_library_serve_a_graph_that_branches_on_a_dim(tmp_path, capsys, rng):
+    """y = x[..., 0] when the third dim of x is 1 (an If on a Shape comparison, as exporters write a
+    squeeze), else x summed over it: imported per shape unless the declared range decides the branch."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    then = helper.make_graph([helper.make_node("Squeeze", ["x", "ax"], ["y_t"])], "then", [],
+                             [helper.make_tensor_value_info("y_t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("ReduceSum", ["x", "ax"], ["y_e"], keepdims=0)], "else", [],
+                              [helper.make_tensor_value_info("y_e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "two"], ["d"]),
+             helper.make_node("Equal", ["d", "one"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    i64 = TensorProto.INT64
+    inits = [helper.make_tensor("ax", i64, [1], [2]), helper.make_tensor("two", i64, [], [2]),
+             helper.make_tensor("one", i64, [], [1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "k"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / "branchy.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    lib = tmp_path / "libbranchy.so"
+    assert main(["compile", str(path), "-o", str(lib), "--dim-max", "n=8"]) == 2
+    assert "--dim-range" in capsys.readouterr().err
+    assert main(["compile", str(path), "-o", str(lib), "--dim-max", "n=8", "--dim-range", "k=1:1"]) == 0
+    assert "k in [1, 1]" in capsys.readouterr().out
+    for n in (1, 8):
+        x = rng.standard_normal((n, 3, 1)).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        assert main(["run", str(lib), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o")]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / "o" / "y.npy"), x[..., 0])
+    np.save(tmp_path / "x.npy", np.zeros((2, 3, 2), np.float32))  # outside the declared range
+    assert main(["run", str(lib), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o")]) == 2
+    assert "k=2" in capsys.readouterr().err
+    for bad in (["--dim-range", "k=2:1"], ["--dim-range", "k"], ["--dim-range", "q=1:2"]):
+        assert main(["compile", str(path), "-o", str(lib), "--dim-max", "n=8", *bad]) == 2
+        err = capsys.readouterr().err
+        assert "dim-range" in err or "dim_ranges" in err, err

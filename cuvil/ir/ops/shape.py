@@ -300,8 +300,8 @@ def pad_source_index(o: R.Ix, d: Dim, b: int, e: int, mode: str) -> R.Ix:
         return j % kept + cb
     if isinstance(kept, int) and kept == 1:
         return R.Ix.lit(cb)
-    last = kept - 1
-    m = j % (2 * last)
+    last = R.Ix.lit(kept - 1)  # an index expression even where the length is a symbolic dim
+    m = j % (last * 2)
     return last - R.ix_max(m - last, last - m) + cb
 
 
