@@ -51,8 +51,10 @@ CORPUS: tuple[Entry, ...] = (
           "PyTorch 1.9", ({"input1": (1, 1, 64, 120)}, {"input1": (1, 1, 64, 200)}, {"input1": (1, 1, 64, 72)})),
     Entry("ddddocr-ocr-int8", "ddddocr==1.6.1", "ddddocr/common_old.onnx",
           "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68", "dynamically quantized recognizer",
-          "onnx.quantize 0.1.0", ({"input1": (1, 1, 64, 120)},),
-          blocked="com.microsoft DynamicQuantizeLSTM (a contrib op) is not imported"),
+          "onnx.quantize 0.1.0", ({"input1": (1, 1, 64, 120)}, {"input1": (1, 1, 64, 200)}, {"input1": (1, 1, 64, 72)}),
+          blocked="ONNX Runtime's Sigmoid (MLAS's approximation) and CIR's differ by 1 ulp in about half the "
+                  "elements; where one sits at a DynamicQuantizeLinear rounding boundary the next ConvInteger "
+                  "sees a whole quantization step: errors 5.4e-3, 0, 3.3e-3 at the three widths"),
     Entry("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
           "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", "file-type classifier (Keras)",
           "tf2onnx 1.16.1", ({"bytes": (1, 2048)}, {"bytes": (3, 2048)}, {"bytes": (2, 2048)})),

@@ -13,6 +13,7 @@ import numpy as np
 
 from cuvil.frontend.onnx_node import NodeCtx, onnx_dtype, onnx_op
 from cuvil.frontend.onnx_ops.nn import conv_kernel, window_attrs
+from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
 
@@ -32,13 +33,21 @@ def _zero(ctx: NodeCtx, like: Value, dtype: DType) -> Value:
 
 
 def _i32(ctx: NodeCtx, v: Value) -> Value:
-    return v if v.dtype is DType.i32 else ctx.b.cast(v, to=DType.i32)
+    return i32(ctx.b, v)
+
+
+def i32(b: Builder, v: Value) -> Value:
+    return v if v.dtype is DType.i32 else b.cast(v, to=DType.i32)
+
+
+def centered(b: Builder, x: Value, zp: Value | None) -> Value:
+    """x - zero_point in i32 (a zero point broadcasts against x: per tensor, or per last-axis position)."""
+    xi = i32(b, x)
+    return xi if zp is None else b.sub(xi, i32(b, zp))
 
 
 def _centered(ctx: NodeCtx, x: Value, zp: Value | None) -> Value:
-    """x - zero_point in i32."""
-    xi = _i32(ctx, x)
-    return xi if zp is None else ctx.b.sub(xi, _i32(ctx, zp))
+    return centered(ctx.b, x, zp)
 
 
 def _optional(ctx: NodeCtx, i: int) -> Value | None:
@@ -114,9 +123,12 @@ def dequantize_linear(ctx: NodeCtx) -> Value:
 @onnx_op("DynamicQuantizeLinear", emits=("reduce_max", "reduce_min", "max", "min", "sub", "div", "equal",
                                           "where", "clip", "round", "cast", "quantize_linear"))
 def dynamic_quantize_linear(ctx: NodeCtx) -> list[Value]:
-    """u8 quantization with scale and zero point from the data's range (widened to include 0)."""
-    x = ctx.input(0)
-    b = ctx.b
+    return list(dynamic_quantize(ctx.b, ctx.input(0)))
+
+
+def dynamic_quantize(b: Builder, x: Value) -> tuple[Value, Value, Value]:
+    """u8 quantization of all of x with scale and zero point from its range (widened to include 0):
+    (quantized x, scale, zero point)."""
     f = x.dtype
 
     def scalar(v: float) -> Value:
@@ -128,7 +140,23 @@ def dynamic_quantize_linear(ctx: NodeCtx) -> list[Value]:
     scale = b.div(span, scalar(255.0))
     zp_f = b.clip(b.sub(scalar(0.0), b.div(lo, scale)), min=0.0, max=255.0)
     zp = b.cast(b.round(zp_f), to=DType.u8)
-    return [b.quantize_linear(x, scale, zp), scale, zp]
+    return b.quantize_linear(x, scale, zp), scale, zp
+
+
+DYNAMIC_PRODUCT_EMITS = ("reduce_max", "reduce_min", "max", "min", "sub", "div", "equal", "where", "clip", "round",
+                         "cast", "quantize_linear", "matmul", "mul")
+
+
+def dynamic_quantized_product(b: Builder, x: Value, w: Value, w_scale: Value, w_zp: Value | None) -> Value:
+    """x [..., K] (float) times the quantized w [K, N]: x quantized to u8 as one tensor
+    (:func:`dynamic_quantize`), the exact i32 product of the zero-point-centred operands, then
+    float(product) * (x_scale * w_scale). The weight's scale and zero point are one per tensor
+    (rank 0) or one per column ([N]). This is ONNX Runtime's quantized GEMM for dynamically
+    quantized weights (DynamicQuantizeMatMul, DynamicQuantizeLSTM)."""
+    xq, x_scale, x_zp = dynamic_quantize(b, x)
+    acc = b.matmul(centered(b, xq, x_zp), centered(b, w, w_zp))
+    multiplier = b.mul(x_scale, w_scale if w_scale.dtype is x.dtype else b.cast(w_scale, to=x.dtype))
+    return b.mul(b.cast(acc, to=x.dtype), multiplier)
 
 
 # --------------------------------------------------------------------------------------
