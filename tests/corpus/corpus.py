@@ -36,6 +36,12 @@ class Entry:
     """The tensor the model's output is the sigmoid of: ONNX Runtime's fast sigmoid is relatively
     inaccurate for tiny outputs (3x off at 1e-7), so the oracle is the float64 sigmoid of ONNX
     Runtime's own input to it."""
+    sigmoid_as_defined: bool = False
+    """The model re-quantizes its activations (DynamicQuantizeLinear), so its output is discontinuous: a
+    1-ulp difference in a sigmoid in front of a rounding boundary moves a whole quantization step. ONNX
+    Runtime's fast Sigmoid and the ONNX definition ``1 / (1 + exp(-x))`` evaluated by ONNX Runtime itself
+    differ by up to 1.3e-2 of the output scale on this model, so both are oracles and the library must
+    match one of them."""
     blocked: str = ""  # why the model does not import yet (an expected failure until fixed)
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Declared dim ranges for one library: where the graph branches on a dim (an If on a Shape
@@ -52,9 +58,7 @@ CORPUS: tuple[Entry, ...] = (
     Entry("ddddocr-ocr-int8", "ddddocr==1.6.1", "ddddocr/common_old.onnx",
           "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68", "dynamically quantized recognizer",
           "onnx.quantize 0.1.0", ({"input1": (1, 1, 64, 120)}, {"input1": (1, 1, 64, 200)}, {"input1": (1, 1, 64, 72)}),
-          blocked="ONNX Runtime's Sigmoid (MLAS's approximation) and CIR's differ by 1 ulp in about half the "
-                  "elements; where one sits at a DynamicQuantizeLinear rounding boundary the next ConvInteger "
-                  "sees a whole quantization step: errors 5.4e-3, 0, 3.3e-3 at the three widths"),
+          sigmoid_as_defined=True),
     Entry("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
           "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", "file-type classifier (Keras)",
           "tf2onnx 1.16.1", ({"bytes": (1, 2048)}, {"bytes": (3, 2048)}, {"bytes": (2, 2048)})),
