@@ -16,6 +16,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen.abi import OK
+from cuvil.codegen.llvm_types import I8, I32
 from cuvil.codegen.region_steps import (
     RegionSteps,
     StructuredFunction,
@@ -24,7 +25,6 @@ from cuvil.codegen.region_steps import (
     pointer,
     work_pointer,
 )
-from cuvil.codegen.scalar import I8, I32
 from cuvil.codegen.sizing import STATIC, Sizing
 from cuvil.ir.ops.control import open_regions
 from cuvil.ir.values import Value

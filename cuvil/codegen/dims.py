@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from llvmlite import ir
 
-from cuvil.codegen.scalar import I64, Builder, Val
+from cuvil.codegen.llvm_types import I64
+from cuvil.codegen.scalar import Builder, Val
 from cuvil.errors import CodegenError
 from cuvil.ir.symbolic import Dim, Sym
 

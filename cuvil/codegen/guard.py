@@ -24,20 +24,9 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.abi import TensorSpec
+from cuvil.codegen.llvm_types import F64, I1, I8, I32, PTR, declare
 from cuvil.codegen.loops import const, counted_loop
-from cuvil.codegen.scalar import (
-    F64,
-    I1,
-    I8,
-    I32,
-    PTR,
-    Builder,
-    GlobalVariable,
-    ScalarEmitter,
-    Val,
-    declare,
-    storage_type,
-)
+from cuvil.codegen.scalar import Builder, GlobalVariable, ScalarEmitter, Val, storage_type
 from cuvil.errors import CodegenError
 from cuvil.ir.dtypes import DType
 

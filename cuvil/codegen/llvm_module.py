@@ -36,10 +36,11 @@ from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_faul
 from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
+from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
 from cuvil.codegen.plan import MemoryPlan, ordered_steps, plan_memory
-from cuvil.codegen.scalar import I1, I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
+from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.codegen.sizing import Sizing, numel
 from cuvil.codegen.structured import StructuredKernel, structured_kernels

@@ -21,6 +21,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen.abi import OK
+from cuvil.codegen.llvm_types import I8, I32
 from cuvil.codegen.loops import const, counted_loop, for_range
 from cuvil.codegen.region_steps import (
     RegionSteps,
@@ -31,7 +32,7 @@ from cuvil.codegen.region_steps import (
     round_up,
     work_pointer,
 )
-from cuvil.codegen.scalar import I8, I32, Val
+from cuvil.codegen.scalar import Val
 from cuvil.codegen.sizing import STATIC, Sizing
 from cuvil.errors import CodegenError
 from cuvil.ir.ops.control import loop_groups, open_body

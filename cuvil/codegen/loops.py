@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
-from cuvil.codegen.scalar import I32, I64, PTR, Builder, Flags, Val
+from cuvil.codegen.llvm_types import I32, I64, PTR
+from cuvil.codegen.scalar import Builder, Flags, Val
 
 
 def row_major_strides(shape: Sequence[int]) -> list[int]:

@@ -20,20 +20,9 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.dims import DimValues
+from cuvil.codegen.llvm_types import I1, I32, I64, PTR
 from cuvil.codegen.loops import for_range, row_major_strides, start_block
-from cuvil.codegen.scalar import (
-    I1,
-    I32,
-    I64,
-    PTR,
-    Builder,
-    ScalarEmitter,
-    Val,
-    compute_type,
-    identity,
-    literal,
-    storage_type,
-)
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, compute_type, identity, literal, storage_type
 from cuvil.errors import CodegenError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType

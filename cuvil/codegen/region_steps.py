@@ -17,10 +17,11 @@ from llvmlite import ir
 from cuvil.codegen.abi import OK
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
+from cuvil.codegen.llvm_types import I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import const, fail_unless
 from cuvil.codegen.lower_rule import emit_rule_kernel
 from cuvil.codegen.plan import order_steps, plan_steps
-from cuvil.codegen.scalar import I1, I32, I64, PTR, Builder, Val, declare
+from cuvil.codegen.scalar import Builder, Val
 from cuvil.codegen.sizing import STATIC, Sizing
 from cuvil.ir.opdef import get_op
 from cuvil.ir.types import TensorType

@@ -16,22 +16,14 @@ import ml_dtypes
 import numpy as np
 from llvmlite import ir
 
+from cuvil.codegen import vmath
+from cuvil.codegen.llvm_types import F16, F32, F64, I1, I8, I16, I32, I64, declare
 from cuvil.codegen.narrow import emit_narrow, emit_widen
 from cuvil.errors import CodegenError
 from cuvil.ir import numpy_prims
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.narrow import INT_RANGES
-
-F16 = ir.HalfType()
-F32 = ir.FloatType()
-F64 = ir.DoubleType()
-I1 = ir.IntType(1)
-I8 = ir.IntType(8)
-I16 = ir.IntType(16)
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
-PTR = ir.PointerType()
 
 
 class Val(Protocol):
@@ -96,14 +88,6 @@ if TYPE_CHECKING:  # llvmlite has no type annotations: what its classes are, as 
 else:
     GlobalVariable = ir.GlobalVariable
     Builder = ir.IRBuilder
-
-
-def declare(mod: ir.Module, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
-    """The module's function ``name`` (an intrinsic, libc or libm), declared on first use."""
-    found = mod.globals.get(name)
-    if isinstance(found, ir.Function):
-        return found
-    return ir.Function(mod, ir.FunctionType(ret, list(args)), name=name)
 
 
 def storage_type(dt: DType) -> ir.Type:
@@ -300,6 +284,8 @@ class ScalarEmitter:
             return _FLOAT_BINARY[fn](b, x, args[1])
         if fn in _FLOAT_INTRINSIC:
             return b.call(self._intrinsic(_FLOAT_INTRINSIC[fn], ty), [x])
+        if ty == F32 and fn in vmath.FLOAT32_INLINE:
+            return vmath.FLOAT32_INLINE[fn](b, x)
         if fn in _LIBM_UNARY:
             return b.call(self._libm(_LIBM_UNARY[fn], ty), [x])
         if fn == "neg":
@@ -317,7 +303,7 @@ class ScalarEmitter:
         if fn == "isinf":
             mag = b.call(self._intrinsic("fabs", ty), [x])
             return b.fcmp_ordered("==", mag, ir.Constant(ty, float("inf")))
-        if fn == "erf":  # the interpreter evaluates erf in double precision for every float type
+        if fn == "erf":  # the interpreter evaluates erf in double precision for every float type (float32: inline)
             wide = x if ty == F64 else b.fpext(x, F64)
             return b.call(self._extern("erf", F64, [F64]), [wide])
         raise CodegenError(f"primitive {fn!r} is not defined on {dt}", location=fn)

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from cuvil.codegen.dims import DimValues
+from cuvil.codegen.llvm_types import I64
 from cuvil.codegen.plan import nbytes
-from cuvil.codegen.scalar import I64, Builder, Val
+from cuvil.codegen.scalar import Builder, Val
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.errors import CodegenError
 from cuvil.ir.symbolic import Dim, dim_range

@@ -21,7 +21,7 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels import Kernel, generic_only, select_kernel, select_symbolic_kernel
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
-from cuvil.codegen.scalar import I32, PTR
+from cuvil.codegen.llvm_types import I32, PTR
 from cuvil.interp import run_reference
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType

@@ -14,8 +14,8 @@ import pytest
 from llvmlite import ir
 
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
+from cuvil.codegen.llvm_types import I32, PTR
 from cuvil.codegen.lower_rule import emit_rule_kernel
-from cuvil.codegen.scalar import I32, PTR
 from cuvil.interp import evaluate_op
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType

@@ -47,6 +47,7 @@ from cuvil.codegen.kernels.gemm import (
     store_rows,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
+from cuvil.codegen.llvm_types import F32, I32, I64, PTR, declare
 from cuvil.codegen.loops import (
     NO_UNROLL,
     const,
@@ -56,7 +57,7 @@ from cuvil.codegen.loops import (
     row_major_strides,
     unravel,
 )
-from cuvil.codegen.scalar import F32, I32, I64, PTR, Builder, Val, declare
+from cuvil.codegen.scalar import Builder, Val
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
 

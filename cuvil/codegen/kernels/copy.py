@@ -12,7 +12,8 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.scalar import I1, I32, I64, PTR, Builder, declare
+from cuvil.codegen.llvm_types import I1, I32, I64, PTR, declare
+from cuvil.codegen.scalar import Builder
 from cuvil.codegen.sizing import numel
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value

@@ -41,6 +41,7 @@ from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, is_identity_index, reads_operand
 from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
 from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
+from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import (
     NO_UNROLL,
     const,
@@ -53,7 +54,7 @@ from cuvil.codegen.loops import (
     unravel,
 )
 from cuvil.codegen.lower_rule import Buffer
-from cuvil.codegen.scalar import F32, I1, I32, I64, PTR, Builder, Val, declare
+from cuvil.codegen.scalar import Builder, Val
 from cuvil.ir import rules as R
 from cuvil.ir.rulewalk import FreeVars, walk_exprs
 from cuvil.ir.symbolic import Dim, evaluate_dim, sym_max

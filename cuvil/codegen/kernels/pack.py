@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from cuvil.codegen.scalar import I8, GlobalVariable
+from cuvil.codegen.llvm_types import I8
+from cuvil.codegen.scalar import GlobalVariable
 
 
 def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:

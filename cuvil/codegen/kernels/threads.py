@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from cuvil.codegen.llvm_types import I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import for_range, if_then
-from cuvil.codegen.scalar import I8, I32, I64, PTR, Builder, GlobalVariable, Val, declare
+from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 
 MAX_THREADS = 64
 SPIN_PAUSES = 1024  # ~30-150 us depending on the CPU's pause latency: short enough to never matter

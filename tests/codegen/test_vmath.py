@@ -1,0 +1,125 @@
+"""The inline float32 tanh and erf of the generated code (cuvil.codegen.vmath).
+
+Each is compared bit for bit with the float64 function rounded to float32 on every special value,
+the thresholds where the result saturates, under- or overflows, and a few hundred thousand inputs
+drawn over all bit patterns and over the range where the function varies. The same input must give
+the same bits in a vectorized loop body, in its scalar remainder, in a one-element library and in
+a tuned GEMM's epilogue: the proofs read a transcendental as one function of its operand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cuvil.compiler import compile
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+
+_erf64 = np.vectorize(math.erf, otypes=[np.float64])
+
+REFERENCE = {"tanh": np.tanh, "erf": _erf64}
+"""float64 references: rounded once to float32, each is the correctly rounded float32 result except where
+the exact value lies within about 1e-16 of a rounding boundary."""
+
+SPREAD = {"tanh": 12.0, "erf": 5.0}
+"""Where each function is neither constant nor saturated in float32."""
+
+
+def _edges() -> np.ndarray:
+    f32 = np.finfo(np.float32)
+    points = [0.0, 1.0, 2.0, 3.0, 4.0, 0.0625, 9.01, 10.0, 3.92, 88.72283, 88.7228394, -87.33654, -103.27893,
+              -103.972084, -104.0, 89.0, 0.5 * math.log(2.0), math.log(2.0), 1e-30, 1e-40, float(f32.tiny),
+              float(f32.smallest_subnormal), float(f32.max), float(f32.eps)]
+    out = []
+    with np.errstate(over="ignore"):  # the float after the largest is inf
+        for p in points:
+            v = np.float32(p)
+            for q in (v, np.nextafter(v, np.float32(np.inf)), np.nextafter(v, np.float32(-np.inf))):
+                out += [q, -q]
+    out += [np.float32(np.inf), np.float32(-np.inf), np.float32(-0.0)]
+    return np.array(out, dtype=np.float32)
+
+
+def _inputs(fn: str) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    bits = bits[~np.isnan(bits)]
+    spread = rng.uniform(-SPREAD[fn], SPREAD[fn], 1 << 17).astype(np.float32)
+    small = (rng.uniform(-1, 1, 1 << 14) * 2.0 ** rng.integers(-40, 0, 1 << 14)).astype(np.float32)
+    return np.concatenate([_edges(), bits, spread, small])
+
+
+def _library(fn: str, n: int, opt_level: int = 3):
+    b = Builder()
+    x = b.param("x", DType.f32, [n])
+    return compile(b.module(b.function("main", [x], [getattr(b, fn)(x)])), cache=False, passes="O0",
+                   opt_level=opt_level)
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def ordered(v: np.ndarray) -> np.ndarray:
+        i = v.view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+    return np.abs(ordered(a) - ordered(b))
+
+
+@pytest.mark.parametrize("fn", sorted(REFERENCE))
+def test_inline_transcendental_is_correctly_rounded(fn: str) -> None:
+    x = _inputs(fn)
+    got = np.asarray(_library(fn, x.size)(x))
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = REFERENCE[fn](x.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(np.signbit(got), np.signbit(want))  # odd functions keep the sign of zero
+    off = _ulps(got, want)
+    assert off.max() <= 1, (fn, x[off.argmax()], got[off.argmax()], want[off.argmax()])
+    assert np.count_nonzero(off) <= x.size // 100_000, (fn, np.count_nonzero(off))
+
+
+@pytest.mark.parametrize("fn", sorted(REFERENCE))
+def test_inline_transcendental_propagates_nan(fn: str) -> None:
+    x = np.array([np.nan, -np.nan, 1.0, np.nan], dtype=np.float32)
+    x[3:] = np.array([0x7FA00000], dtype=np.uint32).view(np.float32)  # a signaling NaN comes out quiet
+    got = np.asarray(_library(fn, x.size)(x))
+    assert np.isnan(got[[0, 1, 3]]).all() and not np.isnan(got[2])
+    assert got[3:].view(np.uint32)[0] & 0x00400000
+
+
+@pytest.mark.parametrize("fn", sorted(REFERENCE))
+def test_every_lane_and_remainder_computes_the_same_bits(fn: str) -> None:
+    """A loop body that LLVM vectorizes, its scalar remainder (1013 elements) and a one-element library
+    (no vector loop at all) give identical bits for identical inputs."""
+    values = _inputs(fn)[::997][:7]
+    n = 1013
+    x = np.resize(values, n)
+    got = np.asarray(_library(fn, n)(x))
+    single = _library(fn, 1, opt_level=0)
+    for k, v in enumerate(values):
+        lanes = got[k::len(values)]
+        alone = np.asarray(single(np.array([v], dtype=np.float32)))
+        assert np.array_equal(lanes.view(np.uint32), np.full(lanes.size, alone.view(np.uint32)[0])), (fn, v)
+
+
+@pytest.mark.parametrize("fn", ["tanh", "erf"])
+def test_tuned_epilogue_computes_the_same_bits(fn: str) -> None:
+    """A matmul whose epilogue is the function runs on the tuned GEMM with the function in its tile loop:
+    its bits are the function's, applied by the rule lowering to the same GEMM's product."""
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal((24, 40)).astype(np.float32) * 0.3, rng.standard_normal((40, 48)).astype(np.float32)]
+
+    def product(epilogue: str | None):
+        b = Builder()
+        x, w = b.param("x", DType.f32, [24, 40]), b.param("w", DType.f32, [40, 48])
+        y = b.matmul(x, w)
+        compiled = compile(b.module(b.function("main", [x, w], [getattr(b, epilogue)(y) if epilogue else y])),
+                           cache=False)
+        assert set(compiled.manifest["kernels"]) - {"rule"}, "the product must run on the tuned GEMM"
+        return np.asarray(compiled(*args))
+
+    fused = product(fn)
+    z = product(None)
+    alone = np.asarray(_library(fn, z.size)(z.ravel())).reshape(z.shape)
+    assert np.array_equal(fused.view(np.uint32), alone.view(np.uint32))
