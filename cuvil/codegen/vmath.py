@@ -8,7 +8,7 @@ epilogues that use them (0.7, 1.2 and 1.6 ns), and every lane, every scalar rema
 computes the same bits for the same input: the proofs treat a transcendental as one function of its
 operand, so it must be one everywhere in a library. (A scalar ``exp`` is slower than ``expf``: the
 reductions that sum exponentials, softmax's, run on a kernel that advances rows in vector lanes,
-:mod:`cuvil.codegen.kernels.softmax`.)
+:mod:`cuvil.codegen.kernels.rows`.)
 """
 
 from __future__ import annotations

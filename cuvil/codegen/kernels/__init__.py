@@ -40,7 +40,7 @@ from cuvil.codegen.kernels.gemm import (
     host_isa,
     rows_view,
 )
-from cuvil.codegen.kernels.softmax import softmax_kernel
+from cuvil.codegen.kernels.rows import row_kernel
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
@@ -111,7 +111,8 @@ def tuned_kernels() -> dict[str, str]:
     """Which ops a tuned kernel may compute (the LLVM column of ``cuvil ops``), and with what."""
     out = {op: f"{text}, float32" for op, (text, _) in KERNELS.items()}
     out["fused"] = "tuned kernels for " + " / ".join(KERNELS) + " epilogues, float32"
-    out["softmax"] = out["log_softmax"] = "rows advancing sixteen at a time (vectorized), float32"
+    for op in ("softmax", "log_softmax", "layer_norm"):
+        out[op] = "rows advancing sixteen at a time (vectorized), float32"
     return out
 
 
@@ -176,7 +177,7 @@ def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbol
 def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: ShapeClass | None) -> Kernel | None:
     """The tuned kernel of ``v`` in a function at static shapes or compiled for ``shape_class``: a static
     one where ``v``'s types are static, else one taking the dims (:func:`takes_dims`), else None."""
-    kernel = select_kernel(v, constants) or (softmax_kernel(v) if _enabled else None)
+    kernel = select_kernel(v, constants) or (row_kernel(v) if _enabled else None)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)

@@ -1,0 +1,287 @@
+"""Row reductions (softmax, log_softmax, layer norm) as schedules of their rules that vectorize.
+
+Each rule reduces a row in order (softmax: the max, then the sum of ``exp(x - max)`` from the first
+element to the last; layer norm: the sum, then the sum of squared deviations). The generic lowering
+walks one row at a time, so each step waits for the previous one and nothing vectorizes. Here sixteen
+rows advance together: a block of rows is copied into a column-major tile, and each reduction step is
+one operation across the sixteen rows' accumulators, which LLVM vectorizes while every row still
+reduces its own terms in the rule's order. Every scalar operation is the one the generic lowering
+emits (:class:`cuvil.codegen.scalar.ScalarEmitter`, the same literals), so the result is the same bit
+for bit, up to which NaN payload survives (``tests/codegen/test_row_kernels.py``). Values the rule
+computes twice (softmax's exponentials, in the sum and in the output) are computed once and kept in
+the tile: the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, cast
+
+from llvmlite import ir
+
+from cuvil.codegen import abi
+from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR
+from cuvil.codegen.loops import for_range, opaque_alloca
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
+from cuvil.ir.dtypes import DType
+from cuvil.ir.values import Value
+
+LANES = 16
+"""Rows that advance together (one AVX-512 vector of float32)."""
+
+TILE_LIMIT = 1 << 22
+"""Largest tile (bytes): longer rows stay on the generic lowering."""
+
+F32_ARGS = [DType.f32]
+
+
+class Block:
+    """One block of sixteen rows inside a kernel: where each row starts, whether it exists (the last
+    block may be short: its missing rows read row 0, are computed and never stored), per-row
+    accumulators, and the tile holding the block column-major (element ``k`` of every row together)."""
+
+    def __init__(self, b: Builder, kernel: RowKernel, tile: Val) -> None:
+        self.b, self.kernel, self.tile = b, kernel, tile
+        self.s = ScalarEmitter(b)
+        self.base = opaque_alloca(b, ir.ArrayType(I64, LANES), "base")
+        self.valid = opaque_alloca(b, ir.ArrayType(I1, LANES), "valid")
+        self.acc = {name: opaque_alloca(b, ir.ArrayType(F32, LANES), name) for name in kernel.accumulators}
+
+    def lane(self, array: Val, j: Val, ty: ir.Type = F32) -> Val:
+        return self.b.gep(array, [j], source_etype=ty, inbounds=True)
+
+    def load(self, array: Val, j: Val) -> Val:
+        return self.b.load(self.lane(array, j), typ=F32)
+
+    def cell(self, k: Val, j: Val) -> Val:
+        b = self.b
+        return b.gep(self.tile, [b.add(b.mul(k, ir.Constant(I64, LANES)), j)], source_etype=F32, inbounds=True)
+
+    def element(self, ptr: Val, j: Val, k: Val) -> Val:
+        b = self.b
+        offset = b.add(b.load(self.lane(self.base, j, I64), typ=I64), b.mul(k, ir.Constant(I64, self.kernel.inner)))
+        return b.gep(ptr, [offset], source_etype=F32, inbounds=True)
+
+    def locate(self, r0: Val, starts: dict[str, tuple[Val, ir.Constant]]) -> None:
+        """Each lane's row offset and validity; each named accumulator set to its start value."""
+        b, k = self.b, self.kernel
+
+        def one(j: Val) -> None:
+            r = b.add(r0, j)
+            ok = b.icmp_signed("<", r, ir.Constant(I64, k.rows))
+            r = b.select(ok, r, ir.Constant(I64, 0))
+            offset = b.add(b.mul(b.sdiv(r, ir.Constant(I64, k.inner)), ir.Constant(I64, k.length * k.inner)),
+                           b.srem(r, ir.Constant(I64, k.inner)))
+            b.store(offset, self.lane(self.base, j, I64))
+            b.store(ok, self.lane(self.valid, j, I1))
+            for array, start in starts.values():
+                b.store(start, self.lane(array, j))
+
+        for_range(b, 0, LANES, "lane", one)
+
+    def gather(self, src: Val) -> None:
+        b = self.b
+        for_range(b, 0, self.kernel.length, "k", lambda k: for_range(
+            b, 0, LANES, "g", lambda j: b.store(b.load(self.element(src, j, k), typ=F32), self.cell(k, j))))
+
+    def sweep(self, step: Callable[[Val, Val], None]) -> None:
+        """``step(k, j)`` for every element ``k`` in order, the sixteen lanes ``j`` innermost."""
+        for_range(self.b, 0, self.kernel.length, "k", lambda k: for_range(self.b, 0, LANES, "j",
+                                                                          lambda j: step(k, j)))
+
+    def fold(self, array: Val, j: Val, value: Val, combine: Callable[[Val, Val], Val]) -> None:
+        self.b.store(combine(self.load(array, j), value), self.lane(array, j))
+
+    def rows_out(self, per_row: Callable[[Val], Callable[[Val], object]]) -> None:
+        """For each existing row ``j``: ``per_row(j)`` prepares it and returns ``put(k)``, run for every
+        element in order (contiguous along the row when it is the innermost axis)."""
+        b = self.b
+
+        def row(j: Val) -> None:
+            with b.if_then(b.load(self.lane(self.valid, j, I1), typ=I1)):
+                for_range(b, 0, self.kernel.length, "k", per_row(j))
+
+        for_range(b, 0, LANES, "row", row)
+
+
+@dataclass(frozen=True)
+class RowKernel:
+    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` over ``rows`` rows of ``length`` float32 elements,
+    element ``k`` of row ``r`` at ``(r // inner) * length * inner + r % inner + k * inner``."""
+
+    rows: int
+    length: int
+    inner: int
+
+    unused_operands: frozenset[int] = frozenset()
+    constant_bytes = 0
+    operands = 1
+    accumulators: ClassVar[tuple[str, ...]] = ()  # per-row float32 values, one slot per lane
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.length * LANES * 4
+
+    @property
+    def name(self) -> str:
+        return "row reduction"
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (self.operands + 2)), name=name)
+        fn.linkage = "hidden"
+        out, *ins, tile = fn.args
+        out.name, tile.name = "out", "scratch"
+        for i, a in enumerate(ins):
+            a.name = f"in{i}"
+        b = Builder(fn.append_basic_block("entry"))
+        blk = Block(b, self, tile)
+        for_range(b, 0, self.rows, "rows", lambda r0: self.block(blk, r0, out, ins), step=LANES)
+        b.ret(ir.Constant(I32, abi.OK))
+        return fn
+
+    def block(self, blk: Block, r0: Val, out: Val, ins: Sequence[Val]) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SoftmaxKernel(RowKernel):
+    op: str = "softmax"  # or "log_softmax"
+    accumulators = ("top", "total")
+
+    @property
+    def name(self) -> str:
+        return "softmax rows"
+
+    def block(self, blk: Block, r0: Val, out: Val, ins: Sequence[Val]) -> None:
+        b, s = blk.b, blk.s
+        top, total = blk.acc["top"], blk.acc["total"]
+        blk.locate(r0, {"top": (top, identity("max", DType.f32)), "total": (total, ir.Constant(F32, -0.0))})
+        blk.gather(ins[0])
+
+        def maximum(acc: Val, v: Val) -> Val:  # as the generic lowering folds a max: (accumulator, term)
+            return s.call("max", [acc, v], F32_ARGS * 2, DType.f32, {})
+
+        blk.sweep(lambda k, j: blk.fold(top, j, b.load(blk.cell(k, j), typ=F32), maximum))
+
+        def accumulate(k: Val, j: Val) -> None:
+            e = s.call("exp", [b.fsub(b.load(blk.cell(k, j), typ=F32), blk.load(top, j))], F32_ARGS, DType.f32, {})
+            blk.fold(total, j, e, b.fadd)
+            if self.op == "softmax":
+                b.store(e, blk.cell(k, j))
+
+        blk.sweep(accumulate)
+
+        def per_row(j: Val) -> Callable[[Val], object]:
+            t = blk.load(total, j)
+            if self.op == "log_softmax":
+                m, log_total = blk.load(top, j), s.call("log", [t], F32_ARGS, DType.f32, {})
+                return lambda k: b.store(b.fsub(b.fsub(b.load(blk.cell(k, j), typ=F32), m), log_total),
+                                         blk.element(out, j, k))
+            return lambda k: b.store(b.fdiv(b.load(blk.cell(k, j), typ=F32), t), blk.element(out, j, k))
+
+        blk.rows_out(per_row)
+
+
+@dataclass(frozen=True)
+class LayerNormKernel(RowKernel):
+    """Rows are the trailing axes (``inner`` is 1); scale and bias have the row's shape."""
+
+    epsilon: float = 1e-5
+    operands = 3
+    accumulators = ("sum", "squares", "mean", "denom")
+
+    @property
+    def name(self) -> str:
+        return "layer norm rows"
+
+    def block(self, blk: Block, r0: Val, out: Val, ins: Sequence[Val]) -> None:
+        b, s = blk.b, blk.s
+        x, scale, bias = ins
+        total, squares, mean, denom = (blk.acc[n] for n in self.accumulators)
+        minus_zero = ir.Constant(F32, -0.0)
+        blk.locate(r0, {"sum": (total, minus_zero), "squares": (squares, minus_zero)})
+        blk.gather(x)
+        count = literal(self.length, DType.f32)
+        blk.sweep(lambda k, j: blk.fold(total, j, b.load(blk.cell(k, j), typ=F32), b.fadd))
+        for_range(b, 0, LANES, "mean", lambda j: b.store(b.fdiv(blk.load(total, j), count), blk.lane(mean, j)))
+
+        def square(k: Val, j: Val) -> None:
+            dev = b.fsub(b.load(blk.cell(k, j), typ=F32), blk.load(mean, j))
+            blk.fold(squares, j, b.fmul(dev, dev), b.fadd)
+
+        blk.sweep(square)
+        eps = literal(self.epsilon, DType.f32)
+
+        def spread(j: Val) -> None:
+            var = b.fdiv(blk.load(squares, j), count)
+            b.store(s.call("sqrt", [b.fadd(var, eps)], F32_ARGS, DType.f32, {}), blk.lane(denom, j))
+
+        for_range(b, 0, LANES, "denom", spread)
+
+        def per_row(j: Val) -> Callable[[Val], object]:
+            m, d = blk.load(mean, j), blk.load(denom, j)
+
+            def put(k: Val) -> None:
+                norm = b.fdiv(b.fsub(b.load(blk.cell(k, j), typ=F32), m), d)
+                g = b.load(b.gep(scale, [k], source_etype=F32, inbounds=True), typ=F32)
+                beta = b.load(b.gep(bias, [k], source_etype=F32, inbounds=True), typ=F32)
+                b.store(b.fadd(b.fmul(norm, g), beta), blk.element(out, j, k))
+            return put
+
+        blk.rows_out(per_row)
+
+
+def _static_f32(v: Value) -> list[int] | None:
+    types = [v.type, *(o.type for o in v.operands)]
+    if v.is_param or v.is_const or any(t.dtype is not DType.f32 or not t.is_static for t in types):
+        return None
+    shape = [int(d) for d in v.operands[0].type.shape]
+    return shape if shape and all(shape) else None
+
+
+def _layout(shape: list[int], axis: int) -> tuple[int, int, int] | None:
+    """(rows, length, inner) of a reduction along ``axis`` (or, for ``inner`` forced to 1, along the trailing
+    axes from ``axis``), None when the tile would be too large."""
+    length = shape[axis]
+    inner = 1
+    for d in shape[axis + 1:]:
+        inner *= d
+    total = 1
+    for d in shape:
+        total *= d
+    if length * LANES * 4 > TILE_LIMIT:
+        return None
+    return total // length, length, inner
+
+
+def row_kernel(v: Value) -> RowKernel | None:
+    """The row-blocked schedule of ``v``: a float32 softmax or log_softmax, or a float32 layer norm whose
+    scale and bias have the normalized axes' shape, at static shapes."""
+    if v.op not in ("softmax", "log_softmax", "layer_norm"):
+        return None
+    shape = _static_f32(v)
+    if shape is None:
+        return None
+    axis = int(cast(int, v.attr("axis", -1))) % len(shape)
+    if v.op != "layer_norm":
+        layout = _layout(shape, axis)
+        return SoftmaxKernel(*layout, op=v.op) if layout is not None else None
+    tail = shape[axis:]
+    if any(list(o.type.shape) != tail for o in v.operands[1:]):
+        return None
+    flat = [*shape[:axis], _prod(tail)]
+    layout = _layout(flat, len(flat) - 1)
+    if layout is None:
+        return None
+    return LayerNormKernel(*layout, epsilon=float(cast(float, v.attr("epsilon", 1e-5))))
+
+
+def _prod(dims: list[int]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+__all__ = ["LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "row_kernel"]

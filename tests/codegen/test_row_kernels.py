@@ -1,0 +1,105 @@
+"""The row-blocked softmax / log_softmax / layer norm kernels are schedules of their rules: the same
+bits (up to NaN payloads) as the generic lowering on every shape and axis (rows that do not fill a
+block, one-element rows, the axis first, in the middle and last) and on rows holding NaN,
+infinities, signed zeros and huge values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuvil.codegen import kernels
+from cuvil.codegen.kernels.rows import LANES, TILE_LIMIT, row_kernel
+from cuvil.compiler import compile
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+
+SHAPES = [((37, 19), -1), ((5, 1), -1), ((1, 7), 0), ((3, 17, 4), 1), ((2, 3, 33), 0), ((16, 128), 1),
+          ((2, 4, 9, 31), -1), ((40,), 0)]
+
+
+def _values(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    x = (rng.standard_normal(shape) * rng.choice([0.1, 3.0, 40.0], shape)).astype(np.float32)
+    flat = x.reshape(-1)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, -3e38, 1e-45], dtype=np.float32)
+    pick = rng.choice(flat.size, size=max(1, flat.size // 6), replace=False)
+    flat[pick] = rng.choice(specials, pick.size)
+    return x
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    """Bit for bit, except that any NaN equals any NaN (which operand's payload an IEEE operation keeps
+    is not part of the meaning, and LLVM may commute the operands of a sum or product)."""
+    nan = np.isnan(want)
+    return bool(np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(np.uint32),
+                                                                      want[~nan].view(np.uint32)))
+
+
+def _build(op: str, shape: tuple[int, ...], axis: int):
+    b = Builder()
+    x = b.param("x", DType.f32, list(shape))
+    return b.module(b.function("main", [x], [getattr(b, op)(x, axis=axis)]))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize(("shape", "axis"), SHAPES, ids=[f"{s}@{a}" for s, a in SHAPES])
+def test_kernel_matches_the_rule_lowering_bit_for_bit(op: str, shape: tuple[int, ...], axis: int) -> None:
+    module = _build(op, shape, axis)
+    fast, generic = _both(module, "softmax rows")
+    rng = np.random.default_rng(sum(shape) + axis)
+    for _ in range(3):
+        x = _values(shape, rng)
+        got, want = np.asarray(fast(x)), np.asarray(generic(x))
+        assert _same_bits(got, want), (op, shape, axis)
+        clean = np.where(np.isfinite(x), x, 0).astype(np.float64)
+        ref = np.exp(clean - clean.max(axis=axis, keepdims=True))
+        ref = ref / ref.sum(axis=axis, keepdims=True)
+        finite_rows = np.isfinite(x).all(axis=axis, keepdims=True) & np.ones_like(x, dtype=bool)
+        if op == "softmax" and finite_rows.any():  # and it is a softmax
+            assert np.allclose(got[finite_rows], ref[finite_rows], rtol=1e-5, atol=1e-6)
+
+
+def _both(module, kernel: str):
+    fast = compile(module, cache=False, passes="O0")
+    assert kernel in fast.manifest["kernels"]
+    with kernels.generic_only():
+        generic = compile(module, cache=False, passes="O0")
+    assert kernel not in generic.manifest["kernels"]
+    return fast, generic
+
+
+NORM_SHAPES = [((37, 24), 1), ((3, 5, 8), 1), ((4, 1), 1), ((2, 3, 4, 5), 3), ((70, 256), -1), ((3, 9), 0)]
+
+
+@pytest.mark.parametrize(("shape", "axis"), NORM_SHAPES, ids=[f"{s}@{a}" for s, a in NORM_SHAPES])
+@pytest.mark.parametrize("epsilon", [1e-5, 1e-12, 0.1])
+def test_layer_norm_kernel_matches_the_rule_lowering_bit_for_bit(shape, axis, epsilon) -> None:
+    tail = list(shape[axis % len(shape):])
+    b = Builder()
+    x, g, beta = b.param("x", DType.f32, list(shape)), b.param("g", DType.f32, tail), b.param("b", DType.f32, tail)
+    module = b.module(b.function("main", [x, g, beta], [b.layer_norm(x, g, beta, axis=axis, epsilon=epsilon)]))
+    fast, generic = _both(module, "layer norm rows")
+    rng = np.random.default_rng(len(shape) + axis)
+    for _ in range(3):
+        args = [_values(shape, rng), _values(tuple(tail), rng), _values(tuple(tail), rng)]
+        got, want = np.asarray(fast(*args)), np.asarray(generic(*args))
+        assert _same_bits(got, want), (shape, axis, epsilon)
+    clean = [rng.standard_normal(shape).astype(np.float32) * 5, *(rng.standard_normal(tail).astype(np.float32)
+                                                                    for _ in range(2))]
+    axes = tuple(range(axis % len(shape), len(shape)))
+    x64 = clean[0].astype(np.float64)
+    ref = (x64 - x64.mean(axes, keepdims=True)) / np.sqrt(x64.var(axes, keepdims=True) + epsilon) * clean[1] + clean[2]
+    assert np.allclose(np.asarray(fast(*clean)), ref, rtol=1e-4, atol=1e-4)  # and it is a layer norm
+
+
+def test_kernels_are_chosen_only_where_they_apply() -> None:
+    b = Builder()
+    x32, x16 = b.param("a", DType.f32, [4, 8]), b.param("b", DType.f16, [4, 8])
+    long_row = b.param("c", DType.f32, [2, TILE_LIMIT // (4 * LANES) + 1])
+    g8, g1 = b.param("g", DType.f32, [8]), b.param("g1", DType.f32, [1])
+    assert row_kernel(b.softmax(x32, axis=-1)) is not None
+    assert row_kernel(b.softmax(x16, axis=-1)) is None  # halves keep the rule's rounding path
+    assert row_kernel(b.softmax(long_row, axis=-1)) is None  # the tile would be too large
+    assert row_kernel(b.exp(x32)) is None
+    assert row_kernel(b.layer_norm(x32, g8, g8, axis=-1)) is not None
+    assert row_kernel(b.layer_norm(x32, g1, g8, axis=-1)) is None  # a broadcast scale stays generic
