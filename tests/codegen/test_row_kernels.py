@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 
 from cuvil.codegen import kernels
+from cuvil.codegen.artifact import build_library
 from cuvil.codegen.kernels.rows import LANES, TILE_LIMIT, row_kernel
+from cuvil.codegen.shape_class import ShapeClass
 from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.types import DimConstraint
+from cuvil.runtime.loader import CompiledModel
 
 SHAPES = [((37, 19), -1), ((5, 1), -1), ((1, 7), 0), ((3, 17, 4), 1), ((2, 3, 33), 0), ((16, 128), 1),
           ((2, 4, 9, 31), -1), ((40,), 0)]
@@ -103,3 +107,33 @@ def test_kernels_are_chosen_only_where_they_apply() -> None:
     assert row_kernel(b.exp(x32)) is None
     assert row_kernel(b.layer_norm(x32, g8, g8, axis=-1)) is not None
     assert row_kernel(b.layer_norm(x32, g1, g8, axis=-1)) is None  # a broadcast scale stays generic
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm"])
+def test_shape_class_library_reads_the_row_dims_at_run_time(op: str, tmp_path) -> None:
+    """One library for x[B, H, T, T] (softmax over the last T) or x[B, T, 24] (layer norm over 24): the
+    kernel reads B and T per call, its tile sized for T's largest value; the same bits as the generic
+    lowering at every size, and as a library specialized to that size."""
+    b = Builder()
+    constraints = [DimConstraint("B", hi=3), DimConstraint("T", hi=40)]
+    if op == "layer_norm":
+        x = b.param("x", DType.f32, ["B", "T", 24])
+        g, beta = b.param("g", DType.f32, [24]), b.param("b", DType.f32, [24])
+        params, y = [x, g, beta], b.layer_norm(x, g, beta, axis=-1, epsilon=1e-5)
+    else:
+        x = b.param("x", DType.f32, ["B", 2, "T", "T"])
+        params, y = [x], getattr(b, op)(x, axis=-1)
+    module = b.module(b.function("main", params, [y], ["y"], constraints))
+    fn = module.main
+    art = build_library(fn, module.constants, tmp_path / "fast", name="rows", shape_class=ShapeClass.of(fn))
+    fast = CompiledModel(art.library_path)
+    assert {"softmax rows", "layer norm rows"} & set(fast.manifest["kernels"])
+    with kernels.generic_only():
+        art = build_library(fn, module.constants, tmp_path / "generic", name="rows", shape_class=ShapeClass.of(fn))
+    generic = CompiledModel(art.library_path)
+    rng = np.random.default_rng(5)
+    for batch, t in [(1, 1), (3, 17), (2, 40), (1, 16)]:
+        shape = (batch, t, 24) if op == "layer_norm" else (batch, 2, t, t)
+        args = [_values(shape, rng)] + ([_values((24,), rng), _values((24,), rng)] if op == "layer_norm" else [])
+        got, want = np.asarray(fast(*args)), np.asarray(generic(*args))
+        assert got.shape == shape and _same_bits(got, want), (op, batch, t)

@@ -177,7 +177,7 @@ def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbol
 def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: ShapeClass | None) -> Kernel | None:
     """The tuned kernel of ``v`` in a function at static shapes or compiled for ``shape_class``: a static
     one where ``v``'s types are static, else one taking the dims (:func:`takes_dims`), else None."""
-    kernel = select_kernel(v, constants) or (row_kernel(v) if _enabled else None)
+    kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)

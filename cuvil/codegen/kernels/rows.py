@@ -21,10 +21,13 @@ from typing import ClassVar, cast
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.dims import DimValues
 from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR
 from cuvil.codegen.loops import for_range, opaque_alloca
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
+from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import Dim, dim_range
 from cuvil.ir.values import Value
 
 LANES = 16
@@ -41,9 +44,16 @@ class Block:
     block may be short: its missing rows read row 0, are computed and never stored), per-row
     accumulators, and the tile holding the block column-major (element ``k`` of every row together)."""
 
-    def __init__(self, b: Builder, kernel: RowKernel, tile: Val) -> None:
+    def __init__(self, b: Builder, kernel: RowKernel, tile: Val, dims: DimValues | None) -> None:
         self.b, self.kernel, self.tile = b, kernel, tile
         self.s = ScalarEmitter(b)
+
+        def value(d: Dim) -> Val:
+            return ir.Constant(I64, d) if isinstance(d, int) else cast(DimValues, dims).value(d)
+
+        self.length, self.inner = value(kernel.length), value(kernel.inner)
+        self.stride = b.mul(self.length, self.inner)
+        self.rows = b.mul(value(kernel.outer), self.inner)
         self.base = opaque_alloca(b, ir.ArrayType(I64, LANES), "base")
         self.valid = opaque_alloca(b, ir.ArrayType(I1, LANES), "valid")
         self.acc = {name: opaque_alloca(b, ir.ArrayType(F32, LANES), name) for name in kernel.accumulators}
@@ -60,19 +70,18 @@ class Block:
 
     def element(self, ptr: Val, j: Val, k: Val) -> Val:
         b = self.b
-        offset = b.add(b.load(self.lane(self.base, j, I64), typ=I64), b.mul(k, ir.Constant(I64, self.kernel.inner)))
+        offset = b.add(b.load(self.lane(self.base, j, I64), typ=I64), b.mul(k, self.inner))
         return b.gep(ptr, [offset], source_etype=F32, inbounds=True)
 
     def locate(self, r0: Val, starts: dict[str, tuple[Val, ir.Constant]]) -> None:
         """Each lane's row offset and validity; each named accumulator set to its start value."""
-        b, k = self.b, self.kernel
+        b = self.b
 
         def one(j: Val) -> None:
             r = b.add(r0, j)
-            ok = b.icmp_signed("<", r, ir.Constant(I64, k.rows))
+            ok = b.icmp_signed("<", r, self.rows)
             r = b.select(ok, r, ir.Constant(I64, 0))
-            offset = b.add(b.mul(b.sdiv(r, ir.Constant(I64, k.inner)), ir.Constant(I64, k.length * k.inner)),
-                           b.srem(r, ir.Constant(I64, k.inner)))
+            offset = b.add(b.mul(b.sdiv(r, self.inner), self.stride), b.srem(r, self.inner))
             b.store(offset, self.lane(self.base, j, I64))
             b.store(ok, self.lane(self.valid, j, I1))
             for array, start in starts.values():
@@ -82,12 +91,12 @@ class Block:
 
     def gather(self, src: Val) -> None:
         b = self.b
-        for_range(b, 0, self.kernel.length, "k", lambda k: for_range(
+        for_range(b, 0, self.length, "k", lambda k: for_range(
             b, 0, LANES, "g", lambda j: b.store(b.load(self.element(src, j, k), typ=F32), self.cell(k, j))))
 
     def sweep(self, step: Callable[[Val, Val], None]) -> None:
         """``step(k, j)`` for every element ``k`` in order, the sixteen lanes ``j`` innermost."""
-        for_range(self.b, 0, self.kernel.length, "k", lambda k: for_range(self.b, 0, LANES, "j",
+        for_range(self.b, 0, self.length, "k", lambda k: for_range(self.b, 0, LANES, "j",
                                                                           lambda j: step(k, j)))
 
     def fold(self, array: Val, j: Val, value: Val, combine: Callable[[Val, Val], Val]) -> None:
@@ -100,19 +109,23 @@ class Block:
 
         def row(j: Val) -> None:
             with b.if_then(b.load(self.lane(self.valid, j, I1), typ=I1)):
-                for_range(b, 0, self.kernel.length, "k", per_row(j))
+                for_range(b, 0, self.length, "k", per_row(j))
 
         for_range(b, 0, LANES, "row", row)
 
 
 @dataclass(frozen=True)
 class RowKernel:
-    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` over ``rows`` rows of ``length`` float32 elements,
-    element ``k`` of row ``r`` at ``(r // inner) * length * inner + r % inner + k * inner``."""
+    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` over ``outer * inner`` rows of ``length`` float32
+    elements, element ``k`` of row ``r`` at ``(r // inner) * length * inner + r % inner + k * inner``. In a
+    shape class (``runtime``: the symbols of a trailing ``ptr dims`` argument) the three may be dims read
+    at run time, the tile sized for ``length_max``."""
 
-    rows: int
-    length: int
-    inner: int
+    outer: Dim
+    length: Dim
+    inner: Dim
+    length_max: int
+    runtime: tuple[str, ...] | None = None
 
     unused_operands: frozenset[int] = frozenset()
     constant_bytes = 0
@@ -121,22 +134,25 @@ class RowKernel:
 
     @property
     def scratch_bytes(self) -> int:
-        return self.length * LANES * 4
+        return self.length_max * LANES * 4
 
     @property
     def name(self) -> str:
         return "row reduction"
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (self.operands + 2)), name=name)
+        extra = 3 if self.runtime is not None else 2
+        fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (self.operands + extra)), name=name)
         fn.linkage = "hidden"
-        out, *ins, tile = fn.args
+        out, *ins = fn.args[:self.operands + 1]
+        tile = fn.args[self.operands + 1]
         out.name, tile.name = "out", "scratch"
         for i, a in enumerate(ins):
             a.name = f"in{i}"
         b = Builder(fn.append_basic_block("entry"))
-        blk = Block(b, self, tile)
-        for_range(b, 0, self.rows, "rows", lambda r0: self.block(blk, r0, out, ins), step=LANES)
+        dims = DimValues(b, fn.args[-1], self.runtime) if self.runtime is not None else None
+        blk = Block(b, self, tile, dims)
+        for_range(b, 0, blk.rows, "rows", lambda r0: self.block(blk, r0, out, ins), step=LANES)
         b.ret(ir.Constant(I32, abi.OK))
         return fn
 
@@ -202,7 +218,7 @@ class LayerNormKernel(RowKernel):
         minus_zero = ir.Constant(F32, -0.0)
         blk.locate(r0, {"sum": (total, minus_zero), "squares": (squares, minus_zero)})
         blk.gather(x)
-        count = literal(self.length, DType.f32)
+        count = literal(cast(int, self.length), DType.f32)  # static (see row_kernel)
         blk.sweep(lambda k, j: blk.fold(total, j, b.load(blk.cell(k, j), typ=F32), b.fadd))
         for_range(b, 0, LANES, "mean", lambda j: b.store(b.fdiv(blk.load(total, j), count), blk.lane(mean, j)))
 
@@ -232,56 +248,52 @@ class LayerNormKernel(RowKernel):
         blk.rows_out(per_row)
 
 
-def _static_f32(v: Value) -> list[int] | None:
-    types = [v.type, *(o.type for o in v.operands)]
-    if v.is_param or v.is_const or any(t.dtype is not DType.f32 or not t.is_static for t in types):
-        return None
-    shape = [int(d) for d in v.operands[0].type.shape]
-    return shape if shape and all(shape) else None
+def _prod(dims: Sequence[Dim]) -> Dim:
+    out: Dim = 1
+    for d in dims:
+        out = out * d
+    return out
 
 
-def _layout(shape: list[int], axis: int) -> tuple[int, int, int] | None:
-    """(rows, length, inner) of a reduction along ``axis`` (or, for ``inner`` forced to 1, along the trailing
-    axes from ``axis``), None when the tile would be too large."""
-    length = shape[axis]
-    inner = 1
-    for d in shape[axis + 1:]:
-        inner *= d
-    total = 1
-    for d in shape:
-        total *= d
-    if length * LANES * 4 > TILE_LIMIT:
-        return None
-    return total // length, length, inner
-
-
-def row_kernel(v: Value) -> RowKernel | None:
+def row_kernel(v: Value, shape_class: ShapeClass | None = None) -> RowKernel | None:
     """The row-blocked schedule of ``v``: a float32 softmax or log_softmax, or a float32 layer norm whose
-    scale and bias have the normalized axes' shape, at static shapes."""
-    if v.op not in ("softmax", "log_softmax", "layer_norm"):
+    scale and bias have the normalized axes' (static) shape; at static shapes, or in ``shape_class`` with
+    the dims read at run time and the tile sized for the row length's largest value."""
+    if v.op not in ("softmax", "log_softmax", "layer_norm") or v.is_param or v.is_const:
         return None
-    shape = _static_f32(v)
-    if shape is None:
+    types = [v.type, *(o.type for o in v.operands)]
+    if any(t.dtype is not DType.f32 for t in types):
+        return None
+    static = all(t.is_static for t in types)
+    if not static and shape_class is None:
+        return None
+    shape: list[Dim] = list(v.operands[0].type.shape)
+    if not shape or any(isinstance(d, int) and d == 0 for d in shape):
         return None
     axis = int(cast(int, v.attr("axis", -1))) % len(shape)
-    if v.op != "layer_norm":
-        layout = _layout(shape, axis)
-        return SoftmaxKernel(*layout, op=v.op) if layout is not None else None
-    tail = shape[axis:]
-    if any(list(o.type.shape) != tail for o in v.operands[1:]):
+    if v.op == "layer_norm":
+        tail = shape[axis:]
+        if any(not isinstance(d, int) for d in tail) or any(list(o.type.shape) != tail for o in v.operands[1:]):
+            return None
+        shape, axis = [*shape[:axis], _prod(tail)], axis
+    outer, length, inner = _prod(shape[:axis]), shape[axis], _prod(shape[axis + 1:])
+    if isinstance(length, int):
+        length_max = length
+    else:
+        sc = cast(ShapeClass, shape_class)
+        if not all(t.symbols() <= set(sc.symbols) for t in types):
+            return None
+        _, hi = dim_range(length, {s: sc.bound(s)[:2] for s in sc.symbols})
+        if hi is None:
+            return None
+        length_max = hi
+    if length_max * LANES * 4 > TILE_LIMIT or length_max == 0:
         return None
-    flat = [*shape[:axis], _prod(tail)]
-    layout = _layout(flat, len(flat) - 1)
-    if layout is None:
-        return None
-    return LayerNormKernel(*layout, epsilon=float(cast(float, v.attr("epsilon", 1e-5))))
-
-
-def _prod(dims: list[int]) -> int:
-    out = 1
-    for d in dims:
-        out *= d
-    return out
+    runtime = None if static else cast(ShapeClass, shape_class).symbols
+    if v.op == "layer_norm":
+        return LayerNormKernel(outer, length, inner, length_max, runtime,
+                               epsilon=float(cast(float, v.attr("epsilon", 1e-5))))
+    return SoftmaxKernel(outer, length, inner, length_max, runtime, op=v.op)
 
 
 __all__ = ["LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "row_kernel"]
