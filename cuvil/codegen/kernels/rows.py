@@ -275,7 +275,7 @@ def row_kernel(v: Value, shape_class: ShapeClass | None = None) -> RowKernel | N
         tail = shape[axis:]
         if any(not isinstance(d, int) for d in tail) or any(list(o.type.shape) != tail for o in v.operands[1:]):
             return None
-        shape, axis = [*shape[:axis], _prod(tail)], axis
+        shape = [*shape[:axis], _prod(tail)]  # one row axis: the normalized axes, flattened
     outer, length, inner = _prod(shape[:axis]), shape[axis], _prod(shape[axis + 1:])
     if isinstance(length, int):
         length_max = length
