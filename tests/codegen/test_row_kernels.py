@@ -19,7 +19,9 @@ from cuvil.ir.types import DimConstraint
 from cuvil.runtime.loader import CompiledModel
 
 SHAPES = [((37, 19), -1), ((5, 1), -1), ((1, 7), 0), ((3, 17, 4), 1), ((2, 3, 33), 0), ((16, 128), 1),
-          ((2, 4, 9, 31), -1), ((40,), 0)]
+          ((2, 4, 9, 31), -1), ((40,), 0),
+          ((300, 200), -1),  # enough work for the pool: blocks on both threads, each with its own tile
+          ((3, 2100), -1)]  # a tile too large for a thread's stack: the scratch tile, on the calling thread
 
 
 def _values(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -72,7 +74,8 @@ def _both(module, kernel: str):
     return fast, generic
 
 
-NORM_SHAPES = [((37, 24), 1), ((3, 5, 8), 1), ((4, 1), 1), ((2, 3, 4, 5), 3), ((70, 256), -1), ((3, 9), 0)]
+NORM_SHAPES = [((37, 24), 1), ((3, 5, 8), 1), ((4, 1), 1), ((2, 3, 4, 5), 3), ((70, 256), -1), ((3, 9), 0),
+               ((400, 160), -1)]
 
 
 @pytest.mark.parametrize(("shape", "axis"), NORM_SHAPES, ids=[f"{s}@{a}" for s, a in NORM_SHAPES])
@@ -94,6 +97,13 @@ def test_layer_norm_kernel_matches_the_rule_lowering_bit_for_bit(shape, axis, ep
     x64 = clean[0].astype(np.float64)
     ref = (x64 - x64.mean(axes, keepdims=True)) / np.sqrt(x64.var(axes, keepdims=True) + epsilon) * clean[1] + clean[2]
     assert np.allclose(np.asarray(fast(*clean)), ref, rtol=1e-4, atol=1e-4)  # and it is a layer norm
+
+
+def test_large_work_runs_on_the_pool_and_long_rows_on_the_scratch_tile() -> None:
+    big, long_row = row_kernel(_build("softmax", (300, 200), -1).main.results[0]), \
+        row_kernel(_build("softmax", (3, 2100), -1).main.results[0])
+    assert big is not None and big.on_stack and big.scratch_bytes == 0
+    assert long_row is not None and not long_row.on_stack and long_row.scratch_bytes == 2100 * LANES * 4
 
 
 def test_kernels_are_chosen_only_where_they_apply() -> None:

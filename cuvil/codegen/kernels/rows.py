@@ -22,7 +22,8 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction
+from cuvil.codegen.llvm_types import F32, I1, I32, I64
 from cuvil.codegen.loops import for_range, opaque_alloca
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
 from cuvil.codegen.shape_class import ShapeClass
@@ -36,6 +37,14 @@ LANES = 16
 TILE_LIMIT = 1 << 22
 """Largest tile (bytes): longer rows stay on the generic lowering."""
 
+STACK_TILE_LIMIT = 1 << 17
+"""Largest tile kept on a thread's stack; a larger one is the kernel's scratch and its blocks run on
+the calling thread."""
+
+WORK_PER_ELEMENT = 40
+"""About the floating-point operations an element costs (an exp in double precision and the passes),
+what the pool weighs against its start-up."""
+
 F32_ARGS = [DType.f32]
 
 
@@ -44,7 +53,7 @@ class Block:
     block may be short: its missing rows read row 0, are computed and never stored), per-row
     accumulators, and the tile holding the block column-major (element ``k`` of every row together)."""
 
-    def __init__(self, b: Builder, kernel: RowKernel, tile: Val, dims: DimValues | None) -> None:
+    def __init__(self, b: Builder, alloca: Builder, kernel: RowKernel, tile: Val, dims: DimValues | None) -> None:
         self.b, self.kernel, self.tile = b, kernel, tile
         self.s = ScalarEmitter(b)
 
@@ -54,9 +63,9 @@ class Block:
         self.length, self.inner = value(kernel.length), value(kernel.inner)
         self.stride = b.mul(self.length, self.inner)
         self.rows = b.mul(value(kernel.outer), self.inner)
-        self.base = opaque_alloca(b, ir.ArrayType(I64, LANES), "base")
-        self.valid = opaque_alloca(b, ir.ArrayType(I1, LANES), "valid")
-        self.acc = {name: opaque_alloca(b, ir.ArrayType(F32, LANES), name) for name in kernel.accumulators}
+        self.base = opaque_alloca(alloca, ir.ArrayType(I64, LANES), "base")
+        self.valid = opaque_alloca(alloca, ir.ArrayType(I1, LANES), "valid")
+        self.acc = {name: opaque_alloca(alloca, ir.ArrayType(F32, LANES), name) for name in kernel.accumulators}
 
     def lane(self, array: Val, j: Val, ty: ir.Type = F32) -> Val:
         return self.b.gep(array, [j], source_etype=ty, inbounds=True)
@@ -133,28 +142,42 @@ class RowKernel:
     accumulators: ClassVar[tuple[str, ...]] = ()  # per-row float32 values, one slot per lane
 
     @property
+    def on_stack(self) -> bool:
+        """Whether each thread keeps its tile on its own stack (blocks then run on the pool)."""
+        return self.length_max * LANES * 4 <= STACK_TILE_LIMIT
+
+    @property
     def scratch_bytes(self) -> int:
-        return self.length_max * LANES * 4
+        return 0 if self.on_stack else self.length_max * LANES * 4
 
     @property
     def name(self) -> str:
         return "row reduction"
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        extra = 3 if self.runtime is not None else 2
-        fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (self.operands + extra)), name=name)
-        fn.linkage = "hidden"
-        out, *ins = fn.args[:self.operands + 1]
-        tile = fn.args[self.operands + 1]
-        out.name, tile.name = "out", "scratch"
-        for i, a in enumerate(ins):
-            a.name = f"in{i}"
-        b = Builder(fn.append_basic_block("entry"))
-        dims = DimValues(b, fn.args[-1], self.runtime) if self.runtime is not None else None
-        blk = Block(b, self, tile, dims)
-        for_range(b, 0, blk.rows, "rows", lambda r0: self.block(blk, r0, out, ins), step=LANES)
+        kf = KernelFunction(mod, name, self.operands, dims=self.runtime is not None)
+        b = kf.b
+        main_dims = DimValues(b, kf.dims, self.runtime) if kf.dims is not None and self.runtime is not None else None
+
+        if all(isinstance(d, int) for d in (self.outer, self.length, self.inner)):
+            rows = cast(int, self.outer) * cast(int, self.inner)
+            work = rows * cast(int, self.length) * WORK_PER_ELEMENT if self.on_stack else 0
+            kf.phase(-(-rows // LANES), work, self._chunk)
+        else:
+            dims = cast(DimValues, main_dims)
+            rows_v = b.mul(dims.value(self.outer), dims.value(self.inner))
+            blocks = b.sdiv(b.add(rows_v, ir.Constant(I64, LANES - 1)), ir.Constant(I64, LANES))
+            work_v = b.mul(b.mul(rows_v, dims.value(self.length)), ir.Constant(I64, WORK_PER_ELEMENT))
+            kf.phase(blocks, work_v if self.on_stack else 0, self._chunk)
         b.ret(ir.Constant(I32, abi.OK))
-        return fn
+        return kf.fn
+
+    def _chunk(self, ctx: Ctx, block: Val) -> None:
+        b = ctx.b
+        dims = DimValues(b, ctx.dims, self.runtime) if ctx.dims is not None and self.runtime is not None else None
+        tile = ctx.entry_alloca(ir.ArrayType(F32, self.length_max * LANES), "tile") if self.on_stack else ctx.scratch
+        blk = Block(b, ctx.alloca, self, tile, dims)
+        self.block(blk, b.mul(block, ir.Constant(I64, LANES)), ctx.out, ctx.ins)
 
     def block(self, blk: Block, r0: Val, out: Val, ins: Sequence[Val]) -> None:
         raise NotImplementedError
