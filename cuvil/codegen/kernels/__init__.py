@@ -41,6 +41,7 @@ from cuvil.codegen.kernels.gemm import (
     rows_view,
 )
 from cuvil.codegen.kernels.rows import row_kernel
+from cuvil.codegen.kernels.widen import widened, widened_contraction, widened_types
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
@@ -86,17 +87,19 @@ def _const_array(v: Value, constants: Mapping[str, np.ndarray]) -> np.ndarray | 
     return constants.get(v.const_hash)
 
 
-def _matmul_kernel(v: Value, c: Contraction, in_types: Sequence[TensorType], rhs: np.ndarray | None) -> Kernel | None:
-    return MatmulKernel(v.op, c, in_types, v.type, rhs, host_isa())
+def _matmul_kernel(v: Value, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+                   rhs: np.ndarray | None) -> Kernel | None:
+    return MatmulKernel(v.op, c, in_types, out_type, rhs, host_isa())
 
 
-def _conv_kernel(v: Value, c: Contraction, in_types: Sequence[TensorType], rhs: np.ndarray | None) -> Kernel | None:
+def _conv_kernel(v: Value, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+                 rhs: np.ndarray | None) -> Kernel | None:
     from cuvil.codegen.kernels.conv import select_conv
 
-    return select_conv(v.op, c, in_types, v.type, rhs, host_isa())
+    return select_conv(v.op, c, in_types, out_type, rhs, host_isa())
 
 
-KernelFactory = Callable[[Value, Contraction, Sequence[TensorType], np.ndarray | None], Kernel | None]
+KernelFactory = Callable[[Value, Contraction, Sequence[TensorType], TensorType, np.ndarray | None], Kernel | None]
 
 KERNELS: dict[str, tuple[str, KernelFactory]] = {
     "matmul": ("tuned GEMM", _matmul_kernel),
@@ -109,7 +112,7 @@ KERNELS: dict[str, tuple[str, KernelFactory]] = {
 
 def tuned_kernels() -> dict[str, str]:
     """Which ops a tuned kernel may compute (the LLVM column of ``cuvil ops``), and with what."""
-    out = {op: f"{text}, float32" for op, (text, _) in KERNELS.items()}
+    out = {op: f"{text}, float32 (float16: widened into it)" for op, (text, _) in KERNELS.items()}
     out["fused"] = "tuned kernels for " + " / ".join(KERNELS) + " epilogues, float32"
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
@@ -124,16 +127,30 @@ def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | Non
     if c is None:
         return None
     types = [c.lhs_type, c.rhs_type, c.out_type]
-    if any(t.dtype is not DType.f32 or not t.is_static for t in types) or not v.type.is_static:
-        return None
-    if any(not o.type.is_static for o in v.operands):
+    if any(not t.is_static for t in types) or not v.type.is_static or any(not o.type.is_static for o in v.operands):
         return None
     if any(int(d) == 0 for t in types for d in t.shape):
         return None
     entry = KERNELS.get(c.op)
     if entry is None:
         return None
-    return entry[1](v, c, [o.type for o in v.operands], _const_array(v.operands[c.rhs], constants))
+    rhs = _const_array(v.operands[c.rhs], constants)
+    if all(t.dtype is DType.f32 for t in types):
+        return entry[1](v, c, [o.type for o in v.operands], v.type, rhs)
+    halves = [*types, *(o.type for o in v.operands), v.type]
+    if all(t.dtype in (DType.f16, DType.f32) for t in halves) and any(t.dtype is DType.f16 for t in halves):
+        return _widened(v, c, entry[1], rhs)  # float16: the float32 kernel on widened buffers
+    return None
+
+
+def _widened(v: Value, c: Contraction, make: KernelFactory, rhs: np.ndarray | None) -> Kernel | None:
+    wide = widened_contraction(c)
+    if wide is None:
+        return None
+    in_types, out_type = [o.type for o in v.operands], v.type
+    wide_in, wide_out = widened_types(in_types, out_type)
+    return widened(make(v, wide, wide_in, wide_out, rhs.astype(np.float32) if rhs is not None else None),
+                   in_types, out_type)
 
 
 def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbols: tuple[str, ...],
