@@ -1,14 +1,16 @@
-"""Float16 matrix products and convolutions (and their fused epilogues) on the float32 kernels.
+"""Float16 and bfloat16 matrix products and convolutions (and their fused epilogues) on the float32
+kernels.
 
-The rules of ``matmul`` and ``conv`` on halves widen every operand to float32, accumulate in float32
-and round the result to float16 once. Widening is exact, so the float32 kernel run on the widened
+The rules of ``matmul`` and ``conv`` on halves (float16, bfloat16) widen every operand to float32, accumulate in float32
+and round the result to the half type once. Widening is exact, so the float32 kernel run on the widened
 operands computes that accumulation (as it computes a float32 op: the same schedule, the same
 tolerance against the rule). The epilogue is rewritten to say the same thing over the widened
-buffers: the accumulator is rounded to float16 (the contraction's own rounding), each float16
-operand it reads is read as float32 and narrowed back (exact), every epilogue op keeps its float16
-rounding, and its float16 result is stored widened (exact) and narrowed on the way out (exact). A
-constant weight is widened when the float32 kernel packs it at compile time; the other float16
-operands are widened into the kernel's scratch. Before this, a float16 matrix product or
+buffers: the accumulator is rounded to the half type (the contraction's own rounding), each half operand
+it reads is read as float32 and narrowed back (exact), every epilogue op keeps its own rounding,
+and its half result is stored widened (exact) and narrowed on the way out (exact). A
+constant weight is widened when the float32 kernel packs it at compile time; the other half
+operands are widened into the kernel's scratch (with the same conversions the generic lowering
+uses, :class:`cuvil.codegen.scalar.ScalarEmitter`). Before this, a float16 matrix product or
 convolution ran on the generic rule lowering, 10-85x slower than its float32 counterpart.
 """
 
@@ -22,15 +24,17 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.kernels.epilogue import Contraction
-from cuvil.codegen.llvm_types import F16, F32, I32, I64, PTR
+from cuvil.codegen.llvm_types import F32, I32, I64, PTR
 from cuvil.codegen.loops import for_range
-from cuvil.codegen.scalar import Builder, Val
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, storage_type
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.rulewalk import dyn_exprs
 from cuvil.ir.types import TensorType
 
 ALIGN = 64
+
+HALVES = (DType.f16, DType.bf16)
 
 
 def _aligned(n: int) -> int:
@@ -88,7 +92,7 @@ class WidenedKernel:
         at = _aligned(self.inner.scratch_bytes)
         offsets: list[int | None] = []
         for i, t in enumerate(self.in_types):
-            if i in self.inner.unused_operands or t.dtype is not DType.f16:
+            if i in self.inner.unused_operands or t.dtype not in HALVES:
                 offsets.append(None)
                 continue
             offsets.append(at)
@@ -117,28 +121,40 @@ class WidenedKernel:
                 wide.append(src)
                 continue
             dst = at(offset)
-            _convert(b, src, F16, dst, F32, _numel(t))
+            _widen(b, src, t, dst)
             wide.append(dst)
-        narrow_out = self.out_type.dtype is DType.f16
+        narrow_out = self.out_type.dtype in HALVES
         result = at(out_at) if narrow_out else out
         rc = b.call(inner, [result, *wide, scratch])
         failed = b.icmp_signed("!=", rc, ir.Constant(I32, abi.OK))
         with b.if_then(failed):
             b.ret(rc)
         if narrow_out:
-            _convert(b, result, F32, out, F16, _numel(self.out_type))
+            _narrow(b, result, out, self.out_type)
         b.ret(ir.Constant(I32, abi.OK))
         return fn
 
 
-def _convert(b: Builder, src: Val, src_ty: ir.Type, dst: Val, dst_ty: ir.Type, n: int) -> None:
-    """``dst[i] = src[i]`` for ``i < n``, widened (exact) or rounded to nearest even."""
-    def one(i: Val) -> None:
-        x = b.load(b.gep(src, [i], source_etype=src_ty, inbounds=True), typ=src_ty)
-        y = b.fpext(x, dst_ty) if dst_ty == F32 else b.fptrunc(x, dst_ty)
-        b.store(y, b.gep(dst, [i], source_etype=dst_ty, inbounds=True))
+def _widen(b: Builder, src: Val, t: TensorType, dst: Val) -> None:
+    """``dst[i] = float32(src[i])`` over ``t``'s elements (exact)."""
+    s, ty = ScalarEmitter(b), storage_type(t.dtype)
 
-    for_range(b, 0, n, "i", one)
+    def one(i: Val) -> None:
+        x = s.from_storage(b.load(b.gep(src, [i], source_etype=ty, inbounds=True), typ=ty), t.dtype)
+        b.store(x, b.gep(dst, [i], source_etype=F32, inbounds=True))
+
+    for_range(b, 0, _numel(t), "i", one)
+
+
+def _narrow(b: Builder, src: Val, dst: Val, t: TensorType) -> None:
+    """``dst[i] = src[i]`` rounded to ``t``'s half type (exact here: the epilogue rounded already)."""
+    s, ty = ScalarEmitter(b), storage_type(t.dtype)
+
+    def one(i: Val) -> None:
+        x = b.load(b.gep(src, [i], source_etype=F32, inbounds=True), typ=F32)
+        b.store(s.to_storage(x, t.dtype), b.gep(dst, [i], source_etype=ty, inbounds=True))
+
+    for_range(b, 0, _numel(t), "i", one)
 
 
 class _Declined(Exception):
@@ -146,7 +162,7 @@ class _Declined(Exception):
 
 
 def _f32(t: TensorType) -> TensorType:
-    return TensorType(DType.f32, t.shape) if t.dtype is DType.f16 else t
+    return TensorType(DType.f32, t.shape) if t.dtype in HALVES else t
 
 
 def widened_contraction(c: Contraction) -> Contraction | None:
@@ -159,8 +175,8 @@ def widened_contraction(c: Contraction) -> Contraction | None:
                 raise _Declined
             if e.operand == c.marker:
                 return R.cast(e, c.out_type.dtype)
-            if e.dtype is DType.f16:
-                return R.cast(replace(e, dtype=DType.f32), DType.f16)
+            if e.dtype in HALVES:
+                return R.cast(replace(e, dtype=DType.f32), e.dtype)
             return e
         if isinstance(e, R.Call):
             return replace(e, args=tuple(go(a) for a in e.args))
