@@ -25,11 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
-from llvmlite import ir
 
+from cuvil.codegen.kernels.base import Kernel
 from cuvil.codegen.kernels.copy import copy_kernel
 from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
 from cuvil.codegen.kernels.gemm import (
@@ -46,23 +45,6 @@ from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
-
-
-class Kernel(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def unused_operands(self) -> frozenset[int]: ...
-
-    @property
-    def scratch_bytes(self) -> int: ...
-
-    @property
-    def constant_bytes(self) -> int: ...
-
-    def emit(self, mod: ir.Module, name: str) -> ir.Function: ...
-
 
 _enabled = os.environ.get("CUVIL_KERNELS", "1") not in ("0", "off", "no")
 """``CUVIL_KERNELS=0`` turns the tuned kernels off for a whole process (like :func:`generic_only`)."""

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.kernels.base import Kernel
 from cuvil.codegen.kernels.epilogue import Contraction
 from cuvil.codegen.llvm_types import F32, I32, I64, PTR
 from cuvil.codegen.loops import for_range
@@ -48,30 +48,12 @@ def _numel(t: TensorType) -> int:
     return n
 
 
-class _Inner(Protocol):
-    """What the wrapper needs of the float32 kernel (:class:`cuvil.codegen.kernels.Kernel`)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def unused_operands(self) -> frozenset[int]: ...
-
-    @property
-    def scratch_bytes(self) -> int: ...
-
-    @property
-    def constant_bytes(self) -> int: ...
-
-    def emit(self, mod: ir.Module, name: str) -> ir.Function: ...
-
-
 @dataclass(frozen=True)
 class WidenedKernel:
     """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for float16 operands and result: the float32
     ``inner`` kernel between a widening of its operands and a rounding of its result."""
 
-    inner: _Inner
+    inner: Kernel
     in_types: tuple[TensorType, ...]
     out_type: TensorType
 
@@ -192,7 +174,7 @@ def widened_contraction(c: Contraction) -> Contraction | None:
                    epilogue=epilogue)
 
 
-def widened(inner: _Inner | None, in_types: Sequence[TensorType], out_type: TensorType) -> WidenedKernel | None:
+def widened(inner: Kernel | None, in_types: Sequence[TensorType], out_type: TensorType) -> WidenedKernel | None:
     return WidenedKernel(inner, tuple(in_types), out_type) if inner is not None else None
 
 
