@@ -1,16 +1,17 @@
 """Float16 and bfloat16 matrix products and convolutions (and their fused epilogues) on the float32
 kernels.
 
-The rules of ``matmul`` and ``conv`` on halves (float16, bfloat16) widen every operand to float32, accumulate in float32
-and round the result to the half type once. Widening is exact, so the float32 kernel run on the widened
-operands computes that accumulation (as it computes a float32 op: the same schedule, the same
-tolerance against the rule). The epilogue is rewritten to say the same thing over the widened
-buffers: the accumulator is rounded to the half type (the contraction's own rounding), each half operand
-it reads is read as float32 and narrowed back (exact), every epilogue op keeps its own rounding,
-and its half result is stored widened (exact) and narrowed on the way out (exact). A
-constant weight is widened when the float32 kernel packs it at compile time; the other half
-operands are widened into the kernel's scratch (with the same conversions the generic lowering
-uses, :class:`cuvil.codegen.scalar.ScalarEmitter`). Before this, a float16 matrix product or
+The rules of ``matmul`` and ``conv`` on halves (float16, bfloat16) widen every operand to float32,
+accumulate in float32 in K order and round the result to the half type once. Widening is exact, a
+product of two halves is exact in float32 (so a fused multiply-add rounds as the rule's product and
+sum do), and the float32 kernels sum K in order: run on the widened operands, they compute exactly
+the rule's accumulation. The epilogue is rewritten to say the same thing over the widened buffers:
+the accumulator is rounded to the half type (the contraction's own rounding), each half operand it
+reads is read as float32 and narrowed back (exact), every epilogue op keeps its own rounding, and
+its half result is stored widened (exact) and narrowed on the way out (exact). A constant weight is
+widened when the float32 kernel packs it at compile time; the other half operands are widened into
+the kernel's scratch (with the conversions the generic lowering uses,
+:class:`cuvil.codegen.scalar.ScalarEmitter`). Before this, a half-precision matrix product or
 convolution ran on the generic rule lowering, 10-85x slower than its float32 counterpart.
 """
 
@@ -50,8 +51,8 @@ def _numel(t: TensorType) -> int:
 
 @dataclass(frozen=True)
 class WidenedKernel:
-    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for float16 operands and result: the float32
-    ``inner`` kernel between a widening of its operands and a rounding of its result."""
+    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for half-precision operands and result: the
+    float32 ``inner`` kernel between a widening of its half operands and a rounding of its result."""
 
     inner: Kernel
     in_types: tuple[TensorType, ...]
@@ -59,7 +60,7 @@ class WidenedKernel:
 
     @property
     def name(self) -> str:
-        return f"{self.inner.name}, float16 widened"
+        return f"{self.inner.name}, halves widened"
 
     @property
     def unused_operands(self) -> frozenset[int]:
