@@ -14,6 +14,7 @@ the tile: the same values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, cast
@@ -271,13 +272,6 @@ class LayerNormKernel(RowKernel):
         blk.rows_out(per_row)
 
 
-def _prod(dims: Sequence[Dim]) -> Dim:
-    out: Dim = 1
-    for d in dims:
-        out = out * d
-    return out
-
-
 def row_kernel(v: Value, shape_class: ShapeClass | None = None) -> RowKernel | None:
     """The row-blocked schedule of ``v``: a float32 softmax or log_softmax, or a float32 layer norm whose
     scale and bias have the normalized axes' (static) shape; at static shapes, or in ``shape_class`` with
@@ -298,8 +292,8 @@ def row_kernel(v: Value, shape_class: ShapeClass | None = None) -> RowKernel | N
         tail = shape[axis:]
         if any(not isinstance(d, int) for d in tail) or any(list(o.type.shape) != tail for o in v.operands[1:]):
             return None
-        shape = [*shape[:axis], _prod(tail)]  # one row axis: the normalized axes, flattened
-    outer, length, inner = _prod(shape[:axis]), shape[axis], _prod(shape[axis + 1:])
+        shape = [*shape[:axis], math.prod(tail)]  # one row axis: the normalized axes, flattened
+    outer, length, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     if isinstance(length, int):
         length_max = length
     else:

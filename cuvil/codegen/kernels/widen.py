@@ -33,20 +33,15 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.rulewalk import dyn_exprs
 from cuvil.ir.types import TensorType
 
-ALIGN = 64
-
 HALVES = (DType.f16, DType.bf16)
 
 
 def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+    return -(-n // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
 
 
 def _numel(t: TensorType) -> int:
-    n = 1
-    for d in t.shape:
-        n *= int(d)
-    return n
+    return int(t.numel())
 
 
 @dataclass(frozen=True)

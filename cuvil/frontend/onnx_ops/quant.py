@@ -32,10 +32,6 @@ def _zero(ctx: NodeCtx, like: Value, dtype: DType) -> Value:
     return ctx.b.const(np.zeros([int(d) for d in like.shape], dtype=dtype.np))
 
 
-def _i32(ctx: NodeCtx, v: Value) -> Value:
-    return i32(ctx.b, v)
-
-
 def i32(b: Builder, v: Value) -> Value:
     return v if v.dtype is DType.i32 else b.cast(v, to=DType.i32)
 
@@ -44,10 +40,6 @@ def centered(b: Builder, x: Value, zp: Value | None) -> Value:
     """x - zero_point in i32 (a zero point broadcasts against x: per tensor, or per last-axis position)."""
     xi = i32(b, x)
     return xi if zp is None else b.sub(xi, i32(b, zp))
-
-
-def _centered(ctx: NodeCtx, x: Value, zp: Value | None) -> Value:
-    return centered(ctx.b, x, zp)
 
 
 def _optional(ctx: NodeCtx, i: int) -> Value | None:
@@ -168,7 +160,7 @@ def matmul_integer(ctx: NodeCtx) -> Value:
     a, b = ctx.input(0), ctx.input(1)
     a_zp = _row_param(ctx, _optional(ctx, 2), a)
     b_zp = _per_tensor(ctx, ctx.input(3)) if ctx.has_input(3) else None
-    return _matmul(ctx, _centered(ctx, a, a_zp), _centered(ctx, b, b_zp))
+    return _matmul(ctx, centered(ctx.b, a, a_zp), centered(ctx.b, b, b_zp))
 
 
 @onnx_op("QLinearMatMul", emits=("cast", "sub", "reshape", "matmul", "mul", "div", "quantize_linear"))
@@ -176,8 +168,8 @@ def qlinear_matmul(ctx: NodeCtx) -> Value:
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = (ctx.input(i) if ctx.has_input(i) else None
                                                           for i in range(8))
     assert a is not None and b is not None and a_scale is not None and b_scale is not None and y_scale is not None
-    acc = _matmul(ctx, _centered(ctx, a, _row_param(ctx, a_zp, a)),
-                  _centered(ctx, b, _per_tensor(ctx, b_zp) if b_zp is not None else None))
+    acc = _matmul(ctx, centered(ctx.b, a, _row_param(ctx, a_zp, a)),
+                  centered(ctx.b, b, _per_tensor(ctx, b_zp) if b_zp is not None else None))
     a_s = _row_param(ctx, a_scale, a)
     assert a_s is not None
     multiplier = ctx.b.div(ctx.b.mul(a_s, _per_tensor(ctx, b_scale)), _per_tensor(ctx, y_scale))
@@ -187,8 +179,8 @@ def qlinear_matmul(ctx: NodeCtx) -> Value:
 def _conv_i32(ctx: NodeCtx, x: Value, x_zp: Value | None, w: Value, w_zp: Value | None) -> Value:
     nsp, kernel = conv_kernel(ctx, x, w)
     strides, dilations, pads = window_attrs(ctx, nsp, kernel)
-    xc = _centered(ctx, x, _per_tensor(ctx, x_zp) if x_zp is not None else None)
-    wc = _centered(ctx, w, _channel_param(ctx, w_zp, w.type.rank))
+    xc = centered(ctx.b, x, _per_tensor(ctx, x_zp) if x_zp is not None else None)
+    wc = centered(ctx.b, w, _channel_param(ctx, w_zp, w.type.rank))
     return ctx.b.conv(xc, wc, strides=strides, pads=pads, dilations=dilations, groups=ctx.attr_int("group", 1))
 
 
@@ -205,7 +197,7 @@ def qlinear_conv(ctx: NodeCtx) -> Value:
     acc = _conv_i32(ctx, x, x_zp, w, w_zp)
     rank = acc.type.rank
     if bias is not None:
-        acc = ctx.b.add(acc, ctx.b.reshape(_i32(ctx, bias), shape=[1, bias.shape[0]] + [1] * (rank - 2)))
+        acc = ctx.b.add(acc, ctx.b.reshape(i32(ctx.b, bias), shape=[1, bias.shape[0]] + [1] * (rank - 2)))
     ws = _per_tensor(ctx, w_scale)
     if ws.type.rank == 1:
         ws = ctx.b.reshape(ws, shape=[1, ws.shape[0]] + [1] * (rank - 2))
