@@ -42,6 +42,11 @@ class Contraction:
     marker: int
 
 
+def accumulator_dtype(dt: DType) -> DType:
+    """What a kernel hands the epilogue: float sums as float32 (halves are widened), integer sums in their type."""
+    return DType.f32 if dt.is_float else dt
+
+
 class _NotElementwise(Exception):
     pass
 
@@ -63,7 +68,7 @@ def contraction_of(v: Value) -> Contraction | None:
     out_ix = tuple(R.Ix.var(f"i{k}") for k in range(v.type.rank))
     anchors = contraction_ops()
     if v.op in anchors:
-        acc = R.Load(DType.f32, marker, out_ix, None)
+        acc = R.Load(accumulator_dtype(v.dtype), marker, out_ix, None)
         return Contraction(v.op, dict(v.attr_dict), 0, 1, v.operands[0].type, v.operands[1].type, v.type, acc,
                            marker)
     if v.op != "fused" or v.attr("kind") != "epilogue":
@@ -85,7 +90,7 @@ def contraction_of(v: Value) -> Contraction | None:
         if u is anchor:
             if not is_identity_index(index) or ld.oob is not None:
                 raise _NotElementwise
-            return R.Load(DType.f32, marker, index, None)
+            return R.Load(accumulator_dtype(anchor.dtype), marker, index, None)
         return R.Load(ld.dtype, position[u], index, ld.oob)
 
     try:

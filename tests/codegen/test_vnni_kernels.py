@@ -1,0 +1,145 @@
+"""Integer matrix products on VNNI (cuvil.codegen.kernels.vnni): the int32 matmul that quantize-int8
+writes runs on ``vpdpbusd`` over int8 weights, and its result is bit for bit the rule's (the
+interpreter's) and the generic lowering's: int32 sums wrap modulo 2^32 in any order. Rows whose values
+span more than 255 take the scalar path; sums that wrap, M/N/K tails, a ``[K, N]`` rhs, fused
+requantization epilogues and threads are included."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from cuvil.codegen import kernels
+from cuvil.codegen.kernels.vnni import fits_int8, host_has_vnni, pack_vnni
+from cuvil.compiler import compile
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from tests.oracles import rule_reference
+
+RNG = np.random.default_rng(31)
+
+needs_vnni = pytest.mark.skipif(not host_has_vnni(), reason="the host has no AVX-512 VNNI: the kernel is not chosen")
+
+
+def _w(n: int, k: int) -> np.ndarray:
+    return RNG.integers(-128, 128, (n, k)).astype(np.int32)
+
+
+def _centered(b: Builder, m: int, k: int, zero: int):
+    """``cast(x_i8, i32) - zero``: what quantize-int8 feeds the product (spans 255 values)."""
+    x = b.param("x", DType.i8, [m, k])
+    return x, b.sub(b.cast(x, to=DType.i32), b.const(np.int32(zero)))
+
+
+def _requantize(m: int, k: int, n: int, *, relu: bool = False, zero: int = -3) -> Callable:
+    def build(b: Builder):
+        x, a = _centered(b, m, k, zero)
+        acc = b.add(b.matmul(a, b.const(_w(n, k)), transpose_b=True),
+                    b.const(RNG.integers(-5000, 5000, n).astype(np.int32)))
+        y = b.mul(b.cast(acc, to=DType.f32), b.const(np.float32(0.0021)))
+        if relu:
+            y = b.relu(y)
+        q = b.clip(b.add(b.round(y), b.const(np.float32(-7.0))), min=-128.0, max=127.0)
+        return [x], b.cast(q, to=DType.i8)
+    return build
+
+
+def _plain(m: int, k: int, n: int, *, transposed: bool = True, zero: int = 128) -> Callable:
+    def build(b: Builder):
+        x, a = _centered(b, m, k, zero)
+        w = _w(n, k)
+        return [x], (b.matmul(a, b.const(w), transpose_b=True) if transposed else b.matmul(a, b.const(w.T.copy())))
+    return build
+
+
+def _wide(m: int, k: int, n: int) -> Callable:  # a raw int32 operand: rows that do not fit uint8, sums that wrap
+    def build(b: Builder):
+        x = b.param("x", DType.i32, [m, k])
+        return [x], b.matmul(x, b.const(_w(n, k)), transpose_b=True)
+    return build
+
+
+CASES: dict[str, Callable] = {
+    "gemv-requantize": _requantize(1, 784, 512),
+    "gemv-relu": _requantize(1, 100, 70, relu=True, zero=-128),
+    "batch-requantize": _requantize(64, 784, 512),  # pooled: 51 MFLOP
+    "row-tail": _requantize(6, 37, 130),
+    "k1": _plain(3, 1, 17),
+    "k3-n1": _plain(5, 3, 1),
+    "kn-rhs": _plain(9, 66, 40, transposed=False),
+    "long-k": _plain(4, 4099, 20, zero=0),
+}
+
+
+def _inputs(params) -> list[np.ndarray]:
+    out = []
+    for p in params:
+        shape = tuple(int(d) for d in p.shape)
+        if p.dtype is DType.i8:
+            out.append(RNG.integers(-128, 128, shape).astype(np.int8))
+        else:  # rows 0-3 fit uint8 after their shift (row 0 spans exactly 256 values: vectors), rows 4-7 too but
+            # row 5 spans 257 (scalar), rows 8-11 span the whole int32 range (sums wrap), row 12 is a tail row
+            x = RNG.integers(-2**31, 2**31, shape, dtype=np.int64).astype(np.int32)
+            fit = [r for r in (0, 1, 2, 3, 4, 5, 6, 7, 12) if r < shape[0]]
+            x[fit] = RNG.integers(1000, 1256, (len(fit), shape[1])).astype(np.int32)
+            x[0] = RNG.integers(-7, 249, shape[1])
+            x[0, :2] = (-7, 248)
+            if shape[0] > 5:
+                x[5] = RNG.integers(-7, 250, shape[1])
+                x[5, :2] = (-7, 249)
+            out.append(x)
+    return out
+
+
+def _module(name: str):
+    b = Builder()
+    params, y = CASES[name](b)
+    return b.module(b.function("main", params, [y])), params
+
+
+@pytest.mark.parametrize("name", [*sorted(CASES), "wide"])
+def test_integer_matmul_matches_the_rule_bit_for_bit(name: str) -> None:
+    if name == "wide":
+        b = Builder()
+        params, y = _wide(13, 300, 50)(b)
+        module = b.module(b.function("main", params, [y]))
+    else:
+        module, params = _module(name)
+    args = _inputs(params)
+    fast = compile(module, cache=False, threads=2)
+    if host_has_vnni():
+        assert any(k.startswith("int8.vnni") for k in fast.manifest["kernels"]), fast.manifest["kernels"]
+    with kernels.generic_only():
+        generic = compile(module, cache=False)
+    got, slow = np.asarray(fast(*args)), np.asarray(generic(*args))
+    (want,) = rule_reference(module, args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want), name
+    assert np.array_equal(slow, want), name
+
+
+@needs_vnni
+def test_a_constant_outside_int8_stays_on_the_rule() -> None:
+    b = Builder()
+    x = b.param("x", DType.i32, [4, 16])
+    w = _w(8, 16)
+    w[3, 5] = 128  # one value int8 cannot hold
+    module = b.module(b.function("main", [x], [b.matmul(x, b.const(w), transpose_b=True)]))
+    fast = compile(module, cache=False)
+    assert not any(k.startswith("int8.vnni") for k in fast.manifest["kernels"])
+    args = _inputs([x])
+    assert np.array_equal(np.asarray(fast(*args)), rule_reference(module, args)[0])
+
+
+def test_packing_puts_four_k_per_lane_and_sums_columns() -> None:
+    w = _w(21, 10)
+    packed, colsum = pack_vnni(w)
+    assert packed.dtype == np.int8 and packed.shape == (4, 3, 16, 4)  # 2 blocks of 16 padded to a group of 4
+    for n in range(21):
+        for k in range(10):
+            assert packed[n // 16, k // 4, n % 16, k % 4] == w[n, k]
+    assert not packed[1, :, 5:].any() and not packed[2:].any() and not packed[:, 2, :, 2:].any()
+    assert np.array_equal(colsum[:21], w.sum(axis=1)) and not colsum[21:].any()
+    assert fits_int8(w) and not fits_int8(w + 1 - w.min() + 127)
