@@ -42,7 +42,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
             cache: bool = True, dynamic: bool | None = None, fp16: bool = False,
             ranges: Mapping[str, tuple[float, float]] | None = None, fp16_strict: bool | None = None,
             lora: Any = None, merge: bool = True, lora_base: Any = None, failsafe: Any = None,
-            shape_class: bool = False, dim_max: Mapping[str, int] | None = None,
+            shape_class: bool = False, dim_max: Mapping[str, int] | None = None, int8: bool | None = None,
             **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
@@ -69,6 +69,12 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     proved under ``gate`` like every pass; ``merge=False`` keeps each update as two small matrix
     products beside its weight. ``lora_base`` names the modules when ``model`` is not the ``torch``
     module the adapters were trained on (a Hugging Face directory or :class:`lora.BaseModel`).
+
+    ``int8`` (default: ``opt_level == 3``) runs a QDQ model's quantized matmuls and convs in int8 x int8
+    -> int32 arithmetic (QLinear semantics, ``quantize-int8``) when the overflow prober proves that no
+    int32 accumulator can wrap; the manifest's ``int8`` entry records the decision. It is a declared
+    precision change (a requantized value may differ from the float QDQ graph's by one quantization
+    step), applied before the proved pipeline like FP16. ``int8=False`` compiles the float QDQ graph.
 
     ``failsafe`` (a fail-safe policy: its JSON file or the parsed document) builds the policy's guard
     into the library: every input element finite and inside the policy's box for it, every output
@@ -97,7 +103,8 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
                      passes=passes if passes is not None else f"O{opt_level}", gate=gate, opt_level=opt_level,
                       name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
                       output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request,
-                      guard=guard, dim_max=dim_max if shape_class else None)
+                      guard=guard, dim_max=dim_max if shape_class else None,
+                      int8=opt_level == 3 if int8 is None else bool(int8))
     sig = job.signature()
     if guard is not None:
         guard.check_model(sig.inputs)

@@ -67,12 +67,15 @@ class CompileJob:
                  passes: str | Sequence[Any], gate: Any, opt_level: int, name: str | None, keep_ir: bool,
                  threads: int | None, target: HostTarget, store: ArtifactCache | None,
                  output_dir: Path | None, fp16: Mapping[str, Any] | None = None,
-                 guard: GuardSpec | None = None, dim_max: Mapping[str, int] | None = None) -> None:
+                 guard: GuardSpec | None = None, dim_max: Mapping[str, int] | None = None,
+                 int8: bool = False) -> None:
         self.model = model
         self.dim_max = dict(dim_max) if dim_max is not None else None  # a shape-class library's largest dims
         self.guard = guard  # a fail-safe policy's guard, built into every library of this job
         self.fp16 = fp16  # {"ranges": ..., "strict": ...}: lower to float16 where proved (see _fp16_plan)
         self._fp16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
+        self.int8 = int8  # lower a QDQ model's products to integers where the accumulators are proved (_int8_plan)
+        self._int8_plans: dict[tuple[tuple[str, int], ...], Any] = {}
         self.example_inputs = example_inputs
         self.import_options = dict(import_options)
         self.function_name = function
@@ -119,6 +122,7 @@ class CompileJob:
                 "pipeline": pipeline_key(self.passes), "gate": callable_key(self.gate), "name": self.name,
                 "keep_ir": self.keep_ir, "threads": self.threads,
                 **({"fp16": dict(self.fp16)} if self.fp16 is not None else {}),
+                **({"int8": True} if self.int8 else {}),
                 **({"failsafe": self.guard.cache_key()} if self.guard is not None else {}),
                 **({"dim_max": dict(sorted(self.dim_max.items()))} if self.dim_max is not None else {})}
 
@@ -215,10 +219,31 @@ class CompileJob:
             module = self.module()
         label = self.passes if isinstance(self.passes, str) else "custom pipeline"
         start = Module((fn,), module.constants, module.metadata)
+        if self.int8:
+            start = self._int8_lowered(start, env)
         if self.fp16 is not None:
             start = self._fp16_plan(start, env).module
         with stage(f"optimize ({label})"):
             return run_pipeline(start, self.passes, gate=self.gate).module
+
+    def _int8_lowered(self, module: Module, env: Mapping[str, int] | None) -> Module:
+        """The QDQ model with its quantized products in integer arithmetic when the prober proves that no
+        int32 accumulator wraps (verify.probe.int8_policy), planned once per specialization; a model
+        without QDQ passes through."""
+        key = tuple(sorted((env or {}).items()))
+        if key not in self._int8_plans:
+            from verify.probe.int8_policy import needs_plan, plan_int8
+
+            if not needs_plan(module):
+                return module
+            with stage("int8 policy"):
+                plan = plan_int8(module)
+            logger.debug("int8: %s (%d integer products) in %.2f s", "applied" if plan.applied else "not applied",
+                         plan.products, plan.seconds)
+            if not plan.applied:
+                logger.warning("int8: the QDQ graph is compiled in float32: %s", plan.reason)
+            self._int8_plans[key] = plan
+        return self._int8_plans[key].module
 
     def _fp16_plan(self, module: Module, env: Mapping[str, int] | None) -> Any:
         """The float16 program of ``module`` (float16 exactly where the prober proves it safe), planned
@@ -249,6 +274,9 @@ class CompileJob:
         if not env and not all(p.type.is_static for p in optimized.main.params):
             shape_class = ShapeClass.of(optimized.main, self.dim_max)
         extra["pipeline"] = self._options["pipeline_spec"]
+        int8 = self._int8_plans.get(tuple(sorted(env.items())))
+        if int8 is not None:
+            extra["int8"] = int8.manifest()
         if self.fp16 is not None:
             extra["precision"] = {**self._fp16_plans[tuple(sorted(env.items()))].manifest(),
                                   "strict": self.fp16["strict"]}

@@ -61,7 +61,36 @@ def _wide(m: int, k: int, n: int) -> Callable:  # a raw int32 operand: rows that
     return build
 
 
+def _conv(n: int, c: int, h: int, w: int, co: int, k: int, *, relu: bool = True, zero: int = -3,
+          **attrs) -> Callable:
+    """conv of a centered int8 image + int32 bias, requantized (what quantize-int8 writes for QLinearConv)."""
+    def build(b: Builder):
+        x = b.param("x", DType.i8, [n, c, h, w])
+        a = b.sub(b.cast(x, to=DType.i32), b.const(np.int32(zero)))
+        weights = RNG.integers(-128, 128, (co, c, k, k)).astype(np.int32)
+        acc = b.add(b.conv(a, b.const(weights), **attrs), b.const(RNG.integers(-900, 900, (1, co, 1, 1)).astype(
+            np.int32)))
+        y = b.mul(b.cast(acc, to=DType.f32), b.const(np.float32(0.0007)))
+        if relu:
+            y = b.relu(y)
+        q = b.clip(b.add(b.round(y), b.const(np.float32(3.0))), min=-128.0, max=127.0)
+        return [x], b.sub(b.cast(b.cast(q, to=DType.i8), to=DType.i32), b.const(np.int32(3)))
+    return build
+
+
+def _conv_plain(n: int, c: int, h: int, w: int, co: int, kh: int, kw: int, **attrs) -> Callable:
+    def build(b: Builder):
+        x = b.param("x", DType.i32, [n, c, h, w])
+        return [x], b.conv(x, b.const(RNG.integers(-128, 128, (co, c, kh, kw)).astype(np.int32)), **attrs)
+    return build
+
+
 CASES: dict[str, Callable] = {
+    "conv3x3": _conv(1, 16, 12, 20, 24, 3, pads=(1, 1, 1, 1)),
+    "conv-stride2": _conv(2, 5, 15, 17, 9, 3, strides=(2, 2), pads=(1, 1, 1, 1)),
+    "conv-stem": _conv(1, 3, 30, 34, 8, 7, strides=(2, 2), pads=(3, 3, 3, 3)),
+    "conv1x1-stride2": _conv(1, 8, 14, 14, 16, 1, relu=False, zero=-128, strides=(2, 2)),  # shift 0
+    "conv-wide-row": _conv(1, 4, 5, 70, 6, 3, pads=(0, 2, 1, 0), dilations=(1, 2)),
     "gemv-requantize": _requantize(1, 784, 512),
     "gemv-relu": _requantize(1, 100, 70, relu=True, zero=-128),
     "batch-requantize": _requantize(64, 784, 512),  # pooled: 51 MFLOP
@@ -99,15 +128,28 @@ def _module(name: str):
     return b.module(b.function("main", params, [y])), params
 
 
-@pytest.mark.parametrize("name", [*sorted(CASES), "wide"])
-def test_integer_matmul_matches_the_rule_bit_for_bit(name: str) -> None:
-    if name == "wide":
+WIDE: dict[str, Callable] = {
+    "wide": _wide(13, 300, 50),
+    # an input spanning more than 255 values: the scalar sums (zero padding, a wrap-around)
+    "conv-wide": _conv_plain(1, 5, 6, 7, 3, 3, 2, pads=(1, 0, 1, 1), strides=(1, 2)),
+}
+
+
+def _conv_inputs(params) -> list[np.ndarray]:
+    (p,) = params
+    x = RNG.integers(-2**31, 2**31, tuple(int(d) for d in p.shape), dtype=np.int64).astype(np.int32)
+    return [x]
+
+
+@pytest.mark.parametrize("name", [*sorted(CASES), *sorted(WIDE)])
+def test_integer_product_matches_the_rule_bit_for_bit(name: str) -> None:
+    if name in WIDE:
         b = Builder()
-        params, y = _wide(13, 300, 50)(b)
+        params, y = WIDE[name](b)
         module = b.module(b.function("main", params, [y]))
     else:
         module, params = _module(name)
-    args = _inputs(params)
+    args = _conv_inputs(params) if name == "conv-wide" else _inputs(params)
     fast = compile(module, cache=False, threads=2)
     if host_has_vnni():
         assert any(k.startswith("int8.vnni") for k in fast.manifest["kernels"]), fast.manifest["kernels"]

@@ -40,7 +40,7 @@ from cuvil.codegen.kernels.gemm import (
     rows_view,
 )
 from cuvil.codegen.kernels.rows import row_kernel
-from cuvil.codegen.kernels.vnni import vnni_matmul
+from cuvil.codegen.kernels.vnni import vnni_conv, vnni_matmul
 from cuvil.codegen.kernels.widen import HALVES, widened, widened_contraction, widened_types
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
@@ -96,7 +96,8 @@ KERNELS: dict[str, tuple[str, KernelFactory]] = {
 def tuned_kernels() -> dict[str, str]:
     """Which ops a tuned kernel may compute (the LLVM column of ``cuvil ops``), and with what."""
     out = {op: f"{text}, float32 (float16, bfloat16: widened into it)" for op, (text, _) in KERNELS.items()}
-    out["matmul"] += "; int32 over a constant of int8 values: VNNI int8 dot products"
+    for op in KERNELS:
+        out[op] += "; int32 over constant int8-valued weights: VNNI int8 dot products"
     out["fused"] = "tuned kernels for " + " / ".join(KERNELS) + " epilogues, float32 (int32 matmul: VNNI)"
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
@@ -122,7 +123,8 @@ def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | Non
     if all(t.dtype is DType.f32 for t in types):
         return entry[1](v, c, [o.type for o in v.operands], v.type, rhs)
     if all(t.dtype is DType.i32 for t in types):  # quantize-int8's products: int8 dot products (VNNI)
-        return vnni_matmul(v.op, c, [o.type for o in v.operands], v.type, rhs)
+        make = vnni_matmul if c.op == "matmul" else vnni_conv
+        return make(v.op, c, [o.type for o in v.operands], v.type, rhs)
     every = [*types, *(o.type for o in v.operands), v.type]
     if all(t.dtype in (*HALVES, DType.f32) for t in every) and any(t.dtype in HALVES for t in every):
         return _widened(v, c, entry[1], rhs)  # float16 / bfloat16: the float32 kernel on widened buffers

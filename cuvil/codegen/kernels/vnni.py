@@ -142,16 +142,7 @@ class VnniMatmulKernel:
         u_at, shift_at, flag_at = self._layout()
         kp = 4 * self.kq
         row = b.gep(ctx.ins[self.c.lhs], [b.mul(r, const(self.k))], inbounds=True, source_etype=I32)
-        smin = declare(mod := b.module, "llvm.smin.i32", I32, [I32, I32])
-        smax = declare(mod, "llvm.smax.i32", I32, [I32, I32])
-        first = b.load(row, typ=I32, align=4)
-
-        def extremes(k: Val, carried: list[Val]) -> list[Val]:
-            x = b.load(b.gep(row, [k], inbounds=True, source_etype=I32), typ=I32, align=4)
-            return [b.call(smin, [carried[0], x]), b.call(smax, [carried[1], x])]
-
-        _, (lo, hi) = counted_loop(b, "minmax", const(1), lambda k: b.icmp_signed("<", k, const(self.k)), 1,
-                                   extremes, [first, first])
+        lo, hi = min_max(b, row, self.k, b.load(row, typ=I32, align=4))
         fits = b.icmp_unsigned("<=", b.sub(b.sext(hi, I64), b.sext(lo, I64)), const(255))
         b.store(lo, b.gep(ctx.scratch, [b.add(const(shift_at), b.mul(r, const(4)))], inbounds=True, source_etype=I8),
                 align=4)
@@ -316,3 +307,375 @@ def vnni_matmul(op: str, c: Contraction, in_types: Sequence[TensorType], out_typ
         return None
     packed, colsum = pack_vnni(w_nk)
     return VnniMatmulKernel(op, c, tuple(in_types), out_type, m, n, k, packed, colsum)
+
+
+# --------------------------------------------------------------------------------------
+# convolution: output pixels in the lanes
+
+
+CONV_MR = 4
+"""Output channels per register tile (their weights are broadcast)."""
+
+CONV_NV = 4
+"""Most vectors of sixteen output pixels per register tile."""
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A 2-D convolution's geometry (groups of one)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    co: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]  # top, left
+    dilation: tuple[int, int]
+
+    @property
+    def c4(self) -> int:
+        return -(-self.c // 4)
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    @property
+    def nv(self) -> int:
+        return min(CONV_NV, -(-self.ow // LANES))
+
+    @property
+    def pixel_groups(self) -> int:
+        """Register tiles along an output row."""
+        vectors = -(-self.ow // LANES)
+        return -(-vectors // self.nv)
+
+    @property
+    def hp(self) -> int:
+        """Rows of the shifted input: every row a window reads."""
+        return (self.oh - 1) * self.stride[0] + (self.kh - 1) * self.dilation[0] + 1
+
+    @property
+    def wq(self) -> int:
+        """Quads per row of one column phase: every column a window reads, and whole vectors past the last pixel."""
+        sx, dx = self.stride[1], self.dilation[1]
+        return self.pixel_groups * self.nv * LANES + (self.kw - 1) * dx // sx + 1
+
+    @property
+    def image_bytes(self) -> int:
+        return self.hp * self.c4 * self.stride[1] * self.wq * 4
+
+
+def pack_conv_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``w[co, c, kh, kw]`` (int8 values) -> ``[co, kh*kw, ceil(c/4)*4]`` int8 (channels zero padded to
+    quads: one broadcast per output channel, tap and quad) and the int32 sums over each output channel."""
+    co, c, kh, kw = w.shape
+    c4 = -(-c // 4)
+    packed = np.zeros((co, kh * kw, c4 * 4), dtype=np.int8)
+    packed[:, :, :c] = w.reshape(co, c, kh * kw).transpose(0, 2, 1)
+    return packed, w.astype(np.int64).reshape(co, -1).sum(axis=1).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class VnniConvKernel:
+    """``i32 name(ptr out, ptr x, ..., ptr scratch)`` for a 2-D int32 ``conv`` (groups of one) of a run-time
+    input by constant int8-valued weights, and its fused epilogue.
+
+    The input is shifted by its minimum (zero included: the padding) into uint8, laid out as
+    ``[n][row][channel quad][column phase][column / stride][4]`` so that sixteen consecutive output
+    pixels of a tap read sixteen consecutive quads; each output channel's weights for a tap and quad
+    are broadcast. The correction is ``shift * sum(w[co])`` per output channel. An input spanning more
+    than 255 values takes the rule's scalar sums."""
+
+    op: str
+    c: Contraction
+    in_types: tuple[TensorType, ...]
+    out_type: TensorType
+    g: ConvShape
+    packed: np.ndarray = field(repr=False)
+    colsum: np.ndarray = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"int8.vnni.conv.{CONV_MR}x{self.g.nv * LANES}"
+
+    @property
+    def unused_operands(self) -> frozenset[int]:
+        if reads_operand(self.c.epilogue, self.c.rhs) or self.c.rhs == self.c.lhs:
+            return frozenset()
+        return frozenset([self.c.rhs])
+
+    def _layout(self) -> tuple[int, int, int]:
+        """Scratch offsets: the shift, the 'fits' flag, the shifted input."""
+        return 0, 4, _aligned(8)
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self._layout()[2] + _aligned(self.g.n * self.g.image_bytes)
+
+    @property
+    def constant_bytes(self) -> int:
+        return int(self.packed.nbytes + self.colsum.nbytes)
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        g = self.g
+        kf = KernelFunction(mod, name, len(self.in_types))
+        packed = embed_array(mod, f"{name}.packed_w", self.packed)
+        colsum = embed_array(mod, f"{name}.colsum", self.colsum)
+        kf.phase(1, 0.0, self._shift)
+        kf.phase(g.n * g.c4, float(g.n * g.c * g.h * g.w) * 8, self._lay_out)
+        blocks = -(-g.co // CONV_MR)
+        pgroups = g.pixel_groups
+
+        def chunk(ctx: Ctx, c: Val) -> None:
+            self._chunk(ctx, c, blocks, pgroups, packed, colsum)
+
+        kf.phase(g.n * g.oh * blocks * pgroups, 2.0 * g.n * g.co * g.oh * g.ow * g.c * g.taps, chunk)
+        return kf.finish()
+
+    def _scratch_i32(self, ctx: Ctx, at: int) -> Val:
+        b = ctx.b
+        return b.load(b.gep(ctx.scratch, [const(at)], inbounds=True, source_etype=I8), typ=I32, align=4)
+
+    def _shift(self, ctx: Ctx, _c: Val) -> None:
+        """The input's minimum with zero (the shift) and whether everything fits 255 above it."""
+        b = ctx.b
+        g = self.g
+        shift_at, flag_at, _ = self._layout()
+        lo, hi = min_max(b, ctx.ins[self.c.lhs], g.n * g.c * g.h * g.w, ir.Constant(I32, 0))
+        fits = b.icmp_unsigned("<=", b.sub(b.sext(hi, I64), b.sext(lo, I64)), const(255))
+        b.store(lo, b.gep(ctx.scratch, [const(shift_at)], inbounds=True, source_etype=I8), align=4)
+        b.store(b.zext(fits, I32), b.gep(ctx.scratch, [const(flag_at)], inbounds=True, source_etype=I8), align=4)
+
+    def _lay_out(self, ctx: Ctx, c: Val) -> None:
+        """Image ``c / c4``, channel quad ``c % c4``: every byte of its rows, padding as the shifted zero."""
+        b = ctx.b
+        g = self.g
+        shift_at, flag_at, u_at = self._layout()
+        sx = g.stride[1]
+        lo = self._scratch_i32(ctx, shift_at)
+        fits = b.icmp_signed("!=", self._scratch_i32(ctx, flag_at), ir.Constant(I32, 0))
+        n, q = b.udiv(c, const(g.c4)), b.urem(c, const(g.c4))
+        row_bytes = sx * g.wq * 4
+        quad_rows = b.gep(ctx.scratch, [b.add(const(u_at), b.add(b.mul(n, const(g.image_bytes)),
+                                                                 b.mul(q, const(row_bytes))))],
+                          inbounds=True, source_etype=I8)
+        memset = declare(b.module, "llvm.memset.p0.i64", ir.VoidType(), [ir.PointerType(), I8, I64, I1])
+        x_img = b.gep(ctx.ins[self.c.lhs], [b.mul(n, const(g.c * g.h * g.w))], inbounds=True, source_etype=I32)
+
+        def fill() -> None:
+            zero = b.trunc(b.sub(ir.Constant(I32, 0), lo), I8)
+
+            def clear(yp: Val) -> None:
+                dst = b.gep(quad_rows, [b.mul(yp, const(g.c4 * row_bytes))], inbounds=True, source_etype=I8)
+                b.call(memset, [dst, zero, const(row_bytes), ir.Constant(I1, 0)])
+
+            for_range(b, 0, g.hp, "clear", clear)
+            top, left = g.pad
+
+            def row(y: Val) -> None:
+                dst_row = b.gep(quad_rows, [b.mul(b.add(y, const(top)), const(g.c4 * row_bytes))], inbounds=True,
+                                source_etype=I8)
+                for t in range(4):
+                    ch = b.add(b.mul(q, const(4)), const(t))
+
+                    def channel(ch: Val = ch, t: int = t) -> None:
+                        src = b.gep(x_img, [b.add(b.mul(ch, const(g.h * g.w)), b.mul(y, const(g.w)))],
+                                    inbounds=True, source_etype=I32)
+
+                        def column(x: Val) -> None:
+                            xp = b.add(x, const(left))
+                            at = b.add(b.mul(b.add(b.mul(b.urem(xp, const(sx)), const(g.wq)), b.udiv(xp, const(sx))),
+                                             const(4)), const(t))
+                            v = b.load(b.gep(src, [x], inbounds=True, source_etype=I32), typ=I32, align=4)
+                            b.store(b.trunc(b.sub(v, lo), I8), b.gep(dst_row, [at], inbounds=True, source_etype=I8),
+                                    align=1)
+
+                        x_hi = min(g.w, (g.wq * sx) - left)
+                        for_range(b, 0, x_hi, "x", column)
+
+                    if_then(b, b.icmp_signed("<", ch, const(g.c)), f"ch{t}", channel)
+
+            for_range(b, 0, min(g.h, g.hp - top), "y", row)
+
+        if_then(b, fits, "fits", fill)
+
+    def _chunk(self, ctx: Ctx, c: Val, blocks: int, pgroups: int, packed: Val, colsum: Val) -> None:
+        """Image, output row, block of CONV_MR channels, group of pixel vectors: accumulate, then the epilogue."""
+        b = ctx.b
+        g = self.g
+        flag_at = self._layout()[1]
+        width = g.nv * LANES
+        tile = ctx.entry_alloca(ir.ArrayType(I32, CONV_MR * width), "tile")
+        pg = b.urem(c, const(pgroups))
+        rest = b.udiv(c, const(pgroups))
+        co0 = b.mul(b.urem(rest, const(blocks)), const(CONV_MR))
+        rest = b.udiv(rest, const(blocks))
+        oy, n = b.urem(rest, const(g.oh)), b.udiv(rest, const(g.oh))
+        px0 = b.mul(pg, const(width))
+        rows = imin(b, const(CONV_MR), b.sub(const(g.co), co0))
+        cols = imin(b, const(width), b.sub(const(g.ow), px0))
+        fits = b.icmp_signed("!=", self._scratch_i32(ctx, flag_at), ir.Constant(I32, 0))
+        vector, scalar, done = (ctx.fn.append_basic_block(f"conv8.{x}") for x in ("vector", "scalar", "stored"))
+        b.cbranch(fits, vector, scalar)
+        b.position_at_end(vector)
+        self._micro(ctx, n, oy, co0, px0, packed, colsum, tile)
+        b.branch(done)
+        b.position_at_end(scalar)
+        self._scalar(ctx, n, oy, co0, px0, rows, cols, packed, tile)
+        b.branch(done)
+        b.position_at_end(done)
+        epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
+
+        def row(i: Val) -> None:
+            co = b.add(co0, i)
+            base = b.mul(b.add(b.mul(b.add(b.mul(n, const(g.co)), co), const(g.oh)), oy), const(g.ow))
+
+            def col(p: Val) -> None:
+                acc = b.load(b.gep(tile, [b.add(b.mul(i, const(width)), p)], inbounds=True, source_etype=I32),
+                             typ=I32, align=4)
+                ox = b.add(px0, p)
+                epi.store(b.add(base, ox), epi.element([n, co, oy, ox], acc))
+
+            for_range(b, 0, cols, "px", col)
+
+        for_range(b, 0, rows, "oc", row)
+
+    def _micro(self, ctx: Ctx, n: Val, oy: Val, co0: Val, px0: Val, packed: Val, colsum: Val, tile: Val) -> None:
+        """``tile[i][p] = sum u * w + shift * colsum[co0 + i]`` for CONV_MR channels (the last clamped) and
+        ``nv`` vectors of pixels from ``px0``."""
+        b = ctx.b
+        g = self.g
+        shift_at, _, u_at = self._layout()
+        sy, sx = g.stride
+        dy, dx = g.dilation
+        nv, width = g.nv, g.nv * LANES
+        row_bytes = sx * g.wq * 4
+        dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
+        image = b.gep(ctx.scratch, [b.add(const(u_at), b.mul(n, const(g.image_bytes)))], inbounds=True,
+                      source_etype=I8)
+        cos = [imin(b, b.add(co0, const(i)), const(g.co - 1)) for i in range(CONV_MR)]
+        w_rows = [b.gep(packed, [b.mul(co, const(g.taps * g.c4 * 4))], inbounds=True, source_etype=I8) for co in cos]
+
+        def tap(t: Val, acc: list[Val]) -> list[Val]:
+            ky, kx = b.udiv(t, const(g.kw)), b.urem(t, const(g.kw))
+            yp = b.add(b.mul(oy, const(sy)), b.mul(ky, const(dy)))
+            kxd = b.mul(kx, const(dx))
+            phase, xoff = b.urem(kxd, const(sx)), b.udiv(kxd, const(sx))
+            a0 = b.gep(image, [b.add(b.mul(yp, const(g.c4 * row_bytes)),
+                                     b.mul(b.add(b.mul(phase, const(g.wq)), b.add(px0, xoff)), const(4)))],
+                       inbounds=True, source_etype=I8)
+            w_tap = [b.gep(w, [b.mul(t, const(g.c4 * 4))], inbounds=True, source_etype=I8) for w in w_rows]
+
+            def quad(q: Val, acc: list[Val]) -> list[Val]:
+                out = list(acc)
+                a_q = b.gep(a0, [b.mul(q, const(row_bytes))], inbounds=True, source_etype=I8)
+                av = [b.load(b.gep(a_q, [const(64 * j)], inbounds=True, source_etype=I8), typ=V64, align=4)
+                      for j in range(nv)]
+                for i, w in enumerate(w_tap):
+                    wq = b.load(b.gep(w, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
+                    wv = b.bitcast(_splat(b, wq), V64)
+                    for j in range(nv):
+                        out[i * nv + j] = b.call(dot, [out[i * nv + j], av[j], wv])
+                return out
+
+            _, acc = counted_loop(b, "cq", const(0), lambda q: b.icmp_signed("<", q, const(g.c4)), 1, quad, acc)
+            return acc
+
+        _, acc = counted_loop(b, "tap", const(0), lambda t: b.icmp_signed("<", t, const(g.taps)), 1, tap,
+                              [ir.Constant(V16, None)] * (CONV_MR * nv))
+        shift = self._scratch_i32(ctx, shift_at)
+        for i, co in enumerate(cos):
+            fix = _splat(b, b.mul(shift, b.load(b.gep(colsum, [co], inbounds=True, source_etype=I32), typ=I32,
+                                                align=4)))
+            for j in range(nv):
+                b.store(b.add(acc[i * nv + j], fix), b.gep(tile, [const(i * width + j * LANES)], inbounds=True,
+                                                           source_etype=I32), align=64)
+
+    def _scalar(self, ctx: Ctx, n: Val, oy: Val, co0: Val, px0: Val, rows: Val, cols: Val, packed: Val,
+                tile: Val) -> None:
+        """The rule's own int32 sums (zero outside the input), for an input that does not fit uint8 after its shift."""
+        b = ctx.b
+        g = self.g
+        sy, sx = g.stride
+        dy, dx = g.dilation
+        top, left = g.pad
+        width = g.nv * LANES
+        x_img = b.gep(ctx.ins[self.c.lhs], [b.mul(n, const(g.c * g.h * g.w))], inbounds=True, source_etype=I32)
+
+        def row(i: Val) -> None:
+            w_row = b.gep(packed, [b.mul(b.add(co0, i), const(g.taps * g.c4 * 4))], inbounds=True, source_etype=I8)
+
+            def col(p: Val) -> None:
+                ox = b.add(px0, p)
+
+                def term(k: Val, acc: list[Val]) -> list[Val]:
+                    t, ch = b.udiv(k, const(g.c)), b.urem(k, const(g.c))
+                    ky, kx = b.udiv(t, const(g.kw)), b.urem(t, const(g.kw))
+                    y = b.sub(b.add(b.mul(oy, const(sy)), b.mul(ky, const(dy))), const(top))
+                    x = b.sub(b.add(b.mul(ox, const(sx)), b.mul(kx, const(dx))), const(left))
+                    inside = b.and_(b.icmp_unsigned("<", y, const(g.h)), b.icmp_unsigned("<", x, const(g.w)))
+                    at = b.add(b.mul(ch, const(g.h * g.w)), b.add(b.mul(imin(b, y, const(g.h - 1)), const(g.w)),
+                                                                  imin(b, x, const(g.w - 1))))
+                    safe = b.select(inside, at, const(0))
+                    v = b.load(b.gep(x_img, [safe], inbounds=True, source_etype=I32), typ=I32, align=4)
+                    wv = b.sext(b.load(b.gep(w_row, [b.add(b.mul(t, const(g.c4 * 4)), ch)], inbounds=True,
+                                             source_etype=I8), typ=I8, align=1), I32)
+                    return [b.add(acc[0], b.select(inside, b.mul(v, wv), ir.Constant(I32, 0)))]
+
+                _, (s,) = counted_loop(b, "ck", const(0), lambda k: b.icmp_signed("<", k, const(g.taps * g.c)), 1,
+                                       term, [ir.Constant(I32, 0)])
+                b.store(s, b.gep(tile, [b.add(b.mul(i, const(width)), p)], inbounds=True, source_etype=I32), align=4)
+
+            for_range(b, 0, cols, "scol", col)
+
+        for_range(b, 0, rows, "srow", row)
+
+
+def min_max(b: Builder, data: Val, count: int, seed: Val) -> tuple[Val, Val]:
+    """The smallest and largest of ``count`` int32 values at ``data`` and ``seed``."""
+    smin = declare(b.module, "llvm.smin.i32", I32, [I32, I32])
+    smax = declare(b.module, "llvm.smax.i32", I32, [I32, I32])
+
+    def step(k: Val, carried: list[Val]) -> list[Val]:
+        x = b.load(b.gep(data, [k], inbounds=True, source_etype=I32), typ=I32, align=4)
+        return [b.call(smin, [carried[0], x]), b.call(smax, [carried[1], x])]
+
+    _, (lo, hi) = counted_loop(b, "minmax", const(0), lambda k: b.icmp_signed("<", k, const(count)), 1, step,
+                               [seed, seed])
+    return lo, hi
+
+
+def vnni_conv(op: str, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
+              weights: np.ndarray | None) -> VnniConvKernel | None:
+    """The VNNI kernel for an int32 2-D ``conv`` (groups of one) whose constant weights hold int8 values, or None."""
+    if c.op != "conv" or weights is None or int(c.attrs.get("groups", 1)) != 1:
+        return None
+    if c.lhs_type.rank != 4 or any(t.dtype is not DType.i32 for t in (c.lhs_type, c.rhs_type, c.out_type)):
+        return None
+    w = np.asarray(weights)
+    if not np.issubdtype(w.dtype, np.integer) or not fits_int8(w) or not host_has_vnni():
+        return None
+    from cuvil.ir.ops.nn import window_params
+
+    s, pb, _pe, d = window_params(2, c.attrs.get("strides", ()), c.attrs.get("pads", ()), c.attrs.get("dilations", ()))
+    if any(p < 0 for p in pb):
+        return None
+    n, ch, h, wd = (int(x) for x in c.lhs_type.shape)
+    co, _, kh, kw = w.shape
+    oh, ow = (int(x) for x in c.out_type.shape[2:])
+    g = ConvShape(n, ch, h, wd, int(co), int(kh), int(kw), oh, ow, (int(s[0]), int(s[1])), (int(pb[0]), int(pb[1])),
+                  (int(d[0]), int(d[1])))
+    if g.n * g.image_bytes > MAX_SCRATCH:
+        return None
+    packed, colsum = pack_conv_weights(w)
+    return VnniConvKernel(op, c, tuple(in_types), out_type, g, packed, colsum)
+
+
+MAX_SCRATCH = 64 << 20
+"""Largest shifted input a conv kernel keeps in its scratch."""
