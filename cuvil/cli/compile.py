@@ -148,7 +148,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                               input_shapes=shapes or None, passes=passes, gate=gate, name=args.name or
                               _symbol_name(model_path), cache=not args.no_cache, output_dir=staging,
                               dynamic=False, failsafe=args.failsafe, shape_class=not shapes,
-                              dim_max=dim_max or None, **options)
+                              dim_max=dim_max or None, int8=False if args.no_int8 else None, **options)
         assert model.library_path is not None and model.manifest is not None
         header, manifest_path = _install(model.library_path, model.manifest, output)
     except CuvilError as e:
@@ -180,6 +180,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   + " (one library for the shape class; the dims are read from the input shapes)\n")
     _print_verification(man.get("verification"))
     _print_precision(man.get("precision"))
+    _print_int8(man.get("int8"))
     _print_guard(man.get("guard"), man.get("failsafe"))
     return EXIT_OK
 
@@ -242,6 +243,17 @@ def _print_precision(entry: Any) -> None:
         sys.stdout.write(f"    {k.get('value')} {k.get('op')}: {k.get('reason')}\n")
     if len(unproved) > 10:
         sys.stdout.write(f"    ... and {len(unproved) - 10} more\n")
+
+
+def _print_int8(entry: Any) -> None:
+    if not isinstance(entry, dict):
+        return
+    if entry.get("applied"):
+        sys.stdout.write(f"  int8      {entry.get('integer_products')} quantized products in int8 x int8 -> int32; "
+                         f"{entry.get('int32_sites_proved')} of {entry.get('int32_sites')} int32 values proved not "
+                         f"to wrap for any input\n")
+    else:
+        sys.stdout.write(f"  int8      the QDQ graph runs in float32: {entry.get('reason')}\n")
 
 
 def _print_guard(guard: Any, policy: Any) -> None:
@@ -323,6 +335,10 @@ def register(sub: Any) -> None:
     p.add_argument("--calibrate", metavar="DIR",
                    help="with --enable-fp16: take the ranges not given by --range from .npy/.npz samples in DIR "
                         "(NAME.npy, NAME_*.npy, or .npz with named arrays)")
+    p.add_argument("--no-int8", action="store_true",
+                   help="compile a QDQ model's float graph as it is; by default (O3) its quantized matmuls and "
+                        "convs run in int8 x int8 -> int32 (QLinear semantics, possibly one quantization step from "
+                        "the float graph) when the prober proves no int32 accumulator wraps")
     p.add_argument("--failsafe", metavar="POLICY.json", default=None,
                    help="build the fail-safe policy's guard into the library: inputs finite and inside the "
                         "policy's boxes, outputs finite, checked before and after each run (a violation returns "

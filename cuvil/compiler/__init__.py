@@ -70,11 +70,12 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     products beside its weight. ``lora_base`` names the modules when ``model`` is not the ``torch``
     module the adapters were trained on (a Hugging Face directory or :class:`lora.BaseModel`).
 
-    ``int8`` (default: ``opt_level == 3``) runs a QDQ model's quantized matmuls and convs in int8 x int8
-    -> int32 arithmetic (QLinear semantics, ``quantize-int8``) when the overflow prober proves that no
-    int32 accumulator can wrap; the manifest's ``int8`` entry records the decision. It is a declared
-    precision change (a requantized value may differ from the float QDQ graph's by one quantization
-    step), applied before the proved pipeline like FP16. ``int8=False`` compiles the float QDQ graph.
+    ``int8`` (default: ``opt_level == 3`` unless ``fp16``, whose plan then covers the imported ops) runs
+    a QDQ model's quantized matmuls and convs in int8 x int8 -> int32 arithmetic (QLinear semantics,
+    ``quantize-int8``) when the overflow prober proves that no int32 accumulator can wrap; the
+    manifest's ``int8`` entry records the decision. It is a declared precision change (a requantized
+    value may differ from the float QDQ graph's by one quantization step), applied before the proved
+    pipeline like FP16. ``int8=False`` compiles the float QDQ graph.
 
     ``failsafe`` (a fail-safe policy: its JSON file or the parsed document) builds the policy's guard
     into the library: every input element finite and inside the policy's box for it, every output
@@ -104,7 +105,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
                       name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
                       output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request,
                       guard=guard, dim_max=dim_max if shape_class else None,
-                      int8=opt_level == 3 if int8 is None else bool(int8))
+                      int8=opt_level == 3 and not fp16 if int8 is None else bool(int8))
     sig = job.signature()
     if guard is not None:
         guard.check_model(sig.inputs)
