@@ -322,7 +322,14 @@ CONV_NV = 4
 
 @dataclass(frozen=True)
 class ConvShape:
-    """A 2-D convolution's geometry (groups of one)."""
+    """A 2-D convolution's geometry (groups of one), and the planes its shifted input is laid out in.
+
+    For stride ``(sy, sx)`` the padded input is split into ``sy * sx`` phase planes (row ``yp`` and
+    column ``xp`` go to plane ``(yp % sy, xp % sx)`` at ``(yp // sy, xp // sx)``), each ``wq`` quads
+    wide. Output pixel ``(oy, ox)`` is numbered ``p = oy * wq + ox``: for tap ``(ky, kx)`` it reads
+    plane ``(ky*dy % sy, kx*dx % sx)`` at quad ``p + (ky*dy // sy) * wq + kx*dx // sx``, so sixteen
+    consecutive ``p`` read sixteen consecutive quads. Numbers with ``ox >= ow`` are computed and dropped
+    (``wq - ow`` per row: the width of the window past the row)."""
 
     n: int
     c: int
@@ -346,29 +353,46 @@ class ConvShape:
         return self.kh * self.kw
 
     @property
+    def wq(self) -> int:
+        """Quads per row of a plane: every column of the row a window reads."""
+        return self.ow + (self.kw - 1) * self.dilation[1] // self.stride[1]
+
+    @property
+    def hq(self) -> int:
+        return self.oh + (self.kh - 1) * self.dilation[0] // self.stride[0]
+
+    @property
+    def pixels(self) -> int:
+        """Numbers ``p`` computed per image (valid ones and the dropped ones between rows)."""
+        return self.oh * self.wq
+
+    @property
     def nv(self) -> int:
-        return min(CONV_NV, -(-self.ow // LANES))
+        return min(CONV_NV, -(-self.pixels // LANES))
 
     @property
     def pixel_groups(self) -> int:
-        """Register tiles along an output row."""
-        vectors = -(-self.ow // LANES)
+        """Register tiles over an image's pixel numbers."""
+        vectors = -(-self.pixels // LANES)
         return -(-vectors // self.nv)
 
     @property
-    def hp(self) -> int:
-        """Rows of the shifted input: every row a window reads."""
-        return (self.oh - 1) * self.stride[0] + (self.kh - 1) * self.dilation[0] + 1
+    def plane_quads(self) -> int:
+        """A plane's quads, with room for the last tile's whole vectors past the last row."""
+        return self.hq * self.wq + self.nv * LANES + self.wq
 
     @property
-    def wq(self) -> int:
-        """Quads per row of one column phase: every column a window reads, and whole vectors past the last pixel."""
-        sx, dx = self.stride[1], self.dilation[1]
-        return self.pixel_groups * self.nv * LANES + (self.kw - 1) * dx // sx + 1
+    def phases(self) -> int:
+        return self.stride[0] * self.stride[1]
+
+    @property
+    def quad_bytes(self) -> int:
+        """Bytes of one channel quad's planes."""
+        return self.phases * self.plane_quads * 4
 
     @property
     def image_bytes(self) -> int:
-        return self.hp * self.c4 * self.stride[1] * self.wq * 4
+        return self.c4 * self.quad_bytes
 
 
 def pack_conv_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -386,11 +410,11 @@ class VnniConvKernel:
     """``i32 name(ptr out, ptr x, ..., ptr scratch)`` for a 2-D int32 ``conv`` (groups of one) of a run-time
     input by constant int8-valued weights, and its fused epilogue.
 
-    The input is shifted by its minimum (zero included: the padding) into uint8, laid out as
-    ``[n][row][channel quad][column phase][column / stride][4]`` so that sixteen consecutive output
-    pixels of a tap read sixteen consecutive quads; each output channel's weights for a tap and quad
-    are broadcast. The correction is ``shift * sum(w[co])`` per output channel. An input spanning more
-    than 255 values takes the rule's scalar sums."""
+    The input is shifted by its minimum (zero included: the padding) into uint8, laid out in phase
+    planes (:class:`ConvShape`) so that sixteen consecutive output pixel numbers of a tap read sixteen
+    consecutive quads; each output channel's weights for a tap and quad are broadcast. The correction
+    is ``shift * sum(w[co])`` per output channel. An input spanning more than 255 values takes the
+    rule's scalar sums."""
 
     op: str
     c: Contraction
@@ -435,7 +459,7 @@ class VnniConvKernel:
         def chunk(ctx: Ctx, c: Val) -> None:
             self._chunk(ctx, c, blocks, pgroups, packed, colsum)
 
-        kf.phase(g.n * g.oh * blocks * pgroups, 2.0 * g.n * g.co * g.oh * g.ow * g.c * g.taps, chunk)
+        kf.phase(g.n * blocks * pgroups, 2.0 * g.n * g.co * g.oh * g.ow * g.c * g.taps, chunk)
         return kf.finish()
 
     def _scratch_i32(self, ctx: Ctx, at: int) -> Val:
@@ -453,34 +477,32 @@ class VnniConvKernel:
         b.store(b.zext(fits, I32), b.gep(ctx.scratch, [const(flag_at)], inbounds=True, source_etype=I8), align=4)
 
     def _lay_out(self, ctx: Ctx, c: Val) -> None:
-        """Image ``c / c4``, channel quad ``c % c4``: every byte of its rows, padding as the shifted zero."""
+        """Image ``c / c4``, channel quad ``c % c4``: its planes, the padding (and what no window reads) as the
+        shifted zero."""
         b = ctx.b
         g = self.g
         shift_at, flag_at, u_at = self._layout()
-        sx = g.stride[1]
+        sy, sx = g.stride
+        top, left = g.pad
         lo = self._scratch_i32(ctx, shift_at)
         fits = b.icmp_signed("!=", self._scratch_i32(ctx, flag_at), ir.Constant(I32, 0))
         n, q = b.udiv(c, const(g.c4)), b.urem(c, const(g.c4))
-        row_bytes = sx * g.wq * 4
-        quad_rows = b.gep(ctx.scratch, [b.add(const(u_at), b.add(b.mul(n, const(g.image_bytes)),
-                                                                 b.mul(q, const(row_bytes))))],
-                          inbounds=True, source_etype=I8)
+        planes = b.gep(ctx.scratch, [b.add(const(u_at), b.add(b.mul(n, const(g.image_bytes)),
+                                                             b.mul(q, const(g.quad_bytes))))],
+                       inbounds=True, source_etype=I8)
         memset = declare(b.module, "llvm.memset.p0.i64", ir.VoidType(), [ir.PointerType(), I8, I64, I1])
         x_img = b.gep(ctx.ins[self.c.lhs], [b.mul(n, const(g.c * g.h * g.w))], inbounds=True, source_etype=I32)
+        rows = min(g.h, g.hq * sy - top)  # input rows some window reads
+        cols = min(g.w, g.wq * sx - left)
 
         def fill() -> None:
-            zero = b.trunc(b.sub(ir.Constant(I32, 0), lo), I8)
-
-            def clear(yp: Val) -> None:
-                dst = b.gep(quad_rows, [b.mul(yp, const(g.c4 * row_bytes))], inbounds=True, source_etype=I8)
-                b.call(memset, [dst, zero, const(row_bytes), ir.Constant(I1, 0)])
-
-            for_range(b, 0, g.hp, "clear", clear)
-            top, left = g.pad
+            b.call(memset, [planes, b.trunc(b.sub(ir.Constant(I32, 0), lo), I8), const(g.quad_bytes),
+                            ir.Constant(I1, 0)])
 
             def row(y: Val) -> None:
-                dst_row = b.gep(quad_rows, [b.mul(b.add(y, const(top)), const(g.c4 * row_bytes))], inbounds=True,
-                                source_etype=I8)
+                yp = b.add(y, const(top))
+                plane_row = b.add(b.mul(b.urem(yp, const(sy)), const(sx * g.plane_quads)),
+                                  b.mul(b.udiv(yp, const(sy)), const(g.wq)))
                 for t in range(4):
                     ch = b.add(b.mul(q, const(4)), const(t))
 
@@ -490,72 +512,79 @@ class VnniConvKernel:
 
                         def column(x: Val) -> None:
                             xp = b.add(x, const(left))
-                            at = b.add(b.mul(b.add(b.mul(b.urem(xp, const(sx)), const(g.wq)), b.udiv(xp, const(sx))),
-                                             const(4)), const(t))
+                            quad = b.add(plane_row, b.add(b.mul(b.urem(xp, const(sx)), const(g.plane_quads)),
+                                                          b.udiv(xp, const(sx))))
                             v = b.load(b.gep(src, [x], inbounds=True, source_etype=I32), typ=I32, align=4)
-                            b.store(b.trunc(b.sub(v, lo), I8), b.gep(dst_row, [at], inbounds=True, source_etype=I8),
-                                    align=1)
+                            b.store(b.trunc(b.sub(v, lo), I8), b.gep(planes, [b.add(b.mul(quad, const(4)), const(t))],
+                                                                     inbounds=True, source_etype=I8), align=1)
 
-                        x_hi = min(g.w, (g.wq * sx) - left)
-                        for_range(b, 0, x_hi, "x", column)
+                        for_range(b, 0, cols, "x", column)
 
                     if_then(b, b.icmp_signed("<", ch, const(g.c)), f"ch{t}", channel)
 
-            for_range(b, 0, min(g.h, g.hp - top), "y", row)
+            for_range(b, 0, rows, "y", row)
 
         if_then(b, fits, "fits", fill)
 
     def _chunk(self, ctx: Ctx, c: Val, blocks: int, pgroups: int, packed: Val, colsum: Val) -> None:
-        """Image, output row, block of CONV_MR channels, group of pixel vectors: accumulate, then the epilogue."""
+        """Image, block of CONV_MR output channels, group of pixel vectors: accumulate, then the epilogue."""
         b = ctx.b
         g = self.g
         flag_at = self._layout()[1]
         width = g.nv * LANES
         tile = ctx.entry_alloca(ir.ArrayType(I32, CONV_MR * width), "tile")
-        pg = b.urem(c, const(pgroups))
+        p0 = b.mul(b.urem(c, const(pgroups)), const(width))
         rest = b.udiv(c, const(pgroups))
         co0 = b.mul(b.urem(rest, const(blocks)), const(CONV_MR))
-        rest = b.udiv(rest, const(blocks))
-        oy, n = b.urem(rest, const(g.oh)), b.udiv(rest, const(g.oh))
-        px0 = b.mul(pg, const(width))
+        n = b.udiv(rest, const(blocks))
         rows = imin(b, const(CONV_MR), b.sub(const(g.co), co0))
-        cols = imin(b, const(width), b.sub(const(g.ow), px0))
+        count = imin(b, const(width), b.sub(const(g.pixels), p0))
         fits = b.icmp_signed("!=", self._scratch_i32(ctx, flag_at), ir.Constant(I32, 0))
         vector, scalar, done = (ctx.fn.append_basic_block(f"conv8.{x}") for x in ("vector", "scalar", "stored"))
         b.cbranch(fits, vector, scalar)
         b.position_at_end(vector)
-        self._micro(ctx, n, oy, co0, px0, packed, colsum, tile)
+        self._micro(ctx, n, co0, p0, packed, colsum, tile)
         b.branch(done)
         b.position_at_end(scalar)
-        self._scalar(ctx, n, oy, co0, px0, rows, cols, packed, tile)
+        self._scalar(ctx, n, co0, p0, rows, count, packed, tile)
         b.branch(done)
         b.position_at_end(done)
         epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
 
+        end = b.add(p0, count)
+        first_row, last_row = b.udiv(p0, const(g.wq)), b.udiv(b.sub(end, const(1)), const(g.wq))
+
         def row(i: Val) -> None:
             co = b.add(co0, i)
-            base = b.mul(b.add(b.mul(b.add(b.mul(n, const(g.co)), co), const(g.oh)), oy), const(g.ow))
+            plane = b.mul(b.add(b.mul(n, const(g.co)), co), const(g.oh * g.ow))
+            tile_row = b.gep(tile, [b.mul(i, const(width))], inbounds=True, source_etype=I32)
 
-            def col(p: Val) -> None:
-                acc = b.load(b.gep(tile, [b.add(b.mul(i, const(width)), p)], inbounds=True, source_etype=I32),
-                             typ=I32, align=4)
-                ox = b.add(px0, p)
-                epi.store(b.add(base, ox), epi.element([n, co, oy, ox], acc))
+            def output_row(oy: Val) -> None:  # the row's pixels inside this tile: contiguous, no division
+                start = b.mul(oy, const(g.wq))
+                x_lo = b.select(b.icmp_signed(">", p0, start), b.sub(p0, start), const(0))
+                x_hi = imin(b, const(g.ow), b.sub(end, start))
+                out_row = b.add(plane, b.mul(oy, const(g.ow)))
+                at = b.sub(start, p0)
 
-            for_range(b, 0, cols, "px", col)
+                def pixel(ox: Val) -> None:
+                    acc = b.load(b.gep(tile_row, [b.add(at, ox)], inbounds=True, source_etype=I32), typ=I32, align=4)
+                    epi.store(b.add(out_row, ox), epi.element([n, co, oy, ox], acc))
+
+                for_range(b, x_lo, x_hi, "px", pixel)
+
+            for_range(b, first_row, b.add(last_row, const(1)), "orow", output_row)
 
         for_range(b, 0, rows, "oc", row)
 
-    def _micro(self, ctx: Ctx, n: Val, oy: Val, co0: Val, px0: Val, packed: Val, colsum: Val, tile: Val) -> None:
-        """``tile[i][p] = sum u * w + shift * colsum[co0 + i]`` for CONV_MR channels (the last clamped) and
-        ``nv`` vectors of pixels from ``px0``."""
+    def _micro(self, ctx: Ctx, n: Val, co0: Val, p0: Val, packed: Val, colsum: Val, tile: Val) -> None:
+        """``tile[i][k] = sum u * w + shift * colsum[co0 + i]`` for CONV_MR channels (the last clamped) and
+        ``nv`` vectors of pixel numbers from ``p0``."""
         b = ctx.b
         g = self.g
         shift_at, _, u_at = self._layout()
         sy, sx = g.stride
         dy, dx = g.dilation
         nv, width = g.nv, g.nv * LANES
-        row_bytes = sx * g.wq * 4
         dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
         image = b.gep(ctx.scratch, [b.add(const(u_at), b.mul(n, const(g.image_bytes)))], inbounds=True,
                       source_etype=I8)
@@ -563,18 +592,16 @@ class VnniConvKernel:
         w_rows = [b.gep(packed, [b.mul(co, const(g.taps * g.c4 * 4))], inbounds=True, source_etype=I8) for co in cos]
 
         def tap(t: Val, acc: list[Val]) -> list[Val]:
-            ky, kx = b.udiv(t, const(g.kw)), b.urem(t, const(g.kw))
-            yp = b.add(b.mul(oy, const(sy)), b.mul(ky, const(dy)))
-            kxd = b.mul(kx, const(dx))
-            phase, xoff = b.urem(kxd, const(sx)), b.udiv(kxd, const(sx))
-            a0 = b.gep(image, [b.add(b.mul(yp, const(g.c4 * row_bytes)),
-                                     b.mul(b.add(b.mul(phase, const(g.wq)), b.add(px0, xoff)), const(4)))],
-                       inbounds=True, source_etype=I8)
+            kyd, kxd = b.mul(b.udiv(t, const(g.kw)), const(dy)), b.mul(b.urem(t, const(g.kw)), const(dx))
+            plane = b.add(b.mul(b.urem(kyd, const(sy)), const(sx)), b.urem(kxd, const(sx)))
+            quad = b.add(b.add(b.mul(plane, const(g.plane_quads)), p0),
+                         b.add(b.mul(b.udiv(kyd, const(sy)), const(g.wq)), b.udiv(kxd, const(sx))))
+            a0 = b.gep(image, [b.mul(quad, const(4))], inbounds=True, source_etype=I8)
             w_tap = [b.gep(w, [b.mul(t, const(g.c4 * 4))], inbounds=True, source_etype=I8) for w in w_rows]
 
-            def quad(q: Val, acc: list[Val]) -> list[Val]:
+            def channel_quad(q: Val, acc: list[Val]) -> list[Val]:
                 out = list(acc)
-                a_q = b.gep(a0, [b.mul(q, const(row_bytes))], inbounds=True, source_etype=I8)
+                a_q = b.gep(a0, [b.mul(q, const(g.quad_bytes))], inbounds=True, source_etype=I8)
                 av = [b.load(b.gep(a_q, [const(64 * j)], inbounds=True, source_etype=I8), typ=V64, align=4)
                       for j in range(nv)]
                 for i, w in enumerate(w_tap):
@@ -584,7 +611,8 @@ class VnniConvKernel:
                         out[i * nv + j] = b.call(dot, [out[i * nv + j], av[j], wv])
                 return out
 
-            _, acc = counted_loop(b, "cq", const(0), lambda q: b.icmp_signed("<", q, const(g.c4)), 1, quad, acc)
+            _, acc = counted_loop(b, "cq", const(0), lambda q: b.icmp_signed("<", q, const(g.c4)), 1, channel_quad,
+                                  acc)
             return acc
 
         _, acc = counted_loop(b, "tap", const(0), lambda t: b.icmp_signed("<", t, const(g.taps)), 1, tap,
@@ -597,8 +625,7 @@ class VnniConvKernel:
                 b.store(b.add(acc[i * nv + j], fix), b.gep(tile, [const(i * width + j * LANES)], inbounds=True,
                                                            source_etype=I32), align=64)
 
-    def _scalar(self, ctx: Ctx, n: Val, oy: Val, co0: Val, px0: Val, rows: Val, cols: Val, packed: Val,
-                tile: Val) -> None:
+    def _scalar(self, ctx: Ctx, n: Val, co0: Val, p0: Val, rows: Val, count: Val, packed: Val, tile: Val) -> None:
         """The rule's own int32 sums (zero outside the input), for an input that does not fit uint8 after its shift."""
         b = ctx.b
         g = self.g
@@ -611,8 +638,9 @@ class VnniConvKernel:
         def row(i: Val) -> None:
             w_row = b.gep(packed, [b.mul(b.add(co0, i), const(g.taps * g.c4 * 4))], inbounds=True, source_etype=I8)
 
-            def col(p: Val) -> None:
-                ox = b.add(px0, p)
+            def col(k: Val) -> None:
+                p = b.add(p0, k)
+                oy, ox = b.udiv(p, const(g.wq)), b.urem(p, const(g.wq))
 
                 def term(k: Val, acc: list[Val]) -> list[Val]:
                     t, ch = b.udiv(k, const(g.c)), b.urem(k, const(g.c))
@@ -630,9 +658,9 @@ class VnniConvKernel:
 
                 _, (s,) = counted_loop(b, "ck", const(0), lambda k: b.icmp_signed("<", k, const(g.taps * g.c)), 1,
                                        term, [ir.Constant(I32, 0)])
-                b.store(s, b.gep(tile, [b.add(b.mul(i, const(width)), p)], inbounds=True, source_etype=I32), align=4)
+                b.store(s, b.gep(tile, [b.add(b.mul(i, const(width)), k)], inbounds=True, source_etype=I32), align=4)
 
-            for_range(b, 0, cols, "scol", col)
+            for_range(b, 0, count, "scol", col)
 
         for_range(b, 0, rows, "srow", row)
 
