@@ -7,6 +7,22 @@ the loops themselves),
 for the files a compile produces.
 """
 
-from cuvil.codegen.artifact import Artifact, build_library
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cuvil.codegen.artifact import Artifact, build_library
+
+
+def __getattr__(name: str) -> Any:
+    """``Artifact`` and ``build_library`` on first use: loading a library (cuvil.runtime) reads only
+    :mod:`cuvil.codegen.abi` and :mod:`cuvil.codegen.manifest`, and never imports LLVM."""
+    if name in ("Artifact", "build_library"):
+        from cuvil.codegen import artifact
+
+        return getattr(artifact, name)
+    raise AttributeError(f"module 'cuvil.codegen' has no attribute {name!r}")
+
 
 __all__ = ["Artifact", "build_library"]

@@ -7,9 +7,12 @@ and the Python loader all read them from here, so they can never drift apart.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.printer import format_dim
@@ -133,3 +136,19 @@ class TensorSpec:
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+def element_bounds(dt: DType, lo: float, hi: float) -> tuple[float, float] | tuple[int, int] | None:
+    """The least and greatest values of ``dt``'s compare type (f64, f32 for every other float type, the
+    integer itself) inside ``[lo, hi]``; None when there is none."""
+    if dt.is_float:
+        ft = np.float64 if dt is DType.f64 else np.float32
+        with np.errstate(over="ignore"):
+            least, greatest = ft(lo), ft(hi)
+        if float(least) < lo:
+            least = np.nextafter(least, ft(np.inf))
+        if float(greatest) > hi:
+            greatest = np.nextafter(greatest, ft(-np.inf))
+        return (float(least), float(greatest)) if least <= greatest else None
+    first, last = max(math.ceil(lo), int(dt.min_value)), min(math.floor(hi), int(dt.max_value))
+    return (first, last) if first <= last else None

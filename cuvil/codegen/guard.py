@@ -19,11 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi
-from cuvil.codegen.abi import TensorSpec
+from cuvil.codegen.abi import TensorSpec, element_bounds
 from cuvil.codegen.llvm_types import F64, I1, I8, I32, PTR, declare
 from cuvil.codegen.loops import const, counted_loop
 from cuvil.codegen.scalar import Builder, GlobalVariable, ScalarEmitter, Val, storage_type
@@ -116,22 +115,6 @@ class GuardChecks:
                 "output_fault": self.output_fault,
                 "codes": {abi.ERROR_NAMES[c]: c for c in sorted(abi.GUARD_CODES)},
                 "checks": [c.to_json() for c in self.plan(inputs, outputs)]}
-
-
-def element_bounds(dt: DType, lo: float, hi: float) -> tuple[float, float] | tuple[int, int] | None:
-    """The least and greatest values of ``dt``'s compare type (f64, f32 for every other float type, the
-    integer itself) inside ``[lo, hi]``; None when there is none."""
-    if dt.is_float:
-        ft = np.float64 if dt is DType.f64 else np.float32
-        with np.errstate(over="ignore"):
-            least, greatest = ft(lo), ft(hi)
-        if float(least) < lo:
-            least = np.nextafter(least, ft(np.inf))
-        if float(greatest) > hi:
-            greatest = np.nextafter(greatest, ft(-np.inf))
-        return (float(least), float(greatest)) if least <= greatest else None
-    first, last = max(math.ceil(lo), int(dt.min_value)), min(math.floor(hi), int(dt.max_value))
-    return (first, last) if first <= last else None
 
 
 # --------------------------------------------------------------------------------------

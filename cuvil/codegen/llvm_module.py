@@ -39,6 +39,7 @@ from cuvil.codegen.kernels.threads import set_default_threads
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
+from cuvil.codegen.manifest import PROVENANCE_PREFIX
 from cuvil.codegen.plan import MemoryPlan, ordered_steps, plan_memory
 from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 from cuvil.codegen.shape_class import ShapeClass
@@ -76,9 +77,6 @@ class LoweredFunction:
     @property
     def arena_bytes(self) -> int:
         return self.plan.arena_bytes
-
-
-PROVENANCE_PREFIX = b"cuvil-provenance;"
 
 
 def embed_provenance(mod: ir.Module, prefix: str, fields: Mapping[str, str]) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cuvil.codegen.artifact import MANIFEST_FORMAT, file_sha256
+from cuvil.codegen.manifest import MANIFEST_FORMAT, file_sha256
 from cuvil.errors import CuvilError
 
 logger = logging.getLogger("cuvil")

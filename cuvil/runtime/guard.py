@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.codegen import abi
-from cuvil.codegen.guard import element_bounds
+from cuvil.codegen.abi import element_bounds
 from cuvil.errors import CuvilError
 from cuvil.ir.dtypes import DType
 

@@ -25,7 +25,7 @@ import numpy as np
 from cuvil.arrays import as_array, is_torch_tensor, to_torch
 from cuvil.codegen import abi
 from cuvil.codegen.abi import TensorSpec
-from cuvil.codegen.artifact import (
+from cuvil.codegen.manifest import (
     MANIFEST_FORMAT,
     IntegrityError,
     check_manifest,

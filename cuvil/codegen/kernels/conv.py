@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 
-from cuvil.codegen.kernels.epilogue import Contraction, reads_operand
+from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
 from cuvil.codegen.kernels.gemm import (
     AOperand,
     BOperand,
@@ -186,9 +186,7 @@ class ConvKernel:
 
     @property
     def unused_operands(self) -> frozenset[int]:
-        if reads_operand(self.c.epilogue, self.c.rhs) or self.c.rhs == self.c.lhs:
-            return frozenset()
-        return frozenset([self.c.rhs])
+        return packed_rhs_unused(self.c)
 
     @property
     def scratch_bytes(self) -> int:

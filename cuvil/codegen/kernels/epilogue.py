@@ -61,6 +61,14 @@ def reads_operand(e: R.Expr, operand: int) -> bool:
     return any(isinstance(x, R.Load) and x.operand == operand for x in walk_exprs(e))
 
 
+def packed_rhs_unused(c: Contraction) -> frozenset[int]:
+    """The operands a kernel that packed the rhs at compile time never reads: the raw rhs, unless the
+    epilogue reads it too (or it is also the lhs)."""
+    if reads_operand(c.epilogue, c.rhs) or c.rhs == c.lhs:
+        return frozenset()
+    return frozenset([c.rhs])
+
+
 def contraction_of(v: Value) -> Contraction | None:
     """The contraction ``v`` computes and its epilogue, or None when ``v`` is not of that form."""
     n = len(v.operands)

@@ -24,7 +24,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi
-from cuvil.codegen.kernels.epilogue import Contraction, reads_operand
+from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, epilogue_emitter
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, declare
@@ -79,19 +79,33 @@ def _aligned(n: int) -> int:
 
 
 @dataclass(frozen=True)
-class VnniMatmulKernel:
-    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for a 2-D int32 ``matmul`` (``[M, K]`` at run
-    time, a constant ``[N, K]`` or ``[K, N]`` of int8 values) and its fused epilogue."""
+class _IntegerProduct:
+    """What both kernels share: the op, its contraction and types, the packed weights and their sums."""
 
     op: str
     c: Contraction
     in_types: tuple[TensorType, ...]
     out_type: TensorType
+    packed: np.ndarray = field(repr=False)
+    colsum: np.ndarray = field(repr=False)
+
+    @property
+    def unused_operands(self) -> frozenset[int]:
+        return packed_rhs_unused(self.c)
+
+    @property
+    def constant_bytes(self) -> int:
+        return int(self.packed.nbytes + self.colsum.nbytes)
+
+
+@dataclass(frozen=True)
+class VnniMatmulKernel(_IntegerProduct):
+    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for a 2-D int32 ``matmul`` (``[M, K]`` at run
+    time, a constant ``[N, K]`` or ``[K, N]`` of int8 values) and its fused epilogue."""
+
     m: int
     n: int
     k: int
-    packed: np.ndarray = field(repr=False)
-    colsum: np.ndarray = field(repr=False)
 
     @property
     def name(self) -> str:
@@ -100,12 +114,6 @@ class VnniMatmulKernel:
     @property
     def kq(self) -> int:
         return int(self.packed.shape[1])
-
-    @property
-    def unused_operands(self) -> frozenset[int]:
-        if reads_operand(self.c.epilogue, self.c.rhs) or self.c.rhs == self.c.lhs:
-            return frozenset()
-        return frozenset([self.c.rhs])
 
     def _layout(self) -> tuple[int, int, int]:
         """Scratch offsets of the shifted uint8 rows, the per-row shifts, the per-row 'fits' flags."""
@@ -116,10 +124,6 @@ class VnniMatmulKernel:
     @property
     def scratch_bytes(self) -> int:
         return self._layout()[2] + _aligned(4 * self.m)
-
-    @property
-    def constant_bytes(self) -> int:
-        return int(self.packed.nbytes + self.colsum.nbytes)
 
     # ----------------------------------------------------------------------------------
 
@@ -306,7 +310,7 @@ def vnni_matmul(op: str, c: Contraction, in_types: Sequence[TensorType], out_typ
     if math.prod((m, n, k)) == 0:
         return None
     packed, colsum = pack_vnni(w_nk)
-    return VnniMatmulKernel(op, c, tuple(in_types), out_type, m, n, k, packed, colsum)
+    return VnniMatmulKernel(op, c, tuple(in_types), out_type, packed, colsum, m, n, k)
 
 
 # --------------------------------------------------------------------------------------
@@ -406,7 +410,7 @@ def pack_conv_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class VnniConvKernel:
+class VnniConvKernel(_IntegerProduct):
     """``i32 name(ptr out, ptr x, ..., ptr scratch)`` for a 2-D int32 ``conv`` (groups of one) of a run-time
     input by constant int8-valued weights, and its fused epilogue.
 
@@ -416,23 +420,11 @@ class VnniConvKernel:
     is ``shift * sum(w[co])`` per output channel. An input spanning more than 255 values takes the
     rule's scalar sums."""
 
-    op: str
-    c: Contraction
-    in_types: tuple[TensorType, ...]
-    out_type: TensorType
     g: ConvShape
-    packed: np.ndarray = field(repr=False)
-    colsum: np.ndarray = field(repr=False)
 
     @property
     def name(self) -> str:
         return f"int8.vnni.conv.{CONV_MR}x{self.g.nv * LANES}"
-
-    @property
-    def unused_operands(self) -> frozenset[int]:
-        if reads_operand(self.c.epilogue, self.c.rhs) or self.c.rhs == self.c.lhs:
-            return frozenset()
-        return frozenset([self.c.rhs])
 
     def _layout(self) -> tuple[int, int, int]:
         """Scratch offsets: the shift, the 'fits' flag, the shifted input."""
@@ -441,10 +433,6 @@ class VnniConvKernel:
     @property
     def scratch_bytes(self) -> int:
         return self._layout()[2] + _aligned(self.g.n * self.g.image_bytes)
-
-    @property
-    def constant_bytes(self) -> int:
-        return int(self.packed.nbytes + self.colsum.nbytes)
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
         g = self.g
@@ -702,7 +690,7 @@ def vnni_conv(op: str, c: Contraction, in_types: Sequence[TensorType], out_type:
     if g.n * g.image_bytes > MAX_SCRATCH:
         return None
     packed, colsum = pack_conv_weights(w)
-    return VnniConvKernel(op, c, tuple(in_types), out_type, g, packed, colsum)
+    return VnniConvKernel(op, c, tuple(in_types), out_type, packed, colsum, g)
 
 
 MAX_SCRATCH = 64 << 20
