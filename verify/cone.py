@@ -150,8 +150,15 @@ class LeafTable:
             leaf = Leaf(f"f_{key}", f"@{key[:9]}", v.type, "folded", data=data, value_range=_finite_range(data))
             existing = self.leaves.get(const)
             if existing is not None and existing.kind == "folded":
+                # the other side's expression was paired with this constant first: the leaf now pairs the two
+                # expressions (each reads as the constant's bytes), and the constant stays one of its values
                 leaf = existing
-            leaf.before, leaf.after = (v, const) if exprs_before else (const, v)
+                if exprs_before:
+                    leaf.before = v
+                else:
+                    leaf.after = v
+            else:
+                leaf.before, leaf.after = (v, const) if exprs_before else (const, v)
             self.leaves[v] = leaf
             self.leaves[const] = leaf
             self.notes.append(f"@{key[:9]} equals its constant expression {v.op}(...) bit for bit (re-evaluated)")
