@@ -72,6 +72,11 @@ channel plane, copies its input panels first (measured: +20-30% at 56x56, -5% at
 MAX_SCRATCH_BYTES = 256 << 20
 """A conv whose padded copy would need more than this falls back to the generic lowering."""
 
+COPY_WEIGHT = 64.0
+"""What copying one element costs in the pool's unit (a GEMM flop): a padded copy moves a few elements per
+nanosecond where the micro-kernel does a few hundred flops, so a copy of a 56x56x64 input is worth
+spreading over the threads."""
+
 
 def _static(t: TensorType) -> tuple[int, ...]:
     return tuple(int(d) for d in t.shape)
@@ -204,7 +209,7 @@ class ConvKernel:
         packed = embed_array(mod, f"{name}.packed_w", self.packed)
         table = embed_array(mod, f"{name}.koff", self.koff.astype(np.int32), align=64) if not g.direct else None
         if not g.direct:
-            kf.phase(g.batch * g.c_in, 4.0 * g.batch * g.c_in * self.chan_stride, self._fill)
+            kf.phase(g.batch * g.c_in, COPY_WEIGHT * g.batch * g.c_in * self.chan_stride, self._fill)
         k = g.cg * g.taps
         mt_count = -(-g.mg // t.mr)
         in_image = g.c_in * math.prod(g.in_sp)

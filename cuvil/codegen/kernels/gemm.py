@@ -503,6 +503,9 @@ KC_MAX = 256
 """K is cut into blocks of at most this many steps, so a B panel (kc x NR) stays in L1/L2."""
 
 PARTIALS_MAX_BYTES = 96 * 1024
+MIN_PARALLEL_BLOCKS = 8
+"""Cache blocks a problem that may run on the pool is cut into at least (when it has that many register
+tiles): with two or three, one thread would finish early and wait (a 7x7 convolution had two)."""
 """Bound on the stack a block's partial sums take between K blocks (worker stacks are MBs)."""
 
 
@@ -533,6 +536,12 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
                 mb_tiles -= 1
             else:
                 nb_tiles -= 1
+    if 2.0 * m * n * k >= PARALLEL_MIN_FLOPS:  # enough blocks for the pool to share out evenly
+        while -(-mt // mb_tiles) * -(-nt // nb_tiles) < MIN_PARALLEL_BLOCKS and mb_tiles * nb_tiles > 1:
+            if nb_tiles >= mb_tiles:
+                nb_tiles = -(-nb_tiles // 2)
+            else:
+                mb_tiles = -(-mb_tiles // 2)
     return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
 
 
