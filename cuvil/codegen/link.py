@@ -51,9 +51,13 @@ def host_target() -> HostTarget:
 
 
 def target_machine(target: HostTarget, opt_level: int) -> llvm.TargetMachine:
+    """The machine code is tuned for; on an AVX-512 host the loop vectorizer may use 512-bit vectors
+    (LLVM prefers 256 on these CPUs by default: the requantizing epilogues of the INT8 kernels then ran
+    8 lanes at a time; with 16 the QDQ ResNet-18 is 7 % faster, the float models unchanged)."""
     _init_llvm()
     t = llvm.Target.from_triple(target.triple)
-    return t.create_target_machine(cpu=target.cpu, features=target.features, opt=min(max(opt_level, 0), 3),
+    feats = target.features + (",-prefer-256-bit" if "+avx512f" in target.features.split(",") else "")
+    return t.create_target_machine(cpu=target.cpu, features=feats, opt=min(max(opt_level, 0), 3),
                                    reloc="pic", codemodel="default")
 
 
