@@ -251,7 +251,7 @@ def _print_int8(entry: Any) -> None:
     if entry.get("applied"):
         sys.stdout.write(f"  int8      {entry.get('integer_products')} quantized products in int8 x int8 -> int32; "
                          f"{entry.get('int32_sites_proved')} of {entry.get('int32_sites')} int32 values proved not "
-                         f"to wrap for any input\n")
+                         f"to wrap for any finite input\n")
     else:
         sys.stdout.write(f"  int8      the QDQ graph runs in float32: {entry.get('reason')}\n")
 

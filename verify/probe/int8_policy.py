@@ -8,9 +8,10 @@ and what the VNNI kernels execute. That is a declared precision change (the pass
 ``bounded``: a requantized value may differ from the float QDQ graph's by a quantization step),
 so like the FP16 plan it is applied before the proved pipeline and recorded in the manifest, not
 passed off as an equivalence. It is applied only when the overflow prober proves that no int32
-accumulator of the lowered program can wrap, for every input: each float input's box is the
-whole float32 range (``quantize_linear`` bounds what it feeds by its integer type), so the proof
-needs no declared ranges. Otherwise the float QDQ graph is compiled as it is.
+accumulator of the lowered program can wrap for any finite input: each float input's box is the
+whole float32 range, so the proof needs no declared ranges (``quantize_linear`` bounds what it
+feeds by its integer type, so a product's accumulator sees int8 values whatever the input).
+Otherwise the float QDQ graph is compiled as it is.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def plan_int8(module: Module) -> Int8Plan:
         return kept(f"{len(sites) - proved} of {len(sites)} int32 sites not proved free of wrap-around",
                     products, len(sites), proved)
     return Int8Plan(lowered, True, products, len(sites), proved, time.monotonic() - start,
-                    f"every int32 accumulator proved not to wrap for any input ({proved} sites)")
+                    f"every int32 value proved not to wrap for any finite input ({proved} sites)")
 
 
 def _int_box(dtype: Any) -> tuple[float, float]:
