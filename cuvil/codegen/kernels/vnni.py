@@ -1,5 +1,5 @@
-"""Integer matrix products on AVX-512 VNNI (``vpdpbusd``): the int32 ``matmul`` that
-``quantize-int8`` writes, ``(x - zx) @ (w - zw)``, over weights whose values fit in int8.
+"""Integer matrix products and convolutions on AVX-512 VNNI (``vpdpbusd``): the int32 ``matmul`` and
+``conv`` that ``quantize-int8`` writes, ``(x - zx) @ (w - zw)``, over weights whose values fit in int8.
 
 The rule sums int32 products in int32 (wrapping). The kernel computes the same sums: weights are
 packed at compile time as int8, four consecutive ``k`` per 32-bit lane; each row of the run-time
@@ -12,6 +12,8 @@ with the column sums of ``w`` computed at compile time. Integer addition is asso
 2^32, so any order gives the rule's bits. A row whose values span more than 255 (never one that
 ``quantize-int8`` centered, which spans at most 255) takes a scalar loop with the rule's own
 int32 arithmetic. The fused epilogue (requantization) is emitted from its rule per element.
+A convolution shifts its whole input (zero, the padding, included) and reads it from stride-phase
+planes (:class:`ConvShape`) with output pixels in the lanes.
 """
 
 from __future__ import annotations
