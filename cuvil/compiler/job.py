@@ -240,7 +240,7 @@ class CompileJob:
                 plan = plan_int8(module)
             logger.debug("int8: %s (%d integer products) in %.2f s", "applied" if plan.applied else "not applied",
                          plan.products, plan.seconds)
-            if not plan.applied:
+            if not plan.applied and plan.products:  # products that could have run in int8 did not
                 logger.warning("int8: the QDQ graph is compiled in float32: %s", plan.reason)
             self._int8_plans[key] = plan
         return self._int8_plans[key].module
