@@ -27,8 +27,17 @@ EPILOGUE_OPS = tuple(sorted(epilogue_fusible_ops()))
 residual adds, scales, activations, and the cast / round / clip of an integer product's requantization."""
 
 
+QUANT_ELEMENTWISE = ("quantize_linear", "dequantize_linear")
+"""Quantization ops that are elementwise in ``x`` when their scale and zero point are per tensor or per axis
+(no blocks): a QDQ model's residual path (dequantize, add, quantize) fuses into one pass."""
+
+
 def is_elementwise(v: Value) -> bool:
-    return not (v.is_param or v.is_const) and get_op(v.op).family == "elementwise"
+    if v.is_param or v.is_const:
+        return False
+    if v.op in QUANT_ELEMENTWISE:
+        return not v.attr("block_size")
+    return get_op(v.op).family == "elementwise"
 
 
 @dataclass

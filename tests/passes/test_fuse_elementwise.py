@@ -192,3 +192,37 @@ def test_integer_product_takes_its_requantization_as_epilogue():
     assert ops(res.module) == ["fused"]
     assert res.notes == ("epilogue: matmul+add+cast+mul+round+clip+cast",)
     assert_same_results(before, res.module)
+
+
+def _residual(b: Builder, axis_scale: bool, block_size: int = 0):
+    """A QDQ model's residual join: dequantize two int8 tensors, add, requantize, center for the next product."""
+    a, r = b.param("a", DType.i8, [1, 4, 3, 3]), b.param("r", DType.i8, [1, 4, 3, 3])
+    scale = b.const(np.array([0.5, 0.25, 0.125, 2.0], np.float32)) if axis_scale else b.scalar(0.02, DType.f32)
+    zero = b.const(np.array([1, -2, 0, 3], np.int8)) if axis_scale else b.const(np.int8(-3))
+    attrs = {"axis": 1, "block_size": block_size} if block_size else {}
+    s = b.add(b.op("dequantize_linear", a, scale, zero, **attrs), b.op("dequantize_linear", r, scale, zero, **attrs))
+    q = b.op("quantize_linear", s, b.scalar(0.05, DType.f32), b.const(np.int8(4)))
+    return [a, r], b.sub(b.cast(q, to=DType.i32), b.const(np.int32(4)))
+
+
+@pytest.mark.parametrize("axis_scale", [False, True], ids=["per-tensor", "per-axis"])
+def test_quantize_and_dequantize_join_an_elementwise_chain(axis_scale: bool) -> None:
+    b = Builder()
+    params, out = _residual(b, axis_scale)
+    before = b.module(b.function("main", params, [out]))
+    res = FuseElementwise().run(before)
+    assert ops(res.module) == ["fused"]
+    (f,) = _fused(res.module)
+    assert sorted(_body_ops(f)) == sorted(["dequantize_linear", "dequantize_linear", "add", "quantize_linear", "cast",
+                                           "sub"])
+    assert_same_results(before, res.module)
+
+
+def test_block_quantized_values_stay_unfused() -> None:
+    b = Builder()
+    x = b.param("x", DType.i8, [2, 8])
+    dq = b.op("dequantize_linear", x, b.const(np.full((2, 2), 0.5, np.float32)), b.const(np.zeros((2, 2), np.int8)),
+              axis=1, block_size=4)
+    before = b.module(b.function("main", [x], [b.relu(b.add(dq, b.scalar(1.0, DType.f32)))]))
+    res = FuseElementwise().run(before)
+    assert "dequantize_linear" in ops(res.module)
