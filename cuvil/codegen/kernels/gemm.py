@@ -121,7 +121,8 @@ def vec_type(lanes: int) -> ir.VectorType:
 
 
 def splat(b: Builder, x: Val, lanes: int) -> Val:
-    vt = vec_type(lanes)
+    """``lanes`` copies of the scalar ``x`` (of any element type)."""
+    vt = ir.VectorType(x.type, lanes)
     one = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
     return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 

@@ -27,7 +27,7 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
-from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, epilogue_emitter
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, epilogue_emitter, splat
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, declare
 from cuvil.codegen.loops import const, counted_loop, for_range, if_then, imin
@@ -149,12 +149,9 @@ class VnniMatmulKernel(_IntegerProduct):
         kp = 4 * self.kq
         row = b.gep(ctx.ins[self.c.lhs], [b.mul(r, const(self.k))], inbounds=True, source_etype=I32)
         lo, hi = min_max(b, row, self.k, b.load(row, typ=I32, align=4))
-        fits = b.icmp_unsigned("<=", b.sub(b.sext(hi, I64), b.sext(lo, I64)), const(255))
-        b.store(lo, b.gep(ctx.scratch, [b.add(const(shift_at), b.mul(r, const(4)))], inbounds=True, source_etype=I8),
-                align=4)
-        b.store(b.zext(fits, I32),
-                b.gep(ctx.scratch, [b.add(const(flag_at), b.mul(r, const(4)))], inbounds=True, source_etype=I8),
-                align=4)
+        fits = _spans_uint8(b, lo, hi)
+        b.store(lo, _word(b, ctx.scratch, shift_at, r), align=4)
+        b.store(b.zext(fits, I32), _word(b, ctx.scratch, flag_at, r), align=4)
         u_row = b.gep(ctx.scratch, [b.add(const(u_at), b.mul(r, const(kp)))], inbounds=True, source_etype=I8)
 
         def copy() -> None:
@@ -180,14 +177,11 @@ class VnniMatmulKernel(_IntegerProduct):
         n0 = b.mul(g, const(width))
         cols = imin(b, const(width), b.sub(const(self.n), n0))
 
-        def scratch_i32(at: int, r: Val) -> Val:
-            return b.load(b.gep(ctx.scratch, [b.add(const(at), b.mul(r, const(4)))], inbounds=True,
-                                source_etype=I8), typ=I32, align=4)
-
         fits: Val = ir.Constant(I1, 1)
         for i in range(MR):
             r = imin(b, b.add(r0, const(i)), const(self.m - 1))
-            fits = b.and_(fits, b.icmp_signed("!=", scratch_i32(flag_at, r), ir.Constant(I32, 0)))
+            flag = b.load(_word(b, ctx.scratch, flag_at, r), typ=I32, align=4)
+            fits = b.and_(fits, b.icmp_signed("!=", flag, ir.Constant(I32, 0)))
         full = b.icmp_signed("==", rows, const(MR))
         vector, scalar, done = (ctx.fn.append_basic_block(f"int8.{x}") for x in ("vector", "scalar", "stored"))
         b.cbranch(fits, vector, scalar)
@@ -240,7 +234,7 @@ class VnniMatmulKernel(_IntegerProduct):
                   for p in panels]
             for i, u in enumerate(u_rows):
                 quad = b.load(b.gep(u, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
-                av = b.bitcast(_splat(b, quad), V64)
+                av = b.bitcast(splat(b, quad, LANES), V64)
                 for j in range(GROUP):
                     out[i * GROUP + j] = b.call(dot, [out[i * GROUP + j], av, bv[j]])
             return out
@@ -249,8 +243,7 @@ class VnniMatmulKernel(_IntegerProduct):
                               [zero] * (len(rows) * GROUP))
         base = const(first) if isinstance(first, int) else first
         for i, r in enumerate(rows):
-            shift = _splat(b, b.load(b.gep(ctx.scratch, [b.add(const(shift_at), b.mul(r, const(4)))],
-                                           inbounds=True, source_etype=I8), typ=I32, align=4))
+            shift = splat(b, b.load(_word(b, ctx.scratch, shift_at, r), typ=I32, align=4), LANES)
             for j in range(GROUP):
                 col = b.add(b.mul(block0, const(LANES)), const(j * LANES))
                 sums = b.load(b.gep(colsum, [col], inbounds=True, source_etype=I32), typ=V16, align=64)
@@ -289,9 +282,15 @@ class VnniMatmulKernel(_IntegerProduct):
         for_range(b, 0, rows, "srow", row)
 
 
-def _splat(b: Builder, x: Val) -> Val:
-    one = b.insert_element(ir.Constant(V16, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(V16, ir.Undefined), ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+def _word(b: Builder, base: Val, at: int, index: Val | int = 0) -> Val:
+    """``&((int32*)(base + at))[index]``: a per-row (or per-tensor) word of a kernel's scratch."""
+    word = b.gep(base, [const(at)], inbounds=True, source_etype=I8)
+    return b.gep(word, [const(index) if isinstance(index, int) else index], inbounds=True, source_etype=I32)
+
+
+def _spans_uint8(b: Builder, lo: Val, hi: Val) -> Val:
+    """Whether every value in ``[lo, hi]`` fits uint8 once ``lo`` is subtracted."""
+    return b.icmp_unsigned("<=", b.sub(b.sext(hi, I64), b.sext(lo, I64)), const(255))
 
 
 def vnni_matmul(op: str, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
@@ -453,8 +452,7 @@ class VnniConvKernel(_IntegerProduct):
         return kf.finish()
 
     def _scratch_i32(self, ctx: Ctx, at: int) -> Val:
-        b = ctx.b
-        return b.load(b.gep(ctx.scratch, [const(at)], inbounds=True, source_etype=I8), typ=I32, align=4)
+        return ctx.b.load(_word(ctx.b, ctx.scratch, at), typ=I32, align=4)
 
     def _shift(self, ctx: Ctx, _c: Val) -> None:
         """The input's minimum with zero (the shift) and whether everything fits 255 above it."""
@@ -462,9 +460,8 @@ class VnniConvKernel(_IntegerProduct):
         g = self.g
         shift_at, flag_at, _ = self._layout()
         lo, hi = min_max(b, ctx.ins[self.c.lhs], g.n * g.c * g.h * g.w, ir.Constant(I32, 0))
-        fits = b.icmp_unsigned("<=", b.sub(b.sext(hi, I64), b.sext(lo, I64)), const(255))
-        b.store(lo, b.gep(ctx.scratch, [const(shift_at)], inbounds=True, source_etype=I8), align=4)
-        b.store(b.zext(fits, I32), b.gep(ctx.scratch, [const(flag_at)], inbounds=True, source_etype=I8), align=4)
+        b.store(lo, _word(b, ctx.scratch, shift_at), align=4)
+        b.store(b.zext(_spans_uint8(b, lo, hi), I32), _word(b, ctx.scratch, flag_at), align=4)
 
     def _lay_out(self, ctx: Ctx, c: Val) -> None:
         """Image ``c / c4``, channel quad ``c % c4``: its planes, the padding (and what no window reads) as the
@@ -596,7 +593,7 @@ class VnniConvKernel(_IntegerProduct):
                       for j in range(nv)]
                 for i, w in enumerate(w_tap):
                     wq = b.load(b.gep(w, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
-                    wv = b.bitcast(_splat(b, wq), V64)
+                    wv = b.bitcast(splat(b, wq, LANES), V64)
                     for j in range(nv):
                         out[i * nv + j] = b.call(dot, [out[i * nv + j], av[j], wv])
                 return out
@@ -609,8 +606,8 @@ class VnniConvKernel(_IntegerProduct):
                               [ir.Constant(V16, None)] * (CONV_MR * nv))
         shift = self._scratch_i32(ctx, shift_at)
         for i, co in enumerate(cos):
-            fix = _splat(b, b.mul(shift, b.load(b.gep(colsum, [co], inbounds=True, source_etype=I32), typ=I32,
-                                                align=4)))
+            total = b.load(b.gep(colsum, [co], inbounds=True, source_etype=I32), typ=I32, align=4)
+            fix = splat(b, b.mul(shift, total), LANES)
             for j in range(nv):
                 b.store(b.add(acc[i * nv + j], fix), b.gep(tile, [const(i * width + j * LANES)], inbounds=True,
                                                            source_etype=I32), align=64)
