@@ -1,7 +1,7 @@
 """Run ONNX's node conformance cases through ``cuvil.onnx_backend`` and print the tally.
 
     python -m bench.onnx_conformance [--mode compiled|interpreter] [-k SUBSTRING] [--failures]
-                                     [-j JOBS] [--timeout S] [--opt-level N] [--passes P]
+                                     [-j JOBS] [--timeout S] [--opt-level N] [--passes P] [--target T]
                                      [--cache-dir DIR] [--json [FILE]] [--write-expected-failures [FILE]]
 
 ``--mode compiled`` (the default) compiles every case's model with ``cuvil.compile`` and
@@ -17,7 +17,8 @@ fusion merges nodes) and LLVM ``-O1`` (the scalar optimizations that act on the 
 no-wrap and fast-math flags run; the vectorizer and unroller, which only change speed and
 the order of reassociable sums, stay off: they make the largest cases compile 2-3x slower).
 ``--passes O3 --opt-level 3`` measures what ``cuvil.compile``'s defaults produce. Compiles go
-to a per-run cache folder (``--cache-dir`` keeps one across runs).
+to a per-run cache folder (``--cache-dir`` keeps one across runs). ``--target aarch64-linux-gnu``
+compiles every case for 64-bit ARM and runs it under ``qemu-aarch64``.
 
 Cases run in worker processes, each under a time limit (a case that overruns it is
 killed and counted as failed), so no single case can hang the run. The last line
@@ -532,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="compiled mode: the LLVM optimization level (default %(default)s)")
     ap.add_argument("--passes", default=DEFAULT_COMPILE_OPTIONS["passes"],
                     help="compiled mode: the CIR pipeline, O0..O3 or pass names (default %(default)s)")
+    ap.add_argument("--target", default=None, metavar="TRIPLE",
+                    help="compiled mode: the target to compile for (default: this machine; aarch64-linux-gnu "
+                         "runs each case under qemu-aarch64)")
     ap.add_argument("--cache-dir", metavar="DIR",
                     help="compiled mode: the artifact cache to use and keep (default: a fresh folder, removed "
                          "after the run)")
@@ -546,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    options = {"opt_level": args.opt_level, "passes": args.passes} if args.mode == "compiled" else None
+    options = ({"opt_level": args.opt_level, "passes": args.passes, **({"target": args.target} if args.target else {})}
+               if args.mode == "compiled" else None)
     scratch = None
     if args.mode == "compiled":
         if args.cache_dir:

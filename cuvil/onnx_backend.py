@@ -35,7 +35,7 @@ MODES = ("interpreter", "compiled")
 _MODE_ALIASES = {"interpreter": "interpreter", "reference": "interpreter", "interp": "interpreter",
                  "compiled": "compiled", "compile": "compiled", "llvm": "compiled"}
 # what cuvil.compile accepts besides the model (the backend passes these through in compiled mode)
-COMPILE_OPTIONS = ("opt_level", "passes", "cache", "threads", "gate", "name", "keep_ir")
+COMPILE_OPTIONS = ("opt_level", "passes", "cache", "threads", "gate", "name", "keep_ir", "target")
 
 # a model whose every import asks for one more bound input cannot need more than it has inputs;
 # this only guards against a converter that keeps asking for the same one

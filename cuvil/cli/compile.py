@@ -295,7 +295,8 @@ def register(sub: Any) -> None:
     p.add_argument("--output", "-o", metavar="LIB.so",
                    help="the library to write (default: lib<model>.so here); <stem>.h and <stem>.json go beside it")
     p.add_argument("--target", default=None, metavar="TRIPLE",
-                   help="target triple (default: this machine; only the host target is supported)")
+                   help="target triple: host (default: tuned for this machine's CPU) or aarch64-linux-gnu "
+                        "(ARMv8-A + NEON; linked with aarch64-linux-gnu-gcc, run here under qemu-aarch64)")
     p.add_argument("--opt-level", default="O3", metavar="O0..O3", help="optimization level (default O3)")
     p.add_argument("--passes", default=None, metavar="SPEC",
                    help="a pass pipeline instead of the opt level's (e.g. 'O2' or 'fold-batchnorm,dce')")

@@ -23,7 +23,7 @@ import numpy as np
 from cuvil.codegen import abi
 from cuvil.codegen.guard import GuardChecks
 from cuvil.codegen.header import render_header
-from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
+from cuvil.codegen.link import emit_object, link_shared, optimize, target_machine
 from cuvil.codegen.llvm_module import embed_provenance, lower_function
 from cuvil.codegen.manifest import (  # noqa: F401  (re-exported: the names a loader and the tests use)
     MANIFEST_FORMAT,
@@ -37,6 +37,7 @@ from cuvil.codegen.manifest import (  # noqa: F401  (re-exported: the names a lo
     read_provenance,
 )
 from cuvil.codegen.shape_class import ShapeClass
+from cuvil.codegen.target import Target, compiling_for, host_target
 from cuvil.ir.module import Function
 
 
@@ -58,18 +59,20 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
                   name: str | None = None, opt_level: int = 3, keep_ir: bool = False,
                   extra_manifest: Mapping[str, Any] | None = None, threads: int | None = None,
                   provenance: Mapping[str, str] | None = None, guard: GuardChecks | None = None,
-                  shape_class: ShapeClass | None = None) -> Artifact:
+                  shape_class: ShapeClass | None = None, target: Target | None = None) -> Artifact:
     """Compile ``fn`` into a shared library with its header and manifest in ``out_dir``: at its static
     shapes, or once for its whole ``shape_class`` (see :mod:`cuvil.codegen.shape_class`).
     ``threads`` is the library's default thread count (None: the CPUs it may use when it runs);
     ``provenance``: fields embedded in the library besides its function hash (a certificate digest);
-    ``guard``: the value checks of a fail-safe policy (listed in the manifest's ``guard``)."""
+    ``guard``: the value checks of a fail-safe policy (listed in the manifest's ``guard``);
+    ``target``: the CPU the library is for (default: this machine)."""
     from cuvil.version import __version__
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class)
-    target = host_target()
+    target = target if target is not None else host_target()
+    with compiling_for(target):
+        lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class)
     p = lowered.prefix
     lib = Path(out_dir) / f"lib{p}.so"
     manifest: dict[str, Any] = {
@@ -89,7 +92,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
         "ops": dict(sorted(collections.Counter(lowered.ops).items())),
         "kernels": list(lowered.kernels),  # per step, in run order: a tuned kernel's name or "rule"
         "threads": threads if threads is not None else "auto",
-        "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features},
+        "target": target.to_json(),
         "opt_level": opt_level,
         "function_hash": lowered.function_hash,
         "error_codes": {abi.ERROR_NAMES[c]: c for c in sorted(abi.ERROR_NAMES)},
@@ -113,7 +116,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
     times["emit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    link_shared(obj, lib)
+    link_shared(obj, lib, target)
     times["link_s"] = time.perf_counter() - t0
     manifest["library_sha256"] = file_sha256(lib)
     manifest["compile_times"] = {k: round(v, 4) for k, v in times.items()}

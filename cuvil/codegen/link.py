@@ -1,9 +1,10 @@
 """From an llvmlite IR module to a shared library: verify, optimize, emit, link.
 
-The optimizer is LLVM's new pass manager with a target machine for the host CPU
+The optimizer is LLVM's new pass manager with a target machine for the target's CPU
 (its name and feature string go into the manifest); the object is emitted
-position-independent and linked by the system C compiler (``$CC``, else ``cc``)
-with ``-shared``, so the library needs nothing beyond libc and libm.
+position-independent and linked with ``-shared`` by the target's C compiler (for the host
+``$CC``, else ``cc``; for aarch64 ``$CUVIL_CC_AARCH64``, else ``aarch64-linux-gnu-gcc``), so the
+library needs nothing beyond libc and libm.
 """
 
 from __future__ import annotations
@@ -12,58 +13,30 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from cuvil.codegen.target import Target, host_target, init_llvm
 from cuvil.errors import CodegenError
 
-_init_lock = threading.Lock()
-_initialized = False
 
-
-def _init_llvm() -> None:
-    global _initialized
-    with _init_lock:
-        if not _initialized:
-            llvm.initialize_native_target()
-            llvm.initialize_native_asmprinter()
-            _initialized = True
-
-
-@dataclass(frozen=True)
-class HostTarget:
-    """What a library compiled on this machine assumes about the CPU it runs on."""
-
-    triple: str
-    cpu: str
-    features: str
-
-
-def host_target() -> HostTarget:
-    _init_llvm()
-    features = llvm.get_host_cpu_features().flatten()
-    return HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), features)
-
-
-def target_machine(target: HostTarget, opt_level: int) -> llvm.TargetMachine:
+def target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
     """The machine code is tuned for; on an AVX-512 host the loop vectorizer may use 512-bit vectors
     (LLVM prefers 256 on these CPUs by default: the requantizing epilogues of the INT8 kernels then ran
     8 lanes at a time; with 16 the QDQ ResNet-18 is 7 % faster, the float models unchanged)."""
-    _init_llvm()
+    init_llvm()
     t = llvm.Target.from_triple(target.triple)
-    feats = target.features + (",-prefer-256-bit" if "+avx512f" in target.features.split(",") else "")
+    feats = target.features + (",-prefer-256-bit" if target.has("avx512f") else "")
     return t.create_target_machine(cpu=target.cpu, features=feats, opt=min(max(opt_level, 0), 3),
                                    reloc="pic", codemodel="default")
 
 
 def optimize(module: ir.Module, tm: llvm.TargetMachine, opt_level: int) -> llvm.ModuleRef:
     """Parse and verify the module, then run the standard -O<opt_level> pipeline on it."""
-    _init_llvm()
+    init_llvm()
     module.triple = tm.triple
     module.data_layout = str(tm.target_data)
     try:
@@ -87,23 +60,38 @@ def emit_object(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> bytes:
     return tm.emit_object(mod)
 
 
-def compiler() -> str:
-    cc = os.environ.get("CC") or "cc"
+# Cross linkers by architecture: (environment variable, default command, Debian package).
+CROSS_LINKERS = {"aarch64": ("CUVIL_CC_AARCH64", "aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu")}
+
+
+def compiler(target: Target | None = None) -> str:
+    """The C compiler that links libraries for ``target`` (default: the host)."""
+    if target is None or target.arch == host_target().arch:
+        cc = os.environ.get("CC") or "cc"
+        hint = "install a C toolchain (gcc or clang) or set $CC"
+    elif target.arch in CROSS_LINKERS:
+        var, default, package = CROSS_LINKERS[target.arch]
+        cc = os.environ.get(var) or default
+        hint = f"install the cross toolchain (Debian: apt-get install {package}) or set ${var}"
+    else:
+        raise CodegenError(f"no linker is known for target {target.triple}", location="target",
+                           hint="targets: the host, " + ", ".join(sorted(CROSS_LINKERS)))
     found = shutil.which(cc)
     if found is None:
-        raise CodegenError(f"no C compiler {cc!r} to link the shared library with",
-                           hint="install a C toolchain (gcc or clang) or set $CC")
+        raise CodegenError(f"no C compiler {cc!r} to link the {target.arch if target else 'host'} shared "
+                           "library with", location="target", hint=hint)
     return found
 
 
-def link_shared(obj: bytes, out: Path) -> None:
-    """Link one object into ``out`` (written atomically: a reader never sees a partial file)."""
+def link_shared(obj: bytes, out: Path, target: Target | None = None) -> None:
+    """Link one object into ``out`` for ``target`` (written atomically: a reader never sees a partial
+    file)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cuvil-link-") as tmp:
         o = Path(tmp) / "model.o"
         o.write_bytes(obj)
         partial = Path(tmp) / out.name
-        cmd = [compiler(), "-shared", "-o", str(partial), str(o), "-Wl,--as-needed", "-lm",
+        cmd = [compiler(target), "-shared", "-o", str(partial), str(o), "-Wl,--as-needed", "-lm",
                "-Wl,-z,noexecstack", "-Wl,-z,now"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.artifact import Artifact, build_library
-from cuvil.codegen.link import HostTarget
 from cuvil.codegen.shape_class import ShapeClass
+from cuvil.codegen.target import Target
 from cuvil.compiler.keys import (
     CACHE_KEY_FORMAT,
     Unkeyable,
@@ -36,7 +36,7 @@ from cuvil.ir.specialize import specialize_dims
 from cuvil.log import stage
 from cuvil.passes import parse_pipeline, run_pipeline
 from cuvil.runtime.cache import ArtifactCache, Entry, key_of
-from cuvil.runtime.loader import NativeLibrary, Signature
+from cuvil.runtime.loader import NativeLibrary, Signature, open_library
 
 if TYPE_CHECKING:
     from failsafe.guard import GuardSpec
@@ -65,7 +65,7 @@ class CompileJob:
 
     def __init__(self, model: Any, *, example_inputs: Any, import_options: Mapping[str, Any], function: str | None,
                  passes: str | Sequence[Any], gate: Any, opt_level: int, name: str | None, keep_ir: bool,
-                 threads: int | None, target: HostTarget, store: ArtifactCache | None,
+                 threads: int | None, target: Target, store: ArtifactCache | None,
                  output_dir: Path | None, fp16: Mapping[str, Any] | None = None,
                  guard: GuardSpec | None = None, dim_max: Mapping[str, int] | None = None,
                  int8: bool = False) -> None:
@@ -198,7 +198,7 @@ class CompileJob:
         return {"format": CACHE_KEY_FORMAT, "module": record["module_hash"],
                 "function": record["signature"]["function"], "dims": dict(sorted(env.items())),
                 "options": self._options, "toolchain": toolchain_fingerprint(),
-                "target": {"triple": self.target.triple, "cpu": self.target.cpu, "features": self.target.features}}
+                "target": self.target.to_json()}
 
     def optimized(self, env: Mapping[str, int] | None) -> Module:
         """The optimized module at ``env`` (the symbolic one when ``env`` is None)."""
@@ -293,7 +293,7 @@ class CompileJob:
                                      opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra,
                                      provenance=provenance, threads=self.threads,
                                      guard=self.guard.checks() if self.guard is not None else None,
-                                     shape_class=shape_class)
+                                     shape_class=shape_class, target=self.target)
         for step, seconds in artifact.manifest.get("compile_times", {}).items():
             logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
                          seconds)
@@ -347,7 +347,7 @@ class CompileJob:
     def _load_entry(self, path: Path, manifest: dict[str, Any], key: str, start: float, status: str,
                     waited: float = 0.0) -> NativeLibrary:
         with stage("load"):
-            lib = NativeLibrary(path, manifest, verify_hash=False)  # the cache checked the hash just now
+            lib = open_library(path, manifest, verify_hash=False)  # the cache checked the hash just now
         seconds = time.perf_counter() - start
         lib.info = {"cache": status, "key": key, "seconds": round(seconds, 4), "waited_s": round(waited, 4)}
         logger.debug("cache %s %s: %s in %.3f s", status, key[:16], path.name, seconds)
@@ -363,6 +363,6 @@ class CompileJob:
             out = self.output_dir
         artifact = self._build(env, out, None)
         with stage("load"):
-            lib = NativeLibrary(artifact.library_path, artifact.manifest)
+            lib = open_library(artifact.library_path, artifact.manifest)
         lib.info = {"cache": "off", "seconds": round(time.perf_counter() - start, 4)}
         return lib

@@ -1,27 +1,29 @@
-"""What a target name means: the host (cross-compiling is not available yet)."""
+"""What a target name means: the host, or a cross target (64-bit ARM Linux)."""
 
 from __future__ import annotations
 
-from cuvil.codegen.link import HostTarget, host_target
+from cuvil.codegen.target import CROSS_TARGETS, Target, host_target, normalize_arch
 from cuvil.errors import CodegenError
 
 HOST_TARGET_NAMES = ("host", "native")
-X86_64_NAMES = ("x86-64", "x86_64", "amd64")
+TARGET_NAMES = ("host", "x86_64-linux-gnu", "aarch64-linux-gnu")
 
 
-def resolve_target(target: str | None) -> HostTarget:
-    """The host target, when ``target`` names it; anything else is refused (no cross-compiling yet)."""
+def resolve_target(target: str | None) -> Target:
+    """The target ``target`` names: None, ``host`` or the host's own triple give the host (tuned for
+    its CPU); ``aarch64-linux-gnu`` (or ``arm64``, ``aarch64``) gives ARMv8-A with NEON."""
     host = host_target()
     if target is None or target.lower() in HOST_TARGET_NAMES:
         return host
-    host_arch, _, rest = host.triple.partition("-")
     wanted = target.lower()
-    arch = wanted.split("-")[0] if wanted not in X86_64_NAMES else "x86_64"
-    arch = "x86_64" if arch in ("amd64", "x86_64") else arch
-    same_os = wanted in X86_64_NAMES or ("linux" in wanted and "linux" in rest)
-    if arch == host_arch and same_os:
+    parts = wanted.split("-")
+    bare = normalize_arch(wanted) in (host.arch, *CROSS_TARGETS)  # an architecture alone: x86-64, arm64
+    arch = normalize_arch(wanted if bare else parts[0])
+    os_ok = bare or "linux" in parts
+    if os_ok and arch == host.arch:
         return host
-    raise CodegenError(f"target {target!r} is not supported yet: this build compiles for the host "
-                       f"({host.triple}, CPU {host.cpu})", location="target",
-                       hint="omit the target, or pass 'host' / 'x86_64-linux-gnu'; cross-compiling "
-                            "(aarch64, wasm32, nvptx64) is not available in this version")
+    if os_ok and arch in CROSS_TARGETS:
+        return CROSS_TARGETS[arch]
+    raise CodegenError(f"target {target!r} is not supported: this build compiles for the host "
+                       f"({host.triple}, CPU {host.cpu}) and for aarch64 Linux", location="target",
+                       hint="pass one of " + ", ".join(TARGET_NAMES))

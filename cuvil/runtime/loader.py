@@ -150,6 +150,13 @@ class NativeLibrary:
         self.signature = Signature(m["function"], self.inputs, self.outputs,
                                    self.shape_class.constraints if self.shape_class is not None else ())
         self.info: dict[str, Any] = {}  # how it was obtained (cache hit/miss, timings), set by the compiler
+        self._lock = threading.Lock()
+        self._expect = tuple((spec.name, spec.dtype.np, tuple(spec.shape)) for spec in self.inputs)
+        self._made = tuple((tuple(spec.shape), spec.dtype.np) for spec in self.outputs)
+        self._bind(path, m)
+
+    def _bind(self, path: Path, m: Mapping[str, Any]) -> None:
+        """Map the library into this process and make its working context."""
         self._lib = _dlopen(path)
         sym = entry_symbols(m["symbol_prefix"], self.shape_class is not None)  # never names from the manifest
         self._create = getattr(self._lib, sym["create"])
@@ -162,9 +169,6 @@ class NativeLibrary:
         self._run_checked.restype = ctypes.c_int32
         self._run_checked.argtypes = [ctypes.c_void_p, ctypes.POINTER(CTensor), ctypes.c_int64,
                                       ctypes.POINTER(CTensor), ctypes.c_int64]
-        self._lock = threading.Lock()
-        self._expect = tuple((spec.name, spec.dtype.np, tuple(spec.shape)) for spec in self.inputs)
-        self._made = tuple((tuple(spec.shape), spec.dtype.np) for spec in self.outputs)
         self._tables = (self._table(self.inputs), self._table(self.outputs))
         self._ctx = self._create()
         if not self._ctx:
@@ -219,22 +223,7 @@ class NativeLibrary:
             env = self.dims(arrays)
             made = tuple((tuple(evaluate_dim(d, env) for d in shape), dtype) for shape, dtype in self._made)
         outputs = [np.empty(shape, dtype=dtype) for shape, dtype in made]
-        (tin, in_shapes), (tout, out_shapes) = self._tables
-        native = run_checked or self._run_checked
-        with self._lock:
-            if not self._ctx:
-                raise InputError(f"{self.path.name} was closed", location=str(self.path),
-                                 hint="load the library again to run it")
-            for k, a in enumerate(arrays):
-                tin[k].data = _address(a)
-            for k, a in enumerate(outputs):
-                tout[k].data = _address(a)
-            if self.shape_class is not None:
-                for tensors, shapes in ((arrays, in_shapes), (outputs, out_shapes)):
-                    for a, shape in zip(tensors, shapes, strict=True):
-                        for axis, n in enumerate(a.shape):
-                            shape[axis] = n
-            rc = native(self._ctx, tin, len(arrays), tout, len(outputs))
+        rc = self._call(arrays, outputs, run_checked)
         if rc in abi.GUARD_CODES:
             raise guard_fault(self.manifest, rc, arrays, outputs, self.path.name)
         if rc != abi.OK:
@@ -245,6 +234,29 @@ class NativeLibrary:
                                        hint="check the index inputs (gather, embedding, ...)")
             raise InputError(f"{function} rejected its inputs: {text} (code {rc})", location=self.path.name)
         return outputs
+
+    def _call(self, arrays: Sequence[np.ndarray], outputs: list[np.ndarray],
+              run_checked: Callable[..., int] | None) -> int:
+        """One call of the checked entry point, writing ``outputs``; its return code."""
+        (tin, in_shapes), (tout, out_shapes) = self._tables
+        native = run_checked or self._run_checked
+        with self._lock:
+            if not self._ctx:
+                raise self.closed_error()
+            for k, a in enumerate(arrays):
+                tin[k].data = _address(a)
+            for k, a in enumerate(outputs):
+                tout[k].data = _address(a)
+            if self.shape_class is not None:
+                for tensors, shapes in ((arrays, in_shapes), (outputs, out_shapes)):
+                    for a, shape in zip(tensors, shapes, strict=True):
+                        for axis, n in enumerate(a.shape):
+                            shape[axis] = n
+            return native(self._ctx, tin, len(arrays), tout, len(outputs))
+
+    def closed_error(self) -> InputError:
+        return InputError(f"{self.path.name} was closed", location=str(self.path),
+                          hint="load the library again to run it")
 
     def close(self) -> None:
         with self._lock:
@@ -257,6 +269,22 @@ class NativeLibrary:
             self.close()
         except Exception:
             pass
+
+
+def open_library(library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
+                 verify_hash: bool = True) -> NativeLibrary:
+    """A library for this machine's architecture, mapped into the process; one built for another
+    (``--target aarch64-linux-gnu``) runs call by call under its emulator."""
+    from cuvil.codegen.target import host_arch, normalize_arch
+
+    m = dict(manifest) if manifest is not None else read_manifest(Path(library_path).resolve())
+    target = m.get("target")
+    triple = target.get("triple") if isinstance(target, dict) else None
+    if isinstance(triple, str) and normalize_arch(triple.split("-", 1)[0]) != host_arch():
+        from cuvil.runtime.emulated import EmulatedLibrary
+
+        return EmulatedLibrary(library_path, m, verify_hash=verify_hash)
+    return NativeLibrary(library_path, m, verify_hash=verify_hash)
 
 
 # --------------------------------------------------------------------------------------
@@ -278,7 +306,7 @@ class CompiledModel:
 
     def __init__(self, library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
                  verify_hash: bool = True, ir: IRProvider | None = None) -> None:
-        lib = NativeLibrary(library_path, manifest, verify_hash=verify_hash)
+        lib = open_library(library_path, manifest, verify_hash=verify_hash)
         self._setup(lib.signature, ir)
         self._variants[()] = lib
         self._last = lib

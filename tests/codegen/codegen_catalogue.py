@@ -87,7 +87,7 @@ def compare(case: Case, got: np.ndarray) -> str | None:
     return None
 
 
-def _compile_and_run(cases: list[Case], name: str, opt_level: int) -> list[np.ndarray]:
+def _compile_and_run(cases: list[Case], name: str, opt_level: int, target: str | None) -> list[np.ndarray]:
     b = Builder()
     params, inputs, results = [], [], []
     for c, case in enumerate(cases):
@@ -97,11 +97,13 @@ def _compile_and_run(cases: list[Case], name: str, opt_level: int) -> list[np.nd
         results.append(b.op(case.op.name, *ps, **case.attrs))
     fn = b.function(name, params, results, [f"r{c}" for c in range(len(cases))])
     with tempfile.TemporaryDirectory(prefix="cuvil-cat-") as tmp:
-        model = compile(b.module(fn), output_dir=tmp, opt_level=opt_level)
+        model = compile(b.module(fn), output_dir=tmp, opt_level=opt_level, target=target)
         return model.run(inputs)
 
 
-def run_batch(ops: list[OpDef], name: str, opt_level: int = 2) -> dict[str, OpResult]:
+def run_batch(ops: list[OpDef], name: str, opt_level: int = 2, target: str | None = None) -> dict[str, OpResult]:
+    """The ops' examples compiled as one library for ``target`` (default: the host) and compared with the
+    interpreter; a failing batch is retried op by op."""
     results = {op.name: OpResult(op.name) for op in ops}
     cases: list[Case] = []
     for op in ops:
@@ -115,7 +117,7 @@ def run_batch(ops: list[OpDef], name: str, opt_level: int = 2) -> dict[str, OpRe
     if not cases:
         return results
     try:
-        outs = _compile_and_run(cases, name, opt_level)
+        outs = _compile_and_run(cases, name, opt_level, target)
     except Exception as e:  # CuvilError or a bug: either way, attribute it to an op
         if len(ops) == 1:
             results[ops[0].name].errors.append(f"{ops[0].name}: {type(e).__name__}: {e}")
@@ -123,7 +125,7 @@ def run_batch(ops: list[OpDef], name: str, opt_level: int = 2) -> dict[str, OpRe
         merged: dict[str, OpResult] = {}
         for op in ops:
             if not results[op.name].errors:
-                merged.update(run_batch([op], f"{name}_{op.name}", opt_level))
+                merged.update(run_batch([op], f"{name}_{op.name}", opt_level, target))
             else:
                 merged[op.name] = results[op.name]
         return merged
@@ -159,11 +161,11 @@ def batches(max_cases: int = 40) -> dict[str, list[OpDef]]:
 
 
 @functools.cache
-def catalogue_results(opt_level: int = 2) -> dict[str, OpResult]:
-    """Every op of the catalogue, compiled batch by batch at ``opt_level``."""
+def catalogue_results(opt_level: int = 2, target: str | None = None) -> dict[str, OpResult]:
+    """Every op of the catalogue, compiled batch by batch at ``opt_level`` for ``target``."""
     out: dict[str, OpResult] = {}
     for name, ops in batches().items():
-        out.update(run_batch(ops, f"catalogue_{name}", opt_level))
+        out.update(run_batch(ops, f"catalogue_{name}", opt_level, target))
     return out
 
 
@@ -172,7 +174,7 @@ if __name__ == "__main__":
     import time
 
     t0 = time.perf_counter()
-    res = catalogue_results(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+    res = catalogue_results(int(sys.argv[1]) if len(sys.argv) > 1 else 2, sys.argv[2] if len(sys.argv) > 2 else None)
     ok = [r for r in res.values() if r.ok]
     print(f"{len(ok)}/{len(res)} ops compiled and match the interpreter in {time.perf_counter() - t0:.1f}s")
     for r in res.values():

@@ -1,9 +1,9 @@
 """A plain C program uses a compiled model through the generated header and dlopen:
-no Python in the loop. Its outputs are compared with the interpreter."""
+no Python in the loop. Its outputs are compared with the interpreter. Each test runs for the
+host and for aarch64 (cross-compiled program and library, run under qemu-aarch64)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import numpy as np
@@ -13,8 +13,7 @@ from cuvil.compiler import compile
 from cuvil.interp import run_reference
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-
-CC = shutil.which("cc")
+from tests.cross_targets import C_TARGETS, c_toolchain
 
 PROGRAM = r"""
 #include <dlfcn.h>
@@ -81,8 +80,11 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.skipif(CC is None, reason="no C compiler")
-def test_c_program_runs_the_library_through_the_header(tmp_path):
+@pytest.mark.parametrize("target", C_TARGETS)
+def test_c_program_runs_the_library_through_the_header(tmp_path, target):
+    cc, run_prefix = c_toolchain(target)
+    if cc is None:
+        pytest.skip("no C compiler")
     rng = np.random.default_rng(3)
     b = Builder()
     x = b.param("x", DType.f32, [4, 6])
@@ -90,18 +92,19 @@ def test_c_program_runs_the_library_through_the_header(tmp_path):
     w = b.const(rng.standard_normal((6, 5)).astype(np.float32))
     y = b.tanh(b.matmul(b.gather(x, ids, axis=0), w))
     m = b.module(b.function("tiny", [x, ids], [y], ["y"]))
-    model = compile(m, output_dir=tmp_path / "lib")
+    model = compile(m, output_dir=tmp_path / "lib", target=target)
 
     xv = rng.standard_normal((4, 6)).astype(np.float32)
     iv = np.array([3, 0, -2], np.int64)
     (tmp_path / "x.bin").write_bytes(xv.tobytes())
     (tmp_path / "ids.bin").write_bytes(iv.tobytes())
     exe = tmp_path / "consumer"
-    build = subprocess.run([CC, "-std=gnu11", "-Wall", "-Werror", "-I", str(tmp_path / "lib"), "-o", str(exe),
+    build = subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(tmp_path / "lib"), "-o", str(exe),
                             "-x", "c", "-", "-ldl"], input=PROGRAM, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
-    res = subprocess.run([str(exe), str(model.library_path), str(tmp_path / "x.bin"), str(tmp_path / "ids.bin"),
-                          str(tmp_path / "y.bin")], capture_output=True, text=True, timeout=60)
+    res = subprocess.run([*run_prefix, str(exe), str(model.library_path), str(tmp_path / "x.bin"),
+                          str(tmp_path / "ids.bin"), str(tmp_path / "y.bin")], capture_output=True, text=True,
+                         timeout=60)
     assert res.returncode == 0, res.stderr
     rc, rc_shape, rc_dtype, rc_arity, rc_plain, same = map(int, res.stdout.split())
     header = (tmp_path / "lib" / "cuvil_tiny.h").read_text()
@@ -161,21 +164,24 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.skipif(CC is None, reason="no C compiler")
-def test_c_program_runs_one_library_at_every_size_of_its_shape_class(tmp_path):
+@pytest.mark.parametrize("target", C_TARGETS)
+def test_c_program_runs_one_library_at_every_size_of_its_shape_class(tmp_path, target):
+    cc, run_prefix = c_toolchain(target)
+    if cc is None:
+        pytest.skip("no C compiler")
     rng = np.random.default_rng(4)
     b = Builder()
     x = b.param("x", DType.f32, ["N", 6])
     w = b.const(rng.standard_normal((6, 5)).astype(np.float32))
     y = b.tanh(b.matmul(x, w))
     m = b.module(b.function("seq", [x], [y], ["y"]))
-    compile(m, output_dir=tmp_path / "lib", shape_class=True, dim_max={"N": 40})
+    compile(m, output_dir=tmp_path / "lib", shape_class=True, dim_max={"N": 40}, target=target)
     exe = tmp_path / "consumer"
-    build = subprocess.run([CC, "-std=gnu11", "-Wall", "-Werror", "-I", str(tmp_path / "lib"), "-o", str(exe),
+    build = subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(tmp_path / "lib"), "-o", str(exe),
                             "-x", "c", "-", "-ldl"], input=CLASS_PROGRAM, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     sizes = [1, 7, 40, 41, 0]
-    res = subprocess.run([str(exe), str(tmp_path / "lib" / "libcuvil_seq.so"), *map(str, sizes)],
+    res = subprocess.run([*run_prefix, str(exe), str(tmp_path / "lib" / "libcuvil_seq.so"), *map(str, sizes)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     rows = [line.split() for line in res.stdout.splitlines()]

@@ -20,7 +20,7 @@ import cuvil.compiler.keys as compile_keys
 import cuvil.compiler.targets as compile_targets
 import cuvil.runtime.loader as loader
 from cuvil.codegen.artifact import file_sha256
-from cuvil.codegen.link import HostTarget
+from cuvil.codegen.target import Target
 from cuvil.compiler import compile
 from cuvil.runtime.cache import ArtifactCache, CacheError, UnsafeCacheError
 
@@ -261,7 +261,7 @@ def test_key_follows_options_constants_and_cpu(builds, monkeypatch):
     assert other.cache_info["cache"] == "miss"
     np.testing.assert_allclose(other(X), scaled_softmax(X, scale=changed), rtol=1e-5, atol=1e-7)
     host = compile_targets.host_target()
-    other_cpu = HostTarget(host.triple, host.cpu, host.features + ",-avx512f")
+    other_cpu = Target(host.triple, host.cpu, host.features + ",-avx512f")
     monkeypatch.setattr(compile_targets, "host_target", lambda: other_cpu)
     assert compile(softmax_module()).cache_info["cache"] == "miss"
     assert len(builds) == 6

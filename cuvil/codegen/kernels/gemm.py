@@ -81,22 +81,26 @@ ISAS = {
     "avx512": Isa("avx512", 16, ((6, 4), (8, 3))),  # 24 accumulators of 32 zmm
     "avx2": Isa("avx2", 8, ((6, 2), (4, 3))),  # 12 of 16 ymm
     "sse": Isa("sse", 4, ((4, 2),)),
+    "neon": Isa("neon", 4, ((8, 3), (6, 4))),  # 24 accumulators of 32 q registers
 }
 
 _forced_isa: Isa | None = None
 
 
 def host_isa() -> Isa:
-    """AVX-512 when the host has it, else AVX2 + FMA, else 4-lane vectors (``force_isa`` overrides)."""
+    """The vectors of the target being compiled for (the host outside a build): AVX-512 when it has
+    it, else AVX2 + FMA, NEON's 32 registers on aarch64, else 4-lane vectors (``force_isa`` overrides)."""
     if _forced_isa is not None:
         return _forced_isa
-    from cuvil.codegen.link import host_target
+    from cuvil.codegen.target import codegen_target
 
-    feats = set(host_target().features.split(","))
-    if "+avx512f" in feats:
+    target = codegen_target()
+    if target.has("avx512f"):
         return ISAS["avx512"]
-    if "+avx2" in feats and "+fma" in feats:
+    if target.has("avx2", "fma"):
         return ISAS["avx2"]
+    if target.arch == "aarch64" and target.has("neon"):
+        return ISAS["neon"]
     return ISAS["sse"]
 
 

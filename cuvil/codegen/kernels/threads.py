@@ -49,12 +49,11 @@ class ThreadPool:
     set_threads: ir.Function
 
 
-def _x86_host() -> bool:
-    """Libraries are compiled for the host: spin with ``pause`` there (it yields to a sibling hyperthread)."""
-    from cuvil.codegen.link import host_target
+def _x86_target() -> bool:
+    """Spin with ``pause`` on x86 (it yields to a sibling hyperthread); other targets spin plainly."""
+    from cuvil.codegen.target import codegen_target
 
-    arch = host_target().triple.split("-", 1)[0]
-    return arch in ("x86_64", "i386", "i686")
+    return codegen_target().arch in ("x86_64", "i386", "i686")
 
 
 def _global(mod: ir.Module, name: str, ty: ir.Type, align: int = 8) -> GlobalVariable:
@@ -113,7 +112,7 @@ class _PoolEmitter:
         self.pid = _global(mod, "cuvil.pool.pid", I32)
         self.threads = _global(mod, "cuvil.pool.threads", ir.ArrayType(I64, MAX_THREADS))
         self.env_name = _c_string(mod, "cuvil.pool.env", "CUVIL_NUM_THREADS")
-        self.pause = declare(mod, "llvm.x86.sse2.pause", VOID, []) if _x86_host() else None
+        self.pause = declare(mod, "llvm.x86.sse2.pause", VOID, []) if _x86_target() else None
         self.lock = declare(mod, "pthread_mutex_lock", I32, [PTR])
         self.unlock = declare(mod, "pthread_mutex_unlock", I32, [PTR])
         self.cwait = declare(mod, "pthread_cond_wait", I32, [PTR, PTR])

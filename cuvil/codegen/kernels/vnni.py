@@ -51,10 +51,10 @@ INT8_MIN, INT8_MAX = -128, 127
 
 
 def host_has_vnni() -> bool:
-    from cuvil.codegen.link import host_target
+    """Whether the target being compiled for (the host outside a build) has 512-bit ``vpdpbusd``."""
+    from cuvil.codegen.target import codegen_target
 
-    feats = set(host_target().features.split(","))
-    return {"+avx512f", "+avx512bw", "+avx512vnni"} <= feats
+    return codegen_target().has("avx512f", "avx512bw", "avx512vnni")
 
 
 def fits_int8(w: np.ndarray) -> bool:

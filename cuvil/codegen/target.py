@@ -1,0 +1,102 @@
+"""What a library is compiled for: a target triple, a CPU name and its feature string.
+
+The host is read from LLVM. A cross target (``aarch64``) is a fixed, conservative description
+(the base ISA every CPU of that architecture has), so a library built for it runs on any of them.
+Kernels ask :func:`codegen_target` which one is being compiled for (the host outside a build):
+vector widths, ``vpdpbusd`` and the spin-wait hint follow the target, not the machine compiling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import platform
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a compiled library assumes about the CPU it runs on."""
+
+    triple: str
+    cpu: str
+    features: str
+
+    @property
+    def arch(self) -> str:
+        """The architecture part of the triple, normalized (``x86_64``, ``aarch64``)."""
+        return normalize_arch(self.triple.split("-", 1)[0])
+
+    @property
+    def feature_set(self) -> frozenset[str]:
+        return frozenset(f for f in self.features.split(",") if f)
+
+    def has(self, *features: str) -> bool:
+        """Whether every one of ``features`` (names without the ``+``) is enabled."""
+        return all(f"+{f}" in self.feature_set for f in features)
+
+    def to_json(self) -> dict[str, str]:
+        return {"triple": self.triple, "cpu": self.cpu, "features": self.features}
+
+
+def normalize_arch(arch: str) -> str:
+    arch = arch.lower()
+    if arch in ("x86-64", "x86_64", "amd64"):
+        return "x86_64"
+    if arch in ("arm64", "aarch64"):
+        return "aarch64"
+    return arch
+
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def init_llvm() -> None:
+    """Every target LLVM was built with (the host and the cross targets) and their code emitters."""
+    global _initialized
+    import llvmlite.binding as llvm  # here, not at the top: a process that only runs libraries needs no LLVM
+
+    with _init_lock:
+        if not _initialized:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialized = True
+
+
+def host_target() -> Target:
+    import llvmlite.binding as llvm
+
+    init_llvm()
+    return Target(llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+
+
+# ARMv8-A with Advanced SIMD (NEON) and FP: every 64-bit ARM Linux CPU has them.
+AARCH64_LINUX = Target("aarch64-unknown-linux-gnu", "generic", "+neon,+fp-armv8")
+
+CROSS_TARGETS = {"aarch64": AARCH64_LINUX}
+
+_active: contextvars.ContextVar[Target | None] = contextvars.ContextVar("cuvil_codegen_target", default=None)
+
+
+def codegen_target() -> Target:
+    """The target of the library being built (the host outside :func:`compiling_for`)."""
+    found = _active.get()
+    return found if found is not None else host_target()
+
+
+@contextlib.contextmanager
+def compiling_for(target: Target) -> Iterator[Target]:
+    """Kernels chosen and written inside this block are for ``target``."""
+    token = _active.set(target)
+    try:
+        yield target
+    finally:
+        _active.reset(token)
+
+
+def host_arch() -> str:
+    """This machine's architecture, without asking LLVM (the runtime does not load it)."""
+    return normalize_arch(platform.machine())
