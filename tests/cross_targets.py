@@ -1,9 +1,12 @@
 """What the tests of cross-compiled libraries need: the aarch64 cross C compiler, its sysroot and
-qemu-aarch64 (CI installs gcc-aarch64-linux-gnu and qemu-user; without them those tests are skipped
-and say why)."""
+qemu-aarch64; wasm-ld, wasi-libc, compiler-rt's wasm32 builtins and wasmtime (CI installs
+gcc-aarch64-linux-gnu, qemu-user, lld, wasi-libc and libclang-rt-14-dev-wasm32; without them those
+tests are skipped and say why)."""
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -22,6 +25,21 @@ def aarch64_missing() -> str | None:
 
 
 needs_aarch64 = pytest.mark.skipif(aarch64_missing() is not None, reason=str(aarch64_missing()))
+
+WASM32 = "wasm32-wasi"
+
+
+def wasm_missing() -> str | None:
+    """Why wasm32-wasi modules cannot be built and run here (None when they can)."""
+    found = (("wasm-ld (lld)", shutil.which("wasm-ld")),
+             ("wasi-libc", Path("/usr/lib/wasm32-wasi/libc.a").is_file()),
+             ("libclang-rt-14-dev-wasm32", glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/wasi/*builtins-wasm32.a")),
+             ("the wasmtime package", importlib.util.find_spec("wasmtime") is not None))
+    missing = [what for what, ok in found if not ok]
+    return ("no " + ", ".join(missing)) if missing else None
+
+
+needs_wasm = pytest.mark.skipif(wasm_missing() is not None, reason=str(wasm_missing()))
 
 
 def c_toolchain(target: str | None) -> tuple[str | None, list[str]]:

@@ -1,8 +1,8 @@
 """``cuvil compile``: a model file to a native library.
 
-It writes three files side by side: the library (``--output``, default ``lib<model>.so``), its
-C header (``<stem>.h``) and its JSON manifest (``<stem>.json``), where ``<stem>`` is the
-library's file name without ``lib`` and ``.so``.
+It writes three files side by side: the library (``--output``, default ``lib<model>.so``, or
+``lib<model>.wasm`` for ``--target wasm32-wasi``), its C header (``<stem>.h``) and its JSON manifest
+(``<stem>.json``), where ``<stem>`` is the library's file name without ``lib`` and ``.so``/``.wasm``.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ MODEL_SUFFIXES = (".onnx", ".pt2", ".cir")
 
 
 def _output_names(output: Path) -> tuple[Path, Path]:
-    """The header and manifest paths beside ``output`` (``libmodel.so`` -> ``model.h``, ``model.json``)."""
-    stem = output.name.removesuffix(".so")
+    """The header and manifest paths beside ``output`` (``libmodel.so`` or ``libmodel.wasm`` -> ``model.h``,
+    ``model.json``)."""
+    stem = output.name.removesuffix(".so").removesuffix(".wasm")
     if stem.startswith("lib") and len(stem) > 3:
         stem = stem[3:]
     return output.with_name(stem + ".h"), output.with_name(stem + ".json")
@@ -98,6 +99,7 @@ def _install(library: Path, manifest: Mapping[str, Any], output: Path) -> tuple[
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from cuvil.compiler import compile as compile_model
+    from cuvil.compiler import resolve_target
 
     source = args.input or args.model
     if not source:
@@ -117,7 +119,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
                          "shapes: give one", location="--dim-max")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}", location="--threads")
-    output = check_output(args.output or str(Path.cwd() / f"lib{model_path.stem}.so"), "--output", suffix=".so")
+    suffix = resolve_target(args.target).library_suffix  # .wasm for wasm32-wasi
+    output = check_output(args.output or str(Path.cwd() / f"lib{model_path.stem}{suffix}"), "--output",
+                          suffix=suffix)
     assert output is not None
     options: dict[str, Any] = {}
     if args.static_input:
@@ -292,11 +296,12 @@ def register(sub: Any) -> None:
                        epilog=COMPILE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", help="the model (.onnx, .pt2 or .cir); or use --input")
     p.add_argument("--input", "-i", metavar="MODEL", help="the model: .onnx, .pt2 or .cir")
-    p.add_argument("--output", "-o", metavar="LIB.so",
+    p.add_argument("--output", "-o", metavar="LIB.so|LIB.wasm",
                    help="the library to write (default: lib<model>.so here); <stem>.h and <stem>.json go beside it")
     p.add_argument("--target", default=None, metavar="TRIPLE",
-                   help="target triple: host (default: tuned for this machine's CPU) or aarch64-linux-gnu "
-                        "(ARMv8-A + NEON; linked with aarch64-linux-gnu-gcc, run here under qemu-aarch64)")
+                   help="target: host (default: tuned for this machine's CPU), aarch64-linux-gnu (ARMv8-A + NEON; "
+                        "linked with aarch64-linux-gnu-gcc, run here under qemu-aarch64) or wasm32-wasi (a .wasm "
+                        "module with SIMD128, linked with wasm-ld, run here with wasmtime)")
     p.add_argument("--opt-level", default="O3", metavar="O0..O3", help="optimization level (default O3)")
     p.add_argument("--passes", default=None, metavar="SPEC",
                    help="a pass pipeline instead of the opt level's (e.g. 'O2' or 'fold-batchnorm,dce')")

@@ -74,7 +74,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
     with compiling_for(target):
         lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class)
     p = lowered.prefix
-    lib = Path(out_dir) / f"lib{p}.so"
+    lib = Path(out_dir) / f"lib{p}{target.library_suffix}"
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "abi_version": abi.ABI_VERSION,
@@ -116,7 +116,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
     times["emit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    link_shared(obj, lib, target)
+    link_shared(obj, lib, target, (*manifest["symbols"].values(), f"{p}_provenance"))
     times["link_s"] = time.perf_counter() - t0
     manifest["library_sha256"] = file_sha256(lib)
     manifest["compile_times"] = {k: round(v, 4) for k, v in times.items()}

@@ -4,11 +4,15 @@ The optimizer is LLVM's new pass manager with a target machine for the target's 
 (its name and feature string go into the manifest); the object is emitted
 position-independent and linked with ``-shared`` by the target's C compiler (for the host
 ``$CC``, else ``cc``; for aarch64 ``$CUVIL_CC_AARCH64``, else ``aarch64-linux-gnu-gcc``), so the
-library needs nothing beyond libc and libm.
+library needs nothing beyond libc and libm. For wasm32-wasi, ``wasm-ld`` links a WASI reactor module
+with wasi-libc and the compiler-rt builtins (``$CUVIL_WASM_LD``, ``$CUVIL_WASI_SYSROOT``,
+``$CUVIL_WASM_BUILTINS`` override where they are) that exports the entry points, ``malloc``, ``free``
+and its memory.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -47,8 +51,12 @@ def optimize(module: ir.Module, tm: llvm.TargetMachine, opt_level: int) -> llvm.
                            hint="this is a bug in the code generator") from None
     if opt_level > 0:
         pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
-        pto.loop_vectorization = opt_level >= 2
-        pto.slp_vectorization = opt_level >= 2
+        # Not for wasm32: LLVM 22's WebAssembly backend turns vectorized f16 conversions into invalid
+        # modules (an i64.load16_u passed where i32 is expected) and spends minutes on some vectorized
+        # element-wise loops; the tuned kernels there are written with SIMD128 vectors themselves.
+        vectorize = opt_level >= 2 and not tm.triple.startswith("wasm32")
+        pto.loop_vectorization = vectorize
+        pto.slp_vectorization = vectorize
         pto.loop_unrolling = opt_level >= 2
         pb = llvm.create_pass_builder(tm, pto)
         mpm = pb.getModulePassManager()
@@ -83,16 +91,42 @@ def compiler(target: Target | None = None) -> str:
     return found
 
 
-def link_shared(obj: bytes, out: Path, target: Target | None = None) -> None:
+WASM_STACK_BYTES = 1 << 20  # the shadow stack (wasm-ld's default of 64 KiB is too small for kernel tiles)
+
+
+def _wasm_tool(var: str, found: str | None, what: str, package: str) -> str:
+    path = os.environ.get(var) or found
+    if not path or not Path(path).exists():
+        raise CodegenError(f"no {what} to link the wasm32-wasi module with", location="target",
+                           hint=f"install it (Debian: apt-get install {package}) or set ${var}")
+    return path
+
+
+def wasm_link_command(obj: Path, out: Path, exports: tuple[str, ...]) -> list[str]:
+    """wasm-ld: a WASI reactor (``_initialize`` runs libc's constructors) exporting ``exports``."""
+    ld = _wasm_tool("CUVIL_WASM_LD", shutil.which("wasm-ld"), "wasm-ld", "lld")
+    root = _wasm_tool("CUVIL_WASI_SYSROOT", "/usr/lib/wasm32-wasi", "wasi-libc", "wasi-libc")
+    builtins = sorted(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a"))
+    rt = _wasm_tool("CUVIL_WASM_BUILTINS", builtins[-1] if builtins else None, "compiler-rt builtins for wasm32",
+                    "libclang-rt-14-dev-wasm32")
+    return [ld, "--no-entry", "-o", str(out), str(Path(root) / "crt1-reactor.o"), str(obj), f"-L{root}", "-lc",
+            "-lm", rt, "-z", f"stack-size={WASM_STACK_BYTES}", "--export=_initialize", "--export=malloc",
+            "--export=free", *(f"--export={e}" for e in exports)]
+
+
+def link_shared(obj: bytes, out: Path, target: Target | None = None, exports: tuple[str, ...] = ()) -> None:
     """Link one object into ``out`` for ``target`` (written atomically: a reader never sees a partial
-    file)."""
+    file); ``exports``: the entry points a module without a dynamic symbol table (wasm) exports."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cuvil-link-") as tmp:
         o = Path(tmp) / "model.o"
         o.write_bytes(obj)
         partial = Path(tmp) / out.name
-        cmd = [compiler(target), "-shared", "-o", str(partial), str(o), "-Wl,--as-needed", "-lm",
-               "-Wl,-z,noexecstack", "-Wl,-z,now"]
+        if target is not None and target.arch == "wasm32":
+            cmd = wasm_link_command(o, partial, exports)
+        else:
+            cmd = [compiler(target), "-shared", "-o", str(partial), str(o), "-Wl,--as-needed", "-lm",
+                   "-Wl,-z,noexecstack", "-Wl,-z,now"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise CodegenError(f"linking {out.name} failed: {proc.stderr.strip() or proc.stdout.strip()}",

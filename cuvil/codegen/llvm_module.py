@@ -45,6 +45,7 @@ from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.codegen.sizing import Sizing, numel
 from cuvil.codegen.structured import StructuredKernel, structured_kernels
+from cuvil.codegen.target import codegen_target
 from cuvil.errors import CodegenError
 from cuvil.ir import hashing
 from cuvil.ir.module import Function
@@ -208,9 +209,15 @@ def emit_context_functions(mod: ir.Module, prefix: str, arena_bytes: int) -> Non
     """``{prefix}_create()``, which allocates the arena (aligned), and ``{prefix}_destroy(ctx)``."""
     create = ir.Function(mod, ir.FunctionType(PTR, []), name=f"{prefix}_create")
     b = Builder(create.append_basic_block("entry"))
-    aligned_alloc = declare(mod, "aligned_alloc", PTR, [I64, I64])
+    target = codegen_target()
+    size_t = ir.IntType(target.pointer_bits)
+    aligned_alloc = declare(mod, "aligned_alloc", PTR, [size_t, size_t])
     size = -(-max(arena_bytes, abi.ARENA_ALIGN) // abi.ARENA_ALIGN) * abi.ARENA_ALIGN
-    b.ret(b.call(aligned_alloc, [ir.Constant(I64, abi.ARENA_ALIGN), ir.Constant(I64, size)]))
+    if size >= 2 ** target.pointer_bits:
+        raise CodegenError(f"{prefix} needs {size} bytes of working memory, more than a {target.triple} "
+                           "address space holds", location=prefix,
+                           hint="compile for smaller shapes, or for a 64-bit target")
+    b.ret(b.call(aligned_alloc, [ir.Constant(size_t, abi.ARENA_ALIGN), ir.Constant(size_t, size)]))
     destroy = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{prefix}_destroy")
     b = Builder(destroy.append_basic_block("entry"))
     b.call(declare(mod, "free", ir.VoidType(), [PTR]), [destroy.args[0]])

@@ -9,6 +9,7 @@ Integer and cast semantics follow ``cuvil/interp.py`` (truncating ``div``, floor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -287,7 +288,13 @@ class ScalarEmitter:
         if ty == F32 and fn in vmath.FLOAT32_INLINE:
             return vmath.FLOAT32_INLINE[fn](b, x)
         if fn in _LIBM_UNARY:
-            return b.call(self._libm(_LIBM_UNARY[fn], ty), [x])
+            y = b.call(self._libm(_LIBM_UNARY[fn], ty), [x])
+            if fn in _LIBM_DOMAIN:  # outside the domain the rule gives NaN, whatever a target's libm does
+                lo, hi = _LIBM_DOMAIN[fn]
+                outside = b.or_(b.fcmp_ordered("<", x, ir.Constant(ty, lo)),
+                                b.fcmp_ordered(">", x, ir.Constant(ty, hi)))
+                y = b.select(outside, ir.Constant(ty, math.nan), y)
+            return y
         if fn == "neg":
             return b.fneg(x)
         if fn in _MIN_MAX:  # numpy: NaN in either operand propagates; ties give the second operand
@@ -532,6 +539,11 @@ _LIBM_UNARY = {
     "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
     "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
 }
+
+_LIBM_DOMAIN = {"acosh": (1.0, math.inf), "atanh": (-1.0, 1.0), "asin": (-1.0, 1.0), "acos": (-1.0, 1.0),
+                "log": (0.0, math.inf)}
+"""Where the libm functions are defined: numpy (the rule) gives NaN outside; a target's libm may not
+(wasi-libc's acoshf(-100) is -2.2)."""
 
 SUPPORTED_PRIMITIVES: dict[str, frozenset[str]] = {
     "float": R.primitives_for("float"),

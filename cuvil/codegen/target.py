@@ -33,6 +33,26 @@ class Target:
     def feature_set(self) -> frozenset[str]:
         return frozenset(f for f in self.features.split(",") if f)
 
+    @property
+    def threads(self) -> bool:
+        """Whether libraries for it may start threads (wasm32-wasi has none: kernels run serially)."""
+        return self.arch != "wasm32"
+
+    @property
+    def fused_multiply_add(self) -> bool:
+        """Whether ``llvm.fma`` is an instruction (wasm32 SIMD128 has none: it would be a call to libm's
+        ``fmaf`` per lane, so kernels multiply and add there)."""
+        return self.arch != "wasm32"
+
+    @property
+    def pointer_bits(self) -> int:
+        """The width of a pointer and of C's ``size_t``."""
+        return 32 if self.arch == "wasm32" else 64
+
+    @property
+    def library_suffix(self) -> str:
+        return ".wasm" if self.arch == "wasm32" else ".so"
+
     def has(self, *features: str) -> bool:
         """Whether every one of ``features`` (names without the ``+``) is enabled."""
         return all(f"+{f}" in self.feature_set for f in features)
@@ -76,7 +96,10 @@ def host_target() -> Target:
 # ARMv8-A with Advanced SIMD (NEON) and FP: every 64-bit ARM Linux CPU has them.
 AARCH64_LINUX = Target("aarch64-unknown-linux-gnu", "generic", "+neon,+fp-armv8")
 
-CROSS_TARGETS = {"aarch64": AARCH64_LINUX}
+# WebAssembly with 128-bit SIMD, for a WASI runtime (wasmtime) or a browser; no threads.
+WASM32_WASI = Target("wasm32-unknown-wasi", "generic", "+simd128")
+
+CROSS_TARGETS = {"aarch64": AARCH64_LINUX, "wasm32": WASM32_WASI}
 
 _active: contextvars.ContextVar[Target | None] = contextvars.ContextVar("cuvil_codegen_target", default=None)
 

@@ -1,4 +1,4 @@
-"""What a target name means: the host, or a cross target (64-bit ARM Linux)."""
+"""What a target name means: the host, or a cross target (64-bit ARM Linux, WebAssembly + WASI)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from cuvil.codegen.target import CROSS_TARGETS, Target, host_target, normalize_a
 from cuvil.errors import CodegenError
 
 HOST_TARGET_NAMES = ("host", "native")
-TARGET_NAMES = ("host", "x86_64-linux-gnu", "aarch64-linux-gnu")
+TARGET_NAMES = ("host", "x86_64-linux-gnu", "aarch64-linux-gnu", "wasm32-wasi")
 
 
 def resolve_target(target: str | None) -> Target:
     """The target ``target`` names: None, ``host`` or the host's own triple give the host (tuned for
-    its CPU); ``aarch64-linux-gnu`` (or ``arm64``, ``aarch64``) gives ARMv8-A with NEON."""
+    its CPU); ``aarch64-linux-gnu`` (or ``arm64``, ``aarch64``) gives ARMv8-A with NEON; ``wasm32-wasi``
+    (or ``wasm32``) gives WebAssembly with SIMD128."""
     host = host_target()
     if target is None or target.lower() in HOST_TARGET_NAMES:
         return host
@@ -19,11 +20,11 @@ def resolve_target(target: str | None) -> Target:
     parts = wanted.split("-")
     bare = normalize_arch(wanted) in (host.arch, *CROSS_TARGETS)  # an architecture alone: x86-64, arm64
     arch = normalize_arch(wanted if bare else parts[0])
-    os_ok = bare or "linux" in parts
+    os_ok = bare or ("wasi" in parts if arch == "wasm32" else "linux" in parts)
     if os_ok and arch == host.arch:
         return host
     if os_ok and arch in CROSS_TARGETS:
         return CROSS_TARGETS[arch]
     raise CodegenError(f"target {target!r} is not supported: this build compiles for the host "
-                       f"({host.triple}, CPU {host.cpu}) and for aarch64 Linux", location="target",
+                       f"({host.triple}, CPU {host.cpu}), aarch64 Linux and wasm32-wasi", location="target",
                        hint="pass one of " + ", ".join(TARGET_NAMES))

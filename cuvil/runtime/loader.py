@@ -273,14 +273,20 @@ class NativeLibrary:
 
 def open_library(library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
                  verify_hash: bool = True) -> NativeLibrary:
-    """A library for this machine's architecture, mapped into the process; one built for another
-    (``--target aarch64-linux-gnu``) runs call by call under its emulator."""
+    """A library for this machine's architecture, mapped into the process; a wasm32-wasi module, run by
+    wasmtime in the process; one built for another architecture (``--target aarch64-linux-gnu``) runs
+    call by call under its emulator."""
     from cuvil.codegen.target import host_arch, normalize_arch
 
     m = dict(manifest) if manifest is not None else read_manifest(Path(library_path).resolve())
     target = m.get("target")
     triple = target.get("triple") if isinstance(target, dict) else None
-    if isinstance(triple, str) and normalize_arch(triple.split("-", 1)[0]) != host_arch():
+    arch = normalize_arch(triple.split("-", 1)[0]) if isinstance(triple, str) else host_arch()
+    if arch == "wasm32":
+        from cuvil.runtime.wasm import WasmLibrary
+
+        return WasmLibrary(library_path, m, verify_hash=verify_hash)
+    if arch != host_arch():
         from cuvil.runtime.emulated import EmulatedLibrary
 
         return EmulatedLibrary(library_path, m, verify_hash=verify_hash)

@@ -4,7 +4,8 @@ Each case must match ONNX's expected outputs with the case's own tolerances, and
 interpreter on the same module (integers and bools exactly, floats within the dtype's relative
 tolerance). The default suite runs one case per ONNX op type; the whole suite is slow.
 
-The slow suite runs every case again compiled for aarch64, under qemu-aarch64.
+The slow suite runs every case again compiled for aarch64 (under qemu-aarch64) and for wasm32-wasi
+(by wasmtime).
 
 Expected failures are the interpreter's list (``expected_failures.txt``) plus the cases that fail
 only when compiled (``expected_failures_compiled.txt``, with reasons; regenerate with
@@ -28,7 +29,7 @@ from bench.onnx_conformance import (
     read_expected_failures,
     run_case,
 )
-from tests.cross_targets import AARCH64, needs_aarch64
+from tests.cross_targets import AARCH64, WASM32, needs_aarch64, needs_wasm
 
 # a compile plus two runs; the largest cases (recurrent attention, 3-d grid sampling) take a few seconds
 CASE_TIME_LIMIT_S = 60.0
@@ -89,13 +90,15 @@ def test_compiled_case(name: str) -> None:
     _check(name)
 
 
-# every case compiled for aarch64 and run under qemu-aarch64, against the same expected failures:
-# the same count as on x86-64 (1798 passed, 86 failed, no interpreter mismatch when last measured)
+# every case compiled for aarch64 (run under qemu-aarch64) and for wasm32-wasi (run by wasmtime), against
+# the same expected failures: the same per-case outcomes as on x86-64 (1798 passed, 86 failed, no
+# interpreter mismatch, when last measured)
 @pytest.mark.slow
-@needs_aarch64
+@pytest.mark.parametrize("target", [pytest.param(AARCH64, id="aarch64", marks=needs_aarch64),
+                                    pytest.param(WASM32, id="wasm32", marks=needs_wasm)])
 @pytest.mark.parametrize("name", case_params(sorted(_CASES), _EXPECTED))
-def test_compiled_case_on_aarch64(name: str) -> None:
-    _check(name, AARCH64)
+def test_compiled_case_on_another_target(name: str, target: str) -> None:
+    _check(name, target)
 
 
 def test_representative_cases_cover_every_op_type_that_can_pass() -> None:

@@ -43,11 +43,12 @@ from cuvil.codegen.kernels.gemm import (
     choose_tiling,
     epilogue_emitter,
     fgep,
+    fma,
     pack_panel,
     store_rows,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
-from cuvil.codegen.llvm_types import F32, I32, I64, PTR, declare
+from cuvil.codegen.llvm_types import F32, I32, I64, PTR
 from cuvil.codegen.loops import (
     NO_UNROLL,
     const,
@@ -455,7 +456,6 @@ class DepthwiseKernel(ConvKernel):
             w = [b.load(fgep(b, w_row, t), typ=F32, align=4) for t in range(taps)]
             epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
             out_base = b.mul(c, const(out_plane))
-            fma = declare(b.module, "llvm.fma.f32", F32, [F32, F32, F32])
 
             def row(r: Val) -> None:
                 outer = unravel(b, r, g.out_sp[:-1])
@@ -469,7 +469,7 @@ class DepthwiseKernel(ConvKernel):
                     p = fgep(b, row_ptr, b.mul(x, const(self.step[-1])))
                     acc: Val = ir.Constant(F32, 0.0)
                     for t in range(taps):
-                        acc = b.call(fma, [w[t], b.load(fgep(b, p, koff[t]), typ=F32, align=4), acc])
+                        acc = fma(b, w[t], b.load(fgep(b, p, koff[t]), typ=F32, align=4), acc)
                     value = epi.element([image, chan, *outer, x], acc)
                     epi.store(b.add(out_row, x), value)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 from llvmlite import ir
@@ -55,6 +55,7 @@ from cuvil.codegen.loops import (
 )
 from cuvil.codegen.lower_rule import Buffer
 from cuvil.codegen.scalar import Builder, Val
+from cuvil.codegen.target import codegen_target
 from cuvil.ir import rules as R
 from cuvil.ir.rulewalk import FreeVars, walk_exprs
 from cuvil.ir.symbolic import Dim, evaluate_dim, sym_max
@@ -82,6 +83,7 @@ ISAS = {
     "avx2": Isa("avx2", 8, ((6, 2), (4, 3))),  # 12 of 16 ymm
     "sse": Isa("sse", 4, ((4, 2),)),
     "neon": Isa("neon", 4, ((8, 3), (6, 4))),  # 24 accumulators of 32 q registers
+    "simd128": Isa("simd128", 4, ((4, 3),)),  # wasm: 12 of the 16 xmm registers a JIT maps it to
 }
 
 _forced_isa: Isa | None = None
@@ -92,8 +94,6 @@ def host_isa() -> Isa:
     it, else AVX2 + FMA, NEON's 32 registers on aarch64, else 4-lane vectors (``force_isa`` overrides)."""
     if _forced_isa is not None:
         return _forced_isa
-    from cuvil.codegen.target import codegen_target
-
     target = codegen_target()
     if target.has("avx512f"):
         return ISAS["avx512"]
@@ -101,6 +101,8 @@ def host_isa() -> Isa:
         return ISAS["avx2"]
     if target.arch == "aarch64" and target.has("neon"):
         return ISAS["neon"]
+    if target.arch == "wasm32" and target.has("simd128"):
+        return ISAS["simd128"]
     return ISAS["sse"]
 
 
@@ -132,8 +134,12 @@ def splat(b: Builder, x: Val, lanes: int) -> Val:
 
 
 def fma(b: Builder, x: Val, y: Val, acc: Val) -> Val:
-    lanes = cast(ir.VectorType, x.type).count
-    fn = declare(b.module, f"llvm.fma.v{lanes}f32", x.type, [x.type] * 3)
+    """``x * y + acc`` on float32 vectors or scalars: fused where the target has the instruction, else
+    a multiply and an add (each rounded, as the rule's sum is)."""
+    if not codegen_target().fused_multiply_add:
+        return b.fadd(b.fmul(x, y), acc)
+    name = f"llvm.fma.v{x.type.count}f32" if isinstance(x.type, ir.VectorType) else "llvm.fma.f32"
+    fn = declare(b.module, name, x.type, [x.type] * 3)
     return b.call(fn, [x, y, acc])
 
 
@@ -396,7 +402,9 @@ class KernelFunction:
         self.phases += 1
         body = self._body(f"{self.name}.p{k}", emit_chunk)
         b = self.b
-        if isinstance(nchunks, int) and isinstance(flops, (int, float)):
+        if not codegen_target().threads:  # no pool on this target
+            rc = self._serial(body, i64(nchunks))
+        elif isinstance(nchunks, int) and isinstance(flops, (int, float)):
             pooled = nchunks > 1 and flops >= PARALLEL_MIN_FLOPS
             rc = self._pooled(k, body, const(nchunks)) if pooled else self._serial(body, const(nchunks))
         else:
