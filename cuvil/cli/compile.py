@@ -54,7 +54,7 @@ MODEL_SUFFIXES = (".onnx", ".pt2", ".cir")
 def _output_names(output: Path) -> tuple[Path, Path]:
     """The header and manifest paths beside ``output`` (``libmodel.so`` or ``libmodel.wasm`` -> ``model.h``,
     ``model.json``)."""
-    stem = output.name.removesuffix(".so").removesuffix(".wasm")
+    stem = output.name.removesuffix(".so").removesuffix(".wasm").removesuffix(".ptx")
     if stem.startswith("lib") and len(stem) > 3:
         stem = stem[3:]
     return output.with_name(stem + ".h"), output.with_name(stem + ".json")
@@ -78,7 +78,7 @@ def _install(library: Path, manifest: Mapping[str, Any], output: Path) -> tuple[
         raise InputError(f"--output {output} would be overwritten by its own header or manifest",
                          location="--output", hint="name the library like libmodel.so")
     output.parent.mkdir(parents=True, exist_ok=True)
-    header_src = library.parent / str(manifest["header"])
+    header_src = library.parent / str(manifest.get("header"))
 
     def place(src: Path, dst: Path) -> None:
         staged = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
@@ -89,8 +89,12 @@ def _install(library: Path, manifest: Mapping[str, Any], output: Path) -> tuple[
     if file_sha256(output) != manifest["library_sha256"]:
         raise CodegenError(f"{output} does not match the library that was compiled", location=str(output),
                            hint="another process is writing to the same output path")
-    place(header_src, header_out)
-    placed = dict(manifest, library=output.name, header=header_out.name)
+    placed = dict(manifest, library=output.name)
+    if "header" in manifest:
+        place(header_src, header_out)
+        placed["header"] = header_out.name
+    if "cuda" in manifest:  # a CUDA module's constants go beside it, under their own name
+        place(library.parent / manifest["cuda"]["constants"], output.parent / manifest["cuda"]["constants"])
     staged = manifest_out.with_name(f".{manifest_out.name}.{uuid.uuid4().hex}.tmp")
     staged.write_text(json.dumps(placed, indent=2) + "\n")
     os.replace(staged, manifest_out)
@@ -296,12 +300,13 @@ def register(sub: Any) -> None:
                        epilog=COMPILE_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", help="the model (.onnx, .pt2 or .cir); or use --input")
     p.add_argument("--input", "-i", metavar="MODEL", help="the model: .onnx, .pt2 or .cir")
-    p.add_argument("--output", "-o", metavar="LIB.so|LIB.wasm",
+    p.add_argument("--output", "-o", metavar="LIB.so|.wasm|.ptx",
                    help="the library to write (default: lib<model>.so here); <stem>.h and <stem>.json go beside it")
     p.add_argument("--target", default=None, metavar="TRIPLE",
                    help="target: host (default: tuned for this machine's CPU), aarch64-linux-gnu (ARMv8-A + NEON; "
                         "linked with aarch64-linux-gnu-gcc, run here under qemu-aarch64) or wasm32-wasi (a .wasm "
-                        "module with SIMD128, linked with wasm-ld, run here with wasmtime)")
+                        "module with SIMD128, linked with wasm-ld, run here with wasmtime) or cuda (PTX for NVIDIA "
+                        "GPUs sm_75+, checked with ptxas, run through the CUDA driver)")
     p.add_argument("--opt-level", default="O3", metavar="O0..O3", help="optimization level (default O3)")
     p.add_argument("--passes", default=None, metavar="SPEC",
                    help="a pass pipeline instead of the opt level's (e.g. 'O2' or 'fold-batchnorm,dce')")

@@ -38,7 +38,7 @@ from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import set_default_threads
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import fail_unless, not_null
-from cuvil.codegen.lower_rule import emit_rule_kernel, static_shape
+from cuvil.codegen.lower_rule import emit_rule_kernel, op_rule, static_shape
 from cuvil.codegen.manifest import PROVENANCE_PREFIX
 from cuvil.codegen.plan import MemoryPlan, ordered_steps, plan_memory
 from cuvil.codegen.scalar import Builder, GlobalVariable, Val
@@ -135,15 +135,8 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
             kernels.append(kernel.emit(mod, f"k{k}.{v.op}"))
             logger.debug("op %d %s: kernel %s", k, v.op, kernel.name)
             continue
-        opdef = get_op(v.op)
-        in_types = [o.type for o in v.operands]
-        try:
-            rule = opdef.make_rule(in_types, v.attr_dict, v.type)
-        except CodegenError:
-            raise
-        except Exception as e:  # a rule that cannot be built at these shapes
-            raise CodegenError(f"the rule of {v.op} could not be built for {v.type}: {e}", location=v.op) from e
-        kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", rule, in_types, v.type, v.op, dims=symbols))
+        kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", op_rule(v), [o.type for o in v.operands], v.type, v.op,
+                                        dims=symbols))
 
     # raw constants: only those some kernel reads as they are (a packed weight is embedded packed)
     const_globals: dict[str, ir.GlobalVariable] = {}

@@ -29,6 +29,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.rulewalk import FreeVars, fold_ix, walk_exprs
 from cuvil.ir.symbolic import Dim, dim_bounds
 from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value
 
 Token = tuple  # ("o", k) for output variable k; ("b", depth, k) for axis k of a reduction at that depth
 
@@ -582,6 +583,20 @@ def _range_op(kind: str, a: tuple[int | None, int | None], b: tuple[int | None, 
         if kind == "mod":
             return (alo, ahi) if alo >= 0 and ahi < blo else (0, blo - 1)
     return (None, None)
+
+
+def op_rule(v: Value) -> R.Expr:
+    """The compute rule of ``v``'s op at its operand and result types (a CodegenError when it cannot be
+    built at these shapes)."""
+    from cuvil.ir.opdef import get_op
+
+    in_types = [o.type for o in v.operands]
+    try:
+        return get_op(v.op).make_rule(in_types, v.attr_dict, v.type)
+    except CodegenError:
+        raise
+    except Exception as e:  # a rule that cannot be built at these shapes
+        raise CodegenError(f"the rule of {v.op} could not be built for {v.type}: {e}", location=v.op) from e
 
 
 def emit_rule_kernel(module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],

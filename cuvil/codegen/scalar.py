@@ -174,7 +174,11 @@ class ScalarEmitter:
         return self._extern(f"llvm.{name}.{suffix}", ty, [ty] * arity)
 
     def _libm(self, name: str, ty: ir.Type, arity: int = 1) -> ir.Function:
-        return self._extern(name if ty == F64 else name + "f", ty, [ty] * arity)
+        """The C library's function (``expf``); on a GPU, libdevice's (``__nv_expf``)."""
+        from cuvil.codegen.target import codegen_target
+
+        full = name if ty == F64 else name + "f"
+        return self._extern("__nv_" + full if codegen_target().arch == "nvptx64" else full, ty, [ty] * arity)
 
     # -- memory <-> registers ---------------------------------------------------------
     def _remember(self, reg: Val, stored: Val) -> Val:
@@ -312,7 +316,7 @@ class ScalarEmitter:
             return b.fcmp_ordered("==", mag, ir.Constant(ty, float("inf")))
         if fn == "erf":  # the interpreter evaluates erf in double precision for every float type (float32: inline)
             wide = x if ty == F64 else b.fpext(x, F64)
-            return b.call(self._extern("erf", F64, [F64]), [wide])
+            return b.call(self._libm("erf", F64), [wide])
         raise CodegenError(f"primitive {fn!r} is not defined on {dt}", location=fn)
 
     def _float_mod(self, x: Val, y: Val) -> Val:

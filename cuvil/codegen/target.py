@@ -51,7 +51,7 @@ class Target:
 
     @property
     def library_suffix(self) -> str:
-        return ".wasm" if self.arch == "wasm32" else ".so"
+        return {"wasm32": ".wasm", "nvptx64": ".ptx"}.get(self.arch, ".so")
 
     def has(self, *features: str) -> bool:
         """Whether every one of ``features`` (names without the ``+``) is enabled."""

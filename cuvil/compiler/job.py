@@ -26,7 +26,7 @@ from cuvil.compiler.keys import (
     stable,
     toolchain_fingerprint,
 )
-from cuvil.errors import InputError
+from cuvil.errors import CodegenError, InputError
 from cuvil.frontend.dispatch import import_model
 from cuvil.frontend.onnx_import import declared_types
 from cuvil.frontend.onnx_node import SymbolicValueRequired
@@ -288,6 +288,8 @@ class CompileJob:
             extra["failsafe"] = self.guard.manifest()
         if cache_key is not None:
             extra["cache_key"] = cache_key
+        if self.target.arch == "nvptx64":
+            return self._build_cuda(optimized, out_dir, extra, provenance, shape_class)
         with stage("codegen"):
             artifact = build_library(optimized.main, optimized.constants, out_dir, name=self.name,
                                      opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra,
@@ -298,6 +300,20 @@ class CompileJob:
             logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
                          seconds)
         return artifact
+
+    def _build_cuda(self, optimized: Module, out_dir: Path, extra: dict[str, Any], provenance: dict[str, str],
+                    shape_class: ShapeClass | None) -> Artifact:
+        """The PTX module and launch plan (cuvil.codegen.gpu): static shapes, no fail-safe guard yet."""
+        from cuvil.codegen.gpu.artifact import build_cuda_module
+
+        if shape_class is not None or self.guard is not None:
+            raise CodegenError("a CUDA module is compiled at concrete shapes and without a fail-safe guard",
+                               location=optimized.main.name,
+                               hint="give the input shapes (--shape NAME=1x3x224x224) and drop --failsafe")
+        with stage("codegen (cuda)"):
+            return build_cuda_module(optimized.main, optimized.constants, out_dir, target=self.target,
+                                     name=self.name, opt_level=self.opt_level, extra_manifest=extra,
+                                     provenance=provenance)
 
     def _certificate(self, mark: int, optimized: Module, shape_class: ShapeClass | None) -> dict[str, Any]:
         """The gate's certificate for the applications since ``mark``, bound to the function compiled and

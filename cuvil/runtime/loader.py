@@ -274,8 +274,8 @@ class NativeLibrary:
 def open_library(library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
                  verify_hash: bool = True) -> NativeLibrary:
     """A library for this machine's architecture, mapped into the process; a wasm32-wasi module, run by
-    wasmtime in the process; one built for another architecture (``--target aarch64-linux-gnu``) runs
-    call by call under its emulator."""
+    wasmtime in the process; a CUDA module, run on GPU 0; one built for another architecture
+    (``--target aarch64-linux-gnu``) runs call by call under its emulator."""
     from cuvil.codegen.target import host_arch, normalize_arch
 
     m = dict(manifest) if manifest is not None else read_manifest(Path(library_path).resolve())
@@ -286,6 +286,10 @@ def open_library(library_path: str | Path, manifest: Mapping[str, Any] | None = 
         from cuvil.runtime.wasm import WasmLibrary
 
         return WasmLibrary(library_path, m, verify_hash=verify_hash)
+    if arch == "nvptx64":
+        from cuvil.runtime.cuda import CudaLibrary
+
+        return CudaLibrary(library_path, m, verify_hash=verify_hash)
     if arch != host_arch():
         from cuvil.runtime.emulated import EmulatedLibrary
 
