@@ -199,7 +199,7 @@ def load_certificate(path: Path) -> tuple[dict[str, Any], Path | None, dict[str,
     if not path.is_file():
         raise InputError(f"{path} does not exist", location=str(path),
                          hint="give a certificate (cuvil verify MODEL --json cert.json) or a compiled library")
-    if path.suffix == ".so":
+    if path.suffix in (".so", ".wasm", ".ptx"):  # a library of any target
         from cuvil.runtime.loader import read_manifest
 
         manifest = read_manifest(path)

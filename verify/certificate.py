@@ -128,10 +128,12 @@ class Verification:
     def rolled_back_at(self, index: int) -> bool:
         return any(r.get("application") == index for r in self.rollbacks)
 
-    def certificate(self, function_hash: str | None = None, shapes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def certificate(self, function_hash: str | None = None, shapes: Mapping[str, Any] | None = None,
+                    target: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The sealed certificate; ``function_hash``: the function it vouches for (a compiled
         library embeds it and the digest); ``shapes``: which shapes its proofs cover (a library's
-        static shapes, or its whole shape class)."""
+        static shapes, or its whole shape class); ``target``: the target the library was compiled
+        for and which tests back its code there."""
         apps = []
         for k, a in enumerate(self.applications):
             entry = a.to_json()
@@ -157,6 +159,7 @@ class Verification:
             "applications": apps,
             **({"function_hash": function_hash} if function_hash else {}),
             **({"shapes": dict(shapes)} if shapes else {}),
+            **({"target": dict(target)} if target else {}),
         })
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -101,6 +101,26 @@ WASM32_WASI = Target("wasm32-unknown-wasi", "generic", "+simd128")
 
 CROSS_TARGETS = {"aarch64": AARCH64_LINUX, "wasm32": WASM32_WASI}
 
+# What tests back the code of each target: the proofs are about CIR and hold for every target; the
+# code is a schedule of the rules, differential-tested per target against the interpreter.
+SCHEDULE_TESTS = {
+    "x86_64": "op catalogue (-O0/-O2/-O3), zoo, ONNX node suite and tuned-kernel tests, run natively "
+              "against the interpreter",
+    "aarch64": "op catalogue (-O0/-O2/-O3), zoo, ONNX node suite and C consumer programs, run under "
+               "qemu-aarch64 against the interpreter",
+    "wasm32": "op catalogue (-O0/-O2/-O3), zoo and ONNX node suite, run in wasmtime against the "
+              "interpreter; the bundled example in headless Chromium",
+    "nvptx64": "PTX of the op catalogue and the zoo assembled by ptxas for sm_75 and sm_90; not run "
+               "on a GPU by the test suite",
+}
+
+
+def certificate_target(target: Target) -> dict[str, str]:
+    """The target entry of a certificate: what the library is for and which tests back its code."""
+    return {**target.to_json(), "scope": "the proofs are about the CIR and hold on every target; the code "
+            "for this one is a schedule of the ops' rules", "tested_by": SCHEDULE_TESTS.get(target.arch, "none")}
+
+
 _active: contextvars.ContextVar[Target | None] = contextvars.ContextVar("cuvil_codegen_target", default=None)
 
 

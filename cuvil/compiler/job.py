@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.artifact import Artifact, build_library
 from cuvil.codegen.shape_class import ShapeClass
-from cuvil.codegen.target import Target
+from cuvil.codegen.target import Target, certificate_target
 from cuvil.compiler.keys import (
     CACHE_KEY_FORMAT,
     Unkeyable,
@@ -329,7 +329,7 @@ class CompileJob:
         else:
             shapes = {"scope": "static shapes", "inputs": {p.name: list(p.type.shape) for p in fn.params}}
         return report.certificate(function_hash=hashing.compiled_function_hash(fn, optimized.constants),
-                                  shapes=shapes)
+                                  shapes=shapes, target=certificate_target(self.target))
 
     def _usable(self, entry: Entry | None) -> TypeGuard[Entry]:
         """A cached artifact serves a verified request only if it carries a certificate."""

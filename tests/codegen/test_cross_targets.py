@@ -276,3 +276,30 @@ def test_small_zoo_model_on_the_target(name, target):
 @pytest.mark.parametrize("name", _zoo_names())
 def test_full_zoo_model_on_the_target(name, target):
     _zoo_on(target, name, small=False)
+
+
+# -- certificates ---------------------------------------------------------------------------------
+
+
+def _needs_ptxas():
+    from cuvil.codegen.gpu.ptx import ptxas_path
+
+    return pytest.mark.skipif(ptxas_path() is None, reason="no ptxas (the CUDA toolkit)")
+
+
+@pytest.mark.parametrize("target", [*TARGETS, pytest.param("cuda", id="cuda", marks=_needs_ptxas())])
+def test_gated_library_certificate_names_its_target_and_checks_out(tmp_path, capsys, target):
+    """compile --gate for the target; the certificate says which target and which tests back its code,
+    and cuvil verify --check-certificate accepts the library (its embedded provenance included)."""
+    import json
+
+    from bench.demo import EXAMPLE
+    from cuvil.cli import main
+
+    lib = tmp_path / f"libtiny{resolve_target(target).library_suffix}"
+    shape = ["--shape", "x=1x1x16x16"]
+    assert main(["compile", str(EXAMPLE), "--gate", "--no-cache", *shape, "-o", str(lib), "--target", target]) == 0
+    cert = json.loads((tmp_path / "tiny.json").read_text())["verification"]
+    assert cert["target"]["triple"] == resolve_target(target).triple and cert["target"]["tested_by"] != "none"
+    assert main(["verify", str(EXAMPLE), *shape, "--check-certificate", str(lib), "-q"]) == 0
+    capsys.readouterr()

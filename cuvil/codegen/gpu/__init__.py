@@ -1,0 +1,1 @@
+"""GPU code generation: PTX from the compute rules (``ptx``) and the CUDA artifact (``artifact``)."""
