@@ -44,7 +44,7 @@ def _nbytes(spec: TensorSpec) -> int:
 class CudaLibrary(NativeLibrary):
     """A CUDA module: checked like a native library, run on GPU 0."""
 
-    graph = False  # capture the launches once into a CUDA graph (set before the first call)
+    graph = False  # capture the launches once into a CUDA graph: ``cuvil.runtime.load(path, cuda_graph=True)``
 
     def _bind(self, path: Path, m: Mapping[str, Any]) -> None:
         """Check the constants file; the driver is opened at the first call (compiling needs no GPU)."""
@@ -71,7 +71,8 @@ class CudaLibrary(NativeLibrary):
         self._device = self._call_cu("cuDeviceGet", 0)
         self._ctx_handle = self._call_cu("cuDevicePrimaryCtxRetain", self._device)
         self._call_cu("cuCtxSetCurrent", self._ctx_handle)
-        self._module = self._call_cu("cuModuleLoadData", self.path.read_bytes() + b"\0")
+        image = np.frombuffer(self.path.read_bytes() + b"\0", np.uint8)  # kept alive across the call
+        self._module = self._call_cu("cuModuleLoadData", image.ctypes.data)
         self._functions = {k["kernel"]: self._call_cu("cuModuleGetFunction", self._module, k["kernel"].encode())
                            for k in plan["launches"]}
         self._stream = self._call_cu("cuStreamCreate", 0)

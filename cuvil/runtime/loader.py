@@ -315,8 +315,13 @@ class CompiledModel:
     """
 
     def __init__(self, library_path: str | Path, manifest: Mapping[str, Any] | None = None, *,
-                 verify_hash: bool = True, ir: IRProvider | None = None) -> None:
+                 verify_hash: bool = True, ir: IRProvider | None = None, cuda_graph: bool = False) -> None:
         lib = open_library(library_path, manifest, verify_hash=verify_hash)
+        if cuda_graph:
+            if not hasattr(lib, "graph"):
+                raise InputError("cuda_graph applies to a library compiled for CUDA", location=str(library_path),
+                                 hint="compile with target='cuda', or drop cuda_graph")
+            lib.graph = True  # type: ignore[attr-defined]
         self._setup(lib.signature, ir)
         self._variants[()] = lib
         self._last = lib
@@ -515,6 +520,7 @@ class CompiledModel:
             pass
 
 
-def load(library_path: str | Path, *, verify_hash: bool = True) -> CompiledModel:
-    """Load a compiled library with the manifest beside it."""
-    return CompiledModel(library_path, verify_hash=verify_hash)
+def load(library_path: str | Path, *, verify_hash: bool = True, cuda_graph: bool = False) -> CompiledModel:
+    """Load a compiled library with the manifest beside it (``cuda_graph``: a CUDA module's launches are
+    captured into one CUDA graph at the first call, so each call is one graph launch)."""
+    return CompiledModel(library_path, verify_hash=verify_hash, cuda_graph=cuda_graph)

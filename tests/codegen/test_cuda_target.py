@@ -151,3 +151,16 @@ def test_small_zoo_model_assembles(name):
 @pytest.mark.parametrize("name", _zoo_names())
 def test_full_zoo_model_assembles(name):
     _zoo_ptx(name, small=False)
+
+
+@needs_ptxas
+def test_cuda_graph_is_an_option_of_cuda_libraries_only(tmp_path):
+    from cuvil.errors import InputError
+
+    m = _mlp()
+    cuda = compile(m, target="cuda", output_dir=tmp_path / "cuda")
+    assert load(cuda.library_path, cuda_graph=True)._last.graph is True
+    assert load(cuda.library_path)._last.graph is False
+    native = compile(m, output_dir=tmp_path / "native")
+    with pytest.raises(InputError, match="cuda_graph applies to a library compiled for CUDA"):
+        load(native.library_path, cuda_graph=True)

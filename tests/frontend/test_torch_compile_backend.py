@@ -42,7 +42,7 @@ def _fresh_dynamo():  # type: ignore[no-untyped-def]
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", ["mlp", "resnet18", "bert"])
+@pytest.mark.parametrize("name", sorted(n for n, m in ZOO_SMALL.items() if m.has_torch_reference))
 def test_zoo_models_match_eager(name: str) -> None:
     entry = ZOO_SMALL[name]
     model = entry.build().eval()
@@ -55,16 +55,23 @@ def test_zoo_models_match_eager(name: str) -> None:
     assert backend.graphs and all(g.compiled for g in backend.graphs)  # Cuvil ran, not a fallback
 
 
-def test_a_tiny_hugging_face_model_matches_eager() -> None:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig(
-        vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=32, attn_implementation="eager")).eval()
-    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
-    compiled = torch.compile(model, backend=_Graphs(cache=False))
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5", "vit"])
+def test_tiny_hugging_face_models_match_eager(name: str) -> None:
+    """The tiny models of test_hf_models (built from configs, eager attention), every output leaf."""
+    pytest.importorskip("transformers")
+    from tests.frontend.test_hf_models import _build
+
+    model, inputs = _build(name)
+    backend = _Graphs(cache=False)
+    compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
-        _close(compiled(ids).last_hidden_state, model(ids).last_hidden_state)
+        got, want = compiled(**inputs), model(**inputs)
+    leaves = [(g, w) for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want),
+                                     strict=True) if isinstance(w, torch.Tensor)]
+    assert leaves
+    for g, w in leaves:
+        _close(g, w)
+    assert backend.graphs and all(g.compiled for g in backend.graphs)
 
 
 def test_the_backend_is_found_by_name() -> None:
