@@ -12,6 +12,7 @@ NVIDIA driver; without them loading fails with a CodegenError that says so.
 from __future__ import annotations
 
 import ctypes
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,8 @@ from cuvil.runtime.loader import NativeLibrary
 
 
 def _driver() -> Any:
-    try:
-        from cuda.bindings import driver  # pyright: ignore[reportAttributeAccessIssue]
+    try:  # an optional package (not needed to compile): imported by name
+        driver = importlib.import_module("cuda.bindings.driver")
     except ImportError:
         raise CodegenError("running a CUDA module needs the cuda-bindings package", location="target",
                            hint="pip install cuda-bindings (and an NVIDIA driver), or run the PTX elsewhere") from None
