@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -38,23 +39,27 @@ def target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
                                    reloc="pic", codemodel="default")
 
 
+_HALF_TYPES = re.compile(r"\b(half|bfloat)\b")
+
+
 def optimize(module: ir.Module, tm: llvm.TargetMachine, opt_level: int) -> llvm.ModuleRef:
     """Parse and verify the module, then run the standard -O<opt_level> pipeline on it."""
     init_llvm()
     module.triple = tm.triple
     module.data_layout = str(tm.target_data)
+    text = str(module)
     try:
-        mod = llvm.parse_assembly(str(module))
+        mod = llvm.parse_assembly(text)
         mod.verify()
     except RuntimeError as e:
         raise CodegenError(f"the generated LLVM IR is malformed: {e}", location=module.name,
                            hint="this is a bug in the code generator") from None
     if opt_level > 0:
         pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
-        # Not for wasm32: LLVM 22's WebAssembly backend turns vectorized f16 conversions into invalid
-        # modules (an i64.load16_u passed where i32 is expected) and spends minutes on some vectorized
-        # element-wise loops; the tuned kernels there are written with SIMD128 vectors themselves.
-        vectorize = opt_level >= 2 and not tm.triple.startswith("wasm32")
+        # Not for a wasm32 module with half-precision values: LLVM 22's WebAssembly backend turns
+        # vectorized f16 conversions into invalid modules (an i64.load16_u passed where i32 is expected)
+        # and spends minutes on vectorized element-wise loops over them.
+        vectorize = opt_level >= 2 and not (tm.triple.startswith("wasm32") and _HALF_TYPES.search(text))
         pto.loop_vectorization = vectorize
         pto.slp_vectorization = vectorize
         pto.loop_unrolling = opt_level >= 2
