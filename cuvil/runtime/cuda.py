@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from cuvil.codegen import abi
-from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.manifest import file_sha256
 from cuvil.errors import CodegenError, RuntimeEvalError
 from cuvil.runtime.loader import NativeLibrary
@@ -33,13 +32,6 @@ def _driver() -> Any:
         raise CodegenError("running a CUDA module needs the cuda-bindings package", location="target",
                            hint="pip install cuda-bindings (and an NVIDIA driver), or run the PTX elsewhere") from None
     return driver
-
-
-def _nbytes(spec: TensorSpec) -> int:
-    n = spec.dtype.np.itemsize
-    for d in spec.shape:
-        n *= int(d)  # a CUDA module has static shapes
-    return n
 
 
 class CudaLibrary(NativeLibrary):
@@ -82,8 +74,8 @@ class CudaLibrary(NativeLibrary):
         self._const = {h: self._upload(a) for h, a in load_file(str(self._consts_path)).items() if h != "none"}
         self._arena = self._alloc(max(int(self.manifest["arena_bytes"]), 1))
         self._err = self._alloc(4)
-        self._in = [self._alloc(max(_nbytes(s), 1)) for s in self.inputs]
-        self._out = [self._alloc(max(_nbytes(s), 1)) for s in self.outputs]
+        self._in = [self._alloc(max(s.nbytes, 1)) for s in self.inputs]
+        self._out = [self._alloc(max(s.nbytes, 1)) for s in self.outputs]
         self._graph_exec: Any = None
         self._loaded = True
 
@@ -119,7 +111,7 @@ class CudaLibrary(NativeLibrary):
             self._call_cu("cuLaunchKernel", self._functions[launch["kernel"]], launch["grid"], 1, 1,
                           launch["block"], 1, 1, 0, self._stream, params, 0)
         for (kind, index), r in self.manifest["cuda"]["copies"]:  # outputs that are an input or a constant
-            nbytes = _nbytes(self.outputs[r])
+            nbytes = self.outputs[r].nbytes
             if nbytes:
                 self._call_cu("cuMemcpyDtoDAsync", self._out[r], self._buffer((kind, index)), nbytes, self._stream)
 

@@ -3,8 +3,8 @@
 //
 // `spec` is what the library's manifest says (see cuvil/runtime/web_page.py): the entry symbols, and
 // for each input and output its name, dtype, dtype code and static shape. Inputs are typed arrays
-// (Float32Array for f32, BigInt64Array for i64, ...); outputs come back as fresh typed arrays. The
-// module gets no WASI capabilities: any WASI call it makes answers ENOSYS.
+// (Float32Array for f32, BigInt64Array for i64, ...: `CuvilWasm.ARRAYS[dtype]`); outputs come back as
+// fresh typed arrays. The module gets no WASI capabilities: any WASI call it makes answers ENOSYS.
 (function (root) {
   "use strict";
   const ARRAYS = {
@@ -78,5 +78,5 @@
     };
   }
 
-  root.CuvilWasm = { load };
+  root.CuvilWasm = { load, ARRAYS };
 })(typeof globalThis !== "undefined" ? globalThis : this);

@@ -41,10 +41,7 @@ pre {{ background: #f3f5f8; padding: 1em; white-space: pre-wrap; }} .error {{ co
   try {{
     const b64 = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
     const spec = {spec};
-    const ARR = {{f32: Float32Array, f64: Float64Array, i32: Int32Array, i64: BigInt64Array, u8: Uint8Array,
-                 i8: Int8Array, i16: Int16Array, u16: Uint16Array, u32: Uint32Array, u64: BigUint64Array,
-                 bool: Uint8Array}};
-    const inputs = {inputs}.map((s, k) => new ARR[spec.inputs[k].dtype](b64(s).buffer));
+    const inputs = {inputs}.map((s, k) => new CuvilWasm.ARRAYS[spec.inputs[k].dtype](b64(s).buffer));
     const model = await CuvilWasm.load(b64("{module}"), spec);
     const outputs = model.run(inputs);
     const plain = outputs.map((a) => Array.from(a, (v) => typeof v === "bigint" ? Number(v) : v));
