@@ -46,6 +46,7 @@ from verify.probe import interval as I
 from verify.probe.interval import Interval
 from verify.probe.norms import RowNorms
 from verify.probe.program import SiteSpec
+from verify.probe.windows import WindowNorms
 
 GRID_BUDGET = 1 << 22
 """Largest evaluation grid (output elements x reduced terms) one block of a rule may use."""
@@ -713,6 +714,9 @@ class BoundsEngine:
         self.fixed: dict[Value, np.ndarray] = {}
         self.contexts: dict[Value, OpContext] = {}
         self.sigmas: dict[str, tuple[float, float]] = {}  # spectral norms of constant matrices (row norms)
+        self.conv_sigmas: dict[Any, tuple[float, float]] = {}  # operator norms of convolutions (window norms)
+        self.norm_units = 0.0
+        """Work units of the operator norms computed and not yet charged (:meth:`take_norm_units`)."""
 
     def context(self, v: Value) -> OpContext:
         ctx = self.contexts.get(v)
@@ -759,6 +763,7 @@ class BoundsEngine:
         values: dict[Value, Interval] = {}
         ops: dict[Value, OpBounds] = {}
         norms = RowNorms(self.constant_value, self.live, self.sigmas)
+        windows = WindowNorms(self.constant_value, self.live, self.conv_sigmas)
         for v in self.values:
             if v.is_param:
                 lo, hi = boxes[v.name]
@@ -777,6 +782,7 @@ class BoundsEngine:
             ob = op_bounds(ctx, operands, constant, tighten=self.tighten)
             if self.tighten:
                 ob = norm_facts(v, value_facts(v, ob, values), values, norms)
+                ob = window_facts(v, ob, values, windows)
             ops[v] = ob
             seen = ob.value.clamp_finite(v.dtype)
             if pinned is not None and v in pinned:
@@ -784,7 +790,13 @@ class BoundsEngine:
             values[v] = seen
             if stop is not None and stop(v, ob):
                 break
+        self.norm_units += windows.units
         return Bounds(values, ops)
+
+    def take_norm_units(self) -> float:
+        """The operator norms' work since the last call (charged by the caller that owns the budget)."""
+        units, self.norm_units = self.norm_units, 0.0
+        return units
 
 
 def value_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval]) -> OpBounds:
@@ -811,7 +823,21 @@ def _within(ob: OpBounds, lo: float, hi: float) -> OpBounds:
 
 def norm_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval], norms: RowNorms) -> OpBounds:
     """Cauchy–Schwarz and convex combinations at a product of two values (:mod:`.norms`)."""
-    found = norms.product_bound(v, values)
+    return _magnitude_fact(ob, norms.product_bound(v, values))
+
+
+def window_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval], windows: WindowNorms) -> OpBounds:
+    """Receptive-field norms through convolutions (:mod:`.windows`); the method says when they are tighter."""
+    found = windows.element_bound(v, values)
+    if found is None:
+        return ob
+    out = _magnitude_fact(ob, found)
+    tighter = float(np.max(out.value.magnitude(), initial=0.0)) < float(np.max(ob.value.magnitude(), initial=0.0))
+    return OpBounds(out.value, out.records, "windows") if tighter else out
+
+
+def _magnitude_fact(ob: OpBounds, found: tuple[np.ndarray, np.ndarray] | None) -> OpBounds:
+    """``ob`` intersected with ``|v| <= before`` before its rounding (the record) and ``<= after`` after."""
     if found is None:
         return ob
     before, after = found

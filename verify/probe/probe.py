@@ -187,6 +187,7 @@ class Analysis:
         """One interval pass at box ``scale``, charged to ``budget``; every site it evaluates is noted."""
         budget.charge(self.pass_units)
         b = self.engine.run(boxes, **kw)
+        budget.charge(self.engine.take_norm_units())
         for v, ob in b.ops.items():
             if ob.records and ob.safe:
                 self.proved_at.setdefault(v, set()).add(scale)
@@ -334,7 +335,7 @@ def _site_result(v: Value, ob: OpBounds, program: Program, ssa: Mapping[Value, s
         value=v, name=ssa.get(v, "?"), op=v.op, dtype=str(v.dtype), origin=origin, verdict=verdict,
         rule=rec.spec.rule, component="result" if rec.node == 0 else rec.label,
         bound_lo=rec.lo, bound_hi=rec.hi, allowed_lo=rec.spec.lo, allowed_hi=rec.spec.hi, may_nan=rec.nan,
-        method="linear" if v in refined else ("bilinear" if ob.method == "bilinear" else "interval"),
+        method="linear" if v in refined else (ob.method if ob.method in ("bilinear", "windows") else "interval"),
         index=rec.worst, witness=witness, witness_value=best.get((v, rec.node)), unsafe_components=unsafe,
         witness_method=witnesses[witness].method if witness is not None and witnesses else None,
         z3=(outcomes or {}).get((v, rec.node)))

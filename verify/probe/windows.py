@@ -1,0 +1,384 @@
+"""Window norms: bounds through convolutional networks that per-element intervals lose with depth.
+
+An interval bounds a convolution's output by ``Σ|w|·max|x|``, as if every input of the receptive field
+could take its extreme sign at once; through a ResNet that grows about 6.5x per convolution, while the
+values themselves stay near 10. The ℓ2 norm of a value over a spatial window (all channels of one
+sample) travels much better (:class:`WindowNorms`):
+
+* a convolution maps its input's norm over the window it reads to its output's norm over the window by
+  at most its operator norm ``σ(W)``: a zero-padded, strided, dilated convolution is a restriction of
+  the stride-1 circular convolution on a torus that holds the padded input, whose norm is the largest
+  singular value of its symbol ``K̂(ω)`` over the torus' frequencies (:func:`conv_sigma`); the float
+  program's accumulation adds ``γ_{n+1}·σ(|W|)``;
+* an output element of a convolution is at most ``‖w_o‖₂`` times its receptive field's norm
+  (Cauchy–Schwarz), which is what proves a site;
+* a ReLU and a cast never grow a norm beyond their rounding; a sum adds its operands' norms; a product by
+  a constant scales by its largest magnitude; a max pool multiplies by at most ``√(windows per input)``;
+* anything else, and always as a second bound: the norm of its interval magnitudes over the window.
+
+Only a site's receptive field matters, so the input enters with ``√(elements in the window)`` times its
+box, not the whole image's. Every factor accounts for the float program's own rounding, and the bound
+arithmetic rounds up, so the facts hold for the values the program computes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from cuvil.ir.dtypes import DType
+from cuvil.ir.ops.nn import window_params
+from cuvil.ir.values import Value
+from verify.probe import interval as I
+from verify.probe.interval import Interval
+
+SLACK = 1.0 + 2.0 ** -40
+"""The float64 rounding of one step of the bounds' own arithmetic."""
+
+EPS64 = 2.0 ** -53
+
+CHUNK = 1 << 22
+"""Complex entries of a convolution's Gram matrices formed at once (64 MiB)."""
+
+NORM_FACTOR = 0.7
+"""Work units per million multiply-adds of an operator norm (the Gram sums and the eigensolver's n³ per
+frequency): charged once per convolution and engine, whether or not the process computed it before."""
+
+CACHE_SIZE = 512
+
+Window = tuple[int, ...]
+
+_cache: dict[Any, tuple[float, float]] = {}
+"""Operator norms by weight content, torus, dilations and groups: a probe and an FP16 plan build many
+engines over the same weights."""
+
+
+def _gamma(k: int, u: float) -> float:
+    return k * u / (1.0 - k * u)
+
+
+def _u(dtype: DType) -> float:
+    return I.unit_roundoff(dtype) if dtype.is_float else 0.0
+
+
+def _acc(dtype: DType) -> DType:
+    """The type a convolution of ``dtype`` operands accumulates in (halves in float32)."""
+    return DType.f32 if dtype in (DType.f16, DType.bf16) else dtype
+
+
+def _shape(v: Value) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.shape)
+
+
+# --------------------------------------------------------------------------------------
+# operator norms
+
+
+def conv_sigma(w: np.ndarray, torus: tuple[int, ...], dilations: tuple[int, ...], groups: int,
+               strides: tuple[int, ...] | None = None) -> float:
+    """An upper bound on the ℓ2 operator norm of the circular convolution by ``w`` ([O, C/groups, *k]) on
+    a torus of extents ``torus``, keeping every ``strides``-th output (the torus must be a multiple of the
+    strides): the square root of the largest eigenvalue of its symbol's Gram matrix ``G(ω) = Σ_δ A_δ e^{iω·δ}``
+    over the torus' frequencies (per group), where ``A_δ`` sums the products of the taps ``δ`` apart. Keeping
+    every ``s``-th output keeps the output-side ``A_δ`` with ``s | δ``, on the torus ``s`` times smaller. The
+    float64 error of forming ``G`` and of the eigensolver is added."""
+    w = np.asarray(w, dtype=np.float64)
+    co, cg = int(w.shape[0]), int(w.shape[1])
+    ks = [int(k) for k in w.shape[2:]]
+    strides = tuple(strides or (1,) * len(ks))
+    if len(ks) == 1:  # one spatial axis: a second of extent 1
+        w, ks, torus, dilations, strides = w[..., None], [ks[0], 1], (torus[0], 1), (dilations[0], 1), \
+            (strides[0], 1)
+    if len(ks) != 2 or co % groups or any(t % s for t, s in zip(torus, strides, strict=True)):
+        raise ValueError("conv_sigma takes 1-d and 2-d convolutions on a torus that is a multiple of the strides")
+    cog = co // groups
+    g = w.reshape(groups, cog, cg, ks[0], ks[1])
+    strided = strides != (1, 1)
+    left = cg <= cog and not strided  # the Gram on the smaller side: SᴴS (C×C) or SSᴴ (O×O)
+    taps = [((a * dilations[0], b * dilations[1]), g[..., a, b]) for a in range(ks[0]) for b in range(ks[1])]
+    corr: dict[tuple[int, int], np.ndarray] = {}
+    for p, mp in taps:
+        for q, mq in taps:
+            delta = (p[0] - q[0], p[1] - q[1]) if left else (q[0] - p[0], q[1] - p[1])
+            if delta[0] % strides[0] or delta[1] % strides[1]:
+                continue
+            prod = np.swapaxes(mp, 1, 2) @ mq if left else mp @ np.swapaxes(mq, 1, 2)
+            corr[delta] = corr[delta] + prod if delta in corr else prod
+    deltas = sorted(corr)
+    stack = np.stack([corr[d] for d in deltas])  # [δ, g, n, n]
+    side = stack.shape[-1]
+    t1, t2 = (torus[0] // strides[0], torus[1] // strides[1]) if deltas != [(0, 0)] else (1, 1)  # 1x1: one G
+    f1, f2 = np.meshgrid(np.arange(t1), np.arange(t2 // 2 + 1), indexing="ij")  # G(-ω) is G(ω) conjugated
+    omega = np.stack([2 * np.pi * f1.reshape(-1) / t1, 2 * np.pi * f2.reshape(-1) / t2], axis=1)
+    steps = np.asarray(deltas, dtype=np.float64) / np.asarray(strides, dtype=np.float64)
+    phase = np.exp(1j * (omega @ steps.T))  # [ω, δ]
+    rows = max(1, CHUNK // max(1, groups * side * side))
+    lam = 0.0
+    for start in range(0, len(omega), rows):
+        gram = np.tensordot(phase[start:start + rows], stack, axes=([1], [0]))  # [ω, g, n, n]
+        lam = max(lam, float(np.max(np.linalg.eigvalsh(gram))))
+    # forming G: each entry within 2γ_m of (BᵀB) (B = Σ_k|w_k|, m terms); eigvalsh: within 1e-10·‖G‖
+    b = np.sum(np.abs(g), axis=(3, 4))
+    m = len(taps) * (cg if left else cog) + len(deltas) + 8
+    err = 2 * _gamma(m, EPS64) * float(np.max(np.sum(b * b, axis=(1, 2))))
+    size = float(np.max(np.sqrt(np.sum(np.sum(np.abs(stack), axis=0) ** 2, axis=(1, 2)))))
+    return math.sqrt(max(lam, 0.0) + err + 1e-10 * size) * (1 + 1e-12)
+
+
+def sigma_units(shape: tuple[int, ...], torus: tuple[int, ...], groups: int, strides: tuple[int, ...]) -> float:
+    """Work units of :func:`conv_sigma` for a weight of ``shape`` on ``torus``, read from the shapes alone."""
+    co, cg = int(shape[0]), int(shape[1])
+    taps = math.prod(int(k) for k in shape[2:])
+    strided = any(st > 1 for st in strides)
+    side, other = (co // groups, cg) if strided else (min(co // groups, cg), max(co // groups, cg))
+    coarse = [int(t) // st for t, st in zip(torus, strides, strict=True)]
+    freqs = 1 if taps == 1 else math.prod(coarse[:-1]) * (coarse[-1] // 2 + 1)
+    work = groups * (taps * taps * side * side * other + freqs * side ** 3)
+    return NORM_FACTOR * work / 1e6
+
+
+def abs_sigma(w: np.ndarray, groups: int) -> float:
+    """An upper bound on the operator norm of the convolution by ``|w|``: the largest singular value of
+    ``Σ_k |w|`` per group (the symbol of a nonnegative kernel is largest, entrywise, at frequency 0)."""
+    a = np.sum(np.abs(np.asarray(w, dtype=np.float64)).reshape(w.shape[0], w.shape[1], -1), axis=2)
+    co = a.shape[0]
+    blocks = a.reshape(groups, co // groups, a.shape[1])
+    return max(float(np.linalg.norm(b, 2)) for b in blocks) * (1 + 1e-9)
+
+
+# --------------------------------------------------------------------------------------
+# windows of one pass
+
+
+class WindowNorms:
+    """Window-norm bounds of one interval pass over NC* values (``values``: the intervals so far)."""
+
+    def __init__(self, constant_value: Callable[[Value], np.ndarray], live: set[Value],
+                 sigmas: dict[Any, tuple[float, float]]) -> None:
+        self.constant_value = constant_value
+        self.live = live
+        self.sigmas = sigmas  # per (weight, torus, dilations, groups): (σ(W), σ(|W|)), shared across passes
+        self.memo: dict[tuple[Value, Window], float | None] = {}
+        self.squares: dict[Value, np.ndarray | None] = {}  # per value: Σ over channels of its magnitudes²
+        self.constant_squares: dict[tuple[Value, tuple[int, ...]], np.ndarray] = {}  # per constant and shape
+        self.parts: dict[Value, tuple[Value, np.ndarray, list[int], list[int], list[int], int] | None] = {}
+        self.units = 0.0
+        """Work units of the operator norms this pass needed first (see :data:`NORM_FACTOR`)."""
+
+    # -- the norm of a value over a window ---------------------------------------------------------------
+    def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """A bound on the ℓ2 norm of ``v`` over any ``win`` spatial window (all channels of one sample)."""
+        shape = _shape(v)
+        if len(shape) < 3 or len(win) != len(shape) - 2:
+            return None
+        win = tuple(max(1, min(int(a), n)) for a, n in zip(win, shape[2:], strict=True))
+        key = (v, win)
+        if key not in self.memo:
+            self.memo[key] = None  # SSA has no cycles; keep recursion honest anyway
+            ruled = self._rule(v, win, values) if v in self.live and not v.is_param else None
+            plain = self._interval_window(v, win, values)
+            found = [b for b in (ruled, plain) if b is not None and math.isfinite(b)]
+            self.memo[key] = min(found) if found else None
+        return self.memo[key]
+
+    def _rule(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        op = v.op
+        if op == "conv":
+            return self._conv(v, win, values)
+        if op == "relu":
+            return self.window(v.operands[0], win, values)
+        if op == "cast" and v.dtype.is_float and v.operands[0].dtype.is_float:
+            inner = self.window(v.operands[0], win, values)
+            return None if inner is None else inner * (1 + _u(v.dtype)) * SLACK
+        if op in ("add", "sub"):
+            total = 0.0
+            for o in v.operands:
+                part = self._operand(o, v, win, values)
+                if part is None:
+                    return None
+                total += part
+            return total * (1 + _u(v.dtype)) * SLACK
+        if op == "mul":
+            return self._scaled(v, win, values)
+        if op == "max_pool":
+            return self._max_pool(v, win, values)
+        return None
+
+    def _operand(self, o: Value, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """An operand's norm over ``v``'s window: the value itself, or a constant broadcast to ``v``."""
+        if o not in self.live:
+            key = (o, _shape(v))
+            if key not in self.constant_squares:
+                data = np.broadcast_to(np.abs(np.asarray(self.constant_value(o), dtype=np.float64)), _shape(v))
+                self.constant_squares[key] = _channel_squares(data)
+            return _max_window(self.constant_squares[key], win)
+        if _shape(o) != _shape(v):
+            return None
+        return self.window(o, win, values)
+
+    def _scaled(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        a, c = v.operands
+        if c in self.live:
+            a, c = c, a
+        if c in self.live or _shape(a) != _shape(v):
+            return None
+        factor = float(np.max(np.abs(np.asarray(self.constant_value(c), dtype=np.float64)), initial=0.0))
+        inner = self.window(a, win, values)
+        if inner is None or not math.isfinite(factor):
+            return None
+        return inner * factor * (1 + _u(v.dtype)) * SLACK
+
+    def _max_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """Each output is one element of its window, so its square is at most the window's sum of squares;
+        an input lies in at most ``min(k, ceil(((k-1)d+1)/s))`` windows per axis."""
+        if v.attr("output") not in (None, "values") or v.attr("ceil_mode"):
+            return None  # (a ceil-mode window may hang past the padding and read -inf alone)
+        x = v.operands[0]
+        nsp = len(_shape(x)) - 2
+        ks = [int(k) for k in v.attr("kernel")]
+        s, pb, pe, d = window_params(nsp, v.attr("strides") or (), v.attr("pads") or (), v.attr("dilations") or ())
+        if any(p < 0 or p >= (k - 1) * dj + 1 for p, k, dj in zip([*pb, *pe], ks + ks, d + d, strict=True)):
+            return None  # a window of padding alone
+        span = [(k - 1) * dj + 1 for k, dj in zip(ks, d, strict=True)]
+        inner = self.window(x, tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True)), values)
+        if inner is None:
+            return None
+        overlap = math.prod(min(k, -(-sp // sj)) for k, sp, sj in zip(ks, span, s, strict=True))
+        return inner * math.sqrt(overlap) * SLACK * SLACK
+
+    def _interval_window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """The norm of ``v``'s interval magnitudes over the worst window (None where not finite)."""
+        if v not in self.squares:
+            iv = values.get(v)
+            if iv is None:
+                return None  # (not yet bounded: v's own pass)
+            mag = np.broadcast_to(iv.magnitude(), _shape(v))
+            ok = not bool(np.any(iv.nan)) and bool(np.all(np.isfinite(mag)))
+            self.squares[v] = _channel_squares(mag) if ok else None
+        sq = self.squares[v]
+        return None if sq is None else _max_window(sq, win)
+
+    # -- convolutions --------------------------------------------------------------------------------------
+    def _conv_parts(self, v: Value) -> tuple[Value, np.ndarray, list[int], list[int], list[int], int] | None:
+        """x, the weight in float64, strides, leading pads, dilations and groups (None: not a window op)."""
+        if v not in self.parts:
+            self.parts[v] = self._read_conv(v)
+        return self.parts[v]
+
+    def _read_conv(self, v: Value) -> tuple[Value, np.ndarray, list[int], list[int], list[int], int] | None:
+        x, w = v.operands
+        if w in self.live or x not in self.live or len(_shape(x)) not in (3, 4):
+            return None
+        nsp = len(_shape(x)) - 2
+        s, pb, _, d = window_params(nsp, v.attr("strides") or (), v.attr("pads") or (), v.attr("dilations") or ())
+        if any(p < 0 for p in pb):
+            return None
+        return x, np.asarray(self.constant_value(w), dtype=np.float64), s, pb, d, int(v.attr("groups") or 1)
+
+    def _sigma(self, v: Value) -> tuple[float, float] | None:
+        parts = self._conv_parts(v)
+        if parts is None:
+            return None
+        x, w, s, pb, d, groups = parts
+        ks = w.shape[2:]
+        out = _shape(v)[2:]
+        # the torus holds the padded input and every window the outputs read, so nothing wraps; a multiple of
+        # the strides, so the outputs kept are a subsampled torus
+        torus = tuple(-(-max(p + n, (o - 1) * sj + (k - 1) * dj + 1) // sj) * sj
+                      for p, n, o, sj, k, dj in zip(pb, _shape(x)[2:], out, s, ks, d, strict=True))
+        w_const = v.operands[1]
+        key = (w_const.const_hash if w_const.is_const else id(w_const), torus, tuple(d), groups, tuple(s))
+        hit = self.sigmas.get(key)
+        if hit is None:
+            shared = w_const.is_const and bool(w_const.const_hash)
+            hit = _cache.get(key) if shared else None
+            if hit is None:
+                hit = (conv_sigma(w, torus, tuple(d), groups, tuple(s)), abs_sigma(w, groups))
+                if shared:
+                    if len(_cache) >= CACHE_SIZE:
+                        _cache.clear()
+                    _cache[key] = hit
+            self.sigmas[key] = hit
+            self.units += sigma_units(w.shape, torus, groups, tuple(s))
+        return hit
+
+    def _conv(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        parts = self._conv_parts(v)
+        sig = self._sigma(v)
+        if parts is None or sig is None:
+            return None
+        x, w, s, _, d, _ = parts
+        span = [(int(k) - 1) * dj + 1 for k, dj in zip(w.shape[2:], d, strict=True)]
+        inner = self.window(x, tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True)), values)
+        if inner is None:
+            return None
+        n = math.prod(int(k) for k in w.shape[1:])
+        acc = _acc(x.dtype)
+        sigma, sigma_abs = sig
+        tiny = n * I.smallest_subnormal(acc) * math.sqrt(_cells(v, win))
+        return (inner * (sigma + _gamma(n + 1, _u(acc)) * sigma_abs) + tiny) * (1 + _u(v.dtype)) * SLACK
+
+    # -- facts per element -----------------------------------------------------------------------------------
+    def element_bound(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+        """A bound on ``|v|`` per element before its rounding into ``v``'s type, and after."""
+        shape = _shape(v)
+        if len(shape) < 3 or v not in self.live or v.is_param or not v.dtype.is_float:
+            return None
+        if v.op == "conv":
+            return self._conv_elements(v, values)
+        if v.op in ("add", "sub", "relu", "max_pool", "cast", "mul"):
+            bound = self.window(v, (1,) * (len(shape) - 2), values)
+            if bound is None:
+                return None
+            arr = np.full((1,) * len(shape), bound)
+            return arr, arr
+        return None
+
+    def _conv_elements(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+        """``|y_o| <= ‖w_o‖₂·‖x over the receptive field‖₂`` (Cauchy–Schwarz, for the exact products and for
+        the rounding's ``Σ|w||x|`` alike)."""
+        parts = self._conv_parts(v)
+        if parts is None:
+            return None
+        x, w, _, _, d, _ = parts
+        span = tuple((int(k) - 1) * dj + 1 for k, dj in zip(w.shape[2:], d, strict=True))
+        field = self.window(x, span, values)
+        if field is None:
+            return None
+        n = math.prod(int(k) for k in w.shape[1:])
+        acc = _acc(x.dtype)
+        rows = np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) * SLACK
+        before = (rows * field * (1 + _gamma(n + 1, _u(acc))) + n * I.smallest_subnormal(acc)) * SLACK
+        after = (before * (1 + _u(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
+        shape = (1, w.shape[0]) + (1,) * (len(_shape(v)) - 2)
+        return before.reshape(shape), after.reshape(shape)
+
+
+def _cells(v: Value, win: Window) -> int:
+    """Elements of ``v`` in one window of one sample (all channels)."""
+    shape = _shape(v)
+    return shape[1] * math.prod(min(a, n) for a, n in zip(win, shape[2:], strict=True))
+
+
+def _channel_squares(mag: np.ndarray) -> np.ndarray:
+    """``Σ_c mag²`` per sample and position, rounded up (``[N, *spatial]``)."""
+    sq = np.sum(np.asarray(mag, dtype=np.float64) ** 2, axis=1)
+    return sq * (1 + _gamma(mag.shape[1] + 2, EPS64))
+
+
+def _max_window(sq: np.ndarray, win: Window) -> float:
+    """``max`` over samples and windows of ``sqrt`` of the window's sum of ``sq``, rounded up.
+
+    Window sums come from prefix sums: each prefix of nonnegative terms is within ``γ_n`` of its exact
+    value, so the difference of two plus ``γ_n`` times their sum bounds the window's exact sum."""
+    for j, a in enumerate(win):
+        ax = 1 + j
+        n = sq.shape[ax]
+        pre = np.cumsum(sq, axis=ax)
+        pre = np.concatenate([np.zeros_like(np.take(pre, [0], axis=ax)), pre], axis=ax)
+        hi, lo = np.take(pre, np.arange(a, n + 1), axis=ax), np.take(pre, np.arange(0, n - a + 1), axis=ax)
+        sq = (hi - lo + _gamma(n + 2, EPS64) * (hi + lo)) * (1 + 4 * EPS64)
+    return math.sqrt(float(np.max(sq, initial=0.0))) * SLACK
