@@ -118,6 +118,17 @@ def converters() -> dict[tuple[str, str], ConverterEntry]:
     return CONVERTERS
 
 
+HALF = (DType.f16, DType.bf16)
+
+
+def in_f32(b: Builder, x: Value, compute: Callable[[Value], Value]) -> Value:
+    """``compute(x)``, with a float16/bfloat16 ``x`` widened to f32 and the result rounded once, as ONNX
+    Runtime runs its reductions and normalizations (a half sum of squares overflows long before its norm)."""
+    if x.dtype not in HALF:
+        return compute(x)
+    return b.cast(compute(b.cast(x, to=DType.f32)), to=x.dtype)
+
+
 class StaticInputRequired(UnsupportedOpError):
     """A converter needs the value of a graph input (e.g. a Reshape shape fed as input)."""
 

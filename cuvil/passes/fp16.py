@@ -70,7 +70,7 @@ def narrow_function(fn: Function, b: Builder, dtype: DType = DType.f16, keep_ops
     a constant operand does not fit ``dtype``, or the op is not defined on ``dtype``. Values cross
     between the two types through casts inserted where first needed; the signature stays float32."""
     keep_ops = frozenset(keep_ops)
-    keep_set = frozenset(keep_values)
+    keep_set = frozenset(keep_values) | declared_wide(fn)
     limit = float(dtype.max_value)
     low: dict[Value, Value] = {}  # value -> its narrow version, where it is narrow now
     full: dict[Value, Value] = {}  # value -> its version in the original dtype
@@ -120,6 +120,27 @@ def narrow_function(fn: Function, b: Builder, dtype: DType = DType.f16, keep_ops
             kept.add(v)
     results = tuple(full[r] if r in full else as_wide(r) for r in fn.results)
     return Narrowed(Function(fn.name, fn.params, results, fn.result_names, fn.constraints), origin, frozenset(kept))
+
+
+def declared_wide(fn: Function) -> frozenset[Value]:
+    """The float32 values a model computes on purpose from narrower floats: a cast widening a
+    float16/bfloat16 value, and every float32 op whose float operands are such values or constants (the
+    islands importers write where ONNX Runtime reduces or normalizes halves in float32). Narrowing them
+    would probe and build a program the model does not describe."""
+    out: set[Value] = set()
+    for v in fn.values():
+        if v.is_param or v.is_const or v.dtype is not DType.f32:
+            continue
+        if v.op == "cast":
+            src = v.operands[0].dtype
+            if src in (DType.f16, DType.bf16) or v.operands[0] in out:
+                out.add(v)
+            continue
+        floats = [o for o in v.operands if o.dtype.is_float]
+        wide = [o for o in floats if o in out]
+        if wide and all(o in out or not any(u.is_param for u in walk([o])) for o in floats):
+            out.add(v)
+    return frozenset(out)
 
 
 def is_boundary_cast(v: Value, origin: Mapping[Value, Value]) -> bool:

@@ -100,3 +100,20 @@ def test_integer_and_f64_compute_is_untouched():
 
 def test_contract_is_bounded():
     assert Fp16.contract is Contract.BOUNDED
+
+
+def test_a_models_float32_island_over_a_half_stays_float32():
+    """A half model that widens a row to float32 for its norm (as LpNormalization imports) keeps that
+    computation wide; float32 compute fed by a float32 input next to it is narrowed as before."""
+    b = Builder()
+    h = b.param("h", DType.f16, [2, 8])
+    x = b.param("x", DType.f32, [2, 8])
+    wide = b.cast(h, to=DType.f32)
+    norm = b.sqrt(b.reduce_sum(b.mul(wide, wide), axes=(-1,), keepdims=True))
+    island = b.cast(b.div(wide, b.add(norm, b.scalar(1e-6, DType.f32))), to=DType.f16)
+    mixed = b.mul(x, b.cast(island, to=DType.f32))
+    before = b.module(b.function("main", [h, x], [island, mixed]))
+    after = Fp16(keep_fp32=()).run(before).module
+    assert _dtype_of(after, "sqrt") == [DType.f32] and _dtype_of(after, "div") == [DType.f32]
+    assert _dtype_of(after, "add") == [DType.f32] and _dtype_of(after, "reduce_sum") == [DType.f32]
+    assert _dtype_of(after, "mul") == [DType.f32, DType.f16]  # the island's square, then x's product

@@ -44,6 +44,7 @@ from cuvil.ir.values import Value
 from cuvil.passes.decompose import normalized_ratio
 from verify.probe import interval as I
 from verify.probe.interval import Interval
+from verify.probe.normalized import guarded_ratio, ratio_bound
 from verify.probe.norms import RowNorms
 from verify.probe.program import SiteSpec
 from verify.probe.windows import WindowNorms
@@ -781,7 +782,7 @@ class BoundsEngine:
             constant = [o not in self.live for o in v.operands]
             ob = op_bounds(ctx, operands, constant, tighten=self.tighten)
             if self.tighten:
-                ob = norm_facts(v, value_facts(v, ob, values), values, norms)
+                ob = norm_facts(v, value_facts(v, ob, values, self.constant_value), values, norms)
                 ob = window_facts(v, ob, values, windows)
             ops[v] = ob
             seen = ob.value.clamp_finite(v.dtype)
@@ -799,12 +800,24 @@ class BoundsEngine:
         return units
 
 
-def value_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval]) -> OpBounds:
+def value_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval],
+                constant_value: Callable[[Value], np.ndarray] | None = None) -> OpBounds:
     """Facts across ops: ``a / reduce_sum(a, keepdims)`` is in [0, 1] when ``a >= 0`` (one of the summands
     is ``a`` itself, and adding nonnegative terms never rounds below it); ``a * a`` of one float value is
-    never negative (a rounded square neither)."""
+    never negative (a rounded square neither); ``a`` over its row's ℓ2 norm is within ±1.25
+    (:mod:`.normalized`)."""
     if v.op == "mul" and v.dtype.is_float and len(v.operands) == 2 and v.operands[0] is v.operands[1]:
         return _within(ob, 0.0, math.inf)
+    if constant_value is not None:
+        ratio = ratio_bound(v, values, constant_value)
+        if ratio is not None:
+            out = _within(ob, -ratio, ratio)
+            return OpBounds(Interval(out.value.lo, out.value.hi, np.zeros_like(out.value.nan)), out.records,
+                            out.method)
+        guarded = guarded_ratio(v, values)
+        if guarded is not None:
+            value = ob.value.intersect(guarded.lo, guarded.hi)
+            return OpBounds(Interval(value.lo, value.hi, value.nan & guarded.nan), ob.records, ob.method)
     a = normalized_ratio(v)
     if a is None or float(np.min(values[a].lo)) < 0:
         return ob

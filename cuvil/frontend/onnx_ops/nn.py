@@ -11,13 +11,10 @@ from typing import cast
 
 import numpy as np
 
-from cuvil.frontend.onnx_node import NodeCtx, onnx_op
+from cuvil.frontend.onnx_node import HALF, NodeCtx, in_f32, onnx_op
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.values import Value
-
-_HALF = (DType.f16, DType.bf16)
-
 
 # --------------------------------------------------------------------------------------
 # window attributes
@@ -218,7 +215,7 @@ def _batch_norm_training(ctx: NodeCtx, x: Value, scale: Value, bias: Value, mean
     every axis but the channels, computed in float32 for half types) and also returns the running
     statistics blended with them by ``momentum``."""
     b = ctx.b
-    wide = b.cast(x, to=DType.f32) if x.dtype in _HALF else x
+    wide = b.cast(x, to=DType.f32) if x.dtype in HALF else x
     axes = [a for a in range(x.type.rank) if a != 1]
     batch_mean = b.reduce_mean(wide, axes=axes, keepdims=False)
     centred = b.sub(wide, b.reshape(batch_mean, shape=[1, x.shape[1]] + [1] * (x.type.rank - 2)))
@@ -238,7 +235,7 @@ def _as_dtype(ctx: NodeCtx, v: Value, dtype: DType) -> Value:
 
 def _stash(ctx: NodeCtx, x: Value) -> Value:
     """Half-precision inputs are normalized in f32 (ONNX's stash_type=1 default)."""
-    if x.dtype in _HALF and ctx.attr_int("stash_type", 1) == 1:
+    if x.dtype in HALF and ctx.attr_int("stash_type", 1) == 1:
         return ctx.b.cast(x, to=DType.f32)
     return x
 
@@ -323,10 +320,14 @@ def lrn(ctx: NodeCtx) -> Value:
                      beta=ctx.attr_float("beta", 0.75), bias=ctx.attr_float("bias", 1.0))
 
 
-@onnx_op("MeanVarianceNormalization", emits=("reduce_mean", "mul", "sub", "sqrt", "add", "div"))
+@onnx_op("MeanVarianceNormalization", emits=("reduce_mean", "mul", "sub", "sqrt", "add", "div", "cast"))
 def mean_variance_norm(ctx: NodeCtx) -> Value:
-    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9), as the ONNX function body defines it."""
-    x = ctx.input(0)
+    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9), as the ONNX function body defines it; half inputs in f32
+    (:func:`in_f32`: E[x^2] - E[x]^2 of halves cancels to nothing)."""
+    return in_f32(ctx.b, ctx.input(0), lambda x: _mean_variance_normalized(ctx, x))
+
+
+def _mean_variance_normalized(ctx: NodeCtx, x: Value) -> Value:
     axes = ctx.attr_ints("axes", [0, 2, 3])
     b = ctx.b
     mean = b.reduce_mean(x, axes=axes, keepdims=True)
@@ -335,9 +336,14 @@ def mean_variance_norm(ctx: NodeCtx) -> Value:
     return b.div(b.sub(x, mean), b.add(std, b.scalar(1e-9, x.dtype)))
 
 
-@onnx_op("LpNormalization", emits=("reduce_sum", "abs", "mul", "sqrt", "div", "equal", "where"))
+@onnx_op("LpNormalization", emits=("reduce_sum", "abs", "mul", "sqrt", "div", "equal", "where", "cast"))
 def lp_normalization(ctx: NodeCtx) -> Value:
-    x = ctx.input(0)
+    """Half inputs in f32 (:func:`in_f32`): a half row's sum of squares overflows long before its norm
+    does, and x / inf would be 0."""
+    return in_f32(ctx.b, ctx.input(0), lambda x: _lp_normalized(ctx, x))
+
+
+def _lp_normalized(ctx: NodeCtx, x: Value) -> Value:
     axis = ctx.attr_int("axis", -1)
     p = ctx.attr_int("p", 2)
     b = ctx.b

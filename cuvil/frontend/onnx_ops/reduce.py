@@ -7,8 +7,7 @@ into the identity instead of a reduction over all axes.
 
 from __future__ import annotations
 
-from cuvil.frontend.onnx_node import NodeCtx, onnx_op
-from cuvil.ir.dtypes import DType
+from cuvil.frontend.onnx_node import NodeCtx, in_f32, onnx_op
 from cuvil.ir.values import Value
 
 _SIMPLE = {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
@@ -41,18 +40,13 @@ def reduce_simple(ctx: NodeCtx) -> Value:
     return ctx.b.op(_SIMPLE[ctx.node.op_type], x, axes=axes, keepdims=keepdims)
 
 
-_HALF = (DType.f16, DType.bf16)
-
 
 @onnx_op("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
          emits=("reduce_sum", "reduce_max", "abs", "mul", "sqrt", "log", "exp", "sub", "add", "cast"))
 def reduce_composite(ctx: NodeCtx) -> Value:
     """Half-precision inputs are reduced in f32 and the result rounded once, as ONNX Runtime does (a
     sum of squares in f16 would overflow long before its square root does)."""
-    x = ctx.input(0)
-    if x.dtype not in _HALF:
-        return _composite(ctx, x)
-    return ctx.b.cast(_composite(ctx, ctx.b.cast(x, to=DType.f32)), to=x.dtype)
+    return in_f32(ctx.b, ctx.input(0), lambda x: _composite(ctx, x))
 
 
 def _composite(ctx: NodeCtx, x: Value) -> Value:

@@ -8,16 +8,18 @@ site's rule is evaluated (in the program's types; integers exactly) and must sta
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
 from cuvil.interp import evaluate_values
+from cuvil.ir.module import Module
 from verify.probe import torch_eval
-from verify.probe.bounds import BoundsEngine
+from verify.probe.bounds import Bounds, BoundsEngine
 from verify.probe.budget import Budget
 from verify.probe.concrete import WatchingWalker
 from verify.probe.probe import SAFE, ProbeReport
-from verify.probe.program import SiteWatch, reduced_program
+from verify.probe.program import SiteSpec, SiteWatch, reduced_program
 from verify.probe.witness import Searcher, Target
 
 
@@ -128,3 +130,40 @@ def sampled_violations(incident, rep: ProbeReport, n: int = 10_000, seed: int = 
                 if np.any(_rows(out, n) & ok_rows):
                     bad.append(f"{site.name} {site.op} node {k} ({spec.rule})")
     return bad
+
+
+def values_outside(module: Module, bounds: Bounds, inputs: Mapping[str, np.ndarray]) -> list[str]:
+    """The values of ``module`` on ``inputs`` that leave their bound (where the program stays finite)."""
+    values = evaluate_values(module.main, module.constants, inputs)
+    bad = []
+    for v, iv in bounds.values.items():
+        if v.is_param or v.is_const or v not in values:
+            continue
+        y = np.asarray(values[v], dtype=np.float64)
+        if not np.all(np.isfinite(y)):
+            continue  # the bounds hold where the program stays finite
+        lo, hi = np.broadcast_to(iv.lo, y.shape), np.broadcast_to(iv.hi, y.shape)
+        if np.any((y < lo) | (y > hi)):
+            bad.append(f"{v.op} {v.type}")
+    return bad
+
+
+def pushed_points(module: Module, engine: BoundsEngine, bounds: Bounds, r: float, seed: int, op: str, *,
+                  randoms: int = 6, share: float = 0.2, steps: int = 25) -> list[dict[str, np.ndarray]]:
+    """Inputs for ``module``'s one input ``x`` in [-r, r]: uniform, corners, and gradient ascent pushing every
+    ``op`` to both ends of its bound (``bounds`` from ``engine``, an engine over ``module`` itself)."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in module.main.params[0].shape)
+    box = {"x": (np.full(shape, -r), np.full(shape, r))}
+    points = [{"x": rng.uniform(-r, r, shape).astype(np.float32)} for _ in range(randoms)]
+    points += [{"x": (np.sign(rng.standard_normal(shape)) * r).astype(np.float32)} for _ in range(randoms)]
+    program = reduced_program(module, "fp16", keep_ops=tuple({v.op for v in module.main.ops()}))
+    budget = Budget(400.0, guard=time.monotonic() + 120)
+    for k, v in enumerate(v for v in module.main.ops() if v.op == op):
+        iv = bounds.values[v]
+        spec = SiteSpec("probe", float(np.min(iv.lo)), float(np.max(iv.hi)), v.dtype)
+        for side in (1, -1):
+            res = Searcher(program, engine, box, seed=k).search([Target(v, 0, spec, side)], budget.share(share, "push"),
+                                                               restarts=2, steps=steps, samples=1)
+            points += [{"x": np.asarray(p["x"], dtype=np.float32)} for p in res.points]
+    return points

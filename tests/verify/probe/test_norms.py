@@ -5,19 +5,15 @@ and a norm rule made too small is caught by the same check."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from sampling import pushed_points, values_outside
 
-from cuvil.interp import evaluate_values
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from verify.probe import norms as N
 from verify.probe.bounds import BoundsEngine
-from verify.probe.budget import Budget
-from verify.probe.program import SiteSpec, reduced_program
-from verify.probe.witness import Searcher, Target
+from verify.probe.program import reduced_program
 
 HIDDEN, HEADS, SEQ = 32, 2, 6
 
@@ -52,38 +48,9 @@ def _boxes(r: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"x": (np.full((1, SEQ, HIDDEN), -r), np.full((1, SEQ, HIDDEN), r))}
 
 
-def _outside(module: Module, bounds, inputs: dict) -> list[str]:  # type: ignore[no-untyped-def]
-    values = evaluate_values(module.main, module.constants, inputs)
-    bad = []
-    for v, iv in bounds.values.items():
-        if v.is_param or v.is_const or v not in values:
-            continue
-        y = np.asarray(values[v], dtype=np.float64)
-        if not np.all(np.isfinite(y)):
-            continue  # the bounds hold where the program stays finite
-        lo, hi = np.broadcast_to(iv.lo, y.shape), np.broadcast_to(iv.hi, y.shape)
-        if np.any((y < lo) | (y > hi)):
-            bad.append(f"{v.op} {v.type}")
-    return bad
-
-
 def _points(module: Module, engine: BoundsEngine, bounds, r: float, seed: int) -> list[dict]:  # type: ignore[no-untyped-def]
     """Random and corner inputs, and gradient ascent pushing every matmul to both ends of its bound."""
-    rng = np.random.default_rng(seed)
-    shape = (1, SEQ, HIDDEN)
-    points = [{"x": rng.uniform(-r, r, shape).astype(np.float32)} for _ in range(6)]
-    points += [{"x": (np.sign(rng.standard_normal(shape)) * r).astype(np.float32)} for _ in range(6)]
-    program = reduced_program(module, "fp16", keep_ops=tuple({v.op for v in module.main.ops()}))
-    budget = Budget(400.0, guard=time.monotonic() + 120)
-    for k, v in enumerate(v for v in module.main.ops() if v.op == "matmul"):
-        iv = bounds.values[v]
-        spec = SiteSpec("probe", float(np.min(iv.lo)), float(np.max(iv.hi)), v.dtype)
-        for side in (1, -1):
-            res = Searcher(program, engine, _boxes(r), seed=k).search([Target(v, 0, spec, side)],
-                                                                     budget.share(0.2, "push"), restarts=2, steps=25,
-                                                                     samples=1)
-            points += [{"x": np.asarray(p["x"], dtype=np.float32)} for p in res.points]
-    return points
+    return pushed_points(module, engine, bounds, r, seed, "matmul")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -97,7 +64,7 @@ def test_attention_values_stay_inside_their_bounds(seed: int, precision: str) ->
     points = _points(module, inner, inner.run(_boxes(3.0)), 3.0, seed)
     for x in points:
         feed = {"x": x["x"].astype(checked.main.params[0].dtype.np)}
-        assert not _outside(checked, bounds, feed)
+        assert not values_outside(checked, bounds, feed)
 
 
 def test_the_facts_tighten_attention_scores() -> None:
@@ -123,5 +90,5 @@ def test_a_norm_rule_made_too_small_is_caught(monkeypatch: pytest.MonkeyPatch) -
     bounds = engine.run(_boxes(3.0))
     found = set()
     for x in _points(module, engine, bounds, 3.0, 0):
-        found.update(_outside(module, bounds, x))
+        found.update(values_outside(module, bounds, x))
     assert found

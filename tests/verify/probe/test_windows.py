@@ -8,20 +8,16 @@ of magnitude over intervals; and a norm made too small is caught by the same sam
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from sampling import pushed_points, values_outside
 
-from cuvil.interp import evaluate_values
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from verify.probe import bounds as B
 from verify.probe import windows as W
 from verify.probe.bounds import BoundsEngine
-from verify.probe.budget import Budget
-from verify.probe.program import SiteSpec, reduced_program
-from verify.probe.witness import Searcher, Target
+from verify.probe.program import reduced_program
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -113,40 +109,10 @@ def _boxes(r: float, size: int = 12) -> dict[str, tuple[np.ndarray, np.ndarray]]
     return {"x": (np.full((1, 3, size, size), -r), np.full((1, 3, size, size), r))}
 
 
-def _outside(module: Module, bounds: B.Bounds, inputs: dict) -> list[str]:
-    values = evaluate_values(module.main, module.constants, inputs)
-    bad = []
-    for v, iv in bounds.values.items():
-        if v.is_param or v.is_const or v not in values:
-            continue
-        y = np.asarray(values[v], dtype=np.float64)
-        if not np.all(np.isfinite(y)):
-            continue  # the bounds hold where the program stays finite
-        lo, hi = np.broadcast_to(iv.lo, y.shape), np.broadcast_to(iv.hi, y.shape)
-        if np.any((y < lo) | (y > hi)):
-            bad.append(f"{v.op} {v.type}")
-    return bad
-
-
 def _points(module: Module, r: float, seed: int) -> list[dict]:
     """Random and corner inputs, and gradient ascent pushing every convolution to both ends of its bound."""
-    rng = np.random.default_rng(seed)
-    shape = (1, 3, 12, 12)
-    points = [{"x": rng.uniform(-r, r, shape).astype(np.float32)} for _ in range(4)]
-    points += [{"x": (np.sign(rng.standard_normal(shape)) * r).astype(np.float32)} for _ in range(4)]
-    program = reduced_program(module, "fp16", keep_ops=tuple({v.op for v in module.main.ops()}))
     engine = BoundsEngine(module.main, module.constants)
-    bounds = engine.run(_boxes(r))
-    budget = Budget(400.0, guard=time.monotonic() + 120)
-    for k, v in enumerate(v for v in module.main.ops() if v.op == "conv"):
-        iv = bounds.values[v]
-        spec = SiteSpec("probe", float(np.min(iv.lo)), float(np.max(iv.hi)), v.dtype)
-        for side in (1, -1):
-            res = Searcher(program, engine, _boxes(r), seed=k).search([Target(v, 0, spec, side)],
-                                                                     budget.share(0.1, "push"), restarts=2, steps=20,
-                                                                     samples=1)
-            points += [{"x": np.asarray(p["x"], dtype=np.float32)} for p in res.points]
-    return points
+    return pushed_points(module, engine, engine.run(_boxes(r)), r, seed, "conv", randoms=4, share=0.1, steps=20)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -158,7 +124,7 @@ def test_cnn_values_stay_inside_their_bounds(seed: int, precision: str) -> None:
     assert any(ob.method == "windows" for ob in bounds.ops.values())  # the windows are what is under test
     for x in _points(module, 2.0, seed):
         feed = {"x": x["x"].astype(checked.main.params[0].dtype.np)}
-        assert not _outside(checked, bounds, feed)
+        assert not values_outside(checked, bounds, feed)
 
 
 def test_windows_tighten_a_deep_cnn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,5 +147,5 @@ def test_a_norm_made_too_small_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     bounds = BoundsEngine(module.main, module.constants).run(_boxes(2.0))
     found = set()
     for x in _points(module, 2.0, 0):
-        found.update(_outside(module, bounds, x))
+        found.update(values_outside(module, bounds, x))
     assert found
