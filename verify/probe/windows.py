@@ -120,9 +120,10 @@ def conv_sigma(w: np.ndarray, torus: tuple[int, ...], dilations: tuple[int, ...]
     for start in range(0, len(omega), rows):
         gram = np.tensordot(phase[start:start + rows], stack, axes=([1], [0]))  # [ω, g, n, n]
         lam = max(lam, float(np.max(np.linalg.eigvalsh(gram))))
-    # forming G: each entry within 2γ_m of (BᵀB) (B = Σ_k|w_k|, m terms); eigvalsh: within 1e-10·‖G‖
+    # forming G: each entry within 2γ_m of BᵀB or BBᵀ (B = Σ_k|w_k|; m terms: the tap pairs times the side
+    # the products contract over); eigvalsh: within 1e-10·‖G‖
     b = np.sum(np.abs(g), axis=(3, 4))
-    m = len(taps) * (cg if left else cog) + len(deltas) + 8
+    m = len(taps) * (cog if left else cg) + len(deltas) + 8
     err = 2 * _gamma(m, EPS64) * float(np.max(np.sum(b * b, axis=(1, 2))))
     size = float(np.max(np.sqrt(np.sum(np.sum(np.abs(stack), axis=0) ** 2, axis=(1, 2)))))
     return math.sqrt(max(lam, 0.0) + err + 1e-10 * size) * (1 + 1e-12)
