@@ -202,10 +202,25 @@ class WindowNorms:
                     return None
                 total += part
             return total * (1 + _u(v.dtype)) * SLACK
-        if op == "mul":
+        if op in ("mul", "div"):
             return self._scaled(v, win, values)
         if op == "max_pool":
             return self._max_pool(v, win, values)
+        if op == "avg_pool":
+            return self._avg_pool(v, win, values)
+        if op == "clip":
+            lo, hi = v.attr("min"), v.attr("max")
+            if (lo is None or float(lo) <= 0) and (hi is None or float(hi) >= 0):  # |clip(x)| <= |x|
+                return self.window(v.operands[0], win, values)
+            return None
+        if op in ("max", "min") and len(v.operands) == 2:  # |max(x, c)| <= |x| + |c|
+            live = [o for o in v.operands if o in self.live]
+            if len(live) != 1 or _shape(live[0]) != _shape(v):
+                return None
+            parts = [self._operand(o, v, win, values) for o in v.operands]
+            return None if any(p is None for p in parts) else sum(p or 0.0 for p in parts)
+        if op == "batch_norm":
+            return self._batch_norm(v, win, values)
         return None
 
     def _operand(self, o: Value, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
@@ -221,12 +236,18 @@ class WindowNorms:
         return self.window(o, win, values)
 
     def _scaled(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """A product by a constant (either side), or a quotient by one: by its largest factor."""
         a, c = v.operands
-        if c in self.live:
+        if c in self.live and v.op == "mul":
             a, c = c, a
-        if c in self.live or _shape(a) != _shape(v):
+        if c in self.live or a not in self.live or _shape(a) != _shape(v):
             return None
-        factor = float(np.max(np.abs(np.asarray(self.constant_value(c), dtype=np.float64)), initial=0.0))
+        data = np.abs(np.asarray(self.constant_value(c), dtype=np.float64))
+        if v.op == "div":
+            if data.size == 0 or float(np.min(data)) == 0:
+                return None
+            data = 1.0 / data
+        factor = float(np.max(data, initial=0.0))
         inner = self.window(a, win, values)
         if inner is None or not math.isfinite(factor):
             return None
@@ -261,6 +282,59 @@ class WindowNorms:
             self.squares[v] = _channel_squares(mag) if ok else None
         sq = self.squares[v]
         return None if sq is None else _max_window(sq, win)
+
+    def _avg_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """Each output is at most ``(1 + γ)·Σ|x|/count`` over its window (the float16 sum rounds every step), so
+        by Cauchy–Schwarz its square is at most ``(1 + γ)²·Σx²/divisor``: the divisor is the kernel's size when
+        padding counts, else the fewest taps any window has inside the input; an input lies in at most
+        ``overlap`` windows."""
+        if v.attr("ceil_mode"):
+            return None  # (an overhanging window's count)
+        x = v.operands[0]
+        nsp = len(_shape(x)) - 2
+        ks = [int(k) for k in v.attr("kernel")]
+        s, pb, pe, d = window_params(nsp, v.attr("strides") or (), v.attr("pads") or (), v.attr("dilations") or ())
+        span = [(k - 1) * dj + 1 for k, dj in zip(ks, d, strict=True)]
+        if any(p < 0 or p >= sp for p, sp in zip([*pb, *pe], span + span, strict=True)):
+            return None  # a window of padding alone
+        inner = self.window(x, tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True)), values)
+        if inner is None:
+            return None
+        overlap = math.prod(min(k, -(-sp // sj)) for k, sp, sj in zip(ks, span, s, strict=True))
+        if v.attr("count_include_pad"):
+            divisor = math.prod(ks)
+        else:  # the fewest taps inside the input, per axis, over the outputs
+            divisor = 1
+            for j, (n, o) in enumerate(zip(_shape(x)[2:], _shape(v)[2:], strict=True)):
+                pos = np.arange(o)[:, None] * s[j] - pb[j] + np.arange(ks[j])[None, :] * d[j]
+                divisor *= int(np.min(((pos >= 0) & (pos < n)).sum(axis=1)))
+            if divisor < 1:
+                return None
+        grow = 1 + _gamma(math.prod(ks) + 2, _u(v.dtype))
+        return inner * math.sqrt(overlap / divisor) * grow * SLACK * SLACK
+
+    def _batch_norm(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """``(x - m)/sqrt(var + ε)·s + b`` per channel: at most ``(1 + 8u)·(|a|·|x| + |a·m| + |b|)`` with
+        ``a = s/sqrt(var + ε)`` (four roundings and a square root's), so its norm is ``max|a|`` times x's plus
+        the norm of the constant part."""
+        x, *consts = v.operands
+        if any(c in self.live for c in consts) or _shape(x) != _shape(v):
+            return None
+        scale, bias, mean, var = (np.asarray(self.constant_value(c), dtype=np.float64).reshape(-1) for c in consts)
+        eps = float(np.asarray(float(v.attr("epsilon")), dtype=v.dtype.np))
+        with np.errstate(all="ignore"):
+            a = np.abs(scale) / np.sqrt(var + eps)
+        shift = a * np.abs(mean) + np.abs(bias)
+        if not (np.all(np.isfinite(a)) and np.all(np.isfinite(shift))):
+            return None
+        inner = self.window(x, win, values)
+        if inner is None:
+            return None
+        shape = _shape(v)
+        part = _max_window(_channel_squares(np.broadcast_to(shift.reshape((1, -1) + (1,) * (len(shape) - 2)),
+                                                            shape)), win)
+        tiny = 4 * I.smallest_subnormal(v.dtype) * math.sqrt(_cells(v, win))
+        return ((float(np.max(a, initial=0.0)) * inner + part) * (1 + 8 * _u(v.dtype)) + tiny) * SLACK
 
     # -- convolutions --------------------------------------------------------------------------------------
     def _conv_parts(self, v: Value) -> tuple[Value, np.ndarray, list[int], list[int], list[int], int] | None:
@@ -326,17 +400,39 @@ class WindowNorms:
     def element_bound(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
         """A bound on ``|v|`` per element before its rounding into ``v``'s type, and after."""
         shape = _shape(v)
-        if len(shape) < 3 or v not in self.live or v.is_param or not v.dtype.is_float:
+        if v not in self.live or v.is_param or not v.dtype.is_float:
+            return None
+        if v.op == "reduce_mean":
+            return self._spatial_mean(v, values)
+        if len(shape) < 3:
             return None
         if v.op == "conv":
             return self._conv_elements(v, values)
-        if v.op in ("add", "sub", "relu", "max_pool", "cast", "mul"):
+        if v.op in ("add", "sub", "relu", "max_pool", "avg_pool", "cast", "mul", "div", "clip", "max", "min",
+                    "batch_norm"):
             bound = self.window(v, (1,) * (len(shape) - 2), values)
             if bound is None:
                 return None
             arr = np.full((1,) * len(shape), bound)
             return arr, arr
         return None
+
+    def _spatial_mean(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+        """A global average pool (a mean over every spatial axis): the channels' means have an ℓ2 norm of at
+        most the input's over the whole image over ``√(positions)`` (Cauchy–Schwarz), so does each one."""
+        x = v.operands[0]
+        rank = len(_shape(x))
+        axes = sorted(int(a) % rank for a in (v.attr("axes") or ()))
+        if rank < 3 or axes != list(range(2, rank)) or not v.dtype.is_float:
+            return None
+        cells = math.prod(_shape(x)[2:])
+        inner = self.window(x, _shape(x)[2:], values)
+        if inner is None:
+            return None
+        acc = _acc(x.dtype)
+        before = inner / math.sqrt(cells) * (1 + _gamma(cells + 2, _u(acc))) * SLACK
+        after = before * (1 + _u(v.dtype)) * SLACK
+        return np.full((1,) * len(_shape(v)), before), np.full((1,) * len(_shape(v)), after)
 
     def _conv_elements(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
         """``|y_o| <= ‖w_o‖₂·‖x over the receptive field‖₂`` (Cauchy–Schwarz, for the exact products and for

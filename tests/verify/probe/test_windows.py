@@ -8,10 +8,13 @@ of magnitude over intervals; and a norm made too small is caught by the same sam
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from sampling import pushed_points, values_outside
 
+from cuvil.interp import evaluate_values
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from verify.probe import bounds as B
@@ -105,6 +108,30 @@ def _cnn(seed: int, blocks: int = 3, width: int = 16, size: int = 12, gain: floa
     return b.module(b.function("main", [x], [h]))
 
 
+def _mobile(seed: int, depth: int = 4, width: int = 16) -> Module:
+    """Exporter-style layers the windows also read: an unfolded batch norm, ReLU6 as a clip, depthwise and
+    pointwise convolutions, an average pool, a division and a max by constants, and a global mean."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 3, 12, 12])
+
+    def const(*shape: int, lo: float = -1.0, hi: float = 1.0) -> object:
+        return b.const(rng.uniform(lo, hi, shape).astype(np.float32))
+
+    def bn(v: object, c: int) -> object:
+        return b.batch_norm(v, const(c, lo=0.9, hi=1.1), const(c), const(c), const(c, lo=0.9, hi=1.1), epsilon=1e-5)
+
+    h = b.conv(x, const(width, 3, 3, 3, lo=-0.4, hi=0.4), pads=(1, 1, 1, 1))
+    for _ in range(depth):
+        h = b.clip(bn(h, width), min=0.0, max=1e30)
+        h = b.conv(h, const(width, 1, 3, 3, lo=-0.6, hi=0.6), pads=(1, 1, 1, 1), groups=width)
+        h = b.conv(h, const(width, width, 1, 1, lo=-0.5, hi=0.5))
+        h = b.max(b.div(h, b.scalar(1.5, DType.f32)), b.scalar(0.0, DType.f32))
+    h = b.avg_pool(h, kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1))
+    out = b.reduce_mean(h, axes=(2, 3), keepdims=False)
+    return b.module(b.function("main", [x], [out]))
+
+
 def _boxes(r: float, size: int = 12) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"x": (np.full((1, 3, size, size), -r), np.full((1, 3, size, size), r))}
 
@@ -149,3 +176,79 @@ def test_a_norm_made_too_small_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     for x in _points(module, 2.0, 0):
         found.update(values_outside(module, bounds, x))
     assert found
+
+
+@pytest.mark.parametrize("build", [_cnn, _mobile])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_every_window_rule_bounds_the_norms_it_describes(build: Any, precision: str) -> None:
+    """Each value's norm over 1x1, 3x3, 5x5 and whole-image windows on sampled and pushed inputs stays within
+    what the rules alone give (intervals only at the input, so no rule hides behind an interval's bound)."""
+    module = build(0)
+    checked = module if precision == "fp32" else reduced_program(module, "fp16").module
+    engine = BoundsEngine(checked.main, checked.constants)
+    inputs = {p: engine.run(_boxes(2.0)).values[p] for p in checked.main.params}
+    norms = W.WindowNorms(engine.constant_value, engine.live, {})
+    points = _points(module, 2.0, 1)
+    runs = [evaluate_values(checked.main, checked.constants, {"x": x["x"].astype(checked.main.params[0].dtype.np)})
+            for x in points]
+    ruled = 0
+    for v in (v for v in checked.main.ops() if v in engine.live):
+        if v.op == "reduce_mean":
+            found = norms.element_bound(v, inputs)
+            assert found is not None
+            assert max(float(np.max(np.abs(r[v]))) for r in runs) <= float(np.max(found[1]))
+            ruled += 1
+        if len(v.shape) != 4 or v.op == "reduce_mean":
+            continue
+        for win in ((1, 1), (3, 3), (5, 5), tuple(int(d) for d in v.shape[2:])):
+            bound = norms.window(v, win, inputs)
+            if bound is None:
+                continue
+            ruled += 1
+            seen = max(W._max_window(np.sum(np.asarray(r[v], dtype=np.float64) ** 2, axis=1), win) for r in runs)
+            assert seen <= bound, (v.op, win, seen, bound)
+    assert ruled >= 20
+
+
+def _one_op(build: Any, shape: tuple[int, ...] = (1, 4, 6, 6)) -> Module:
+    b = Builder()
+    x = b.param("x", DType.f32, list(shape))
+    return b.module(b.function("main", [x], [build(b, x)]))
+
+
+_C = np.array([0.5, -3.0, 1.0, 2.0], np.float32).reshape(1, 4, 1, 1)
+TIGHT = {  # a rule's factor is reached on an input that fills one channel with ones (channel 1: the largest |c|)
+    "mul": lambda b, x: b.mul(x, b.const(_C)),
+    "div": lambda b, x: b.div(x, b.const(1 / _C)),
+    "avg_pool": lambda b, x: b.avg_pool(x, kernel=(2, 2), strides=(2, 2)),
+    "reduce_mean": lambda b, x: b.reduce_mean(x, axes=(2, 3), keepdims=False),
+    "clip": lambda b, x: b.clip(x, min=-1e9, max=1e9),
+    "max": lambda b, x: b.max(x, b.scalar(0.0, DType.f32)),
+    "batch_norm": lambda b, x: b.batch_norm(x, b.const(np.abs(_C.reshape(-1))), b.const(np.zeros(4, np.float32)),
+                                            b.const(np.zeros(4, np.float32)), b.const(np.ones(4, np.float32)),
+                                            epsilon=0.0),
+}
+
+
+@pytest.mark.parametrize("op", sorted(TIGHT))
+def test_each_rule_meets_its_worst_case(op: str) -> None:
+    """With the operand's norm known exactly (a point box), a rule's bound covers the result and is within
+    2% of it on the input that reaches the rule's factor, so a factor made smaller fails here."""
+    module = _one_op(TIGHT[op])
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    x[0, 1] = 1.0
+    engine = BoundsEngine(module.main, module.constants)
+    values = {p: engine.run({"x": (x, x)}).values[p] for p in module.main.params}
+    v = module.main.results[0]
+    got = np.asarray(evaluate_values(module.main, module.constants, {"x": x})[v], dtype=np.float64)
+    norms = W.WindowNorms(engine.constant_value, engine.live, {})
+    if op == "reduce_mean":
+        found = norms.element_bound(v, values)
+        assert found is not None
+        bound, seen = float(np.max(found[1])), float(np.max(np.abs(got)))
+    else:
+        whole = tuple(int(d) for d in v.shape[2:])
+        bound = norms.window(v, whole, values)
+        assert bound is not None
+        seen = W._max_window(np.sum(got ** 2, axis=1), whole)
+    assert seen <= bound <= 1.02 * seen
