@@ -87,12 +87,12 @@ def test_a_one_dimensional_convolution() -> None:
 # whole networks
 
 
-def _cnn(seed: int, blocks: int = 3, width: int = 16, size: int = 12, gain: float = 1.0) -> Module:
+def _cnn(seed: int, blocks: int = 3, width: int = 16, size: int = 12, gain: float = 1.0, batch: int = 1) -> Module:
     """conv + bias, ReLU, max pool, residual blocks (conv, bias, ReLU, conv, bias, add, ReLU), a strided
     grouped conv, and a product by a per-channel constant."""
     rng = np.random.default_rng(seed)
     b = Builder()
-    x = b.param("x", DType.f32, [1, 3, size, size])
+    x = b.param("x", DType.f32, [batch, 3, size, size])
 
     def conv(v: object, cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1) -> object:
         w = rng.standard_normal((cout, cin // groups, k, k)) * gain * np.sqrt(2.0 / (cin // groups * k * k))
@@ -132,22 +132,25 @@ def _mobile(seed: int, depth: int = 4, width: int = 16) -> Module:
     return b.module(b.function("main", [x], [out]))
 
 
-def _boxes(r: float, size: int = 12) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    return {"x": (np.full((1, 3, size, size), -r), np.full((1, 3, size, size), r))}
+def _boxes(r: float, size: int = 12, batch: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return {"x": (np.full((batch, 3, size, size), -r), np.full((batch, 3, size, size), r))}
 
 
 def _points(module: Module, r: float, seed: int) -> list[dict]:
     """Random and corner inputs, and gradient ascent pushing every convolution to both ends of its bound."""
     engine = BoundsEngine(module.main, module.constants)
-    return pushed_points(module, engine, engine.run(_boxes(r)), r, seed, "conv", randoms=4, share=0.1, steps=20)
+    shape = module.main.params[0].shape
+    box = _boxes(r, int(shape[2]), int(shape[0]))
+    return pushed_points(module, engine, engine.run(box), r, seed, "conv", randoms=4, share=0.1, steps=20)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_cnn_values_stay_inside_their_bounds(seed: int, precision: str) -> None:
-    module = _cnn(seed)
+    batch = 1 + 2 * seed  # windows are per sample
+    module = _cnn(seed, batch=batch)
     checked = module if precision == "fp32" else reduced_program(module, "fp16").module
-    bounds = BoundsEngine(checked.main, checked.constants).run(_boxes(2.0))
+    bounds = BoundsEngine(checked.main, checked.constants).run(_boxes(2.0, batch=batch))
     assert any(ob.method == "windows" for ob in bounds.ops.values())  # the windows are what is under test
     for x in _points(module, 2.0, seed):
         feed = {"x": x["x"].astype(checked.main.params[0].dtype.np)}
