@@ -49,6 +49,17 @@ def mlp(inp: str = "x", out: str = "y", dims: list | None = None, w_name: str = 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def cnn(fill: float) -> onnx.ModelProto:
+    """Two convolutions, the first one's weights all ``fill`` (inf, nan, huge): the prober's operator norms
+    must not fail on them."""
+    w1 = numpy_helper.from_array(np.full((4, 3, 3, 3), fill, np.float32), "w1")
+    w2 = numpy_helper.from_array(np.full((2, 4, 3, 3), 0.1, np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "cnn", [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 2, 8, 8])], [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def scatter_nd(index: int) -> onnx.ModelProto:
     data = _vi("data", [4, 3])
     idx = numpy_helper.from_array(np.array([[index]], dtype=np.int64), "idx")
@@ -197,11 +208,13 @@ def malformed_models() -> list[Case]:
     variants["raw-data-short"] = lambda f: _save(_short_raw(mlp()), f)
     variants["external-data-escape"] = lambda f: _save(_external(mlp(), "../../../etc/passwd"), f)
     variants["external-data-absolute"] = lambda f: _save(_external(mlp(), "/etc/passwd"), f)
+    for fill in ("inf", "nan", "3e38"):
+        variants[f"conv-weights-{fill}"] = lambda f, v=float(fill): _save(cnn(v), f)
     commands = ("ir", "run-reference", "compile", "verify", "opt", "probe")
     for k, (vname, make) in enumerate(variants.items()):
         for j, cmd in enumerate(commands):
             if (k + j) % 2 and vname not in ("directory", "missing", "binary-cir", "duplicate-outputs",
-                                               "shadowed-input"):
+                                               "shadowed-input") and not vname.startswith("conv-weights"):
                 continue  # half the command lines per variant keep the campaign short
             cases.append(_model_case(f"malformed/{vname}", make, cmd, tags=("malformed",)))
     return cases

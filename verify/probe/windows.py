@@ -351,7 +351,10 @@ class WindowNorms:
         s, pb, _, d = window_params(nsp, v.attr("strides") or (), v.attr("pads") or (), v.attr("dilations") or ())
         if any(p < 0 for p in pb):
             return None
-        return x, np.asarray(self.constant_value(w), dtype=np.float64), s, pb, d, int(v.attr("groups") or 1)
+        data = np.asarray(self.constant_value(w), dtype=np.float64)
+        if data.size == 0 or not np.all(np.isfinite(data)):
+            return None  # no norm to take: the intervals alone bound it
+        return x, data, s, pb, d, int(v.attr("groups") or 1)
 
     def _sigma(self, v: Value) -> tuple[float, float] | None:
         parts = self._conv_parts(v)
@@ -371,7 +374,11 @@ class WindowNorms:
             shared = w_const.is_const and bool(w_const.const_hash)
             hit = _cache.get(key) if shared else None
             if hit is None:
-                hit = (conv_sigma(w, torus, tuple(d), groups, tuple(s)), abs_sigma(w, groups))
+                with np.errstate(all="ignore"):
+                    try:
+                        hit = (conv_sigma(w, torus, tuple(d), groups, tuple(s)), abs_sigma(w, groups))
+                    except np.linalg.LinAlgError:  # weights so large their Gram matrix overflows
+                        hit = (math.inf, math.inf)
                 if shared:
                     if len(_cache) >= CACHE_SIZE:
                         _cache.clear()
