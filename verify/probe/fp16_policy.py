@@ -35,6 +35,24 @@ POLICY = "fp16-where-proved"
 """The manifest's name for the rule: an op runs in float16 only if every site it has there is proved
 finite for the declared input ranges; every other float32 op stays float32."""
 
+HALF_SEMANTICS: dict[str, str] = {
+    **dict.fromkeys(("matmul", "conv", "conv_transpose"),
+                    "float16 operands widened to float32 (exact products), summed in float32 in order, rounded "
+                    "once, as PyTorch and ONNX Runtime accumulate"),
+    "reduce_sum": "float32 accumulation rounded once; a sum past 65504 is inf in float16, as torch.sum's",
+    "reduce_mean": "float32 sum divided in float32, rounded once, as PyTorch and ONNX Runtime",
+    **dict.fromkeys(("softmax", "log_softmax", "layer_norm"),
+                    "computed in float32 and rounded once, as PyTorch's fused kernels and ONNX Runtime "
+                    "(stash_type float32)"),
+    **dict.fromkeys(("avg_pool", "lp_pool", "lrn", "cumsum"),
+                    "every step of the sum rounded to float16 (PyTorch and ONNX Runtime accumulate in float32: "
+                    "results may differ by the rounding of the partial sums)"),
+}
+"""What an op computes when it runs in float16 (its rule says it; this is the manifest's account), for the
+ops whose half-precision arithmetic engines do not all share. Elementwise ops round every result to
+float16, as every engine does."""
+
+
 PROVED, UNPROVED, CONSTANT, TYPE = "proved", "unproved", "constant", "type"
 """Why an op runs where it does: ``proved`` (float16, every site proved), ``unproved`` (a site was not
 proved finite, or the time limit came first), ``constant`` (a constant operand exceeds float16's
@@ -229,6 +247,8 @@ class Fp16Plan:
         return {"policy": POLICY, "ranges": {k: [lo, hi] for k, (lo, hi) in self.ranges.items()},
                 "fp16_ops": len(self.fp16_ops), "fp32_ops": len(self.fp32_ops),
                 "unproved": len(self.unproved), "seconds": round(self.seconds, 3),
+                "semantics": {op: HALF_SEMANTICS[op] for op in sorted({d.op for d in self.fp16_ops})
+                              if op in HALF_SEMANTICS},
                 "kept_fp32": [{"op": d.op, "value": d.name, "cause": d.cause, "reason": d.reason}
                               for d in self.fp32_ops]}
 

@@ -4,6 +4,7 @@ in the manifest, and `--gate` refusing a build with an unproved op."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import tempfile
@@ -23,7 +24,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
 from cuvil.ir.printer import export_ir
 from tests.oracles import rule_reference
-from verify.probe.fp16_policy import Fp16Unproved, fp16_module, fp16_safe_ops, plan_fp16
+from verify.probe.fp16_policy import HALF_SEMANTICS, Fp16Unproved, fp16_module, fp16_safe_ops, plan_fp16
 
 # relative to the output's largest magnitude, FP16 build against the FP32 interpreter
 FP16_REL_TOL = 2e-2
@@ -77,6 +78,10 @@ def _check_zoo_fp16_build(name: str, small: bool, n_inputs: int, n_compared: int
     assert len(entry["kept_fp32"]) == entry["fp32_ops"]
     assert all(k["reason"] and k["op"] and k["value"].startswith("%") for k in entry["kept_fp32"])
     assert entry["ranges"] == {k: [lo, hi] for k, (lo, hi) in box.items()}
+    # the manifest says what the half-precision reductions and contractions compute
+    kinds = collections.Counter(v.op for v in f32_ops)
+    kinds.subtract(k["op"] for k in entry["kept_fp32"])
+    assert set(entry["semantics"]) == {op for op, n in kinds.items() if n > 0} & set(HALF_SEMANTICS)
     if entry["fp16_ops"]:
         with tempfile.TemporaryDirectory() as d:
             compiled = cuvil.import_model(model.export_ir(Path(d) / "optimized.cir"))
