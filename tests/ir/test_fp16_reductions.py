@@ -1,5 +1,5 @@
-"""Reductions of halves accumulate in f32 and round once: reduce_sum, reduce_mean (sum and divide in
-f32), layer_norm's two means and softmax's denominator. Checked against PyTorch's and ONNX Runtime's
+"""Reductions of halves accumulate in f32 and round once: reduce_sum, reduce_mean and avg_pool (sum and
+divide in f32), layer_norm's two means and softmax's denominator. Checked against PyTorch's and ONNX Runtime's
 FP16 results on CPU (both accumulate half reductions in f32), the overflow prober (no false alarm
 at a mean of squares; a real overflow still confirmed) and the compiled library (bit for bit).
 
@@ -363,3 +363,47 @@ def test_layer_norm_on_halves_equals_its_decomposition_bit_for_bit() -> None:
     down = Decompose().run(m).module
     xs = (_uniform(-1, 1, (3, FEATURES)) * 100).astype(F16)
     np.testing.assert_array_equal(_bits(run_reference(m, [xs])[0]), _bits(run_reference(down, [xs])[0]))
+
+
+# --------------------------------------------------------------------------------------
+# average pooling
+
+
+_POOL = {"kernel": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("include_pad", [False, True])
+def test_avg_pool_of_halves_is_the_f32_mean_rounded_once(dtype: np.dtype, include_pad: bool) -> None:
+    """The window's f32 sum over its count, rounded once: the fast path equals the rule bit for bit, and a
+    corner window of four 60,000s (an f16 sum of 240,000) averages to 60,000, as PyTorch's FP16 avg_pool2d gives."""
+    x = (_uniform(-1, 1, (2, 3, 9, 8)) * 500).astype(dtype)
+    x[0, 0, :3, :3] = 60000 if dtype == np.float16 else 300  # (bfloat16 has float32's range)
+    attrs = {**_POOL, "count_include_pad": include_pad}
+    rule, fast = _rule_and_fast("avg_pool", [x], attrs)
+    assert rule.dtype == fast.dtype == dtype
+    np.testing.assert_array_equal(_bits(rule), _bits(fast))
+    wide = x.astype(np.float32)
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.avg_pool2d(torch.from_numpy(wide), 3, 2, 1, count_include_pad=include_pad).numpy()
+    np.testing.assert_allclose(rule.astype(np.float32), want, rtol=8e-3 if dtype != np.float16 else 1e-3, atol=1e-3)
+    if dtype == np.float16:
+        # the corner window holds four 60,000s (an f16 sum of 240,000)
+        assert np.isfinite(rule[0, 0, 0, 0].astype(np.float32))
+        if not include_pad:
+            assert float(rule[0, 0, 0, 0]) == 60000
+        t16 = torch.nn.functional.avg_pool2d(torch.from_numpy(x), 3, 2, 1, count_include_pad=include_pad).numpy()
+        np.testing.assert_allclose(rule.astype(np.float32), t16.astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+def test_compiled_avg_pool_of_halves_equals_the_interpreter(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from cuvil.compiler import compile
+
+    b = Builder()
+    x = b.param("x", DType.f16, [1, 4, 10, 10])
+    m = b.module(b.function("main", [x], [b.avg_pool(x, **_POOL)]))
+    xs = (_uniform(-1, 1, (1, 4, 10, 10)) * 30000).astype(F16)
+    got = compile(m, output_dir=tmp_path).run([xs])[0]
+    want = run_reference(m, [xs])[0]
+    assert np.isfinite(want.astype(np.float32)).all()
+    np.testing.assert_array_equal(_bits(got), _bits(want))

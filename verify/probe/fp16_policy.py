@@ -40,11 +40,12 @@ HALF_SEMANTICS: dict[str, str] = {
                     "float16 operands widened to float32 (exact products), summed in float32 in order, rounded "
                     "once, as PyTorch and ONNX Runtime accumulate"),
     "reduce_sum": "float32 accumulation rounded once; a sum past 65504 is inf in float16, as torch.sum's",
-    "reduce_mean": "float32 sum divided in float32, rounded once, as PyTorch and ONNX Runtime",
+    **dict.fromkeys(("reduce_mean", "avg_pool"), "float32 sum divided in float32, rounded once, as PyTorch and "
+                                                 "ONNX Runtime"),
     **dict.fromkeys(("softmax", "log_softmax", "layer_norm"),
                     "computed in float32 and rounded once, as PyTorch's fused kernels and ONNX Runtime "
                     "(stash_type float32)"),
-    **dict.fromkeys(("avg_pool", "lp_pool", "lrn", "cumsum"),
+    **dict.fromkeys(("lp_pool", "lrn", "cumsum"),
                     "every step of the sum rounded to float16 (PyTorch and ONNX Runtime accumulate in float32: "
                     "results may differ by the rounding of the partial sums)"),
 }

@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import reduce_axes, sequential_matmul
+from cuvil.ir.numpy_prims import cast, reduce_axes, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
 from cuvil.ir.ops.reduce import mean_numpy
 from cuvil.ir.symbolic import Dim, sym_min
@@ -455,8 +455,8 @@ define("max_pool", ("x",), attrs={**_POOL_ATTRS, "output": ("str", "values"), "s
            "(storage_order 1: column-major spatial order)")
 
 
-def _avg_count(c: R.RuleCtx, taps: Sequence[R.Ix]) -> R.Expr:
-    """How many taps of the window at ``c.out`` the average divides by."""
+def _avg_count(c: R.RuleCtx, taps: Sequence[R.Ix], dtype: DType) -> R.Expr:
+    """How many taps of the window at ``c.out`` the average divides by (as a ``dtype`` sum)."""
     (x,) = c.inputs
     nsp, (_, pb, pe, _) = _rule_window(c)
     pos = _window_positions(c, taps)
@@ -466,16 +466,19 @@ def _avg_count(c: R.RuleCtx, taps: Sequence[R.Ix]) -> R.Expr:
         inside = [_index_in(pos[j], 0, x.shape[2 + j]) for j in range(nsp)]
     cond = _all(inside)
     assert cond is not None
-    return R.select(cond, R.lit(1, x.dtype), R.lit(0, x.dtype))
+    return R.select(cond, R.lit(1, dtype), R.lit(0, dtype))
 
 
 def _avg_pool_rule(c: R.RuleCtx) -> R.Expr:
+    """The window's sum over its count; halves are summed and divided in f32 and rounded once, as
+    ``reduce_mean`` (and PyTorch's and ONNX Runtime's pooling) do."""
     (x,) = c.inputs
     n, ch = c.out[:2]
     kernel = c.attrs["kernel"]
-    total = R.reduce("sum", kernel, lambda *ks: x.at(n, ch, *_window_positions(c, ks), oob=0))
-    count = R.reduce("sum", kernel, lambda *ks: _avg_count(c, ks))
-    return total / count
+    total = R.reduce("sum", kernel, lambda *ks: R.widen(x.at(n, ch, *_window_positions(c, ks), oob=0)))
+    count = R.reduce("sum", kernel, lambda *ks: _avg_count(c, ks, total.dtype))
+    mean = total / count
+    return mean if mean.dtype is x.dtype else R.cast(mean, x.dtype)
 
 
 def _axis_counts(size: int, out: int, k: int, s: int, pb: int, d: int, lo: int, hi: int) -> np.ndarray:
@@ -487,16 +490,19 @@ def _avg_pool_numpy(xs: list[np.ndarray], out: TensorType, kernel: tuple[int, ..
                     pads: tuple[int, ...], dilations: tuple[int, ...], ceil_mode: bool,
                     count_include_pad: bool) -> np.ndarray:
     x = xs[0]
+    half = DType.from_numpy(x.dtype) in R.HALF_DTYPES
+    wide = x.astype(np.float32) if half else x  # halves sum and divide in f32, rounded once (the rule)
     nsp = x.ndim - 2
     s, pb, pe, d = window_params(nsp, strides, pads, dilations)
-    total = _tap_reduce(x, out, kernel, strides, pads, dilations, 0, np.add)
+    total = _tap_reduce(wide, out, kernel, strides, pads, dilations, 0, np.add)
     count = np.ones((), dtype=np.int64)
     for j in range(nsp):
         size, o = x.shape[2 + j], int(out.shape[2 + j])
         lo, hi = (-pb[j], size + pe[j]) if count_include_pad else (0, size)
         cj = _axis_counts(size, o, kernel[j], s[j], pb[j], d[j], lo, hi)
         count = np.multiply.outer(count, cj)
-    return (total / count.astype(x.dtype)).astype(x.dtype)
+    mean = total / count.astype(wide.dtype)
+    return cast(mean, DType.from_numpy(x.dtype)) if half else mean.astype(x.dtype)
 
 
 define("avg_pool", ("x",), attrs={**_POOL_ATTRS, "count_include_pad": ("bool", False)},
