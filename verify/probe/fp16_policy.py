@@ -45,7 +45,8 @@ HALF_SEMANTICS: dict[str, str] = {
     **dict.fromkeys(("softmax", "log_softmax", "layer_norm"),
                     "computed in float32 and rounded once, as PyTorch's fused kernels and ONNX Runtime "
                     "(stash_type float32)"),
-    **dict.fromkeys(("lp_pool", "lrn", "cumsum"),
+    "cumsum": "a float32 running sum, each output rounded once, as PyTorch's",
+    **dict.fromkeys(("lp_pool", "lrn"),
                     "every step of the sum rounded to float16 (PyTorch and ONNX Runtime accumulate in float32: "
                     "results may differ by the rounding of the partial sums)"),
 }

@@ -227,8 +227,8 @@ def affine_op(v: Value, info: RuleInfo, constants: Mapping[int, np.ndarray],
 
 def _sum_roundoff(rule: Expr, dt: DType) -> float:
     """The unit roundoff of the least precise sum in ``rule``: each rule fixes the type its sums run in
-    (half terms widened to f32 by matmul, conv and the mean-like reductions; avg_pool, lp_pool, lrn and
-    cumsum still add halves in half), so the bound reads it rather than assuming f32."""
+    (half terms widened to f32 by matmul, conv, the mean-like reductions, avg_pool and cumsum; lp_pool and
+    lrn still add halves in half), so the bound reads it rather than assuming f32."""
     sums = [e.dtype for e in walk_exprs(rule) if isinstance(e, Reduce) and e.kind == "sum" and e.dtype.is_float]
     return max((I.unit_roundoff(d) for d in sums), default=I.unit_roundoff(dt))
 

@@ -230,9 +230,10 @@ def _scan_type(types: list[TensorType], axis: int, exclusive: bool, reverse: boo
 
 def _scan_rule(kind: str) -> Callable[[R.RuleCtx], R.Expr]:
     """out[i] = kind of x[k] along the axis over k <= i (k < i exclusive), in ascending k; reversed,
-    over k >= i (k > i) in descending k. The other positions contribute a term that changes
-    nothing, bit for bit: -0.0 for a float sum (x + -0.0 is x, signed zeros included), 0 for an
-    integer sum, 1 for a product. An exclusive sum over nothing is +0."""
+    over k >= i (k > i) in descending k; a sum of halves runs in f32 and is rounded once. The other
+    positions contribute a term that changes nothing, bit for bit: -0.0 for a float sum (x + -0.0 is
+    x, signed zeros included), 0 for an integer sum, 1 for a product. An exclusive sum over nothing
+    is +0."""
 
     def rule(c: R.RuleCtx) -> R.Expr:
         (x,) = c.inputs
@@ -241,6 +242,7 @@ def _scan_rule(kind: str) -> Callable[[R.RuleCtx], R.Expr]:
         reverse, exclusive = c.attrs["reverse"], c.attrs["exclusive"]
         i = c.out[ax]
         neutral = R.lit(-0.0 if kind == "sum" and x.dtype.is_float else (0 if kind == "sum" else 1), x.dtype)
+        wide = kind == "sum" and x.dtype in R.HALF_DTYPES  # half running sums accumulate in f32, rounded once
 
         def body(k: R.Ix) -> R.Expr:
             pos = R.Ix.lit(n) - R.Ix.lit(1) - k if reverse else k  # the position the k-th term reads
@@ -248,9 +250,12 @@ def _scan_rule(kind: str) -> Callable[[R.RuleCtx], R.Expr]:
             idx[ax] = pos
             cmp = ("gt" if exclusive else "ge") if reverse else ("lt" if exclusive else "le")
             keep = R.call(cmp, R.IndexValue(DType.i64, pos), R.IndexValue(DType.i64, i))
-            return R.select(keep, x.at(*idx), neutral)
+            term = R.select(keep, x.at(*idx), neutral)
+            return R.widen(term) if wide else term
 
         out = R.reduce(kind, [n], body)
+        if wide:
+            out = R.cast(out, x.dtype)
         if not (exclusive and kind == "sum"):
             return out
         first = R.Ix.lit(n) - R.Ix.lit(1) if reverse else R.Ix.lit(0)
@@ -268,7 +273,10 @@ def _scan_numpy(kind: str) -> Callable[..., np.ndarray]:
         ax = norm_axis(axis, x.ndim)
         if reverse:
             x = np.flip(x, axis=ax)
-        y = fn(x, axis=ax, dtype=x.dtype)  # a running fold: each element is the rule's sequential sum
+        if kind == "sum" and DType.from_numpy(x.dtype) in R.HALF_DTYPES:  # the f32 running sum, rounded once
+            y = _round_once(np.cumsum(x.astype(np.float32), axis=ax, dtype=np.float32), x.dtype)
+        else:
+            y = fn(x, axis=ax, dtype=x.dtype)  # a running fold: each element is the rule's sequential sum
         if exclusive and y.shape[ax]:
             head = fill(np.take(y, [0], axis=ax))
             y = np.concatenate([head, np.take(y, range(y.shape[ax] - 1), axis=ax)], axis=ax)
