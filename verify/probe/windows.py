@@ -12,8 +12,11 @@ sample) travels much better (:class:`WindowNorms`):
   program's accumulation adds ``γ_{n+1}·σ(|W|)``;
 * an output element of a convolution is at most ``‖w_o‖₂`` times its receptive field's norm
   (Cauchy–Schwarz), which is what proves a site;
-* a ReLU and a cast never grow a norm beyond their rounding; a sum adds its operands' norms; a product by
-  a constant scales by its largest magnitude; a max pool multiplies by at most ``√(windows per input)``;
+* a ReLU, a clip around zero and a cast never grow a norm beyond their rounding; a sum (or a max/min
+  with a constant) adds its operands' norms; a product or quotient by a constant scales by its largest
+  magnitude, an unfolded batch norm by its largest per-channel scale plus its shift's norm; a max pool
+  multiplies by at most ``√(windows per input)``, an average pool by that over its smallest divisor; a
+  global average pool's means are at most the image's norm over ``√(positions)``;
 * anything else, and always as a second bound: the norm of its interval magnitudes over the window.
 
 Only a site's receptive field matters, so the input enters with ``√(elements in the window)`` times its
@@ -48,6 +51,7 @@ NORM_FACTOR = 0.7
 frequency): charged once per convolution and engine, whether or not the process computed it before."""
 
 CACHE_SIZE = 512
+"""Operator norms kept per process before the cache starts over."""
 
 Window = tuple[int, ...]
 
