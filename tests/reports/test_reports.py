@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import struct
 import subprocess
 import zlib
@@ -32,6 +31,7 @@ from reports import (
     write_sarif,
 )
 from reports.html import COLORS
+from tests.browser import HEADLESS, NOT_INSTALLED, chromium
 
 DATA = Path(__file__).parent / "data"
 SARIF_SCHEMA = json.loads((DATA / "sarif-schema-2.1.0.json").read_text())
@@ -200,21 +200,13 @@ def _png_pixels(path: Path) -> tuple[int, int, list[tuple[int, int, int]]]:
     return width, height, pixels  # type: ignore[return-value]
 
 
-def _browser() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
-    browser = _browser()
+    browser = chromium()
     if browser is None:
-        pytest.skip("no Chromium installed (Debian: apt-get install chromium); the page was not rendered")
+        pytest.skip(f"{NOT_INSTALLED}; the page was not rendered")
     page = write_html(sample(tmp_path), tmp_path / "report.html")
     shot = tmp_path / "shot.png"
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
+    cmd = [browser, *HEADLESS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
            "--window-size=1100,1000", page.resolve().as_uri()]
     proc = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
     assert shot.exists(), proc.stderr.decode(errors="replace")[-2000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,25 +14,18 @@ import pytest
 from bench.web_example import EXAMPLE, build, example_input
 from cuvil.errors import InputError
 from cuvil.runtime.web_page import write_web_page
+from tests.browser import HEADLESS, NOT_INSTALLED, chromium
 from tests.cross_targets import needs_wasm
 
 pytestmark = needs_wasm
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--virtual-time-budget=10000"]
-
-
-def _browser() -> str | None:
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-
-
 def test_example_page_runs_the_wasm_module_in_headless_chromium(tmp_path: Path) -> None:
-    browser = _browser()
+    browser = chromium()
     if browser is None:
-        pytest.skip("no Chromium installed (Debian: apt-get install chromium); the page was not opened")
+        pytest.skip(f"{NOT_INSTALLED}; the page was not opened")
     page, want = build(tmp_path / "web")
-    cmd = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.resolve().as_uri()]
+    flags = [*HEADLESS, "--virtual-time-budget=10000"]
+    cmd = [browser, *flags, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.resolve().as_uri()]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
     status = re.search(r'<p id="status"[^>]*>(.*?)</p>', proc.stdout)
     outputs = re.search(r'<pre id="outputs">(.*?)</pre>', proc.stdout)
@@ -42,7 +34,7 @@ def test_example_page_runs_the_wasm_module_in_headless_chromium(tmp_path: Path) 
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert status.group(1).startswith(f"prediction: class {int(np.argmax(want))} ")
     shot = tmp_path / "shot.png"
-    subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", f"--screenshot={shot}",
+    subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'profile2'}", f"--screenshot={shot}",
                     "--window-size=900,700", page.resolve().as_uri()], capture_output=True, timeout=180, check=False)
     assert shot.is_file() and shot.stat().st_size > 1000
 
