@@ -20,6 +20,7 @@ from cuvil.errors import (
 from cuvil.frontend.registry import ConverterCtx, ConverterEntry
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.rules import HALF_DTYPES
 from cuvil.ir.values import Value
 
 
@@ -118,7 +119,7 @@ def converters() -> dict[tuple[str, str], ConverterEntry]:
     return CONVERTERS
 
 
-HALF = (DType.f16, DType.bf16)
+HALF = HALF_DTYPES
 
 
 def in_f32(b: Builder, x: Value, compute: Callable[[Value], Value]) -> Value:

@@ -29,6 +29,7 @@ from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import ops_with_precision
+from cuvil.ir.rules import HALF_DTYPES
 from cuvil.ir.values import Value, walk
 from cuvil.passes.base import Contract, FunctionPass, register
 
@@ -128,17 +129,18 @@ def declared_wide(fn: Function) -> frozenset[Value]:
     islands importers write where ONNX Runtime reduces or normalizes halves in float32). Narrowing them
     would probe and build a program the model does not describe."""
     out: set[Value] = set()
+    live: set[Value] = set()  # the values that depend on an input
     for v in fn.values():
+        if v.is_param or any(o in live for o in v.operands):
+            live.add(v)
         if v.is_param or v.is_const or v.dtype is not DType.f32:
             continue
         if v.op == "cast":
-            src = v.operands[0].dtype
-            if src in (DType.f16, DType.bf16) or v.operands[0] in out:
+            if v.operands[0].dtype in HALF_DTYPES or v.operands[0] in out:
                 out.add(v)
             continue
         floats = [o for o in v.operands if o.dtype.is_float]
-        wide = [o for o in floats if o in out]
-        if wide and all(o in out or not any(u.is_param for u in walk([o])) for o in floats):
+        if any(o in out for o in floats) and all(o in out or o not in live for o in floats):
             out.add(v)
     return frozenset(out)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
+from cuvil.passes.fold_batchnorm import is_constant_expr
 from verify.probe import interval as I
 from verify.probe.interval import Interval
 
@@ -31,10 +32,6 @@ RATIO = 1.25
 
 _WIDENING = {(DType.f16, DType.f32), (DType.bf16, DType.f32), (DType.f16, DType.f64), (DType.bf16, DType.f64),
              (DType.f32, DType.f64)}
-
-
-def _is_constant(v: Value) -> bool:
-    return v.is_const or (not v.is_param and all(_is_constant(o) for o in v.operands))
 
 
 def _squared(m: Value, a: Value) -> bool:
@@ -62,7 +59,7 @@ def _floor(d: Value, constant_value: Callable[[Value], np.ndarray]) -> tuple[Val
     """``max(n, ε)`` or ``clip(n, ε, ...)`` with a constant ``ε > 0``: ``(n, ε)``."""
     if d.op == "max" and len(d.operands) == 2:
         for n, e in (d.operands, d.operands[::-1]):
-            if _is_constant(e) and not _is_constant(n):
+            if is_constant_expr(e) and not is_constant_expr(n):
                 eps = float(np.min(np.asarray(constant_value(e), dtype=np.float64)))
                 return (n, eps) if eps > 0 else None
     if d.op == "clip" and d.attr("min") is not None:
@@ -99,11 +96,11 @@ def guarded_ratio(v: Value, values: Mapping[Value, Interval]) -> Interval | None
     if v.op != "where" or len(v.operands) != 3:
         return None
     cond, c, q = v.operands
-    if cond.op != "equal" or q.op != "div" or not _is_constant(c):
+    if cond.op != "equal" or q.op != "div" or not is_constant_expr(c):
         return None
     a, d = q.operands
     zero = [o for o in cond.operands if o is not d]
-    if len(zero) != 1 or d not in cond.operands or not _is_constant(zero[0]) or _norm_of(d, a) is None:
+    if len(zero) != 1 or d not in cond.operands or not is_constant_expr(zero[0]) or _norm_of(d, a) is None:
         return None
     ia, ic = values.get(a), values.get(c)
     if ia is None or ic is None or bool(np.any(ia.nan)) or not np.all(np.isfinite(ia.magnitude())):

@@ -55,6 +55,9 @@ CACHE_SIZE = 512
 
 Window = tuple[int, ...]
 
+Pool = tuple[list[int], list[int], list[int], list[int]]
+"""A pool's kernel, strides, leading pads and dilations."""
+
 _cache: dict[Any, tuple[float, float]] = {}
 """Operator norms by weight content, torus, dilations and groups: a probe and an FP16 plan build many
 engines over the same weights."""
@@ -257,22 +260,31 @@ class WindowNorms:
             return None
         return inner * factor * (1 + _u(v.dtype)) * SLACK
 
-    def _max_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
-        """Each output is one element of its window, so its square is at most the window's sum of squares;
-        an input lies in at most ``min(k, ceil(((k-1)d+1)/s))`` windows per axis."""
-        if v.attr("output") not in (None, "values") or v.attr("ceil_mode"):
-            return None  # (a ceil-mode window may hang past the padding and read -inf alone)
+    def _pooled(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> tuple[float, int, *Pool] | None:
+        """For a pool without ceil mode and with no window of padding alone: the input's norm over the
+        window ``win`` reads, the most windows one input lies in (``min(k, ceil(((k-1)d+1)/s))`` per axis),
+        and the kernel, strides, leading pads and dilations."""
+        if v.attr("ceil_mode"):
+            return None  # (a ceil-mode window may hang past the padding: -inf alone, or an odd count)
         x = v.operands[0]
-        nsp = len(_shape(x)) - 2
         ks = [int(k) for k in v.attr("kernel")]
-        s, pb, pe, d = window_params(nsp, v.attr("strides") or (), v.attr("pads") or (), v.attr("dilations") or ())
-        if any(p < 0 or p >= (k - 1) * dj + 1 for p, k, dj in zip([*pb, *pe], ks + ks, d + d, strict=True)):
-            return None  # a window of padding alone
+        s, pb, pe, d = window_params(len(_shape(x)) - 2, v.attr("strides") or (), v.attr("pads") or (),
+                                     v.attr("dilations") or ())
         span = [(k - 1) * dj + 1 for k, dj in zip(ks, d, strict=True)]
+        if any(p < 0 or p >= sp for p, sp in zip([*pb, *pe], span + span, strict=True)):
+            return None
         inner = self.window(x, tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True)), values)
         if inner is None:
             return None
         overlap = math.prod(min(k, -(-sp // sj)) for k, sp, sj in zip(ks, span, s, strict=True))
+        return inner, overlap, ks, s, pb, d
+
+    def _max_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """Each output is one element of its window, so its square is at most the window's sum of squares."""
+        pooled = None if v.attr("output") not in (None, "values") else self._pooled(v, win, values)
+        if pooled is None:
+            return None
+        inner, overlap, *_ = pooled
         return inner * math.sqrt(overlap) * SLACK * SLACK
 
     def _interval_window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
@@ -288,28 +300,19 @@ class WindowNorms:
         return None if sq is None else _max_window(sq, win)
 
     def _avg_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
-        """Each output is at most ``(1 + γ)·Σ|x|/count`` over its window (the float16 sum rounds every step), so
-        by Cauchy–Schwarz its square is at most ``(1 + γ)²·Σx²/divisor``: the divisor is the kernel's size when
-        padding counts, else the fewest taps any window has inside the input; an input lies in at most
-        ``overlap`` windows."""
-        if v.attr("ceil_mode"):
-            return None  # (an overhanging window's count)
-        x = v.operands[0]
-        nsp = len(_shape(x)) - 2
-        ks = [int(k) for k in v.attr("kernel")]
-        s, pb, pe, d = window_params(nsp, v.attr("strides") or (), v.attr("pads") or (), v.attr("dilations") or ())
-        span = [(k - 1) * dj + 1 for k, dj in zip(ks, d, strict=True)]
-        if any(p < 0 or p >= sp for p, sp in zip([*pb, *pe], span + span, strict=True)):
-            return None  # a window of padding alone
-        inner = self.window(x, tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True)), values)
-        if inner is None:
+        """Each output is at most ``(1 + γ)·Σ|x|/count`` over its window (``γ``: the sum's rounding, in the
+        output's type at worst), so by Cauchy–Schwarz its square is at most ``(1 + γ)²·Σx²/divisor``: the
+        divisor is the kernel's size when padding counts, else the fewest taps any window has inside the
+        input."""
+        pooled = self._pooled(v, win, values)
+        if pooled is None:
             return None
-        overlap = math.prod(min(k, -(-sp // sj)) for k, sp, sj in zip(ks, span, s, strict=True))
+        inner, overlap, ks, s, pb, d = pooled
         if v.attr("count_include_pad"):
             divisor = math.prod(ks)
         else:  # the fewest taps inside the input, per axis, over the outputs
             divisor = 1
-            for j, (n, o) in enumerate(zip(_shape(x)[2:], _shape(v)[2:], strict=True)):
+            for j, (n, o) in enumerate(zip(_shape(v.operands[0])[2:], _shape(v)[2:], strict=True)):
                 pos = np.arange(o)[:, None] * s[j] - pb[j] + np.arange(ks[j])[None, :] * d[j]
                 divisor *= int(np.min(((pos >= 0) & (pos < n)).sum(axis=1)))
             if divisor < 1:

@@ -16,9 +16,9 @@ from numpy.lib.stride_tricks import as_strided
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import cast, reduce_axes, sequential_matmul
+from cuvil.ir.numpy_prims import reduce_axes, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
-from cuvil.ir.ops.reduce import mean_numpy
+from cuvil.ir.ops.reduce import mean_numpy, round_once, wide_array
 from cuvil.ir.symbolic import Dim, sym_min
 from cuvil.ir.types import TensorType
 
@@ -490,8 +490,7 @@ def _avg_pool_numpy(xs: list[np.ndarray], out: TensorType, kernel: tuple[int, ..
                     pads: tuple[int, ...], dilations: tuple[int, ...], ceil_mode: bool,
                     count_include_pad: bool) -> np.ndarray:
     x = xs[0]
-    half = DType.from_numpy(x.dtype) in R.HALF_DTYPES
-    wide = x.astype(np.float32) if half else x  # halves sum and divide in f32, rounded once (the rule)
+    wide = wide_array(x)  # halves sum and divide in f32, rounded once (the rule)
     nsp = x.ndim - 2
     s, pb, pe, d = window_params(nsp, strides, pads, dilations)
     total = _tap_reduce(wide, out, kernel, strides, pads, dilations, 0, np.add)
@@ -501,8 +500,7 @@ def _avg_pool_numpy(xs: list[np.ndarray], out: TensorType, kernel: tuple[int, ..
         lo, hi = (-pb[j], size + pe[j]) if count_include_pad else (0, size)
         cj = _axis_counts(size, o, kernel[j], s[j], pb[j], d[j], lo, hi)
         count = np.multiply.outer(count, cj)
-    mean = total / count.astype(wide.dtype)
-    return cast(mean, DType.from_numpy(x.dtype)) if half else mean.astype(x.dtype)
+    return round_once(total / count.astype(wide.dtype), x.dtype)
 
 
 define("avg_pool", ("x",), attrs={**_POOL_ATTRS, "count_include_pad": ("bool", False)},

@@ -68,12 +68,12 @@ def _mean_rule(c: R.RuleCtx) -> R.Expr:
     return R.wide_mean([x.shape[k] for k in red], lambda *ks: x.at(*_reduced_index(c, red, ks)), x.dtype)
 
 
-def _wide_array(x: np.ndarray) -> np.ndarray:
+def wide_array(x: np.ndarray) -> np.ndarray:
     """``x`` in the type its sums accumulate in: halves as f32 (exact), the rest unchanged."""
     return x.astype(np.float32) if DType.from_numpy(x.dtype) in R.HALF_DTYPES else x
 
 
-def _round_once(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def round_once(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A wide accumulation rounded to the operand's type, as the rule's final cast does."""
     return v if v.dtype == dtype else cast(v, DType.from_numpy(dtype))
 
@@ -88,15 +88,15 @@ def _np_reduce(kind: str) -> Callable[..., np.ndarray]:
 
 def _sum_numpy(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     x = xs[0]
-    return _round_once(reduce_axes("sum", _wide_array(x), _axes(axes, x.ndim), keepdims), x.dtype)
+    return round_once(reduce_axes("sum", wide_array(x), _axes(axes, x.ndim), keepdims), x.dtype)
 
 
 def mean_numpy(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
     """The mean over ``axes`` (sorted, non-negative) as :func:`cuvil.ir.rules.wide_mean` defines it:
     the left-fold sum in the accumulator's type, divided there, rounded once."""
-    total = reduce_axes("sum", _wide_array(x), axes, keepdims)
+    total = reduce_axes("sum", wide_array(x), axes, keepdims)
     n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
-    return _round_once(div(total, np.asarray(n).astype(total.dtype)), x.dtype)
+    return round_once(div(total, np.asarray(n).astype(total.dtype)), x.dtype)
 
 
 def _mean_numpy(xs: list[np.ndarray], out: TensorType, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
@@ -274,7 +274,8 @@ def _scan_numpy(kind: str) -> Callable[..., np.ndarray]:
         if reverse:
             x = np.flip(x, axis=ax)
         if kind == "sum" and DType.from_numpy(x.dtype) in R.HALF_DTYPES:  # the f32 running sum, rounded once
-            y = _round_once(np.cumsum(x.astype(np.float32), axis=ax, dtype=np.float32), x.dtype)
+            wide = wide_array(x)
+            y = round_once(np.cumsum(wide, axis=ax, dtype=wide.dtype), x.dtype)
         else:
             y = fn(x, axis=ax, dtype=x.dtype)  # a running fold: each element is the rule's sequential sum
         if exclusive and y.shape[ax]:
