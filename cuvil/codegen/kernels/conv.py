@@ -70,6 +70,12 @@ PACK_MIN_PLANE = 1024
 """A 1x1 conv with at least this many output channels per group, and this many positions per
 channel plane, copies its input panels first (measured: +20-30% at 56x56, -5% at 14x14)."""
 
+CONV_KC_MAX = 1024
+"""A convolution's reduction (channels x taps) runs in blocks of at most this many steps, four times the
+GEMM's: its A rows are read in place through the offset table and its K is long (4608 for 512 channels
+of 3x3). One thread: 512x512 3x3 at 7x7 1.55 -> 1.34 ms, 64x64 3x3 at 56x56 1.38 -> 1.18 ms; no
+ResNet-18 layer slower."""
+
 MAX_SCRATCH_BYTES = 256 << 20
 """A conv whose padded copy would need more than this falls back to the generic lowering."""
 
@@ -149,11 +155,11 @@ class ConvKernel:
         # output positions in plane coordinates: the flat index of the last one, plus one
         self.positions = sum((o - 1) * st for o, st in zip(g.out_sp, plane_strides, strict=True)) + 1
         k = g.cg * g.taps
-        self.tiling = choose_tiling(isa, g.mg, self.positions, k)
+        self.tiling = choose_tiling(isa, g.mg, self.positions, k, kc_max=CONV_KC_MAX)
         # few output positions (a late, small feature map): positions as GEMM rows, channels as
         # vectors, when that computes clearly fewer padded elements than positions as vectors
         out_plane = math.prod(g.out_sp)
-        across = choose_tiling(isa, out_plane, g.mg, k)
+        across = choose_tiling(isa, out_plane, g.mg, k, kc_max=CONV_KC_MAX)
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
         self.transposed = g.mg >= isa.lanes and area_across * TRANSPOSE_GAIN < area

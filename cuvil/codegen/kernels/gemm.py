@@ -550,8 +550,10 @@ tiles): with two or three, one thread would finish early and wait (a 7x7 convolu
 """Bound on the stack a block's partial sums take between K blocks (worker stacks are MBs)."""
 
 
-def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv: int | None = None) -> Tiling:
-    """Register tile from the ISA (fewer rows/vectors for small problems), blocks for the caches."""
+def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv: int | None = None,
+                  kc_max: int = KC_MAX) -> Tiling:
+    """Register tile from the ISA (fewer rows/vectors for small problems), blocks for the caches
+    (K in blocks of at most ``kc_max`` steps)."""
     lanes = isa.lanes
     if mr is None or nv is None:  # the tile that computes the fewest padded elements (first on a tie)
         def padded(tile: tuple[int, int]) -> int:
@@ -563,7 +565,7 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
     nv = max(1, min(nv, -(-n // lanes)))
     if mr <= 2 and n >= 4 * lanes * nv:  # few rows (a GEMV): more independent vectors per row
         nv = min(2 * nv, -(-n // lanes))
-    nblocks = -(-k // KC_MAX)
+    nblocks = -(-k // kc_max)
     kc = -(-k // nblocks)
     nr = nv * lanes
     mt = -(-m // mr)
