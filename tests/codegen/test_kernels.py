@@ -276,6 +276,34 @@ def test_depthwise_conv():
     assert len(manifest["kernels"]) == 4
 
 
+DEPTHWISE_GEOMETRIES = [
+    # (input shape, kernel, strides, dilations, pads (begins + ends)): the in-place 2-D schedule's edge
+    # columns and zero rows, where every tap falls in the padding, where none does, and the 1-D / 3-D
+    # schedule that copies first
+    ((1, 4, 6, 7), (3, 3), (1, 1), (1, 1), (0, 2, 1, 0)),  # asymmetric pads
+    ((1, 3, 2, 2), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # no interior column: every column an edge
+    ((1, 2, 1, 5), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # one input row: two of three kernel rows in padding
+    ((2, 5, 9, 13), (1, 5), (1, 3), (1, 1), (0, 2, 0, 2)),  # a 1x5 kernel, stride 3 along the row
+    ((1, 6, 11, 8), (5, 3), (2, 1), (1, 2), (2, 2, 2, 2)),  # taller kernel, dilated columns
+    ((1, 3, 7, 7), (3, 3), (3, 3), (3, 3), (3, 3, 3, 3)),  # stride = dilation = pad = 3
+    ((1, 4, 5, 5), (3, 3), (1, 1), (1, 1), (4, 4, 4, 4)),  # pads wider than the kernel: all-padding rows
+    ((1, 4, 5, 5), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0)),  # no padding at all
+    ((1, 4, 17), (3,), (2,), (1,), (1, 1)),  # 1-D
+    ((1, 3, 4, 5, 6), (3, 3, 3), (1, 1, 2), (1, 1, 1), (1, 1, 1, 1, 1, 1)),  # 3-D
+]
+
+
+def test_depthwise_conv_geometries():
+    c = Cases()
+    for xs, ks, st, dl, pads in DEPTHWISE_GEOMETRIES:
+        x = c.input(_f32(*xs))
+        w = c.b.const(_f32(xs[1], 1, *ks))
+        y = c.b.conv(x, w, groups=xs[1], strides=st, dilations=dl, pads=pads)
+        c.add(f"depthwise x{xs} k{ks} s{st} d{dl} p{pads}", c.b.relu(y), math.prod(ks))
+    manifest = c.check("conv.depthwise.")
+    assert manifest["kernels"], "no depthwise kernel was used"
+
+
 # --------------------------------------------------------------------------------------
 # selection, fallbacks and the other vector width
 

@@ -17,8 +17,9 @@ contiguously into NCHW and the epilogue vectorizes along a row.
   are the GEMM rows, read in place through the same offset table, and output channels the
   vector dimension (weights packed as column panels), which pads far less work.
 - Depthwise (one input channel per output) has no channel reduction, so no GEMM: per channel,
-  a padded copy (not phase split) and one loop per output row, vectorized by LLVM along the
-  row (a strided conv reads every s-th input there, as an interleaved access).
+  one loop per output row, vectorized by LLVM along the row (a strided conv reads every s-th
+  input there, as an interleaved access). In 2-D the input is read in place, a kernel row in the
+  padding reading a row of zeros; in 1-D and 3-D from a padded copy.
 """
 
 from __future__ import annotations
@@ -487,6 +488,73 @@ class DepthwiseKernel(ConvKernel):
         return kf.finish()
 
 
+class InPlaceDepthwiseKernel(DepthwiseKernel):
+    """A 2-D depthwise convolution read in place (no padded copy, which took as long as the taps on
+    MobileNet's layers): per output row, each kernel row reads its input row, or a row of zeros where
+    it falls in the padding; the output columns whose taps all fall inside the row run in a loop
+    LLVM vectorizes (stride 2 as an interleaved access), the few edge columns read a zero for a
+    tap in the padding. The products and their order are the padded copy's, so the sums are too."""
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        g = self.g
+        kf = KernelFunction(mod, name, len(self.in_types))
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = g.kernel, g.strides, g.pads, g.dilations
+        (h, w_in), (oh, ow) = g.in_sp, g.out_sp
+        taps = g.taps
+        weights = embed_array(mod, f"{name}.w", self.weights.reshape(g.c_out, taps))
+        zero_row = embed_array(mod, f"{name}.zeros", np.zeros(w_in, dtype=np.float32))
+        # output columns whose every tap is inside the row: x*sw - pw >= 0 and x*sw + (kw-1)*dw - pw < w_in
+        x_lo = min(ow, -(-pw // sw))
+        x_hi = max(x_lo, min(ow, (w_in - 1 - (kw - 1) * dw + pw) // sw + 1 if w_in - 1 - (kw - 1) * dw + pw >= 0
+                             else 0))
+        zero = ir.Constant(F32, 0.0)
+
+        def chunk(ctx: Ctx, c: Val) -> None:
+            b = ctx.b
+            image = b.udiv(c, const(g.c_in))
+            chan = b.urem(c, const(g.c_in))
+            src = fgep(b, ctx.ins[self.c.lhs], b.mul(c, const(h * w_in)))
+            w_row = fgep(b, weights, b.mul(chan, const(taps)))
+            wt = [b.load(fgep(b, w_row, t), typ=F32, align=4) for t in range(taps)]
+            epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
+            out_base = b.mul(c, const(oh * ow))
+
+            def row(y: Val) -> None:
+                rows = []
+                for ky in range(kh):
+                    iy = b.sub(b.add(b.mul(y, const(sh)), const(ky * dh)), const(ph))
+                    inside = b.icmp_unsigned("<", iy, const(h))
+                    rows.append(b.select(inside, fgep(b, src, b.mul(iy, const(w_in))), zero_row))
+                out_row = b.add(out_base, b.mul(y, const(ow)))
+
+                def column(x: Val, edge: bool) -> None:
+                    acc: Val = zero
+                    for ky in range(kh):
+                        for kx in range(kw):
+                            ix = b.sub(b.add(b.mul(x, const(sw)), const(kx * dw)), const(pw))
+                            if edge:
+                                inside = b.icmp_unsigned("<", ix, const(w_in))
+                                v = b.load(fgep(b, rows[ky], b.select(inside, ix, const(0))), typ=F32, align=4)
+                                v = b.select(inside, v, zero)
+                            else:
+                                v = b.load(fgep(b, rows[ky], ix), typ=F32, align=4)
+                            acc = fma(b, wt[ky * kw + kx], v, acc)
+                    epi.store(b.add(out_row, x), epi.element([image, chan, y, x], acc))
+
+                for_range(b, 0, x_lo, "owl", lambda x: column(x, True), hints=NO_UNROLL)
+                for_range(b, x_lo, x_hi, "ow", lambda x: column(x, False))
+                for_range(b, x_hi, ow, "owr", lambda x: column(x, True), hints=NO_UNROLL)
+
+            for_range(b, 0, oh, "oh", row, hints=NO_UNROLL)
+
+        kf.phase(g.batch * g.c_in, 2.0 * g.batch * g.c_out * taps * oh * ow, chunk)
+        return kf.finish()
+
+
 def _copy_row_function(mod: ir.Module) -> ir.Function:
     """``copy_row(dst, src, lo, hi, w, stride, shift)``: ``dst[q] = src[q * stride + shift]`` for
     ``lo <= q < hi`` and 0 for the other ``q < w``. One per module: every conv's padded copy calls it."""
@@ -533,8 +601,8 @@ def select_conv(op: str, c: Contraction, in_types: Sequence[TensorType], out_typ
     if any(p < 0 for p in pb):
         return None
     depthwise = geometry.cg == 1 and geometry.mg == 1 and not geometry.direct
-    kernel = (DepthwiseKernel if depthwise else ConvKernel)(op, c, in_types, out_type, np.asarray(weights), geometry,
-                                                            isa)
+    kind = ConvKernel if not depthwise else InPlaceDepthwiseKernel if nsp == 2 else DepthwiseKernel
+    kernel = kind(op, c, in_types, out_type, np.asarray(weights), geometry, isa)
     if kernel.scratch_bytes > MAX_SCRATCH_BYTES or int(kernel.koff.max(initial=0)) + kernel.tiling.nr >= 2**31:
         return None
     return kernel
