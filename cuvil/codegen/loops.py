@@ -106,6 +106,21 @@ def if_then(b: Builder, cond: Val, name: str, body: Callable[[], object]) -> Non
     b.position_at_end(done)
 
 
+def if_else(b: Builder, cond: Val, name: str, then_body: Callable[[], object],
+            else_body: Callable[[], object]) -> None:
+    then = b.append_basic_block(f"{name}.then")
+    other = b.append_basic_block(f"{name}.else")
+    done = b.append_basic_block(f"{name}.done")
+    b.cbranch(cond, then, other)
+    b.position_at_end(then)
+    then_body()
+    b.branch(done)
+    b.position_at_end(other)
+    else_body()
+    b.branch(done)
+    b.position_at_end(done)
+
+
 def i64(v: Val | int) -> Val:
     """An i64 operand from a Python int or an existing value."""
     return const(v) if isinstance(v, int) else v

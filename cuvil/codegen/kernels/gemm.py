@@ -48,6 +48,7 @@ from cuvil.codegen.loops import (
     counted_loop,
     for_range,
     i64,
+    if_else,
     if_then,
     imin,
     opaque_alloca,
@@ -323,11 +324,14 @@ def ahead_every(tiling: Tiling) -> int:
 
 
 def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, lanes: int, tile_stride: int,
-                   valid_last: int | None, ahead_every: int = 0) -> ir.Function:
+                   valid_last: int | None, ahead_every: int = 0, a_stride: int | None = None) -> ir.Function:
     """The micro-kernel as a function, one per tile shape and operand kind in a module (every
     kernel of a model shares it, so LLVM optimizes and compiles it once). It adds
-    ``count`` steps of A x B to the ``mr x nv`` vectors at ``tile`` (or starts from zero)."""
+    ``count`` steps of A x B to the ``mr x nv`` vectors at ``tile`` (or starts from zero).
+    ``a_stride``: the packed A tile's rows (``mr`` or more: a bottom tile uses its first ``mr``)."""
+    a_stride = a_stride or mr
     name = f"cuvil.micro.{a_kind}.{b_kind}.{mr}x{nv}x{lanes}.s{tile_stride}" + \
+        (f".a{a_stride}" if a_kind == "packed" and a_stride != mr else "") + \
         (f".v{valid_last}" if valid_last is not None else "") + (f".ahead{ahead_every}" if ahead_every else "")
     found = mod.globals.get(name)
     if isinstance(found, ir.Function):
@@ -343,7 +347,7 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
         arg.add_attribute("noalias")
     b = Builder(fn.append_basic_block("entry"))
     if a_kind == "packed":
-        a: AAccess = PackedA(a_ptr, mr)
+        a: AAccess = PackedA(a_ptr, a_stride)
     else:
         rows: list[Val] = [b.load(b.gep(a_ptr, [const(i)], inbounds=True, source_etype=PTR), typ=PTR)
                            for i in range(mr)]
@@ -655,6 +659,8 @@ class GemmCore:
         self.nblocks = ceil_div(self.nt, t.nb_tiles)
         self.kblocks = ceil_div(sym_max(k, 1), t.kc)  # one (empty) block when K is 0
         self.blocked = evaluate_dim(self.kblocks, maxima or {}) > 1  # partial sums kept between K blocks
+        # rows of the last tile row at a static M; the whole tile otherwise (edge rows then computed and dropped)
+        self.m_edge = m - (self.mt - 1) * t.mr if isinstance(m, int) and isinstance(self.mt, int) else t.mr
         if isinstance(n, int) and isinstance(self.nt, int):
             self.n_edge = n - (self.nt - 1) * t.nr
             self.b_masked_edge = b_masked_edge and self.n_edge != t.nr
@@ -720,15 +726,15 @@ class GemmCore:
                     slot = b.add(b.mul(b.sub(mtv, mt0), const(t.nb_tiles)), b.sub(nt, nt0)) if blocked else const(0)
                     tile = fgep(b, cbuf, b.mul(slot, const(tile_floats)))
 
-                    def compute(width: int) -> None:
+                    def compute(width: int, height: int) -> None:
                         nv = -(-width // lanes)
                         a = self.a_at(ctx, problem, m0, k0)
                         bb = self.b_at(ctx, problem, n0, k0, width, panel)
                         valid = width % lanes if bb.kind != "packed" and width % lanes else None
                         ahead = self._next_panel(ctx, problem, mtv, mt0, nt, nt0, nt1, k0) \
                             if bb.kind == "packed" and self.b_pack is None else None
-                        fn = micro_function(ctx.fn.module, a.kind, bb.kind, t.mr, nv, lanes, nr, valid,
-                                            self.ahead_every if ahead is not None else 0)
+                        fn = micro_function(ctx.fn.module, a.kind, bb.kind, height, nv, lanes, nr, valid,
+                                            self.ahead_every if ahead is not None else 0, a_stride=t.mr)
                         if a.kind in ("rows", "rowtable"):
                             rows = a.ptr
                             assert isinstance(rows, list)
@@ -744,21 +750,18 @@ class GemmCore:
                         b.call(fn, [a_arg, i64(a.kstride), bb.ptr, i64(bb.kstride), table or null, kn, tile, acc,
                                     ahead or null])
 
-                    if self.b_masked_edge:
-                        edge = b.icmp_signed("==", nt, size(self.nt - 1))
-                        then = b.append_basic_block("tile.edge")
-                        full = b.append_basic_block("tile.full")
-                        done = b.append_basic_block("tile.done")
-                        b.cbranch(edge, then, full)
-                        b.position_at_end(then)
-                        compute(self.n_edge)
-                        b.branch(done)
-                        b.position_at_end(full)
-                        compute(nr)
-                        b.branch(done)
-                        b.position_at_end(done)
+                    def across(height: int) -> None:
+                        if self.b_masked_edge:
+                            if_else(b, b.icmp_signed("==", nt, size(self.nt - 1)), "tile.edge",
+                                   lambda: compute(self.n_edge, height), lambda: compute(nr, height))
+                        else:
+                            compute(nr, height)
+
+                    if self.m_edge != t.mr:  # the last tile row has fewer rows: a shorter micro-kernel
+                        if_else(b, b.icmp_signed("==", mtv, const(int(self.mt) - 1)), "tile.bottom",
+                               lambda: across(self.m_edge), lambda: across(t.mr))
                     else:
-                        compute(nr)
+                        across(t.mr)
                     if blocked:
                         if_then(b, last, "store", lambda: self.store(ctx, problem, m0, n0, rows, cols, tile, nr))
                     else:
