@@ -292,9 +292,13 @@ def bench_gemm(n: int, *, repeat: int, warmup: int = 2) -> GemmResult:
 # report
 
 
+NOT_RUN = "not run"
+"""The error of an engine left out with ``--engines``: shown as "-", not as a failure."""
+
+
 def _fmt_ms(r: EngineResult) -> str:
     if r.error is not None:
-        return "[red]failed[/red]" if "quantized" not in r.error else "-"
+        return "[red]failed[/red]" if "quantized" not in r.error and r.error != NOT_RUN else "-"
     return f"{r.median_ms:.3f}" if r.median_ms is not None else "-"
 
 
@@ -316,8 +320,8 @@ def render(models: Sequence[ModelResult], gemm: GemmResult | None, threads: int,
         c = m.engines.get("cuvil", EngineResult())
         tuned = sum(n for k, n in m.kernels.items() if k != "rule")
         total = sum(m.kernels.values())
-        table.add_row(m.model, _fmt_ms(c), _fmt_ms(m.engines.get("ort", EngineResult(error="skipped"))),
-                      _fmt_ms(m.engines.get("torch", EngineResult(error="skipped"))),
+        table.add_row(m.model, _fmt_ms(c), _fmt_ms(m.engines.get("ort", EngineResult(error=NOT_RUN))),
+                      _fmt_ms(m.engines.get("torch", EngineResult(error=NOT_RUN))),
                       _fmt_ratio(m.ratio("ort")), _fmt_ratio(m.ratio("torch")),
                       f"{c.setup_s:.1f}" if c.setup_s is not None else "-",
                       f"{tuned}/{total}" if total else "-",
