@@ -445,3 +445,48 @@ def test_bench_harness_smoke(tmp_path):
     assert model["ratio_vs_ort"] > 0 and model["ratio_vs_torch"] > 0
     assert report["gemm"]["n"] == 48 and report["gemm"]["max_rel_error"] < 1e-5
     assert out.exists()
+
+
+@pytest.mark.parametrize("m,n,k", [(49, 512, 4608), (196, 256, 2304), (128, 1024, 256), (128, 256, 256),
+                                   (9, 4096, 1024), (3136, 64, 576), (1000, 1000, 1000), (1, 1000, 1024)])
+def test_streamed_b_is_read_by_as_few_m_blocks_as_the_caches_allow(m: int, n: int, k: int):
+    """Where B streams from memory, every M block reads all of it: M is cut no finer than the A block
+    bound needs, and the blocks the pool wants come from N first."""
+    from cuvil.codegen.kernels import gemm
+
+    isa = gemm.ISAS["avx512"]
+    t = gemm.choose_tiling(isa, m, n, k, b_streams=True)
+    mt, nt = -(-m // t.mr), -(-n // t.nr)
+    fewest = -(-mt // max(1, gemm.A_BLOCK_STREAMING_B // (t.kc * t.mr * 4)))
+    mblocks, nblocks = -(-mt // t.mb_tiles), -(-nt // t.nb_tiles)
+    assert t.mb_tiles * t.mr * t.kc * 4 <= gemm.A_BLOCK_STREAMING_B or t.mb_tiles == 1
+    if mblocks > fewest:  # M was cut for the pool only once N had nothing left to cut
+        assert t.nb_tiles == 1 and 2.0 * m * n * k >= gemm.PARALLEL_MIN_FLOPS
+    if 2.0 * m * n * k >= gemm.PARALLEL_MIN_FLOPS:
+        assert mblocks * nblocks >= min(gemm.MIN_PARALLEL_BLOCKS, mt * nt)
+    resident = gemm.choose_tiling(isa, m, n, k, b_streams=False)
+    assert -(-mt // resident.mb_tiles) >= mblocks
+
+
+def test_blocking_for_streamed_weights_keeps_every_bit(monkeypatch):
+    """How M and N are cut into blocks never changes a sum (each output's K steps run in the same order):
+    convolutions and GEMMs blocked for streamed weights and for resident ones give identical bits."""
+    from cuvil.codegen.kernels import gemm
+
+    c = Cases()
+    for xs, ws, attrs in [((1, 64, 7, 7), (128, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+                          ((1, 32, 30, 30), (48, 32, 3, 3), {"strides": [2, 2]}),
+                          ((1, 128, 14, 14), (256, 128, 1, 1), {})]:
+        x = c.input(_f32(*xs))
+        c.add(f"conv {xs} {ws}", c.b.conv(x, c.b.const(_f32(*ws)), **attrs), ws[1] * ws[2] * ws[3])
+    a = c.input(_f32(100, 300))
+    c.add("gemm", c.b.matmul(a, c.b.const(_f32(300, 700))), 300)
+    module = c.module()
+    monkeypatch.setattr(gemm, "B_STREAMS_BYTES", 0)
+    streamed = compile(module, cache=False, threads=2)
+    monkeypatch.setattr(gemm, "B_STREAMS_BYTES", 1 << 40)
+    monkeypatch.setattr(gemm, "A_BLOCK_STREAMING_B", gemm.A_BLOCK_BYTES)
+    resident = compile(module, cache=False, threads=2)
+    assert "rule" not in streamed.manifest["kernels"]
+    for got, want in zip(streamed.run(c.inputs), resident.run(c.inputs), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -47,6 +47,7 @@ from cuvil.codegen.kernels.gemm import (
     fma,
     pack_panel,
     store_rows,
+    streams_from_memory,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
 from cuvil.codegen.llvm_types import F32, I32, I64, PTR
@@ -156,11 +157,12 @@ class ConvKernel:
         # output positions in plane coordinates: the flat index of the last one, plus one
         self.positions = sum((o - 1) * st for o, st in zip(g.out_sp, plane_strides, strict=True)) + 1
         k = g.cg * g.taps
-        self.tiling = choose_tiling(isa, g.mg, self.positions, k, kc_max=CONV_KC_MAX)
+        self.tiling = choose_tiling(isa, g.mg, self.positions, k, kc_max=CONV_KC_MAX,
+                                    b_streams=streams_from_memory(k, self.positions))
         # few output positions (a late, small feature map): positions as GEMM rows, channels as
         # vectors, when that computes clearly fewer padded elements than positions as vectors
         out_plane = math.prod(g.out_sp)
-        across = choose_tiling(isa, out_plane, g.mg, k, kc_max=CONV_KC_MAX)
+        across = choose_tiling(isa, out_plane, g.mg, k, kc_max=CONV_KC_MAX, b_streams=streams_from_memory(k, g.mg))
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
         self.transposed = g.mg >= isa.lanes and area_across * TRANSPOSE_GAIN < area
