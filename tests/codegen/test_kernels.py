@@ -304,6 +304,26 @@ def test_depthwise_conv_geometries():
     assert manifest["kernels"], "no depthwise kernel was used"
 
 
+def test_depthwise_masked_last_vector_keeps_every_bit(monkeypatch):
+    """Rows wide enough for the vector loop, with a last partial vector (masked at stride 1, one at a
+    time at stride 2) and widths that are whole vectors: the same bits as the loop with a scalar
+    remainder (every column's taps are the same fused steps in the same order)."""
+    from cuvil.codegen.kernels import conv
+
+    c = Cases()
+    for xs, st in [((1, 3, 9, 112), 1), ((1, 2, 5, 40), 1), ((1, 2, 4, 34), 1), ((1, 2, 6, 50), 2),
+                   ((1, 1, 3, 18), 1), ((2, 2, 4, 57), 2)]:
+        x = c.input(_f32(*xs))
+        y = c.b.conv(x, c.b.const(_f32(xs[1], 1, 3, 3)), groups=xs[1], strides=(st, st), pads=(1, 1, 1, 1))
+        c.add(f"depthwise x{xs} s{st}", c.b.clip(y, min=0.0, max=6.0), 9)
+    c.check("conv.depthwise.")
+    masked = compile(c.module(), cache=False)
+    monkeypatch.setattr(conv, "MASKED_TAIL", ())
+    remainder = compile(c.module(), cache=False)
+    for got, want, label in zip(masked.run(c.inputs), remainder.run(c.inputs), c.labels, strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=label)
+
+
 # --------------------------------------------------------------------------------------
 # selection, fallbacks and the other vector width
 
