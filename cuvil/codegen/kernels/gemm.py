@@ -697,15 +697,18 @@ class GemmCore:
         return self.mblocks * self.nblocks
 
     def _next_panel(self, ctx: Ctx, problem: Any, mtv: Val, mt0: Val, nt: Val, nt0: Val, nt1: Val,
-                    k0: Val) -> Val:
+                    k0: Val, last_k: Val, n_tiles: Val) -> Val:
         """Where register tile row ``mtv`` of the block fetches ahead: its share of the packed B panel
-        used next (the next column tile's, or the next K block's first), ``kc / every`` lines per tile
-        row."""
+        used next (the next column tile's, or the next K block's first; after the block's last panel,
+        the first panel of the block that follows it), ``kc / every`` lines per tile row."""
         b = ctx.b
         t = self.t
         last_nt = b.icmp_signed("==", nt, b.sub(nt1, const(1)))
-        n0 = b.mul(b.select(last_nt, nt0, b.add(nt, const(1))), const(t.nr))
-        nxt = self.b_at(ctx, problem, n0, b.select(last_nt, b.add(k0, const(t.kc)), k0), t.nr, None)
+        done = b.and_(last_nt, last_k)
+        following = b.select(b.icmp_signed("<", nt1, n_tiles), nt1, const(0))
+        col = b.select(done, following, b.select(last_nt, nt0, b.add(nt, const(1))))
+        k_next = b.select(done, const(0), b.select(last_nt, b.add(k0, const(t.kc)), k0))
+        nxt = self.b_at(ctx, problem, b.mul(col, const(t.nr)), k_next, t.nr, None)
         share = b.mul(b.sub(mtv, mt0), const(LINE_FLOATS * -(-t.kc // self.ahead_every)))
         return fgep(b, nxt.ptr, share)
 
@@ -755,7 +758,7 @@ class GemmCore:
                         a = self.a_at(ctx, problem, m0, k0)
                         bb = self.b_at(ctx, problem, n0, k0, width, panel)
                         valid = width % lanes if bb.kind != "packed" and width % lanes else None
-                        ahead = self._next_panel(ctx, problem, mtv, mt0, nt, nt0, nt1, k0) \
+                        ahead = self._next_panel(ctx, problem, mtv, mt0, nt, nt0, nt1, k0, last, size(self.nt)) \
                             if bb.kind == "packed" and self.b_pack is None else None
                         fn = micro_function(ctx.fn.module, a.kind, bb.kind, height, nv, lanes, nr, valid,
                                             self.ahead_every if ahead is not None else 0, a_stride=t.mr)
