@@ -51,7 +51,7 @@ class ModelResult:
     model: str
     description: str
     engines: dict[str, EngineResult]
-    kernels: dict[str, int] = field(default_factory=dict)  # tuned kernel name -> count ("rule": generic)
+    kernels: dict[str, int] = field(default_factory=dict)  # tuned kernel name -> count ("rule": generic, "view": none)
     compile_breakdown: dict[str, float] = field(default_factory=dict)
     cuvil_memory_bytes: int | None = None  # arena + embedded constants
 
@@ -318,8 +318,8 @@ def render(models: Sequence[ModelResult], gemm: GemmResult | None, threads: int,
         table.add_column(col, justify="left" if col == "model" else "right")
     for m in models:
         c = m.engines.get("cuvil", EngineResult())
-        tuned = sum(n for k, n in m.kernels.items() if k != "rule")
-        total = sum(m.kernels.values())
+        tuned = sum(n for k, n in m.kernels.items() if k not in ("rule", "view"))
+        total = sum(n for k, n in m.kernels.items() if k != "view")  # a view runs nothing
         table.add_row(m.model, _fmt_ms(c), _fmt_ms(m.engines.get("ort", EngineResult(error=NOT_RUN))),
                       _fmt_ms(m.engines.get("torch", EngineResult(error=NOT_RUN))),
                       _fmt_ratio(m.ratio("ort")), _fmt_ratio(m.ratio("torch")),

@@ -90,7 +90,7 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
         **({"shape_class": shape_class.to_json()} if shape_class is not None else {}),
         "constants_bytes": lowered.constants_bytes,
         "ops": dict(sorted(collections.Counter(lowered.ops).items())),
-        "kernels": list(lowered.kernels),  # per step, in run order: a tuned kernel's name or "rule"
+        "kernels": list(lowered.kernels),  # per step, in run order: a tuned kernel's name, "rule" or "view"
         "threads": threads if threads is not None else "auto",
         "target": target.to_json(),
         "opt_level": opt_level,

@@ -116,7 +116,8 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     outputs = tuple(TensorSpec(n, r.dtype, shape_of(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
     loops = structured_kernels(ordered_steps(fn), constants, sizing)
-    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()}, size_of=sizing.planned)
+    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()}, size_of=sizing.planned,
+                       views=True)
     mod = ir.Module(name=prefix)
 
     for v in fn.values():
@@ -126,7 +127,7 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     kernels: list[ir.Function | None] = []
     tuned: dict[Value, Kernel] = {}
     for k, v in enumerate(plan.steps):
-        if get_op(v.op).structured:  # emitted below, once the constants it reads are embedded
+        if get_op(v.op).structured or v in plan.views:  # emitted below / a view of its operand's memory
             kernels.append(None)
             continue
         kernel = choose_kernel(v, constants, shape_class)
@@ -168,7 +169,8 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     entry.emit_run_checked(run)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
-                           tuple(tuned[v].name if v in tuned else "rule" for v in plan.steps), guard, shape_class)
+                           tuple(tuned[v].name if v in tuned else "view" if v in plan.views else "rule"
+                                 for v in plan.steps), guard, shape_class)
 
 
 def _check_shape_class(fn: Function, shape_class: ShapeClass, guard: GuardChecks | None) -> None:
@@ -284,7 +286,7 @@ class EntryPoints:
                 else ir.Constant(PTR, None)
 
         for v, kernel in zip(plan.steps, kernels, strict=True):
-            if kernel is None:  # a loop or cond result its group's first result writes
+            if kernel is None:  # a loop or cond result its group's first result writes, or a view
                 continue
             if v in loops:
                 lk = loops[v]

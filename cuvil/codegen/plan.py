@@ -3,7 +3,10 @@
 Inputs and constants stay where they are; a result is computed straight into the
 caller's output buffer; every other value gets a 64-byte aligned slice of one arena,
 reused once the value is dead (first fit, by liveness). An op's result never shares
-memory with its operands, which is what lets kernels mark their pointers ``noalias``.
+memory with its operands, which is what lets kernels mark their pointers ``noalias``;
+the one exception computes nothing: with ``views=True`` a ``reshape`` of an arena value or an
+input (row-major: the same elements in the same order) is that value's memory under another
+type, which stays live until the view's last reader, and no kernel runs for it.
 The results of one ``loop`` are computed together (at the first of them), so they are planned
 side by side, with the loop's work area live across them.
 """
@@ -37,6 +40,7 @@ class MemoryPlan:
     arena_bytes: int
     copies: tuple[tuple[Value, int], ...]  # results that are filled by a copy: (value, output index)
     work: dict[Value, int] = field(default_factory=dict)  # a loop group's first result -> its work area
+    views: dict[Value, Value] = field(default_factory=dict)  # a reshape that runs no kernel -> whose memory it is
 
 
 def nbytes(t: TensorType) -> int:
@@ -139,11 +143,26 @@ def plan_steps(steps: Sequence[Value], keep: Sequence[Value] = (),
     return offsets, arena.top
 
 
+def _views(steps: Sequence[Value], slots: Mapping[Value, Slot]) -> dict[Value, Value]:
+    """The reshapes that can be their operand's memory: each maps to the value whose memory it is
+    (through chains of reshapes), an arena value or an input, never a result the caller receives."""
+    views: dict[Value, Value] = {}
+    for v in steps:
+        if v.op != "reshape" or v in slots or v.dtype != v.operands[0].dtype:
+            continue
+        root = views.get(v.operands[0], v.operands[0])
+        if root.is_const or (root in slots and slots[root].kind not in ("input",)):
+            continue
+        views[v] = root
+    return views
+
+
 def plan_memory(fn: Function, work: Mapping[Value, int] | None = None,
-                size_of: Callable[[TensorType], int] | None = None) -> MemoryPlan:
+                size_of: Callable[[TensorType], int] | None = None, views: bool = False) -> MemoryPlan:
     """``work``: the work area (bytes) of each loop or cond group, by its first result; ``size_of``
     the bytes a value's slot takes (its size, by default; a function compiled for a shape class
-    plans each value at the largest size its dims' constraints allow)."""
+    plans each value at the largest size its dims' constraints allow); ``views``: reshapes share
+    their operand's memory (the emitter then runs no kernel for them)."""
     work = work or {}
     size = size_of or nbytes
     steps = ordered_steps(fn)
@@ -159,11 +178,12 @@ def plan_memory(fn: Function, work: Mapping[Value, int] | None = None,
             copies.append((v, r))
         else:
             slots[v] = Slot("output", r)
+    view_of = _views(steps, slots) if views else {}
 
     last_use: dict[Value, int] = {}
     for pos, v in enumerate(steps):
         for o in v.operands:
-            last_use[o] = pos
+            last_use[view_of.get(o, o)] = pos  # a view's readers keep the memory it is live
     # a loop's or cond's work area: from its first result until its last one (its members are adjacent)
     work_end = {first: max(pos for pos, v in enumerate(steps)
                            if _structured(v) and structured_group_key(v) == structured_group_key(first))
@@ -172,15 +192,17 @@ def plan_memory(fn: Function, work: Mapping[Value, int] | None = None,
     work_at: dict[Value, int] = {}
     open_work: dict[int, tuple[int, int]] = {}
     for pos, v in enumerate(steps):
-        if v not in slots:
+        if v in view_of:
+            slots[v] = slots[view_of[v]]
+        elif v not in slots:
             slots[v] = Slot("arena", arena.alloc(size(v.type)))
         if v in work:
             work_at[v] = arena.alloc(work[v])
             open_work[work_end[v]] = (work_at[v], work[v])
         if pos in open_work:
             arena.release(*open_work.pop(pos))
-        for o in set(v.operands):
+        for o in {view_of.get(o, o) for o in v.operands}:
             s = slots.get(o)
             if s is not None and s.kind == "arena" and last_use.get(o) == pos:
                 arena.release(s.index, size(o.type))
-    return MemoryPlan(steps, slots, arena.top, tuple(copies), work_at)
+    return MemoryPlan(steps, slots, arena.top, tuple(copies), work_at, view_of)

@@ -10,7 +10,7 @@ import pytest
 from cuvil.codegen.abi import ARENA_ALIGN
 from cuvil.codegen.plan import MemoryPlan, nbytes, plan_memory
 from cuvil.ir import Builder, DType
-from cuvil.ir.module import Function
+from cuvil.ir.module import Function, Module
 
 
 def _chain(length: int) -> Function:
@@ -35,13 +35,20 @@ def _random_dag(seed: int) -> Function:
 
 
 def check_plan(fn: Function, plan: MemoryPlan) -> None:
-    """The invariants every plan must keep, checked from the plan alone."""
+    """The invariants every plan must keep, checked from the plan alone. A view (a reshape that runs
+    no kernel) is its owner's memory: the owner stays live until the view's last reader."""
+    def owner(v):
+        return plan.views.get(v, v)
+
     pos = {v: k for k, v in enumerate(plan.steps)}
     last = {v: pos[v] for v in plan.steps}
     for k, v in enumerate(plan.steps):
         for o in v.operands:
-            last[o] = max(last.get(o, k), k)
-    arena = [v for v in plan.steps if plan.slots[v].kind == "arena"]
+            last[owner(o)] = max(last.get(owner(o), k), k)
+    for v, root in plan.views.items():
+        assert v.op == "reshape" and plan.slots[v] == plan.slots[root], f"{v} is not its owner's memory"
+        assert plan.slots[root].kind in ("arena", "input") and root not in plan.views
+    arena = [v for v in plan.steps if plan.slots[v].kind == "arena" and v not in plan.views]
     for v in arena:
         off = plan.slots[v].index
         assert off % ARENA_ALIGN == 0 and off + nbytes(v.type) <= plan.arena_bytes
@@ -52,6 +59,8 @@ def check_plan(fn: Function, plan: MemoryPlan) -> None:
             overlap = oa < ob + nbytes(b.type) and ob < oa + nbytes(a.type)
             assert not (live_together and overlap), f"{a} and {b} are live together in overlapping bytes"
     for v in plan.steps:
+        if v in plan.views:
+            continue
         for o in v.operands:
             assert plan.slots[o] != plan.slots[v] or plan.slots[v].kind == "const", f"{v} overwrites its operand"
     written = {plan.slots[v].index for v in plan.steps if plan.slots[v].kind == "output"}
@@ -109,5 +118,63 @@ def test_check_plan_catches_a_conflict():
     plan = plan_memory(fn)
     arena = [v for v in plan.steps if plan.slots[v].kind == "arena"]
     plan.slots[arena[1]] = plan.slots[arena[0]]  # neighbours are live at the same time
+    with pytest.raises(AssertionError):
+        check_plan(fn, plan)
+
+
+def _dag_with_reshapes(seed: int) -> Module:
+    """Elementwise ops over [4, 4] values and reshapes between them (chains of them too, of the input,
+    and as results), read long after their operand's last direct reader."""
+    rng = np.random.default_rng(100 + seed)
+    b = Builder()
+    x = b.param("x", DType.f32, [4, 4])
+    pool = [x, b.reshape(b.reshape(x, shape=[16]), shape=[4, 4])]
+    for _ in range(30):
+        a, c = pool[int(rng.integers(len(pool)))], pool[int(rng.integers(len(pool)))]
+        step = int(rng.integers(4))
+        if step == 3:
+            pool.append(b.reshape(b.reshape(a, shape=[2, 8]), shape=[4, 4]))
+        else:
+            pool.append(b.add(a, c) if step == 0 else b.tanh(a) if step == 1 else b.mul(a, b.exp(c)))
+    return b.module(b.function("main", [x], [pool[-1], b.reshape(pool[-3], shape=[16]), pool[5]]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_views_share_memory_and_keep_it_live(seed):
+    fn = _dag_with_reshapes(seed).main
+    plan = plan_memory(fn, views=True)
+    check_plan(fn, plan)
+    assert plan.views, "no reshape became a view"
+    assert all(plan.slots[r].kind != "arena" or r not in plan.views for r in fn.results)
+    plain = plan_memory(fn)
+    check_plan(fn, plain)
+    assert not plain.views and plan.arena_bytes <= plain.arena_bytes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_views_compile_to_the_interpreters_values(seed):
+    from cuvil.compiler import compile
+    from cuvil.interp import run_reference
+
+    module = _dag_with_reshapes(seed)
+    x = np.random.default_rng(seed).standard_normal((4, 4)).astype(np.float32) * 0.5
+    model = compile(module, cache=False, passes="O0")
+    assert "view" in model.manifest["kernels"]
+    for got, want in zip(model.run([x]), run_reference(module, [x]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_check_plan_catches_a_view_released_early():
+    b = Builder()
+    x = b.param("x", DType.f32, [8])
+    a = b.neg(x)
+    view = b.reshape(a, shape=[2, 4])
+    c = b.exp(x)  # allocated while the view is live: must not take a's bytes
+    out = b.add(b.reshape(c, shape=[2, 4]), view)
+    fn = b.function("main", [x], [out])
+    plan = plan_memory(fn, views=True)
+    check_plan(fn, plan)
+    assert plan.views[view] is a and plan.slots[c] != plan.slots[a]
+    plan.slots[c] = plan.slots[a]
     with pytest.raises(AssertionError):
         check_plan(fn, plan)

@@ -239,7 +239,8 @@ def test_a_manifest_whose_shape_class_was_edited_is_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("dtype", [DType.f32, DType.f16, DType.i64, DType.bool, DType.i4])
 def test_a_reshape_over_symbolic_dims_is_a_copy_of_its_bytes(tmp_path: Path, dtype: DType) -> None:
-    """The copy kernel is the rule's schedule bit for bit, for every storage type (NaN payloads too)."""
+    """The copy kernel (the reshape whose result the caller receives) and the view (the reshape of the
+    input, which runs no kernel) are the rule bit for bit, for every storage type (NaN payloads too)."""
     b = Builder()
     x = b.param("x", dtype, ["B", "S", 8])
     bs, ss = x.type.shape[0], x.type.shape[1]
@@ -249,7 +250,7 @@ def test_a_reshape_over_symbolic_dims_is_a_copy_of_its_bytes(tmp_path: Path, dty
     man = model.manifest
     assert man is not None
     if "matmul" in tuned_kernels():
-        assert man["kernels"].count("copy") == 2, man["kernels"]
+        assert man["kernels"].count("copy") == 1 and man["kernels"].count("view") == 1, man["kernels"]
     rng = np.random.default_rng(5)
     for shape in ((1, 1, 8), (4, 9, 8), (3, 5, 8)):
         raw = rng.integers(0, 256, size=(*shape, dtype.np.itemsize), dtype=np.uint8)
