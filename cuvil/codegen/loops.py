@@ -107,27 +107,24 @@ MASKED_TAIL = ("llvm.loop.vectorize.predicate.enable=true",)
 
 
 def if_then(b: Builder, cond: Val, name: str, body: Callable[[], object]) -> None:
-    then = b.append_basic_block(f"{name}.then")
-    done = b.append_basic_block(f"{name}.done")
-    b.cbranch(cond, then, done)
-    b.position_at_end(then)
-    body()
-    b.branch(done)
-    b.position_at_end(done)
+    if_else(b, cond, name, body, None)
 
 
 def if_else(b: Builder, cond: Val, name: str, then_body: Callable[[], object],
-            else_body: Callable[[], object]) -> None:
+            else_body: Callable[[], object] | None) -> None:
+    """``then_body`` where ``cond`` holds, else ``else_body`` (nothing when None); the builder is left
+    after both."""
     then = b.append_basic_block(f"{name}.then")
-    other = b.append_basic_block(f"{name}.else")
+    other = b.append_basic_block(f"{name}.else") if else_body is not None else None
     done = b.append_basic_block(f"{name}.done")
-    b.cbranch(cond, then, other)
+    b.cbranch(cond, then, other or done)
     b.position_at_end(then)
     then_body()
     b.branch(done)
-    b.position_at_end(other)
-    else_body()
-    b.branch(done)
+    if other is not None and else_body is not None:
+        b.position_at_end(other)
+        else_body()
+        b.branch(done)
     b.position_at_end(done)
 
 
