@@ -151,7 +151,7 @@ def _views(steps: Sequence[Value], slots: Mapping[Value, Slot]) -> dict[Value, V
         if v.op != "reshape" or v in slots or v.dtype != v.operands[0].dtype:
             continue
         root = views.get(v.operands[0], v.operands[0])
-        if root.is_const or (root in slots and slots[root].kind not in ("input",)):
+        if root.is_const or (root in slots and slots[root].kind != "input"):  # a constant's, an output's
             continue
         views[v] = root
     return views
