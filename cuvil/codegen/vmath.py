@@ -49,33 +49,28 @@ def _doubles(*hex_literals: str) -> tuple[float, ...]:
 
 
 # Coefficients of Chebyshev-economized polynomials (mpmath's chebyfit at 200 bits), highest degree first.
-ERF_ODD = _doubles(
-    "-0x1.ac9585a44fe29p-31", "0x1.d76af6ca49787p-27", "-0x1.5c131500d3f88p-23", "0x1.b981d78881a5dp-20",
-    "-0x1.f4ca838adb73bp-17", "0x1.f9a2be4f731a1p-14", "-0x1.c02db0665e53dp-11", "0x1.565bccfa44156p-8",
-    "-0x1.b82ce31203772p-6", "0x1.ce2f21a040f66p-4", "-0x1.812746b0379c1p-2", "0x1.20dd750429b6dp+0")
-"""erf(x) / x as a polynomial in x^2 for |x| <= 1 (12 coefficients, error below 1e-17)."""
+ERF_SPLIT = 2.25
+"""erf(x) is ``x`` times a polynomial in ``x^2`` below it, a polynomial in ``x`` from it to 4."""
 
-ERF_PIECES = (
-    _doubles(
-        "0x1.34de7be035905p-22", "-0x1.a77e9dd106903p-17", "0x1.2f4688f19689ep-16", "0x1.4361f20695e8ep-14",
-        "-0x1.0ad5c2d0064cfp-12", "-0x1.8530ed07e4b3ep-14", "0x1.c0383ebad4c2fp-10",
-        "-0x1.35aeca7825affp-9", "-0x1.36d73b2e83ef0p-8", "0x1.3ca3d828b5753p-6", "-0x1.e72372685221dp-7",
-        "-0x1.6d5a95d4920b8p-5", "0x1.1c2a02beb6104p-3", "-0x1.6d5a95d09eb83p-3", "0x1.e723726b824b3p-4",
-        "0x1.eea5557137adap-1"),
-    _doubles(
-        "-0x1.4d44bab47a9d1p-21", "0x1.74635ffe39654p-22", "0x1.3a395e6a0ac6dp-18",
-        "-0x1.daa425e761644p-17", "0x1.58dd0075dcd00p-18", "0x1.4a92f027d6bfep-14",
-        "-0x1.067187e5144a7p-12", "0x1.1154b0e0462adp-12", "0x1.1c610c476cacfp-11", "-0x1.6ecdbe8ab46a0p-9",
-        "0x1.90e812837e74bp-8", "-0x1.1a89b97ea3b53p-7", "0x1.119da0c46d88bp-7", "-0x1.64e3dcd3a4cffp-8",
-        "0x1.1d83170fbf6e4p-9", "0x1.ffcaa8f4c9beap-1"),
-    _doubles(
-        "-0x1.eb4266f96455dp-30", "0x1.67572b0a47f38p-24", "-0x1.459f5261ef7a8p-22",
-        "0x1.e0532ff397fe4p-22", "0x1.dddb4d7805a03p-22", "-0x1.37811cd545801p-18", "0x1.0134fae85086ap-16",
-        "-0x1.1f62d3ce576c5p-15", "0x1.e827fc58e8002p-15", "-0x1.4615414a08ecfp-14",
-        "0x1.586bafc441994p-14", "-0x1.1c07720e3fe19p-14", "0x1.62ccea63ec5dap-15",
-        "-0x1.3d0e43d70cf42p-16", "0x1.6a597219a8b85p-18", "0x1.ffffe710d565ep-1"),
-)
-"""erf(c + t) for |t| <= 1/2 around c = 1.5, 2.5 and 3.5 (16 coefficients each, error below 1e-15)."""
+ERF_ODD_CENTER = ERF_SPLIT * ERF_SPLIT / 2
+ERF_ODD = _doubles(
+    "0x1.13c24e7611a07p-61", "-0x1.4cfcb2dc04dc7p-57", "0x1.5d0661fe43f4fp-53", "-0x1.7707ded5008efp-49",
+    "0x1.7d734793e4e7bp-45", "-0x1.6b3388956f5f0p-41", "0x1.4384ba67ddc21p-37", "-0x1.0c6f0257aa131p-33",
+    "0x1.9cccabbc0e561p-30", "-0x1.246f7022aa9f7p-26", "0x1.7b3b1ee309d08p-23", "-0x1.bec0612059eccp-20",
+    "0x1.da0df1ba9fff2p-17", "-0x1.c0e26ee7450dap-14", "0x1.77b6c994c3145p-11", "-0x1.13f0fffce2788p-8",
+    "0x1.64a0a83d7b08ep-6", "-0x1.a7799829144f2p-4", "0x1.39f1b61df289dp-1")
+"""erf(x) / x as a polynomial in ``x^2 - ERF_ODD_CENTER`` for |x| < ERF_SPLIT (19 coefficients, error below
+5e-18; 2e-16 evaluated in double)."""
+
+ERF_TAIL_CENTER = (ERF_SPLIT + 4.0) / 2
+ERF_TAIL = _doubles(
+    "0x1.f9a647f5bf722p-29", "-0x1.ac3709438035dp-28", "-0x1.d601ac5f34a54p-26", "0x1.132bf7006563dp-23",
+    "-0x1.79141f93b8a91p-23", "-0x1.bfff6e322de25p-22", "0x1.6e411b9bd8f66p-19", "-0x1.ab14b74b55778p-18",
+    "0x1.03f13a013424ep-18", "0x1.aafbcdcfd3a4cp-16", "-0x1.d2ac67a36c28fp-14", "0x1.176cfbca97d1ep-12",
+    "-0x1.da496e71999d0p-12", "0x1.2e7e75fb995f6p-11", "-0x1.24544f022980dp-11", "0x1.a3737e2fdd140p-12",
+    "-0x1.a8670aa9a3015p-13", "0x1.0f9e1b4d895f6p-14", "0x1.fffeb3ebb267bp-1")
+"""erf(x) as a polynomial in ``x - ERF_TAIL_CENTER`` for ERF_SPLIT <= x <= 4 (19 coefficients, error below
+3e-16 evaluated in double)."""
 
 ERF_SATURATES = 4.0
 """|erf(x)| rounds to 1 in float32 from |x| of about 3.92 on: larger inputs are clamped to it."""
@@ -142,23 +137,16 @@ def tanh_f32(b: Builder, x: Val) -> Val:
 
 
 def erf_f32(b: Builder, x: Val) -> Val:
-    """float32 erf(x): odd, NaN stays NaN (quieted), ±inf gives ±1. Below 1, ``x`` times a polynomial in
-    ``x^2`` (relative accuracy down to the subnormals); from 1 to 4, the polynomial of the unit piece
-    ``|x|`` falls in, its coefficients chosen per element (selects, so lanes stay independent)."""
+    """float32 erf(x): odd, NaN stays NaN (quieted), ±inf gives ±1. Below :data:`ERF_SPLIT`, ``x`` times a
+    polynomial in ``x^2`` (relative accuracy down to the subnormals); from there to 4, a polynomial in ``x``.
+    Both are evaluated and one chosen per element (a select, so lanes stay independent): two chains of 19
+    fused multiply-adds and no per-coefficient selects."""
     wide = b.fpext(x, F64)
     nan, a = _nan_guarded(b, x, _call(b, "fabs", [wide]))
     a = b.select(b.fcmp_ordered(">", a, _f64(ERF_SATURATES)), _f64(ERF_SATURATES), a)
-    odd = b.fmul(a, _horner(b, b.fmul(a, a), ERF_ODD))
-    below2, below3 = b.fcmp_ordered("<", a, _f64(2.0)), b.fcmp_ordered("<", a, _f64(3.0))
-
-    def pick(first: float, second: float, third: float) -> Val:
-        return b.select(below2, _f64(first), b.select(below3, _f64(second), _f64(third)))
-
-    t = b.fsub(a, pick(1.5, 2.5, 3.5))
-    acc = pick(*(piece[0] for piece in ERF_PIECES))
-    for j in range(1, len(ERF_PIECES[0])):
-        acc = _call(b, "fma", [acc, t, pick(*(piece[j] for piece in ERF_PIECES))])
-    r = b.select(b.fcmp_ordered("<", a, _f64(1.0)), odd, acc)
+    odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-ERF_ODD_CENTER)]), ERF_ODD))
+    tail = _horner(b, b.fsub(a, _f64(ERF_TAIL_CENTER)), ERF_TAIL)
+    r = b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd, tail)
     y = b.fptrunc(_call(b, "copysign", [r, wide]), F32)
     return b.select(nan, b.fadd(x, x), y)
 
