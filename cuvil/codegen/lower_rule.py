@@ -159,7 +159,7 @@ class RuleKernel:
     argument, ``ptr dims`` (their ``i64`` values), and its extents, strides and bounds come from them."""
 
     def __init__(self, module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
-                 out_type: TensorType, op: str, dims: Sequence[str] | None = None) -> None:
+                 out_type: TensorType, op: str, dims: Sequence[str] | None = None, *, chunked: bool = False) -> None:
         self.op = op
         self.rule = rule
         self.out_type = out_type
@@ -168,13 +168,19 @@ class RuleKernel:
             (lambda t: tuple(t.shape)) if self.symbolic else (lambda t: static_shape(t, op))
         self.out_shape = shape_of(out_type)
         in_shapes = [shape_of(t) for t in in_types]
-        fnty = ir.FunctionType(I32, [PTR] * (1 + len(in_types) + (1 if self.symbolic else 0)))
+        self.chunked = chunked and not self.symbolic
+        fnty = ir.FunctionType(I32, [PTR] * (1 + len(in_types) + (1 if self.symbolic else 0))
+                               + [I64, I64] * self.chunked)
         self.fn = ir.Function(module, fnty, name=name)
         # Hidden but not internal, and never inlined: the optimizer cannot see which buffers a
         # kernel is called with, so it does not fold weight arrays into immediates (code size
         # and compile time stay proportional to the rule, not to the weights).
         self.fn.linkage = "hidden"  # external linkage, hidden visibility: not exported from the library
         self.fn.attributes.add("noinline")
+        self.chunk_axis: int | None = None
+        """The output axis a chunked kernel runs from ``lo`` to ``hi`` (its last two arguments); None: the
+        whole nest runs whatever they say (no axis could be split without repeating work)."""
+        self.chunk_extent = 1
         self.fn.args[0].name = "out"
         self.fn.args[0].add_attribute("noalias")
         for k, a in enumerate(self.fn.args[1:1 + len(in_types)]):
@@ -217,6 +223,11 @@ class RuleKernel:
         env = {f"i{k}": ("o", k) for k in range(len(self.out_shape))}
         order = self._loop_order(env)
         strides = _symbolic_strides(self.out_shape)
+        if self.chunked:
+            self.fn.args[-2].name, self.fn.args[-1].name = "lo", "hi"
+            self.chunk_axis = self._chunk_axis(order, env)
+            if self.chunk_axis is not None:
+                self.chunk_extent = int(self.out_shape[self.chunk_axis])
         self._hoist(self.rule, env, 0)
 
         def level(pos: int) -> None:
@@ -234,7 +245,10 @@ class RuleKernel:
                     level(pos + 1)
                     del self.bound[("o", k)]
 
-            for_range(self.b, 0, self._dim(self.out_shape[k]), f"i{k}", body)
+            if k == self.chunk_axis:
+                for_range(self.b, self.fn.args[-2], self.fn.args[-1], f"i{k}", body)
+            else:
+                for_range(self.b, 0, self._dim(self.out_shape[k]), f"i{k}", body)
 
         level(0)
         failed = self.b.load(self.err, typ=I1)
@@ -253,6 +267,20 @@ class RuleKernel:
         if not used or len(used) == rank:
             return list(range(rank))
         return [k for k in range(rank) if k in used] + [k for k in range(rank) if k not in used]
+
+    def _chunk_axis(self, order: list[int], env: dict[str, Token]) -> int | None:
+        """The outermost loop with more than one step, when every loop outside it has one and no reduction
+        computed outside it (once per chunk, it would be computed again in every chunk) is left: chunks of
+        it write disjoint outputs and repeat nothing."""
+        level = next((p for p, k in enumerate(order) if int(self.out_shape[k]) > 1), None)
+        if level is None:
+            return None
+        inside = {("o", k) for k in order[level:]}
+        for red in self._reduces(self.rule, env, 0):
+            _, free = self.keys.key(*red)
+            if all(t[0] == "o" for t in free) and not free & inside:
+                return None
+        return order[level]
 
     def _reduces(self, e: R.Expr, env: dict[str, Token], depth: int) -> Iterator[tuple[R.Expr, dict, int]]:
         """Every reduction inside ``e`` (post-order) with the env and depth it sits at."""

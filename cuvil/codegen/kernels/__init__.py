@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from cuvil.codegen.kernels.base import Kernel
+from cuvil.codegen.kernels.chunked import chunked_rule_kernel
 from cuvil.codegen.kernels.copy import copy_kernel
 from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
 from cuvil.codegen.kernels.gemm import (
@@ -186,6 +187,8 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
+    if kernel is None and shape_class is None and _enabled:  # the rule nest, in chunks on the pool
+        kernel = chunked_rule_kernel(v)
     return kernel
 
 
