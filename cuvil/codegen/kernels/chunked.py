@@ -21,6 +21,7 @@ from cuvil.codegen.kernels.gemm import Ctx, KernelFunction
 from cuvil.codegen.llvm_types import I1, I32, I64
 from cuvil.codegen.loops import if_then
 from cuvil.codegen.lower_rule import RuleKernel, op_rule
+from cuvil.codegen.scalar import Val
 from cuvil.ir import rules as R
 from cuvil.ir.rulewalk import walk_exprs
 from cuvil.ir.types import TensorType
@@ -75,7 +76,7 @@ class ChunkedRuleKernel:
         chunks = min(extent, MAX_CHUNKS)
         kf = KernelFunction(mod, name, len(self.in_types))
 
-        def chunk(ctx: Ctx, c: ir.Value) -> None:
+        def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
             lo = b.sdiv(b.mul(c, ir.Constant(I64, extent)), ir.Constant(I64, chunks))
             hi = b.sdiv(b.mul(b.add(c, ir.Constant(I64, 1)), ir.Constant(I64, extent)), ir.Constant(I64, chunks))
