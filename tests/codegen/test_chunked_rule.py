@@ -74,6 +74,7 @@ def _ops() -> list[tuple[str, list[np.ndarray], dict]]:
         ("cumsum", [x], {"axis": 3}),
         ("pad", [x], {"pads": [0, 1, 2, 3, 1, 0, 0, 2], "mode": "reflect"}),
         ("reduce_mean", [rng.standard_normal((1, 1, 37, 5)).astype(np.float32)], {"axes": [2]}),  # one outer step
+        ("neg", [rng.standard_normal((517, 3)).astype(np.float32)], {}),  # more outer steps than chunks
     ]
 
 
