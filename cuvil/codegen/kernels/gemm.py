@@ -65,6 +65,17 @@ from cuvil.ir.types import TensorType
 PARALLEL_MIN_FLOPS = 2_000_000
 """Below this much work a kernel runs on the calling thread: waking the pool costs more."""
 
+STREAM_FLOPS_PER_BYTE = 4
+"""What reading one byte of a product's B operand weighs in flops (the 1024³ GEMM's rate over a core's
+bandwidth from L3 is about 6): a matrix-vector product does two flops per weight it reads, so its flops
+understate its time; counted by the bytes it streams, a 784x512 one (1.6 MB) goes to the pool."""
+
+
+def product_work(m: int, n: int, k: int) -> float:
+    """The work of an ``m x k`` by ``k x n`` product, in flops, against :data:`PARALLEL_MIN_FLOPS`: its
+    multiply-adds, or the bytes of B it reads at :data:`STREAM_FLOPS_PER_BYTE`, whichever is larger."""
+    return max(2.0 * m * n * k, STREAM_FLOPS_PER_BYTE * 4.0 * k * n)
+
 
 # --------------------------------------------------------------------------------------
 # the vector ISA
@@ -607,7 +618,7 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
                 mb_tiles -= 1
             else:
                 nb_tiles -= 1
-    if 2.0 * m * n * k >= PARALLEL_MIN_FLOPS:  # enough blocks for the pool to share out evenly
+    if product_work(m, n, k) >= PARALLEL_MIN_FLOPS:  # enough blocks for the pool to share out evenly
         while -(-mt // mb_tiles) * -(-nt // nb_tiles) < MIN_PARALLEL_BLOCKS and mb_tiles * nb_tiles > 1:
             if nb_tiles >= mb_tiles or (b_streams and nb_tiles > 1):
                 nb_tiles = -(-nb_tiles // 2)
@@ -1123,7 +1134,7 @@ class MatmulKernel:
 
         size = self._dims(kf.b, kf.dims)[1]
         if self.runtime is None:
-            kf.phase(int(self.batch * core.blocks), 2.0 * int(self.batch) * int(m) * int(n) * int(k), chunk)
+            kf.phase(int(self.batch * core.blocks), int(self.batch) * product_work(int(m), int(n), int(k)), chunk)
         else:
             kf.phase(size(self.batch * core.blocks), size(2 * self.batch * m * n * k), chunk)
         return kf.finish()
