@@ -65,6 +65,11 @@ from cuvil.codegen.scalar import Builder, Val
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
 
+DEPTHWISE_WORK = 8
+"""What a depthwise convolution's flop weighs against a GEMM's in the pool's threshold: with no reduction
+over channels it runs far from the FMA rate (MobileNet-v1's 512-channel 14x14 layers: 1.8 MFLOP in about
+85 µs, 21 GFLOP/s), so by flops alone its layers of 7x7 and 14x14 ran on one thread whatever the pool."""
+
 TRANSPOSE_GAIN = 1.05
 """Positions become the GEMM rows when that pads at least this much less work."""
 
@@ -487,7 +492,7 @@ class DepthwiseKernel(ConvKernel):
 
             for_range(b, 0, out_plane // ow, "oh", row, hints=NO_UNROLL)
 
-        kf.phase(g.batch * g.c_in, 2.0 * g.batch * g.c_out * taps * out_plane, chunk)
+        kf.phase(g.batch * g.c_in, DEPTHWISE_WORK * 2.0 * g.batch * g.c_out * taps * out_plane, chunk)
         return kf.finish()
 
 
@@ -559,7 +564,7 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
 
             for_range(b, 0, oh, "oh", row, hints=NO_UNROLL)
 
-        kf.phase(g.batch * g.c_in, 2.0 * g.batch * g.c_out * taps * oh * ow, chunk)
+        kf.phase(g.batch * g.c_in, DEPTHWISE_WORK * 2.0 * g.batch * g.c_out * taps * oh * ow, chunk)
         return kf.finish()
 
 
