@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import cuvil.codegen.kernels.gemm as gemm
 from cuvil.codegen.kernels import force_isa, generic_only
 from cuvil.codegen.kernels.pack import pack_a_tiles, pack_b_panels
 from cuvil.compiler import compile
@@ -396,6 +397,39 @@ def test_threaded_runs_match_single_thread_exactly():
     for x, y, w in zip(a, b, want, strict=True):
         np.testing.assert_array_equal(x, y)  # the same code computes every element, whichever thread
         assert_close(y, w, 144, "threaded")
+
+
+def _small_but_slow_case() -> tuple[Module, list[np.ndarray]]:
+    """Kernels the pool takes by their time rather than their flops: a batch-1 product that streams 1.6 MB
+    of weights, a depthwise convolution, and layer-norm rows."""
+    c = Cases()
+    _matmul_case(c, 1, 512, 784, const_b=True)
+    x = c.input(_f32(1, 256, 14, 14))
+    c.add("depthwise", c.b.conv(x, c.b.const(_f32(256, 1, 3, 3)), pads=(1, 1, 1, 1), groups=256), 9)
+    rows, gamma, beta = c.input(_f32(128, 256)), c.b.const(_f32(256)), c.b.const(_f32(256))
+    c.add("layer norm", c.b.layer_norm(rows, gamma, beta, axis=-1), 256)
+    return c.module(), c.inputs
+
+
+def test_kernels_pooled_for_their_time_match_single_thread_exactly(monkeypatch):
+    module, inputs = _small_but_slow_case()
+    pooled: list[str] = []
+    phase = gemm.KernelFunction.phase
+
+    def spy(self: Any, nchunks: Any, flops: Any, emit_chunk: Any) -> None:
+        if isinstance(nchunks, int) and nchunks > 1 and flops >= gemm.PARALLEL_MIN_FLOPS:
+            pooled.append(self.name)
+        phase(self, nchunks, flops, emit_chunk)
+
+    monkeypatch.setattr(gemm.KernelFunction, "phase", spy)
+    two = compile(module, cache=False, threads=2)
+    assert len(set(pooled)) == 3, pooled  # each of the three went to the pool (under 2 MFLOP each)
+    monkeypatch.setattr(gemm.KernelFunction, "phase", phase)
+    one = compile(module, cache=False, threads=1)
+    want = rule_reference(module, inputs)
+    for x, y, w, k in zip(one.run(inputs), two.run(inputs), want, (784, 9, 256), strict=True):
+        np.testing.assert_array_equal(x, y)
+        assert_close(y, w, k, "pooled for its time")
 
 
 def test_pool_resizes_and_serves_concurrent_contexts():
