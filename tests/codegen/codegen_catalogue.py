@@ -18,6 +18,7 @@ from cuvil.errors import RuntimeEvalError
 from cuvil.interp import evaluate_op
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Module
 from cuvil.ir.opdef import OpDef, all_ops
 from cuvil.ir.types import TensorType
 
@@ -87,17 +88,27 @@ def compare(case: Case, got: np.ndarray) -> str | None:
     return None
 
 
-def _compile_and_run(cases: list[Case], name: str, opt_level: int, target: str | None) -> list[np.ndarray]:
+OpCall = tuple[str, list[np.ndarray], dict]
+"""An op by name, its operand arrays and its attributes."""
+
+
+def ops_module(ops: list[OpCall], name: str) -> tuple[Module, list[np.ndarray]]:
+    """One function whose results are the ops, each over parameters of its own, and the inputs in order."""
     b = Builder()
     params, inputs, results = [], [], []
-    for c, case in enumerate(cases):
-        ps = [b.param(f"c{c}_{i}", DType.from_numpy(a.dtype), a.shape) for i, a in enumerate(case.arrays)]
+    for c, (op, arrays, attrs) in enumerate(ops):
+        ps = [b.param(f"c{c}_{i}", DType.from_numpy(a.dtype), a.shape) for i, a in enumerate(arrays)]
         params += ps
-        inputs += case.arrays
-        results.append(b.op(case.op.name, *ps, **case.attrs))
-    fn = b.function(name, params, results, [f"r{c}" for c in range(len(cases))])
+        inputs += arrays
+        results.append(b.op(op, *ps, **attrs))
+    fn = b.function(name, params, results, [f"r{c}" for c in range(len(ops))])
+    return b.module(fn), inputs
+
+
+def _compile_and_run(cases: list[Case], name: str, opt_level: int, target: str | None) -> list[np.ndarray]:
+    module, inputs = ops_module([(case.op.name, case.arrays, case.attrs) for case in cases], name)
     with tempfile.TemporaryDirectory(prefix="cuvil-cat-") as tmp:
-        model = compile(b.module(fn), output_dir=tmp, opt_level=opt_level, target=target)
+        model = compile(module, output_dir=tmp, opt_level=opt_level, target=target)
         return model.run(inputs)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from codegen_catalogue import batches, cases_of
+from codegen_catalogue import OpCall, batches, cases_of, ops_module
 from llvmlite import ir
 
 import cuvil.codegen.kernels.chunked as chunked
@@ -19,7 +19,6 @@ from cuvil.codegen.lower_rule import RuleKernel
 from cuvil.compiler import compile
 from cuvil.errors import RuntimeEvalError
 from cuvil.ir import rules as R
-from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
 
@@ -31,22 +30,15 @@ def forced(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(gemm, "PARALLEL_MIN_FLOPS", 0)
 
 
-def _library(ops: list[tuple[str, list[np.ndarray], dict]], threads: int):
-    b = Builder()
-    params, results = [], []
-    for c, (name, arrays, attrs) in enumerate(ops):
-        ps = [b.param(f"c{c}_{i}", DType.from_numpy(a.dtype), a.shape) for i, a in enumerate(arrays)]
-        params += ps
-        results.append(b.op(name, *ps, **attrs))
-    fn = b.function("main", params, results, [f"r{c}" for c in range(len(ops))])
-    return compile(b.module(fn), cache=False, passes="O0", threads=threads)
+def _library(ops: list[OpCall], threads: int):
+    return compile(ops_module(ops, "main")[0], cache=False, passes="O0", threads=threads)
 
 
-def _run(ops: list[tuple[str, list[np.ndarray], dict]], threads: int) -> list[np.ndarray]:
-    return [np.asarray(r) for r in _library(ops, threads).run([a for _, arrays, _ in ops for a in arrays])]
+def _run(ops: list[OpCall], threads: int) -> list[np.ndarray]:
+    return [np.asarray(r) for r in _library(ops, threads).run(ops_module(ops, "main")[1])]
 
 
-def _serial(ops: list[tuple[str, list[np.ndarray], dict]], monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
+def _serial(ops: list[OpCall], monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
     with monkeypatch.context() as m:
         m.setattr(chunked, "MIN_STEPS", 1 << 62)
         return _run(ops, 1)
@@ -58,7 +50,7 @@ def _same_bits(got: list[np.ndarray], want: list[np.ndarray]) -> None:
         assert np.array_equal(g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)), k
 
 
-def _ops() -> list[tuple[str, list[np.ndarray], dict]]:
+def _ops() -> list[OpCall]:
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2, 6, 17, 19)).astype(np.float32)
     return [
@@ -86,7 +78,7 @@ def test_chunked_ops_give_the_serial_bits_on_two_threads(forced, monkeypatch):
     lib = _library(ops, 2)
     assert sorted(emitted) == sorted(name for name, _, _ in ops)
     assert set(lib.manifest["kernels"]) == {"rule"}  # the rule nests: only where they run changes
-    _same_bits([np.asarray(r) for r in lib.run([a for _, arrays, _ in ops for a in arrays])], _serial(ops, monkeypatch))
+    _same_bits([np.asarray(r) for r in lib.run(ops_module(ops, "main")[1])], _serial(ops, monkeypatch))
 
 
 def test_an_index_error_inside_a_chunk_reaches_the_caller(forced):
