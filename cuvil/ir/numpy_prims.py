@@ -8,7 +8,9 @@ of NaN) cannot drift between the two.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -133,12 +135,29 @@ def reduce_axes(kind: str, x: np.ndarray, axes: Sequence[int], keepdims: bool = 
     return out
 
 
+_ANY_ORDER: ContextVar[bool] = ContextVar("float64_sums_in_any_order", default=False)
+
+
+@contextmanager
+def float64_sums_in_any_order() -> Iterator[None]:
+    """Within this block, float64 products (:func:`sequential_matmul`) may be summed in any order (one BLAS
+    call). For callers whose error analysis holds for every order alike (sound bounds, whose float64 error
+    is ``γ_n`` of the magnitudes whichever way the sum runs); never for evaluating a program."""
+    token = _ANY_ORDER.set(True)
+    try:
+        yield
+    finally:
+        _ANY_ORDER.reset(token)
+
+
 def sequential_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` (batch dims broadcast) as the matmul rule computes it: each product rounded, the
     products summed over k in ascending order (float16/bfloat16 widened to f32 and rounded once
     at the end). Integers use numpy's matmul: wrapping sums do not depend on the order."""
     half = a.dtype in (np.dtype(np.float16), DType.bf16.np)
     if a.dtype.kind in "iub" and not half:
+        return np.matmul(a, b)
+    if _ANY_ORDER.get() and a.dtype == np.float64 and b.dtype == np.float64:
         return np.matmul(a, b)
     out_dtype = a.dtype
     if half:

@@ -35,6 +35,7 @@ import numpy as np
 from cuvil.ir.dtypes import DType
 from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Function
+from cuvil.ir.numpy_prims import float64_sums_in_any_order
 from cuvil.ir.opdef import get_op
 from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce, reduction_identity
 from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker, chunks
@@ -43,6 +44,7 @@ from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 from cuvil.passes.decompose import normalized_ratio
 from verify.probe import interval as I
+from verify.probe.centered import CenteredWindows, Centers
 from verify.probe.interval import Interval
 from verify.probe.normalized import guarded_ratio, ratio_bound
 from verify.probe.norms import RowNorms
@@ -616,7 +618,7 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
     def F(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         args: list[Any] = [None, None]
         args[ia], args[ib] = x, y
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), float64_sums_in_any_order():  # (the error terms below hold for any order)
             return np.asarray(evaluate_op(opdef, args, attrs, out_t), dtype=np.float64)
 
     A, B = operands[ia], operands[ib]
@@ -650,7 +652,10 @@ def _bilinear_bounds(ctx: OpContext, operands: list[Interval], constant: list[bo
         if prod_bound >= I.overflow_at(dt):
             return None
         acc = rule.dtype if rule.dtype.is_float else dt  # the type the rule's sum runs in
-        err = (I.unit_roundoff(dt) + (n + 1) * I.unit_roundoff(acc)) * mag + n * I.smallest_subnormal(dt)
+        # the sum's roundings (γ_{n+1}: n products and sums, whatever the order), the float64 evaluation of
+        # the four products above (γ_{n+1} each, of at most mag), and the output's rounding
+        err = (I.unit_roundoff(dt) + I.gamma(n + 1, I.unit_roundoff(acc)) + 4 * I.gamma(n + 1, 2.0 ** -53)) * mag \
+            + n * I.smallest_subnormal(dt)
         pre = Interval(out.lo - err, out.hi + err)
         out = I.round_to(pre, dt, 2.0)
     else:
@@ -718,6 +723,7 @@ class BoundsEngine:
         self.conv_sigmas: dict[Any, tuple[float, float]] = {}  # operator norms of convolutions (window norms)
         self.norm_units = 0.0
         """Work units of the operator norms computed and not yet charged (:meth:`take_norm_units`)."""
+        self._centers: tuple[Any, Centers] | None = None
 
     def context(self, v: Value) -> OpContext:
         ctx = self.contexts.get(v)
@@ -764,14 +770,15 @@ class BoundsEngine:
         values: dict[Value, Interval] = {}
         ops: dict[Value, OpBounds] = {}
         norms = RowNorms(self.constant_value, self.live, self.sigmas)
-        windows = WindowNorms(self.constant_value, self.live, self.conv_sigmas)
+        for p in self.fn.params:
+            lo, hi = boxes[p.name]
+            shape = tuple(int(d) for d in p.shape)
+            iv = Interval(np.broadcast_to(np.asarray(lo, dtype=np.float64), shape).copy(),
+                          np.broadcast_to(np.asarray(hi, dtype=np.float64), shape).copy())
+            values[p] = _snap(iv, p.dtype)
+        windows = CenteredWindows(self.constant_value, self.live, self.conv_sigmas, self.centers(values))
         for v in self.values:
             if v.is_param:
-                lo, hi = boxes[v.name]
-                shape = tuple(int(d) for d in v.shape)
-                iv = Interval(np.broadcast_to(np.asarray(lo, dtype=np.float64), shape).copy(),
-                              np.broadcast_to(np.asarray(hi, dtype=np.float64), shape).copy())
-                values[v] = _snap(iv, v.dtype)
                 continue
             if v not in self.live:
                 data = np.asarray(self.constant_value(v), dtype=np.float64)
@@ -793,6 +800,21 @@ class BoundsEngine:
                 break
         self.norm_units += windows.units
         return Bounds(values, ops)
+
+    def centers(self, inputs: Mapping[Value, Interval]) -> Centers:
+        """Every value at the inputs' midpoints (float inputs; the last center's values are kept, so a
+        bisection on the box's scale around one center computes them once)."""
+        mids = {}
+        for p, iv in inputs.items():
+            if p.dtype.is_float and not bool(np.any(iv.nan)):
+                with np.errstate(all="ignore"):
+                    mid = iv.lo / 2 + iv.hi / 2  # (no overflow; any point of the box is a center)
+                if bool(np.all(np.isfinite(mid))):
+                    mids[p] = np.clip(mid, iv.lo, iv.hi)
+        key = tuple((p.name, m.tobytes()) for p, m in mids.items())
+        if self._centers is None or self._centers[0] != key:
+            self._centers = (key, Centers(self.constant_value, self.live, mids))
+        return self._centers[1]
 
     def take_norm_units(self) -> float:
         """The operator norms' work since the last call (charged by the caller that owns the budget)."""

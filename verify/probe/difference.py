@@ -244,11 +244,6 @@ def _cast_rounds(src: DType, to: DType, a: Interval) -> bool:
     return not (t.nmant >= s.nmant and t.maxexp >= s.maxexp and t.minexp - t.nmant <= s.minexp - s.nmant)
 
 
-def gamma(k: int, u: float) -> float:
-    """Higham's ``k u / (1 - k u)``: the relative error of ``k`` roundings in a row (infinite past ``k u = 1``)."""
-    return k * u / (1.0 - k * u) if k * u < 1.0 else math.inf
-
-
 def both_roundings(dtype: DType, magnitude: Any, units: float, absolute: float = 1.0) -> np.ndarray:
     """What rounding to ``dtype`` adds to a difference: each program's result moves by at most ``units``
     roundoffs of the magnitude plus ``absolute`` smallest subnormals."""
@@ -351,7 +346,7 @@ class DiffWalker(IntervalWalker):
                 d = np.sum(full, axis=axes)
                 if e.dtype.is_float:  # every step rounds in the sum's type (halves are widened first)
                     terms = np.sum(np.broadcast_to(body.magnitude(), tuple(target)), axis=axes)
-                    d = d + 2.0 * gamma(n + 1, I.unit_roundoff(e.dtype)) * terms + both_roundings(
+                    d = d + 2.0 * I.gamma(n + 1, I.unit_roundoff(e.dtype)) * terms + both_roundings(
                         e.dtype, out.magnitude(), 1.0)
                 elif e.dtype.is_int:
                     lo, hi = I.type_range(e.dtype)
@@ -410,7 +405,7 @@ def _bilinear_difference(ctx: OpContext, hulls: list[Interval], deltas: list[np.
     rule = summed_products(ctx.info)
     n = math.prod(int(x) for _, x in rule.axes)
     acc = rule.dtype if rule.dtype.is_float else dt
-    summed = gamma(n + 1, I.unit_roundoff(acc)) * _contract(ctx, mags[ia], mags[ib]) + n * I.smallest_subnormal(acc)
+    summed = I.gamma(n + 1, I.unit_roundoff(acc)) * _contract(ctx, mags[ia], mags[ib]) + n * I.smallest_subnormal(acc)
     return np.where(d > 0, d + 2.0 * summed + both_roundings(dt, out.magnitude(), 2.0), 0.0)
 
 

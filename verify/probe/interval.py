@@ -31,6 +31,11 @@ def unit_roundoff(dtype: DType) -> float:
     return float(2.0 ** -(ml_dtypes.finfo(dtype.np).nmant + 1))
 
 
+def gamma(k: int, u: float) -> float:
+    """Higham's ``k u / (1 - k u)``: the relative error of ``k`` roundings in a row (infinite past ``k u = 1``)."""
+    return k * u / (1.0 - k * u) if k * u < 1.0 else math.inf
+
+
 def smallest_subnormal(dtype: DType) -> float:
     return float(ml_dtypes.finfo(dtype.np).smallest_subnormal) if dtype.is_float else 0.0
 

@@ -40,10 +40,6 @@ SLACK = 1.0 + 2.0 ** -40
 """The float64 rounding of the bounds' own arithmetic."""
 
 
-def _gamma(k: int, u: float) -> float:
-    return k * u / (1.0 - k * u)
-
-
 def _u(dtype: DType) -> float:
     return I.unit_roundoff(dtype) if dtype.is_float else 0.0
 
@@ -137,7 +133,7 @@ class RowNorms:
         k = _shape(w)[0] if not v.attr("transpose_b") else _shape(w)[1]
         sigma, sigma_abs = self._sigma(w)
         acc, u = _acc(x.dtype), _u(v.dtype)
-        return inner * (sigma + _gamma(k + 1, acc) * sigma_abs) * (1 + u) * SLACK
+        return inner * (sigma + I.gamma(k + 1, acc) * sigma_abs) * (1 + u) * SLACK
 
     def _sigma(self, w: Value) -> tuple[float, float]:
         key = w.const_hash if w.is_const else str(id(w))
@@ -208,7 +204,7 @@ class RowNorms:
         ka = len(a.shape) - 2 if v.attr("transpose_a") else len(a.shape) - 1
         kb = len(b.shape) - 1 if v.attr("transpose_b") else len(b.shape) - 2
         k = _shape(a)[ka]
-        acc = _gamma(k + 1, _acc(a.dtype))  # products (exact for halves widened to float32) and the sum
+        acc = I.gamma(k + 1, _acc(a.dtype))  # products (exact for halves widened to float32) and the sum
         before = self._convex(v, a, b, kb, values)
         if before is None:
             na, nb = self.norm(a, ka, values), self.norm(b, kb, values)
@@ -236,7 +232,7 @@ class RowNorms:
         if not np.all(np.isfinite(mag)):
             return None
         n = _shape(p)[-1]
-        eps = _gamma(n + 4, _acc(p.dtype)) * 2 + _u(p.dtype)  # each p rounded up by at most that much
+        eps = I.gamma(n + 4, _acc(p.dtype)) * 2 + _u(p.dtype)  # each p rounded up by at most that much
         col = np.max(mag, axis=kb, keepdims=True)
         if v.attr("transpose_b"):
             col = np.swapaxes(col, -1, -2)

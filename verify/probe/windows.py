@@ -63,20 +63,18 @@ _cache: dict[Any, tuple[float, float]] = {}
 engines over the same weights."""
 
 
-def _gamma(k: int, u: float) -> float:
-    return k * u / (1.0 - k * u)
-
-
-def _u(dtype: DType) -> float:
+def unit(dtype: DType) -> float:
+    """The unit roundoff of a float type (0 for integers, which do not round)."""
     return I.unit_roundoff(dtype) if dtype.is_float else 0.0
 
 
-def _acc(dtype: DType) -> DType:
+def acc_type(dtype: DType) -> DType:
     """The type a convolution of ``dtype`` operands accumulates in (halves in float32)."""
     return DType.f32 if dtype in (DType.f16, DType.bf16) else dtype
 
 
-def _shape(v: Value) -> tuple[int, ...]:
+def shape_of(v: Value) -> tuple[int, ...]:
+    """A value's static shape as ints."""
     return tuple(int(d) for d in v.shape)
 
 
@@ -131,7 +129,7 @@ def conv_sigma(w: np.ndarray, torus: tuple[int, ...], dilations: tuple[int, ...]
     # the products contract over); eigvalsh: within 1e-10·‖G‖
     b = np.sum(np.abs(g), axis=(3, 4))
     m = len(taps) * (cog if left else cg) + len(deltas) + 8
-    err = 2 * _gamma(m, EPS64) * float(np.max(np.sum(b * b, axis=(1, 2))))
+    err = 2 * I.gamma(m, EPS64) * float(np.max(np.sum(b * b, axis=(1, 2))))
     size = float(np.max(np.sqrt(np.sum(np.sum(np.abs(stack), axis=0) ** 2, axis=(1, 2)))))
     return math.sqrt(max(lam, 0.0) + err + 1e-10 * size) * (1 + 1e-12)
 
@@ -179,7 +177,7 @@ class WindowNorms:
     # -- the norm of a value over a window ---------------------------------------------------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """A bound on the ℓ2 norm of ``v`` over any ``win`` spatial window (all channels of one sample)."""
-        shape = _shape(v)
+        shape = shape_of(v)
         if len(shape) < 3 or len(win) != len(shape) - 2:
             return None
         win = tuple(max(1, min(int(a), n)) for a, n in zip(win, shape[2:], strict=True))
@@ -200,7 +198,7 @@ class WindowNorms:
             return self.window(v.operands[0], win, values)
         if op == "cast" and v.dtype.is_float and v.operands[0].dtype.is_float:
             inner = self.window(v.operands[0], win, values)
-            return None if inner is None else inner * (1 + _u(v.dtype)) * SLACK
+            return None if inner is None else (inner * (1 + unit(v.dtype)) + underflow(v, win)) * SLACK
         if op in ("add", "sub"):
             total = 0.0
             for o in v.operands:
@@ -208,7 +206,7 @@ class WindowNorms:
                 if part is None:
                     return None
                 total += part
-            return total * (1 + _u(v.dtype)) * SLACK
+            return total * (1 + unit(v.dtype)) * SLACK
         if op in ("mul", "div"):
             return self._scaled(v, win, values)
         if op == "max_pool":
@@ -222,7 +220,7 @@ class WindowNorms:
             return None
         if op in ("max", "min") and len(v.operands) == 2:  # |max(x, c)| <= |x| + |c|
             live = [o for o in v.operands if o in self.live]
-            if len(live) != 1 or _shape(live[0]) != _shape(v):
+            if len(live) != 1 or shape_of(live[0]) != shape_of(v):
                 return None
             parts = [self._operand(o, v, win, values) for o in v.operands]
             return None if any(p is None for p in parts) else sum(p or 0.0 for p in parts)
@@ -233,12 +231,12 @@ class WindowNorms:
     def _operand(self, o: Value, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """An operand's norm over ``v``'s window: the value itself, or a constant broadcast to ``v``."""
         if o not in self.live:
-            key = (o, _shape(v))
+            key = (o, shape_of(v))
             if key not in self.constant_squares:
-                data = np.broadcast_to(np.abs(np.asarray(self.constant_value(o), dtype=np.float64)), _shape(v))
-                self.constant_squares[key] = _channel_squares(data)
-            return _max_window(self.constant_squares[key], win)
-        if _shape(o) != _shape(v):
+                data = np.broadcast_to(np.abs(np.asarray(self.constant_value(o), dtype=np.float64)), shape_of(v))
+                self.constant_squares[key] = channel_squares(data)
+            return max_window(self.constant_squares[key], win)
+        if shape_of(o) != shape_of(v):
             return None
         return self.window(o, win, values)
 
@@ -247,7 +245,7 @@ class WindowNorms:
         a, c = v.operands
         if c in self.live and v.op == "mul":
             a, c = c, a
-        if c in self.live or a not in self.live or _shape(a) != _shape(v):
+        if c in self.live or a not in self.live or shape_of(a) != shape_of(v):
             return None
         data = np.abs(np.asarray(self.constant_value(c), dtype=np.float64))
         if v.op == "div":
@@ -258,26 +256,33 @@ class WindowNorms:
         inner = self.window(a, win, values)
         if inner is None or not math.isfinite(factor):
             return None
-        return inner * factor * (1 + _u(v.dtype)) * SLACK
+        return (inner * factor * (1 + unit(v.dtype)) + underflow(v, win)) * SLACK
 
-    def _pooled(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> tuple[float, int, *Pool] | None:
-        """For a pool without ceil mode and with no window of padding alone: the input's norm over the
-        window ``win`` reads, the most windows one input lies in (``min(k, ceil(((k-1)d+1)/s))`` per axis),
-        and the kernel, strides, leading pads and dilations."""
+    def _pool_geometry(self, v: Value, win: Window) -> tuple[Window, int, *Pool] | None:
+        """For a pool without ceil mode and with no window of padding alone: the window of the input that
+        ``win`` reads, the most windows one input lies in (``min(k, ceil(((k-1)d+1)/s))`` per axis), and the
+        kernel, strides, leading pads and dilations."""
         if v.attr("ceil_mode"):
             return None  # (a ceil-mode window may hang past the padding: -inf alone, or an odd count)
         x = v.operands[0]
         ks = [int(k) for k in v.attr("kernel")]
-        s, pb, pe, d = window_params(len(_shape(x)) - 2, v.attr("strides") or (), v.attr("pads") or (),
+        s, pb, pe, d = window_params(len(shape_of(x)) - 2, v.attr("strides") or (), v.attr("pads") or (),
                                      v.attr("dilations") or ())
         span = [(k - 1) * dj + 1 for k, dj in zip(ks, d, strict=True)]
         if any(p < 0 or p >= sp for p, sp in zip([*pb, *pe], span + span, strict=True)):
             return None
-        inner = self.window(x, tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True)), values)
-        if inner is None:
-            return None
+        inner = tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True))
         overlap = math.prod(min(k, -(-sp // sj)) for k, sp, sj in zip(ks, span, s, strict=True))
         return inner, overlap, ks, s, pb, d
+
+    def _pooled(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> tuple[float, int, *Pool] | None:
+        """:meth:`_pool_geometry` with the input's norm over the window it gives in place of the window."""
+        geometry = self._pool_geometry(v, win)
+        if geometry is None:
+            return None
+        inw, *rest = geometry
+        inner = self.window(v.operands[0], inw, values)
+        return None if inner is None else (inner, *rest)
 
     def _max_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """Each output is one element of its window, so its square is at most the window's sum of squares."""
@@ -293,39 +298,47 @@ class WindowNorms:
             iv = values.get(v)
             if iv is None:
                 return None  # (not yet bounded: v's own pass)
-            mag = np.broadcast_to(iv.magnitude(), _shape(v))
+            mag = np.broadcast_to(iv.magnitude(), shape_of(v))
             ok = not bool(np.any(iv.nan)) and bool(np.all(np.isfinite(mag)))
-            self.squares[v] = _channel_squares(mag) if ok else None
+            self.squares[v] = channel_squares(mag) if ok else None
         sq = self.squares[v]
-        return None if sq is None else _max_window(sq, win)
+        return None if sq is None else max_window(sq, win)
 
     def _avg_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """Each output is at most ``(1 + γ)·Σ|x|/count`` over its window (``γ``: the sum's rounding, in the
-        output's type at worst), so by Cauchy–Schwarz its square is at most ``(1 + γ)²·Σx²/divisor``: the
-        divisor is the kernel's size when padding counts, else the fewest taps any window has inside the
-        input."""
+        output's type at worst), so by Cauchy–Schwarz its square is at most ``(1 + γ)²·Σx²/divisor``
+        (:meth:`avg_factor`)."""
         pooled = self._pooled(v, win, values)
         if pooled is None:
             return None
         inner, overlap, ks, s, pb, d = pooled
+        factor = self.avg_factor(v, overlap, ks, s, pb, d)
+        if factor is None:
+            return None
+        grow = 1 + I.gamma(math.prod(ks) + 2, unit(v.dtype))
+        return (inner * factor * grow * SLACK + underflow(v, win)) * SLACK
+
+    def avg_factor(self, v: Value, overlap: int, ks: list[int], s: list[int], pb: list[int],
+                   d: list[int]) -> float | None:
+        """``√(overlap / divisor)``: the divisor is the kernel's size when padding counts, else the fewest
+        taps any window has inside the input (None: a window with none)."""
         if v.attr("count_include_pad"):
             divisor = math.prod(ks)
         else:  # the fewest taps inside the input, per axis, over the outputs
             divisor = 1
-            for j, (n, o) in enumerate(zip(_shape(v.operands[0])[2:], _shape(v)[2:], strict=True)):
+            for j, (n, o) in enumerate(zip(shape_of(v.operands[0])[2:], shape_of(v)[2:], strict=True)):
                 pos = np.arange(o)[:, None] * s[j] - pb[j] + np.arange(ks[j])[None, :] * d[j]
                 divisor *= int(np.min(((pos >= 0) & (pos < n)).sum(axis=1)))
             if divisor < 1:
                 return None
-        grow = 1 + _gamma(math.prod(ks) + 2, _u(v.dtype))
-        return inner * math.sqrt(overlap / divisor) * grow * SLACK * SLACK
+        return math.sqrt(overlap / divisor) * SLACK
 
     def _batch_norm(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """``(x - m)/sqrt(var + ε)·s + b`` per channel: at most ``(1 + 8u)·(|a|·|x| + |a·m| + |b|)`` with
         ``a = s/sqrt(var + ε)`` (four roundings and a square root's), so its norm is ``max|a|`` times x's plus
         the norm of the constant part."""
         x, *consts = v.operands
-        if any(c in self.live for c in consts) or _shape(x) != _shape(v):
+        if any(c in self.live for c in consts) or shape_of(x) != shape_of(v):
             return None
         scale, bias, mean, var = (np.asarray(self.constant_value(c), dtype=np.float64).reshape(-1) for c in consts)
         eps = float(np.asarray(float(v.attr("epsilon")), dtype=v.dtype.np))
@@ -337,11 +350,11 @@ class WindowNorms:
         inner = self.window(x, win, values)
         if inner is None:
             return None
-        shape = _shape(v)
-        part = _max_window(_channel_squares(np.broadcast_to(shift.reshape((1, -1) + (1,) * (len(shape) - 2)),
+        shape = shape_of(v)
+        part = max_window(channel_squares(np.broadcast_to(shift.reshape((1, -1) + (1,) * (len(shape) - 2)),
                                                             shape)), win)
-        tiny = 4 * I.smallest_subnormal(v.dtype) * math.sqrt(_cells(v, win))
-        return ((float(np.max(a, initial=0.0)) * inner + part) * (1 + 8 * _u(v.dtype)) + tiny) * SLACK
+        tiny = 4 * I.smallest_subnormal(v.dtype) * math.sqrt(cells(v, win))
+        return ((float(np.max(a, initial=0.0)) * inner + part) * (1 + 8 * unit(v.dtype)) + tiny) * SLACK
 
     # -- convolutions --------------------------------------------------------------------------------------
     def _conv_parts(self, v: Value) -> tuple[Value, np.ndarray, list[int], list[int], list[int], int] | None:
@@ -352,9 +365,9 @@ class WindowNorms:
 
     def _read_conv(self, v: Value) -> tuple[Value, np.ndarray, list[int], list[int], list[int], int] | None:
         x, w = v.operands
-        if w in self.live or x not in self.live or len(_shape(x)) not in (3, 4):
+        if w in self.live or x not in self.live or len(shape_of(x)) not in (3, 4):
             return None
-        nsp = len(_shape(x)) - 2
+        nsp = len(shape_of(x)) - 2
         s, pb, _, d = window_params(nsp, v.attr("strides") or (), v.attr("pads") or (), v.attr("dilations") or ())
         if any(p < 0 for p in pb):
             return None
@@ -369,11 +382,11 @@ class WindowNorms:
             return None
         x, w, s, pb, d, groups = parts
         ks = w.shape[2:]
-        out = _shape(v)[2:]
+        out = shape_of(v)[2:]
         # the torus holds the padded input and every window the outputs read, so nothing wraps; a multiple of
         # the strides, so the outputs kept are a subsampled torus
         torus = tuple(-(-max(p + n, (o - 1) * sj + (k - 1) * dj + 1) // sj) * sj
-                      for p, n, o, sj, k, dj in zip(pb, _shape(x)[2:], out, s, ks, d, strict=True))
+                      for p, n, o, sj, k, dj in zip(pb, shape_of(x)[2:], out, s, ks, d, strict=True))
         w_const = v.operands[1]
         key = (w_const.const_hash if w_const.is_const else id(w_const), torus, tuple(d), groups, tuple(s))
         hit = self.sigmas.get(key)
@@ -400,20 +413,20 @@ class WindowNorms:
         if parts is None or sig is None:
             return None
         x, w, s, _, d, _ = parts
-        span = [(int(k) - 1) * dj + 1 for k, dj in zip(w.shape[2:], d, strict=True)]
-        inner = self.window(x, tuple((a - 1) * sj + sp for a, sj, sp in zip(win, s, span, strict=True)), values)
+        inner = self.window(x, conv_input_window(w, s, d, win), values)
         if inner is None:
             return None
         n = math.prod(int(k) for k in w.shape[1:])
-        acc = _acc(x.dtype)
+        acc = acc_type(x.dtype)
         sigma, sigma_abs = sig
-        tiny = n * I.smallest_subnormal(acc) * math.sqrt(_cells(v, win))
-        return (inner * (sigma + _gamma(n + 1, _u(acc)) * sigma_abs) + tiny) * (1 + _u(v.dtype)) * SLACK
+        tiny = n * I.smallest_subnormal(acc) * math.sqrt(cells(v, win))
+        return ((inner * (sigma + I.gamma(n + 1, unit(acc)) * sigma_abs) + tiny) * (1 + unit(v.dtype))
+                + underflow(v, win)) * SLACK
 
     # -- facts per element -----------------------------------------------------------------------------------
     def element_bound(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
         """A bound on ``|v|`` per element before its rounding into ``v``'s type, and after."""
-        shape = _shape(v)
+        shape = shape_of(v)
         if v not in self.live or v.is_param or not v.dtype.is_float:
             return None
         if v.op == "reduce_mean":
@@ -435,18 +448,18 @@ class WindowNorms:
         """A global average pool (a mean over every spatial axis): the channels' means have an ℓ2 norm of at
         most the input's over the whole image over ``√(positions)`` (Cauchy–Schwarz), so does each one."""
         x = v.operands[0]
-        rank = len(_shape(x))
+        rank = len(shape_of(x))
         axes = sorted(int(a) % rank for a in (v.attr("axes") or ()))
         if rank < 3 or axes != list(range(2, rank)) or not v.dtype.is_float:
             return None
-        cells = math.prod(_shape(x)[2:])
-        inner = self.window(x, _shape(x)[2:], values)
+        cells = math.prod(shape_of(x)[2:])
+        inner = self.window(x, shape_of(x)[2:], values)
         if inner is None:
             return None
-        acc = _acc(x.dtype)
-        before = inner / math.sqrt(cells) * (1 + _gamma(cells + 2, _u(acc))) * SLACK
-        after = before * (1 + _u(v.dtype)) * SLACK
-        return np.full((1,) * len(_shape(v)), before), np.full((1,) * len(_shape(v)), after)
+        acc = acc_type(x.dtype)
+        before = inner / math.sqrt(cells) * (1 + I.gamma(cells + 2, unit(acc))) * SLACK
+        after = before * (1 + unit(v.dtype)) * SLACK
+        return np.full((1,) * len(shape_of(v)), before), np.full((1,) * len(shape_of(v)), after)
 
     def _conv_elements(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
         """``|y_o| <= ‖w_o‖₂·‖x over the receptive field‖₂`` (Cauchy–Schwarz, for the exact products and for
@@ -460,27 +473,39 @@ class WindowNorms:
         if field is None:
             return None
         n = math.prod(int(k) for k in w.shape[1:])
-        acc = _acc(x.dtype)
+        acc = acc_type(x.dtype)
         rows = np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) * SLACK
-        before = (rows * field * (1 + _gamma(n + 1, _u(acc))) + n * I.smallest_subnormal(acc)) * SLACK
-        after = (before * (1 + _u(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
-        shape = (1, w.shape[0]) + (1,) * (len(_shape(v)) - 2)
+        before = (rows * field * (1 + I.gamma(n + 1, unit(acc))) + n * I.smallest_subnormal(acc)) * SLACK
+        after = (before * (1 + unit(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
+        shape = (1, w.shape[0]) + (1,) * (len(shape_of(v)) - 2)
         return before.reshape(shape), after.reshape(shape)
 
 
-def _cells(v: Value, win: Window) -> int:
+def conv_input_window(w: np.ndarray, strides: list[int], dilations: list[int], win: Window) -> Window:
+    """The window of a convolution's input that ``win`` outputs read."""
+    span = [(int(k) - 1) * dj + 1 for k, dj in zip(w.shape[2:], dilations, strict=True)]
+    return tuple((a - 1) * sj + sp for a, sj, sp in zip(win, strides, span, strict=True))
+
+
+def underflow(v: Value, win: Window) -> float:
+    """What rounding into ``v``'s type can add beyond its relative error, over a window: half a subnormal
+    step per element (a result below the smallest normal rounds to the nearest subnormal)."""
+    return I.smallest_subnormal(v.dtype) * math.sqrt(cells(v, win))
+
+
+def cells(v: Value, win: Window) -> int:
     """Elements of ``v`` in one window of one sample (all channels)."""
-    shape = _shape(v)
+    shape = shape_of(v)
     return shape[1] * math.prod(min(a, n) for a, n in zip(win, shape[2:], strict=True))
 
 
-def _channel_squares(mag: np.ndarray) -> np.ndarray:
+def channel_squares(mag: np.ndarray) -> np.ndarray:
     """``Σ_c mag²`` per sample and position, rounded up (``[N, *spatial]``)."""
     sq = np.sum(np.asarray(mag, dtype=np.float64) ** 2, axis=1)
-    return sq * (1 + _gamma(mag.shape[1] + 2, EPS64))
+    return sq * (1 + I.gamma(mag.shape[1] + 2, EPS64))
 
 
-def _max_window(sq: np.ndarray, win: Window) -> float:
+def max_window(sq: np.ndarray, win: Window) -> float:
     """``max`` over samples and windows of ``sqrt`` of the window's sum of ``sq``, rounded up.
 
     Window sums come from prefix sums: each prefix of nonnegative terms is within ``γ_n`` of its exact
@@ -491,5 +516,5 @@ def _max_window(sq: np.ndarray, win: Window) -> float:
         pre = np.cumsum(sq, axis=ax)
         pre = np.concatenate([np.zeros_like(np.take(pre, [0], axis=ax)), pre], axis=ax)
         hi, lo = np.take(pre, np.arange(a, n + 1), axis=ax), np.take(pre, np.arange(0, n - a + 1), axis=ax)
-        sq = (hi - lo + _gamma(n + 2, EPS64) * (hi + lo)) * (1 + 4 * EPS64)
+        sq = (hi - lo + I.gamma(n + 2, EPS64) * (hi + lo)) * (1 + 4 * EPS64)
     return math.sqrt(float(np.max(sq, initial=0.0))) * SLACK

@@ -149,14 +149,16 @@ def values_outside(module: Module, bounds: Bounds, inputs: Mapping[str, np.ndarr
 
 
 def pushed_points(module: Module, engine: BoundsEngine, bounds: Bounds, r: float, seed: int, op: str, *,
-                  randoms: int = 6, share: float = 0.2, steps: int = 25) -> list[dict[str, np.ndarray]]:
-    """Inputs for ``module``'s one input ``x`` in [-r, r]: uniform, corners, and gradient ascent pushing every
-    ``op`` to both ends of its bound (``bounds`` from ``engine``, an engine over ``module`` itself)."""
+                  randoms: int = 6, share: float = 0.2, steps: int = 25, center: float = 0.0
+                  ) -> list[dict[str, np.ndarray]]:
+    """Inputs for ``module``'s one input ``x`` in [center - r, center + r] (both exact in float32): uniform,
+    corners, and gradient ascent pushing every ``op`` to both ends of its bound (``bounds`` from ``engine``, an
+    engine over ``module`` itself)."""
     rng = np.random.default_rng(seed)
     shape = tuple(int(d) for d in module.main.params[0].shape)
-    box = {"x": (np.full(shape, -r), np.full(shape, r))}
-    points = [{"x": rng.uniform(-r, r, shape).astype(np.float32)} for _ in range(randoms)]
-    points += [{"x": (np.sign(rng.standard_normal(shape)) * r).astype(np.float32)} for _ in range(randoms)]
+    box = {"x": (np.full(shape, center - r), np.full(shape, center + r))}
+    points = [{"x": (center + rng.uniform(-r, r, shape)).astype(np.float32)} for _ in range(randoms)]
+    points += [{"x": (center + np.sign(rng.standard_normal(shape)) * r).astype(np.float32)} for _ in range(randoms)]
     program = reduced_program(module, "fp16", keep_ops=tuple({v.op for v in module.main.ops()}))
     budget = Budget(400.0, guard=time.monotonic() + 120)
     for k, v in enumerate(v for v in module.main.ops() if v.op == op):

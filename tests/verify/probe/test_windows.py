@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cnn_cases import TIGHT, cnn, mobile, one_op
 from sampling import pushed_points, values_outside
 
 from cuvil.interp import evaluate_values
-from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from verify.probe import bounds as B
 from verify.probe import windows as W
@@ -87,51 +87,6 @@ def test_a_one_dimensional_convolution() -> None:
 # whole networks
 
 
-def _cnn(seed: int, blocks: int = 3, width: int = 16, size: int = 12, gain: float = 1.0, batch: int = 1) -> Module:
-    """conv + bias, ReLU, max pool, residual blocks (conv, bias, ReLU, conv, bias, add, ReLU), a strided
-    grouped conv, and a product by a per-channel constant."""
-    rng = np.random.default_rng(seed)
-    b = Builder()
-    x = b.param("x", DType.f32, [batch, 3, size, size])
-
-    def conv(v: object, cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1) -> object:
-        w = rng.standard_normal((cout, cin // groups, k, k)) * gain * np.sqrt(2.0 / (cin // groups * k * k))
-        y = b.conv(v, b.const(w.astype(np.float32)), strides=(stride, stride), pads=(k // 2,) * 4, groups=groups)
-        return b.add(y, b.const((rng.standard_normal((1, cout, 1, 1)) * 0.3).astype(np.float32)))
-
-    h = b.max_pool(b.relu(conv(x, 3, width, k=5)), kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
-    for _ in range(blocks):
-        y = conv(b.relu(conv(h, width, width)), width, width)
-        h = b.relu(b.add(y, h))
-    h = conv(h, width, 2 * width, stride=2, groups=2)
-    h = b.mul(h, b.const(rng.uniform(0.5, 1.5, (1, 2 * width, 1, 1)).astype(np.float32)))
-    return b.module(b.function("main", [x], [h]))
-
-
-def _mobile(seed: int, depth: int = 4, width: int = 16) -> Module:
-    """Exporter-style layers the windows also read: an unfolded batch norm, ReLU6 as a clip, depthwise and
-    pointwise convolutions, an average pool, a division and a max by constants, and a global mean."""
-    rng = np.random.default_rng(seed)
-    b = Builder()
-    x = b.param("x", DType.f32, [1, 3, 12, 12])
-
-    def const(*shape: int, lo: float = -1.0, hi: float = 1.0) -> object:
-        return b.const(rng.uniform(lo, hi, shape).astype(np.float32))
-
-    def bn(v: object, c: int) -> object:
-        return b.batch_norm(v, const(c, lo=0.9, hi=1.1), const(c), const(c), const(c, lo=0.9, hi=1.1), epsilon=1e-5)
-
-    h = b.conv(x, const(width, 3, 3, 3, lo=-0.4, hi=0.4), pads=(1, 1, 1, 1))
-    for _ in range(depth):
-        h = b.clip(bn(h, width), min=0.0, max=1e30)
-        h = b.conv(h, const(width, 1, 3, 3, lo=-0.6, hi=0.6), pads=(1, 1, 1, 1), groups=width)
-        h = b.conv(h, const(width, width, 1, 1, lo=-0.5, hi=0.5))
-        h = b.max(b.div(h, b.scalar(1.5, DType.f32)), b.scalar(0.0, DType.f32))
-    h = b.avg_pool(h, kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1))
-    out = b.reduce_mean(h, axes=(2, 3), keepdims=False)
-    return b.module(b.function("main", [x], [out]))
-
-
 def _boxes(r: float, size: int = 12, batch: int = 1) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"x": (np.full((batch, 3, size, size), -r), np.full((batch, 3, size, size), r))}
 
@@ -148,7 +103,7 @@ def _points(module: Module, r: float, seed: int) -> list[dict]:
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_cnn_values_stay_inside_their_bounds(seed: int, precision: str) -> None:
     batch = 1 + 2 * seed  # windows are per sample
-    module = _cnn(seed, batch=batch)
+    module = cnn(seed, batch=batch)
     checked = module if precision == "fp32" else reduced_program(module, "fp16").module
     bounds = BoundsEngine(checked.main, checked.constants).run(_boxes(2.0, batch=batch))
     assert any(ob.method == "windows" for ob in bounds.ops.values())  # the windows are what is under test
@@ -158,7 +113,7 @@ def test_cnn_values_stay_inside_their_bounds(seed: int, precision: str) -> None:
 
 
 def test_windows_tighten_a_deep_cnn(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _cnn(3, blocks=6, size=16)
+    module = cnn(3, blocks=6, size=16)
     box = _boxes(1.0, 16)
     with_windows = BoundsEngine(module.main, module.constants).run(box)
     monkeypatch.setattr(B, "window_facts", lambda v, ob, values, windows: ob)
@@ -173,7 +128,7 @@ def test_a_norm_made_too_small_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     real = W.conv_sigma
     monkeypatch.setattr(W, "_cache", {})  # neither read nor poison the norms other tests share
     monkeypatch.setattr(W, "conv_sigma", lambda *a: real(*a) / 30)
-    module = _cnn(0)
+    module = cnn(0)
     bounds = BoundsEngine(module.main, module.constants).run(_boxes(2.0))
     found = set()
     for x in _points(module, 2.0, 0):
@@ -181,7 +136,7 @@ def test_a_norm_made_too_small_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     assert found
 
 
-@pytest.mark.parametrize("build", [_cnn, _mobile])
+@pytest.mark.parametrize("build", [cnn, mobile])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_every_window_rule_bounds_the_norms_it_describes(build: Any, precision: str) -> None:
     """Each value's norm over 1x1, 3x3, 5x5 and whole-image windows on sampled and pushed inputs stays within
@@ -208,36 +163,16 @@ def test_every_window_rule_bounds_the_norms_it_describes(build: Any, precision: 
             if bound is None:
                 continue
             ruled += 1
-            seen = max(W._max_window(np.sum(np.asarray(r[v], dtype=np.float64) ** 2, axis=1), win) for r in runs)
+            seen = max(W.max_window(np.sum(np.asarray(r[v], dtype=np.float64) ** 2, axis=1), win) for r in runs)
             assert seen <= bound, (v.op, win, seen, bound)
     assert ruled >= 20
-
-
-def _one_op(build: Any, shape: tuple[int, ...] = (1, 4, 6, 6)) -> Module:
-    b = Builder()
-    x = b.param("x", DType.f32, list(shape))
-    return b.module(b.function("main", [x], [build(b, x)]))
-
-
-_C = np.array([0.5, -3.0, 1.0, 2.0], np.float32).reshape(1, 4, 1, 1)
-TIGHT = {  # a rule's factor is reached on an input that fills one channel with ones (channel 1: the largest |c|)
-    "mul": lambda b, x: b.mul(x, b.const(_C)),
-    "div": lambda b, x: b.div(x, b.const(1 / _C)),
-    "avg_pool": lambda b, x: b.avg_pool(x, kernel=(2, 2), strides=(2, 2)),
-    "reduce_mean": lambda b, x: b.reduce_mean(x, axes=(2, 3), keepdims=False),
-    "clip": lambda b, x: b.clip(x, min=-1e9, max=1e9),
-    "max": lambda b, x: b.max(x, b.scalar(0.0, DType.f32)),
-    "batch_norm": lambda b, x: b.batch_norm(x, b.const(np.abs(_C.reshape(-1))), b.const(np.zeros(4, np.float32)),
-                                            b.const(np.zeros(4, np.float32)), b.const(np.ones(4, np.float32)),
-                                            epsilon=0.0),
-}
 
 
 @pytest.mark.parametrize("op", sorted(TIGHT))
 def test_each_rule_meets_its_worst_case(op: str) -> None:
     """With the operand's norm known exactly (a point box), a rule's bound covers the result and is within
     2% of it on the input that reaches the rule's factor, so a factor made smaller fails here."""
-    module = _one_op(TIGHT[op])
+    module = one_op(TIGHT[op])
     x = np.zeros((1, 4, 6, 6), np.float32)
     x[0, 1] = 1.0
     engine = BoundsEngine(module.main, module.constants)
@@ -253,5 +188,5 @@ def test_each_rule_meets_its_worst_case(op: str) -> None:
         whole = tuple(int(d) for d in v.shape[2:])
         bound = norms.window(v, whole, values)
         assert bound is not None
-        seen = W._max_window(np.sum(got ** 2, axis=1), whole)
+        seen = W.max_window(np.sum(got ** 2, axis=1), whole)
     assert seen <= bound <= 1.02 * seen

@@ -1,0 +1,464 @@
+"""Centered window norms: each value as its value at the box's center plus a deviation.
+
+The window norms of :mod:`.windows` bound a value's magnitude, so every constant a network adds (biases,
+batch-norm shifts) travels through every later operator norm together with the input: through ResNet-18
+the shifts alone reach ~3e5 at the last convolutions, and no input box, however small, is proved. Here
+each value ``v`` is split into ``ĉ``, what it is at the center of the box (computed once in float64), and
+``v - ĉ``, whose norm over a window travels through the same rules with the shifts gone:
+
+* a convolution maps it by at most ``σ(W)``, a product or quotient by a constant by its largest factor,
+  a batch norm by ``max|a|``, an average pool by ``√(overlap / divisor)``, a max pool by ``√(overlap)``;
+  ReLU, clip, max and min with a constant, and a float cast never grow it; a sum adds its operands';
+* the float program's own rounding is added from the magnitude bounds (it is relative to what the
+  program computes, not to the deviation), and ``ĉ``'s float64 rounding from ``ĉ``'s own norms;
+* a value without a rule (or whose rule finds no bound): its interval's distance from ``ĉ``.
+
+An element is then at most ``|ĉ|`` plus its deviation's bound: exact at the center, growing linearly with
+the box, so the boundary scale of a deep network with biases is finite and the bounds at scale 1 lose
+the shifts' share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from cuvil.errors import CuvilError
+from cuvil.ir.dtypes import DType
+from cuvil.ir.evaluate import evaluate_op
+from cuvil.ir.numpy_prims import float64_sums_in_any_order
+from cuvil.ir.opdef import get_op
+from cuvil.ir.specialize import bind_attr
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value
+from verify.probe import interval as I
+from verify.probe.interval import Interval
+from verify.probe.windows import (
+    EPS64,
+    SLACK,
+    Window,
+    WindowNorms,
+    acc_type,
+    cells,
+    channel_squares,
+    conv_input_window,
+    max_window,
+    shape_of,
+    underflow,
+    unit,
+)
+
+CENTER64 = 2.0 * EPS64
+"""A bound on ``|exact - ĉ| / |ĉ|`` for one float64 operation (a sum, a product, a quotient)."""
+
+BATCH_NORM64 = 16 * EPS64
+"""A bound on the float64 center's error, relative to ``|a·x| + |a·m| + |b|``, of ``a·(x - m) + b`` with
+``a = s / sqrt(var + ε)`` (six roundings and a square root's)."""
+
+
+class Centers:
+    """Every float value of a function at one input point, in float64 (computed on first use, so a probe
+    that bisects on the box's scale around the same center computes them once)."""
+
+    def __init__(self, constant_value: Callable[[Value], np.ndarray], live: set[Value],
+                 inputs: Mapping[Value, np.ndarray]) -> None:
+        self.constant_value = constant_value
+        self.live = live
+        self.arrays: dict[Value, np.ndarray | None] = {p: np.asarray(a, dtype=np.float64) for p, a in inputs.items()}
+        self.squares: dict[Value, np.ndarray | None] = {}
+        self.windows: dict[tuple[Value, Window], float | None] = {}
+        self.magnitudes: dict[Value, np.ndarray] = {}
+
+    def window(self, v: Value, win: Window) -> float | None:
+        """The norm of ``v``'s center over the worst ``win`` window (``win`` within its extents)."""
+        key = (v, win)
+        if key not in self.windows:
+            if v not in self.squares:
+                c = self.get(v)
+                self.squares[v] = None if c is None else channel_squares(np.abs(np.broadcast_to(c, shape_of(v))))
+            sq = self.squares[v]
+            self.windows[key] = None if sq is None else max_window(sq, win)
+        return self.windows[key]
+
+    def magnitude(self, v: Value) -> np.ndarray | None:
+        """``|ĉ|`` at every element of ``v``."""
+        if v not in self.magnitudes:
+            c = self.get(v)
+            if c is None:
+                return None
+            self.magnitudes[v] = np.abs(np.broadcast_to(c, shape_of(v)))
+        return self.magnitudes[v]
+
+    def get(self, v: Value) -> np.ndarray | None:
+        """``v`` at the center (None: not a float value, or an op the float64 evaluation does not take)."""
+        if v not in self.live:
+            return np.asarray(self.constant_value(v), dtype=np.float64)
+        if v not in self.arrays:
+            self.arrays[v] = None  # SSA has no cycles; keep recursion honest anyway
+            self.arrays[v] = self._evaluate(v)
+        return self.arrays[v]
+
+    def _evaluate(self, v: Value) -> np.ndarray | None:
+        if not v.dtype.is_float or v.is_param:
+            return None
+        operands = []
+        for o in v.operands:
+            if o in self.live and not o.dtype.is_float:
+                return None
+            c = self.get(o)
+            if c is None:
+                return None
+            operands.append(c)
+        shape = shape_of(v)
+        if v.op == "cast":
+            out = np.broadcast_to(operands[0], shape)
+        elif v.op == "batch_norm":
+            out = batch_norm_center(v, operands)
+        else:
+            attrs = {k: bind_attr(a, {}) for k, a in v.attrs}
+            try:
+                with np.errstate(all="ignore"), float64_sums_in_any_order():  # (γ_n holds for any order)
+                    out = evaluate_op(get_op(v.op), operands, attrs, TensorType(DType.f64, shape))
+            except (CuvilError, ValueError, TypeError):
+                return None  # no float64 reading: the value has no center, its bounds do without one
+        out = np.asarray(out, dtype=np.float64)
+        return out if out.shape == shape and bool(np.all(np.isfinite(out))) else None
+
+
+def batch_norm_params(v: Value, consts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``a = s / sqrt(var + ε)``, the mean and the bias of a batch norm as float64 per-channel vectors, with
+    ``ε`` in the value's type as the program reads it (None: not finite)."""
+    scale, bias, mean, var = (np.asarray(c, dtype=np.float64).reshape(-1) for c in consts)
+    eps = float(np.asarray(float(v.attr("epsilon")), dtype=v.dtype.np))
+    with np.errstate(all="ignore"):
+        a = scale / np.sqrt(var + eps)
+    ok = all(bool(np.all(np.isfinite(t))) for t in (a, mean, bias))
+    return (a, mean, bias) if ok else None
+
+
+def _per_channel(t: np.ndarray, rank: int) -> np.ndarray:
+    return t.reshape((1, -1) + (1,) * (rank - 2))
+
+
+def batch_norm_center(v: Value, operands: list[np.ndarray]) -> np.ndarray | None:
+    """``a·(x - m) + b`` in float64 (within :data:`BATCH_NORM64` of the exact value, relative)."""
+    params = batch_norm_params(v, operands[1:])
+    if params is None:
+        return None
+    rank = len(shape_of(v))
+    a, mean, bias = (_per_channel(t, rank) for t in params)
+    return a * (operands[0] - mean) + bias
+
+
+class CenteredWindows(WindowNorms):
+    """Window norms (:class:`WindowNorms`) that also bound each value as its center plus a deviation."""
+
+    def __init__(self, constant_value: Callable[[Value], np.ndarray], live: set[Value],
+                 sigmas: dict[Any, tuple[float, float]], centers: Centers) -> None:
+        super().__init__(constant_value, live, sigmas)
+        self.centers = centers
+        self.deviations: dict[tuple[Value, Window], float | None] = {}
+        self.centered: dict[tuple[Value, Window], float | None] = {}
+        self.distance_squares: dict[Value, np.ndarray | None] = {}
+        self.clip_moved: dict[Value, np.ndarray | None] = {}
+
+    # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
+    def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        plain = super().window(v, win, values)
+        win = _clamped(v, win)
+        if win is None:
+            return plain
+        key = (v, win)
+        if key not in self.centered:
+            self.centered[key] = None
+            c, d = self.center_window(v, win), self.deviation(v, win, values)
+            self.centered[key] = None if c is None or d is None else (c + d) * SLACK
+        found = [b for b in (plain, self.centered[key]) if b is not None and math.isfinite(b)]
+        return min(found) if found else None
+
+    def center_window(self, v: Value, win: Window) -> float | None:
+        """The norm of ``ĉ`` over the worst ``win`` window."""
+        clamped = _clamped(v, win)
+        return None if clamped is None else self.centers.window(v, clamped)
+
+    # -- deviations ------------------------------------------------------------------------------------------
+    def deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """A bound on the ℓ2 norm of ``v - ĉ`` over any ``win`` window (all channels of one sample)."""
+        if v not in self.live:
+            return 0.0  # a constant is its own center
+        clamped = _clamped(v, win)
+        if clamped is None:
+            return None
+        key = (v, clamped)
+        if key not in self.deviations:
+            self.deviations[key] = None
+            ruled = None
+            if not v.is_param and self.centers.get(v) is not None:
+                ruled = self._deviation_rule(v, clamped, values)
+            plain = self._interval_distance(v, clamped, values) if ruled is None else None
+            found = [b for b in (ruled, plain) if b is not None and math.isfinite(b)]
+            self.deviations[key] = min(found) if found else None
+        return self.deviations[key]
+
+    def _interval_distance(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """The norm over the worst window of ``max(hi - ĉ, ĉ - lo)`` (v's interval around its center)."""
+        if v not in self.distance_squares:
+            iv, c = values.get(v), self.centers.get(v)
+            if iv is None or c is None:
+                return None  # (not yet bounded: v's own pass)
+            with np.errstate(all="ignore"):
+                far = np.maximum(iv.hi - c, c - iv.lo) * (1 + 2 * EPS64)
+            far = np.broadcast_to(far, shape_of(v))
+            ok = not bool(np.any(iv.nan)) and bool(np.all(np.isfinite(far)))
+            self.distance_squares[v] = channel_squares(far) if ok else None
+        sq = self.distance_squares[v]
+        return None if sq is None else max_window(sq, win)
+
+    def _deviation_rule(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        op = v.op
+        if op == "conv":
+            return self._conv_deviation(v, win, values)
+        if op in ("relu", "clip") or (op in ("max", "min") and len(v.operands) == 2):
+            return self._lipschitz(v, win, values)
+        if op == "cast" and v.operands[0].dtype.is_float:
+            x = v.operands[0]
+            parts = self._with_magnitude(x, win, values)
+            return None if parts is None else (parts[0] + unit(v.dtype) * parts[1] + underflow(v, win)) * SLACK
+        if op in ("add", "sub"):
+            return self._sum_deviation(v, win, values)
+        if op in ("mul", "div"):
+            return self._scaled_deviation(v, win, values)
+        if op == "max_pool" and v.attr("output") in (None, "values"):
+            geometry = self._pool_geometry(v, win)
+            if geometry is None:
+                return None
+            inner = self.deviation(v.operands[0], geometry[0], values)
+            return None if inner is None else inner * math.sqrt(geometry[1]) * SLACK * SLACK
+        if op == "avg_pool":
+            return self._avg_pool_deviation(v, win, values)
+        if op == "batch_norm":
+            return self._batch_norm_deviation(v, win, values)
+        return None
+
+    def _with_magnitude(self, x: Value, win: Window, values: Mapping[Value, Interval]) -> tuple[float, float] | None:
+        """The deviation's and the magnitude's norms of ``x`` over ``win``."""
+        d, m = self.deviation(x, win, values), self.window(x, win, values)
+        return None if d is None or m is None else (d, m)
+
+    def _lipschitz(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """ReLU, clip, and max/min with a constant move no output further than their input moved; a clip's
+        bounds may be read in the value's type, which moves its center by at most their rounding."""
+        live = [o for o in v.operands if o in self.live]
+        if len(live) != 1 or shape_of(live[0]) != shape_of(v):
+            return None
+        inner = self.deviation(live[0], win, values)
+        if inner is None or v.op != "clip":
+            return inner
+        moved = self._clip_moved(v)
+        return None if moved is None else (inner + max_window(moved, win)) * SLACK
+
+    def _clip_moved(self, v: Value) -> np.ndarray | None:
+        """``Σ_c |clip(ĉ_x)(bounds in v's type) - ĉ|²`` per position: a program in a narrow type clips its
+        values to the bounds rounded into it (for a value of that type the same as clipping to the bounds
+        and rounding), the center to the bounds themselves."""
+        if v not in self.clip_moved:
+            cx, c = self.centers.get(v.operands[0]), self.centers.get(v)
+            self.clip_moved[v] = None
+            if cx is not None and c is not None:
+                with np.errstate(over="ignore"):
+                    lo, hi = (None if b is None else float(np.asarray(float(b), dtype=v.dtype.np))
+                              for b in (v.attr("min"), v.attr("max")))
+                y = cx if lo is None else np.maximum(cx, lo)
+                y = y if hi is None else np.minimum(y, hi)  # lo > hi gives hi, as the rule
+                self.clip_moved[v] = channel_squares(np.abs(np.broadcast_to(y, shape_of(v)) - c))
+        return self.clip_moved[v]
+
+    def _sum_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """``(a ± b) - (ĉ_a ± ĉ_b)`` plus the program's rounding (``u·|a ± b|``; a sum's subnormal results
+        are exact) and the center's."""
+        dev = mag = 0.0
+        for o in v.operands:
+            if o in self.live:
+                if shape_of(o) != shape_of(v):
+                    return None
+                parts = self._with_magnitude(o, win, values)
+                if parts is None:
+                    return None
+                dev, mag = dev + parts[0], mag + parts[1]
+            else:
+                part = self._operand(o, v, win, values)
+                if part is None:
+                    return None
+                mag += part
+        c = self.center_window(v, win)
+        if c is None:
+            return None
+        return (dev + unit(v.dtype) * mag + CENTER64 * c) * SLACK * SLACK
+
+    def _scaled_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """A product or quotient by a constant: the deviation scales by its largest factor."""
+        a, c = v.operands
+        if c in self.live and v.op == "mul":
+            a, c = c, a
+        if c in self.live or a not in self.live or shape_of(a) != shape_of(v):
+            return None
+        data = np.abs(np.asarray(self.constant_value(c), dtype=np.float64))
+        if v.op == "div":
+            if data.size == 0 or float(np.min(data)) == 0:
+                return None
+            data = 1.0 / data
+        factor = float(np.max(data, initial=0.0)) * SLACK
+        parts = self._with_magnitude(a, win, values)
+        center = self.center_window(v, win)
+        if parts is None or center is None or not math.isfinite(factor):
+            return None
+        dev, mag = parts
+        return (factor * dev + unit(v.dtype) * factor * mag + underflow(v, win) + CENTER64 * center) * SLACK * SLACK
+
+    def _avg_pool_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """An average pool is linear: the deviation's norm by ``√(overlap / divisor)``, plus the program's
+        and the center's rounding of the window sums and the division."""
+        geometry = self._pool_geometry(v, win)
+        if geometry is None:
+            return None
+        inw, overlap, ks, s, pb, d = geometry
+        factor = self.avg_factor(v, overlap, ks, s, pb, d)
+        x = v.operands[0]
+        mag = self.window(x, inw, values)
+        dev, center = self.deviation(x, inw, values), self.center_window(x, inw)
+        if factor is None or dev is None or center is None or mag is None:
+            return None
+        taps = math.prod(ks) + 2
+        rounding = I.gamma(taps, unit(v.dtype)) * mag + I.gamma(taps, EPS64) * center
+        return (factor * (dev + rounding * SLACK) + underflow(v, win)) * SLACK * SLACK
+
+    def _batch_norm_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """``a·(x - m) + b``: the deviation by ``max|a|``; the program's rounding is within ``8u`` and the
+        center's within :data:`BATCH_NORM64` of ``|a|·|x| + |a·m| + |b|``."""
+        x, *consts = v.operands
+        if any(c in self.live for c in consts) or shape_of(x) != shape_of(v):
+            return None
+        params = batch_norm_params(v, [self.constant_value(c) for c in consts])
+        if params is None:
+            return None
+        a, mean, bias = params
+        top = float(np.max(np.abs(a), initial=0.0)) * SLACK
+        shape = shape_of(v)
+        shift = _per_channel(np.abs(a * mean) + np.abs(bias), len(shape))
+        shift_norm = max_window(channel_squares(np.broadcast_to(shift, shape)), win) * SLACK
+        parts = self._with_magnitude(x, win, values)
+        center = self.center_window(x, win)
+        if parts is None or center is None:
+            return None
+        dev, mag = parts
+        program = 8 * unit(v.dtype) * (top * mag + shift_norm) + 4 * underflow(v, win)
+        return (top * dev + program + BATCH_NORM64 * (top * center + shift_norm)) * SLACK * SLACK
+
+    def _conv_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """``W(x - ĉ_x)`` by ``σ(W)``; the program's accumulation within ``γ_{n+1}·σ(|W|)·‖x‖``, its rounding
+        into ``v``'s type within ``u·‖y‖``, and the center's float64 sums within ``γ_{n+1}·σ(|W|)·‖ĉ_x‖``."""
+        parts, sig = self._conv_parts(v), self._sigma(v)
+        if parts is None or sig is None:
+            return None
+        x, w, s, _, d, _ = parts
+        inw = conv_input_window(w, s, d, win)
+        found = self._with_magnitude(x, inw, values)
+        center = self.center_window(x, inw)
+        if found is None or center is None:
+            return None
+        dev, mag = found
+        sigma, sigma_abs = sig
+        n = math.prod(int(k) for k in w.shape[1:])
+        acc = acc_type(x.dtype)
+        tiny = n * I.smallest_subnormal(acc) * math.sqrt(cells(v, win))
+        accumulated = I.gamma(n + 1, unit(acc)) * sigma_abs * mag + tiny
+        rounded = unit(v.dtype) * ((sigma + I.gamma(n + 1, unit(acc)) * sigma_abs) * mag + tiny) + underflow(v, win)
+        own = I.gamma(n + 1, EPS64) * sigma_abs * center
+        return (sigma * dev + accumulated + rounded + own) * SLACK * SLACK
+
+    # -- facts per element -----------------------------------------------------------------------------------
+    def element_bound(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+        plain = super().element_bound(v, values)
+        centered = self._centered_elements(v, values) if v in self.live and v.dtype.is_float else None
+        if centered is None:
+            return plain
+        if plain is None:
+            return centered
+        return np.minimum(plain[0], centered[0]), np.minimum(plain[1], centered[1])
+
+    def _centered_elements(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+        """``|v| <= |ĉ| + ‖v - ĉ‖`` per element, before and after its rounding into ``v``'s type."""
+        c = self.centers.magnitude(v)
+        if c is None or v.is_param:
+            return None
+        shape = shape_of(v)
+        if v.op == "conv" and len(shape) >= 3:
+            found = self._conv_element_deviation(v, values)
+        elif v.op == "reduce_mean":
+            found = self._mean_deviation(v, values)
+        elif len(shape) >= 3 and v.op in ("add", "sub", "relu", "max_pool", "avg_pool", "cast", "mul", "div",
+                                          "clip", "max", "min", "batch_norm"):
+            d = self.deviation(v, (1,) * (len(shape) - 2), values)
+            found = None if d is None else (np.asarray(d), np.asarray(d))
+        else:
+            return None
+        if found is None:
+            return None
+        before = (c + found[0]) * SLACK
+        after = (c + found[1]) * SLACK
+        if v.op in ("conv", "reduce_mean"):  # their deviation is the accumulated value's: round into v's type
+            after = (before * (1 + unit(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
+        return np.broadcast_to(before, shape), np.broadcast_to(after, shape)
+
+    def _conv_element_deviation(self, v: Value,
+                                values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per output channel: ``‖w_o‖₂`` times the receptive field's deviation (Cauchy–Schwarz), plus the
+        accumulation's rounding and the center's, before the rounding into ``v``'s type."""
+        parts = self._conv_parts(v)
+        if parts is None:
+            return None
+        x, w, s, _, d, _ = parts
+        field = conv_input_window(w, [1] * len(s), d, (1,) * len(s))
+        found = self._with_magnitude(x, field, values)
+        center = self.center_window(x, field)
+        if found is None or center is None:
+            return None
+        dev, mag = found
+        n = math.prod(int(k) for k in w.shape[1:])
+        acc = acc_type(x.dtype)
+        rows = np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) * SLACK
+        spread = dev + I.gamma(n + 1, unit(acc)) * mag + I.gamma(n + 1, EPS64) * center
+        out = (rows * spread * SLACK + n * I.smallest_subnormal(acc)) * SLACK
+        out = out.reshape((1, w.shape[0]) + (1,) * (len(shape_of(v)) - 2))
+        return out, out
+
+    def _mean_deviation(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+        """A global average pool: each channel's mean moves by at most the image's deviation over
+        ``√(positions)``, plus the program's and the center's rounding of the sums."""
+        x = v.operands[0]
+        rank = len(shape_of(x))
+        axes = sorted(int(a) % rank for a in (v.attr("axes") or ()))
+        if rank < 3 or axes != list(range(2, rank)):
+            return None
+        whole = shape_of(x)[2:]
+        found = self._with_magnitude(x, whole, values)
+        center = self.center_window(x, whole)
+        if found is None or center is None:
+            return None
+        dev, mag = found
+        cells = math.prod(whole)
+        acc = acc_type(x.dtype)
+        spread = dev + I.gamma(cells + 2, unit(acc)) * mag + I.gamma(cells + 2, EPS64) * center
+        out = np.asarray(spread / math.sqrt(cells) * SLACK + I.smallest_subnormal(acc))
+        return out, out
+
+
+def _clamped(v: Value, win: Window) -> Window | None:
+    """``win`` within ``v``'s spatial extents (None: ``v`` is not an NC* value of that rank)."""
+    shape = shape_of(v)
+    if len(shape) < 3 or len(win) != len(shape) - 2:
+        return None
+    return tuple(max(1, min(int(a), n)) for a, n in zip(win, shape[2:], strict=True))
