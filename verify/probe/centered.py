@@ -168,13 +168,13 @@ class CenteredWindows(WindowNorms):
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         plain = super().window(v, win, values)
-        win = _clamped(v, win)
-        if win is None:
+        clamped = _clamped(v, win)
+        if clamped is None:
             return plain
-        key = (v, win)
+        key = (v, clamped)
         if key not in self.centered:
             self.centered[key] = None
-            c, d = self.center_window(v, win), self.deviation(v, win, values)
+            c, d = self.center_window(v, clamped), self.deviation(v, clamped, values)
             self.centered[key] = None if c is None or d is None else (c + d) * SLACK
         found = [b for b in (plain, self.centered[key]) if b is not None and math.isfinite(b)]
         return min(found) if found else None

@@ -280,9 +280,9 @@ class WindowNorms:
         geometry = self._pool_geometry(v, win)
         if geometry is None:
             return None
-        inw, *rest = geometry
+        inw, overlap, ks, s, pb, d = geometry
         inner = self.window(v.operands[0], inw, values)
-        return None if inner is None else (inner, *rest)
+        return None if inner is None else (inner, overlap, ks, s, pb, d)
 
     def _max_pool(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """Each output is one element of its window, so its square is at most the window's sum of squares."""
