@@ -867,6 +867,11 @@ def window_facts(v: Value, ob: OpBounds, values: Mapping[Value, Interval], windo
     if found is None:
         return ob
     out = _magnitude_fact(ob, found)
+    span = windows.element_span(v, values)
+    if span is not None:  # the records: before rounding; the value: after
+        before, after = span
+        within = _within(out, float(np.min(before.lo)), float(np.max(before.hi)))
+        out = OpBounds(out.value.intersect(after.lo, after.hi), within.records, out.method)
     tighter = float(np.max(out.value.magnitude(), initial=0.0)) < float(np.max(ob.value.magnitude(), initial=0.0))
     return OpBounds(out.value, out.records, "windows") if tighter else out
 

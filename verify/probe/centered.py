@@ -391,30 +391,49 @@ class CenteredWindows(WindowNorms):
 
     def _centered_elements(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
         """``|v| <= |ĉ| + ‖v - ĉ‖`` per element, before and after its rounding into ``v``'s type."""
-        c = self.centers.magnitude(v)
-        if c is None or v.is_param:
+        c, d = self.centers.magnitude(v), self._element_deviation(v, values)
+        if c is None or d is None:
+            return None
+        before = (c + d) * SLACK
+        after = before
+        if v.op in ("conv", "reduce_mean", "matmul"):  # the accumulated value's deviation: round into v's type
+            after = (before * (1 + unit(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
+        shape = shape_of(v)
+        return np.broadcast_to(before, shape), np.broadcast_to(after, shape)
+
+    def element_span(self, v: Value, values: Mapping[Value, Interval]) -> tuple[Interval, Interval] | None:
+        """``ĉ ± ‖v - ĉ‖`` per element, before and after its rounding into ``v``'s type: the center's sign and
+        place, which a magnitude loses, for the intervals of ``v``'s consumers."""
+        if v not in self.live or not v.dtype.is_float:
+            return None
+        c, d = self.centers.get(v), self._element_deviation(v, values)
+        if c is None or d is None:
+            return None
+        reach = d * SLACK + np.abs(c) * 2.0 ** -50  # (the float64 sum's rounding)
+        shape = shape_of(v)
+        before = Interval(np.broadcast_to(c - reach, shape).copy(), np.broadcast_to(c + reach, shape).copy())
+        after = I.round_to(before, v.dtype, 1.0) if v.op in ("conv", "reduce_mean", "matmul") else before
+        return before, after
+
+    def _element_deviation(self, v: Value, values: Mapping[Value, Interval]) -> np.ndarray | None:
+        """A bound on ``|v - ĉ|`` per element (broadcast to ``v``): before the rounding into ``v``'s type for a
+        convolution and a global mean, after it (and so before it too) for the others."""
+        if v not in self.live or v.is_param or self.centers.get(v) is None:
             return None
         shape = shape_of(v)
         if v.op == "conv" and len(shape) >= 3:
-            found = self._conv_element_deviation(v, values)
-        elif v.op == "reduce_mean":
-            found = self._mean_deviation(v, values)
-        elif len(shape) >= 3 and v.op in ("add", "sub", "relu", "max_pool", "avg_pool", "cast", "mul", "div",
-                                          "clip", "max", "min", "batch_norm"):
+            return self._conv_element_deviation(v, values)
+        if v.op == "reduce_mean":
+            return self._mean_deviation(v, values)
+        if v.op == "matmul" and len(shape) == 2:
+            return self._product_deviation(v, values)
+        if len(shape) >= 3 and v.op in ("add", "sub", "relu", "max_pool", "avg_pool", "cast", "mul", "div",
+                                        "clip", "max", "min", "batch_norm"):
             d = self.deviation(v, (1,) * (len(shape) - 2), values)
-            found = None if d is None else (np.asarray(d), np.asarray(d))
-        else:
-            return None
-        if found is None:
-            return None
-        before = (c + found[0]) * SLACK
-        after = (c + found[1]) * SLACK
-        if v.op in ("conv", "reduce_mean"):  # their deviation is the accumulated value's: round into v's type
-            after = (before * (1 + unit(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
-        return np.broadcast_to(before, shape), np.broadcast_to(after, shape)
+            return None if d is None else np.asarray(d)
+        return None
 
-    def _conv_element_deviation(self, v: Value,
-                                values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+    def _conv_element_deviation(self, v: Value, values: Mapping[Value, Interval]) -> np.ndarray | None:
         """Per output channel: ``‖w_o‖₂`` times the receptive field's deviation (Cauchy–Schwarz), plus the
         accumulation's rounding and the center's, before the rounding into ``v``'s type."""
         parts = self._conv_parts(v)
@@ -432,10 +451,46 @@ class CenteredWindows(WindowNorms):
         rows = np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) * SLACK
         spread = dev + I.gamma(n + 1, unit(acc)) * mag + I.gamma(n + 1, EPS64) * center
         out = (rows * spread * SLACK + n * I.smallest_subnormal(acc)) * SLACK
-        out = out.reshape((1, w.shape[0]) + (1,) * (len(shape_of(v)) - 2))
-        return out, out
+        return out.reshape((1, w.shape[0]) + (1,) * (len(shape_of(v)) - 2))
 
-    def _mean_deviation(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
+    def _row_deviation(self, x: Value, values: Mapping[Value, Interval]) -> float | None:
+        """A bound on each row's ℓ2 norm of ``x - ĉ`` for ``x`` the [N, C] reshape of a global mean (a CNN's
+        classifier input): the means' deviation over the channels, after their rounding into ``x``'s type."""
+        if x.op != "reshape" or x.operands[0].op != "reduce_mean":
+            return None
+        mean = x.operands[0]
+        ms = shape_of(mean)
+        if len(shape_of(x)) != 2 or shape_of(x) != (ms[0], math.prod(ms[1:])) or math.prod(ms[2:]) != 1:
+            return None
+        d, c = self._mean_deviation(mean, values), self.centers.get(mean)
+        if d is None or c is None:
+            return None
+        dev = float(np.max(d))  # (each channel's bound is also the channels' ℓ2 bound: see _mean_deviation)
+        center = float(np.max(np.sqrt(np.sum(c.reshape(ms[0], -1) ** 2, axis=1)))) * SLACK
+        rounded = unit(mean.dtype) * (center + dev) + I.smallest_subnormal(mean.dtype) * math.sqrt(ms[1])
+        return (dev + rounded) * SLACK
+
+    def _product_deviation(self, v: Value, values: Mapping[Value, Interval]) -> np.ndarray | None:
+        """``x·B`` by a constant matrix, ``x`` a row whose ℓ2 deviation is known (:meth:`_row_deviation`):
+        ``|y_ij - ĉ_ij| <= ‖B_j‖₂·‖x_i - ĉ_i‖₂`` (Cauchy–Schwarz), plus the accumulation's rounding
+        (``γ_{K+1}·‖B_j‖₂·‖x_i‖₂``) and the center's, before the rounding into ``v``'s type."""
+        if len(v.operands) != 2 or v.attr("transpose_a"):
+            return None
+        x, b = v.operands
+        if b in self.live or x not in self.live:
+            return None
+        dev = self._row_deviation(x, values)
+        cx = self.centers.get(x)
+        if dev is None or cx is None:
+            return None
+        k = int(shape_of(x)[1])
+        cols = _column_norms(self.constant_value(b), bool(v.attr("transpose_b")))
+        center = float(np.max(np.sqrt(np.sum(cx * cx, axis=1)))) * SLACK
+        acc = acc_type(x.dtype)
+        spread = dev + I.gamma(k + 1, unit(acc)) * (center + dev) + I.gamma(k + 1, EPS64) * center
+        return ((cols * spread) * SLACK + k * I.smallest_subnormal(acc)).reshape(1, -1) * SLACK
+
+    def _mean_deviation(self, v: Value, values: Mapping[Value, Interval]) -> np.ndarray | None:
         """A global average pool: each channel's mean moves by at most the image's deviation over
         ``√(positions)``, plus the program's and the center's rounding of the sums."""
         x = v.operands[0]
@@ -452,8 +507,15 @@ class CenteredWindows(WindowNorms):
         cells = math.prod(whole)
         acc = acc_type(x.dtype)
         spread = dev + I.gamma(cells + 2, unit(acc)) * mag + I.gamma(cells + 2, EPS64) * center
-        out = np.asarray(spread / math.sqrt(cells) * SLACK + I.smallest_subnormal(acc))
-        return out, out
+        return np.asarray(spread / math.sqrt(cells) * SLACK + I.smallest_subnormal(acc))
+
+
+def _column_norms(b: np.ndarray, transposed: bool) -> np.ndarray:
+    """``‖B[:, j]‖₂`` per column of the matrix a product reads (``B[j, :]`` when it reads ``B`` transposed),
+    rounded up."""
+    b = np.asarray(b, dtype=np.float64)
+    sq = np.sum(b * b, axis=1 if transposed else 0)
+    return np.sqrt(sq * (1 + I.gamma(b.shape[1 if transposed else 0] + 2, EPS64))) * SLACK
 
 
 def _clamped(v: Value, win: Window) -> Window | None:

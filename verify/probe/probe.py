@@ -182,6 +182,9 @@ class Analysis:
         """Per site, the box scales at which one of the passes proved it."""
         self.witnessed_at: dict[Value, set[float]] = {}
         """Per site, the box scales at which a witness search confirmed its overflow."""
+        self.excess: float | None = None
+        """How far the first failing site of the last :meth:`proved` was past its limit (None: none failed,
+        or no finite measure)."""
 
     def run(self, boxes: Mapping[str, tuple[Any, Any]], budget: Budget, scale: float = 1.0, **kw: Any) -> Bounds:
         """One interval pass at box ``scale``, charged to ``budget``; every site it evaluates is noted."""
@@ -226,8 +229,10 @@ class Analysis:
 
             b = self.run(boxes, budget, scale, pinned=pins, stop=stop)
             if not failing:
+                self.excess = None
                 return True
             v = failing[0]
+            self.excess = site_excess(b.ops[v])
             if self.refiner is None or v is last or budget.exhausted:
                 return False
             new = self.refiner.refine(b, [v], budget)
@@ -375,14 +380,24 @@ def _excess_ratio(bounds: Bounds) -> float | None:
     """How far (as a factor) the worst site's bound is past its limit at scale 1 (None: no finite measure)."""
     worst = 1.0
     for ob in bounds.ops.values():
-        for r in ob.records.values():
-            if r.safe:
-                continue
-            if r.nan or not (math.isfinite(r.lo) and math.isfinite(r.hi)):
-                return None
-            limit = max(abs(r.spec.lo), abs(r.spec.hi))
-            if math.isfinite(limit) and limit > 0:
-                worst = max(worst, max(abs(r.lo), abs(r.hi)) / limit)
+        excess = site_excess(ob)
+        if excess is None:
+            return None
+        worst = max(worst, excess)
+    return worst
+
+
+def site_excess(ob: OpBounds) -> float | None:
+    """How far (as a factor, at least 1) one site's bound is past its limit (None: no finite measure)."""
+    worst = 1.0
+    for r in ob.records.values():
+        if r.safe:
+            continue
+        if r.nan or not (math.isfinite(r.lo) and math.isfinite(r.hi)):
+            return None
+        limit = max(abs(r.spec.lo), abs(r.spec.hi))
+        if math.isfinite(limit) and limit > 0:
+            worst = max(worst, max(abs(r.lo), abs(r.hi)) / limit)
     return worst
 
 
@@ -420,7 +435,7 @@ def _boundary(analysis: Analysis, options: ProbeOptions, proofs: Budget, rest: B
                     lo_s = s
                     break
                 hi_s = s
-                s /= 4
+                s *= _next_factor(analysis.excess)
         while lo_s is not None and hi_s is not None and hi_s / lo_s > 1.05 and not proofs.exhausted:
             mid = math.sqrt(lo_s * hi_s)
             steps += 1
@@ -437,6 +452,15 @@ def _boundary(analysis: Analysis, options: ProbeOptions, proofs: Budget, rest: B
         return out
     _witness_scale(analysis, options, rest.share(1.0, "boundary witnesses"), out, confirmed_at_one)
     return out
+
+
+def _next_factor(excess: float | None) -> float:
+    """The next scale down after one that failed, as a factor of it: just under where the first failing
+    site's bound would meet its limit if bounds grew in proportion to the scale, between 1/64 and 1/1.5
+    (1/4 without a finite measure)."""
+    if excess is None or not math.isfinite(excess):
+        return 0.25
+    return min(1 / 1.5, max(1 / 64, 0.9 / excess))
 
 
 def _witness_scale(analysis: Analysis, options: ProbeOptions, budget: Budget, out: Boundary,

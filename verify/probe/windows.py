@@ -444,6 +444,11 @@ class WindowNorms:
             return arr, arr
         return None
 
+    def element_span(self, v: Value, values: Mapping[Value, Interval]) -> tuple[Interval, Interval] | None:
+        """An interval of ``v`` per element before and after its rounding beyond what magnitudes give (none
+        here: see :class:`verify.probe.centered.CenteredWindows`)."""
+        return None
+
     def _spatial_mean(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:
         """A global average pool (a mean over every spatial axis): the channels' means have an ℓ2 norm of at
         most the input's over the whole image over ``√(positions)`` (Cauchy–Schwarz), so does each one."""

@@ -17,7 +17,10 @@ def cnn(seed: int, blocks: int = 3, width: int = 16, size: int = 12, gain: float
     rng = np.random.default_rng(seed)
     b = Builder()
     x = b.param("x", DType.f32, [batch, 3, size, size])
+    return b.module(b.function("main", [x], [_cnn_body(b, rng, x, blocks, width, gain)]))
 
+
+def _cnn_body(b: Builder, rng: np.random.Generator, x: Any, blocks: int, width: int, gain: float) -> Any:
     def conv(v: object, cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1) -> object:
         w = rng.standard_normal((cout, cin // groups, k, k)) * gain * np.sqrt(2.0 / (cin // groups * k * k))
         y = b.conv(v, b.const(w.astype(np.float32)), strides=(stride, stride), pads=(k // 2,) * 4, groups=groups)
@@ -28,8 +31,20 @@ def cnn(seed: int, blocks: int = 3, width: int = 16, size: int = 12, gain: float
         y = conv(b.relu(conv(h, width, width)), width, width)
         h = b.relu(b.add(y, h))
     h = conv(h, width, 2 * width, stride=2, groups=2)
-    h = b.mul(h, b.const(rng.uniform(0.5, 1.5, (1, 2 * width, 1, 1)).astype(np.float32)))
-    return b.module(b.function("main", [x], [h]))
+    return b.mul(h, b.const(rng.uniform(0.5, 1.5, (1, 2 * width, 1, 1)).astype(np.float32)))
+
+
+def classifier(seed: int, classes: int = 7, width: int = 16, gain: float = 1.0) -> Module:
+    """:func:`cnn`'s body and a ReLU, then a classifier head as exporters write it: a global mean keeping its
+    axes, a reshape to [N, C], a product by a constant read transposed, and a bias."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 3, 12, 12])
+    h = b.relu(_cnn_body(b, rng, x, 3, width, gain))
+    h = b.reshape(b.reduce_mean(h, axes=(2, 3), keepdims=True), shape=(1, 2 * width))
+    w = b.const((rng.standard_normal((classes, 2 * width)) / np.sqrt(2 * width)).astype(np.float32))
+    y = b.add(b.matmul(h, w, transpose_b=True), b.const(rng.standard_normal(classes).astype(np.float32)))
+    return b.module(b.function("main", [x], [y]))
 
 
 def mobile(seed: int, depth: int = 4, width: int = 16) -> Module:
@@ -74,3 +89,4 @@ TIGHT = {  # a rule's factor is reached on an input that fills one channel with 
                                             b.const(np.zeros(4, np.float32)), b.const(np.ones(4, np.float32)),
                                             epsilon=0.0),
 }
+

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cnn_cases import TIGHT, cnn, mobile, one_op
+from cnn_cases import TIGHT, classifier, cnn, mobile, one_op
 from sampling import pushed_points
 
 from cuvil.interp import evaluate_values
@@ -43,7 +43,7 @@ def _distance(a: np.ndarray, c: np.ndarray, win: tuple[int, ...]) -> float:
 
 
 @pytest.mark.parametrize("center", [0.0, 0.75])
-@pytest.mark.parametrize("build", [cnn, mobile])
+@pytest.mark.parametrize("build", [cnn, mobile, classifier])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_every_deviation_rule_bounds_the_distance_it_describes(build: Any, precision: str, center: float) -> None:
     r = 2.0
@@ -53,9 +53,9 @@ def test_every_deviation_rule_bounds_the_distance_it_describes(build: Any, preci
     inputs = _inputs(engine, checked, center - r, center + r)
     windows = _centered(engine, inputs)
     plain = BoundsEngine(module.main, module.constants)
-    points = pushed_points(module, plain, plain.run({"x": (inputs[checked.main.params[0]].lo,
-                                                           inputs[checked.main.params[0]].hi)}),
-                           r, 1, "conv", center=center)
+    plain_bounds = plain.run({"x": (inputs[checked.main.params[0]].lo, inputs[checked.main.params[0]].hi)})
+    points = [p for op in ("conv", "matmul")
+              for p in pushed_points(module, plain, plain_bounds, r, 1, op, center=center, randoms=2)]
     runs = [evaluate_values(checked.main, checked.constants, {"x": x["x"].astype(checked.main.params[0].dtype.np)})
             for x in points]
     ruled = elements = 0
@@ -66,6 +66,11 @@ def test_every_deviation_rule_bounds_the_distance_it_describes(build: Any, preci
             seen = np.max([np.abs(np.asarray(run[v], dtype=np.float64)) for run in runs], axis=0)
             assert np.all(seen <= found[1]), v.op
             elements += 1
+        span = windows.element_span(v, inputs)
+        if span is not None:
+            for run in runs:
+                y = np.asarray(run[v], dtype=np.float64)
+                assert np.all((span[1].lo <= y) & (y <= span[1].hi)), v.op
         if len(v.shape) != 4 or c is None:
             continue
         for win in ((1, 1), (3, 3), (5, 5), tuple(int(d) for d in v.shape[2:])):
@@ -143,3 +148,38 @@ def test_a_max_pool_moves_by_each_input_once_per_window_it_lies_in() -> None:
     assert c is not None and bound is not None
     seen = _distance(got, c, whole)
     assert seen == pytest.approx(2.0) and seen <= bound <= 1.02 * seen
+
+
+def test_a_classifier_reads_its_input_rows_norm() -> None:
+    """A classifier's product by a constant, after a global mean, is bounded by its columns' norms times the
+    means' deviation (Cauchy–Schwarz): several times narrower than the interval product of the same means."""
+    module = classifier(2, classes=5, width=64, gain=0.5)
+    engine = BoundsEngine(module.main, module.constants)
+    inputs = _inputs(engine, module, -0.01, 0.01)
+    v = next(v for v in module.main.ops() if v.op == "matmul")
+    span = _centered(engine, inputs).element_span(v, inputs)
+    assert span is not None
+    bounds = engine.run({"x": (inputs[module.main.params[0]].lo, inputs[module.main.params[0]].hi)})
+    mean = next(v for v in module.main.ops() if v.op == "reshape")
+    w = np.asarray(engine.constant_value(v.operands[1]), dtype=np.float64)
+    interval_radius = (bounds.values[mean].hi - bounds.values[mean].lo) / 2 @ np.abs(w).T
+    assert float(np.max(span[0].hi - span[0].lo)) / 2 * 3 < float(np.max(interval_radius))
+
+
+def test_a_classifiers_bound_meets_its_worst_case() -> None:
+    """With weights of equal magnitude, the input that moves every channel by its weight's sign reaches
+    Cauchy–Schwarz: the product's deviation bound covers what that input gives and is within 2% of it."""
+    w = np.array([[1.0, -1.0, -1.0, 1.0], [0.5, 0.5, -0.5, 0.5]], np.float32)
+    module = one_op(lambda b, x: b.matmul(b.reshape(b.reduce_mean(x, axes=(2, 3), keepdims=True), shape=(1, 4)),
+                                          b.const(w), transpose_b=True))
+    x0 = np.random.default_rng(1).uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32)
+    engine = BoundsEngine(module.main, module.constants)
+    inputs = _inputs(engine, module, x0 - 1, x0 + 1)
+    windows = _centered(engine, inputs)
+    v = module.main.results[0]
+    span, c = windows.element_span(v, inputs), windows.centers.get(v)
+    assert span is not None and c is not None
+    x = x0 + np.sign(w[0]).reshape(1, 4, 1, 1).astype(np.float32)
+    seen = abs(float(np.asarray(evaluate_values(module.main, module.constants, {"x": x})[v])[0, 0]) - float(c[0, 0]))
+    bound = float(span[0].hi[0, 0] - c[0, 0])
+    assert seen == pytest.approx(4.0) and seen <= bound <= 1.02 * seen
