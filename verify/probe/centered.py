@@ -300,20 +300,13 @@ class CenteredWindows(WindowNorms):
 
     def _scaled_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """A product or quotient by a constant: the deviation scales by its largest factor."""
-        a, c = v.operands
-        if c in self.live and v.op == "mul":
-            a, c = c, a
-        if c in self.live or a not in self.live or shape_of(a) != shape_of(v):
+        scaled = self.scaling(v)
+        if scaled is None:
             return None
-        data = np.abs(np.asarray(self.constant_value(c), dtype=np.float64))
-        if v.op == "div":
-            if data.size == 0 or float(np.min(data)) == 0:
-                return None
-            data = 1.0 / data
-        factor = float(np.max(data, initial=0.0)) * SLACK
+        a, factor = scaled[0], scaled[1] * SLACK
         parts = self._with_magnitude(a, win, values)
         center = self.center_window(v, win)
-        if parts is None or center is None or not math.isfinite(factor):
+        if parts is None or center is None:
             return None
         dev, mag = parts
         return (factor * dev + unit(v.dtype) * factor * mag + underflow(v, win) + CENTER64 * center) * SLACK * SLACK

@@ -240,8 +240,9 @@ class WindowNorms:
             return None
         return self.window(o, win, values)
 
-    def _scaled(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
-        """A product by a constant (either side), or a quotient by one: by its largest factor."""
+    def scaling(self, v: Value) -> tuple[Value, float] | None:
+        """A product by a constant (either side), or a quotient by one: the live operand and the largest
+        factor it is multiplied by (None: not such a product, or no finite factor)."""
         a, c = v.operands
         if c in self.live and v.op == "mul":
             a, c = c, a
@@ -253,8 +254,16 @@ class WindowNorms:
                 return None
             data = 1.0 / data
         factor = float(np.max(data, initial=0.0))
+        return (a, factor) if math.isfinite(factor) else None
+
+    def _scaled(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """A product by a constant (either side), or a quotient by one: by its largest factor."""
+        scaled = self.scaling(v)
+        if scaled is None:
+            return None
+        a, factor = scaled
         inner = self.window(a, win, values)
-        if inner is None or not math.isfinite(factor):
+        if inner is None:
             return None
         return (inner * factor * (1 + unit(v.dtype)) + underflow(v, win)) * SLACK
 
