@@ -44,6 +44,7 @@ from verify.probe.windows import (
     acc_type,
     cells,
     channel_squares,
+    clamp_window,
     conv_input_window,
     max_window,
     shape_of,
@@ -168,7 +169,7 @@ class CenteredWindows(WindowNorms):
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         plain = super().window(v, win, values)
-        clamped = _clamped(v, win)
+        clamped = clamp_window(v, win)
         if clamped is None:
             return plain
         key = (v, clamped)
@@ -181,7 +182,7 @@ class CenteredWindows(WindowNorms):
 
     def center_window(self, v: Value, win: Window) -> float | None:
         """The norm of ``ĉ`` over the worst ``win`` window."""
-        clamped = _clamped(v, win)
+        clamped = clamp_window(v, win)
         return None if clamped is None else self.centers.window(v, clamped)
 
     # -- deviations ------------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class CenteredWindows(WindowNorms):
         """A bound on the ℓ2 norm of ``v - ĉ`` over any ``win`` window (all channels of one sample)."""
         if v not in self.live:
             return 0.0  # a constant is its own center
-        clamped = _clamped(v, win)
+        clamped = clamp_window(v, win)
         if clamped is None:
             return None
         key = (v, clamped)
@@ -509,11 +510,3 @@ def _column_norms(b: np.ndarray, transposed: bool) -> np.ndarray:
     b = np.asarray(b, dtype=np.float64)
     sq = np.sum(b * b, axis=1 if transposed else 0)
     return np.sqrt(sq * (1 + I.gamma(b.shape[1 if transposed else 0] + 2, EPS64))) * SLACK
-
-
-def _clamped(v: Value, win: Window) -> Window | None:
-    """``win`` within ``v``'s spatial extents (None: ``v`` is not an NC* value of that rank)."""
-    shape = shape_of(v)
-    if len(shape) < 3 or len(win) != len(shape) - 2:
-        return None
-    return tuple(max(1, min(int(a), n)) for a, n in zip(win, shape[2:], strict=True))

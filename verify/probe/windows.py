@@ -177,10 +177,10 @@ class WindowNorms:
     # -- the norm of a value over a window ---------------------------------------------------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """A bound on the ℓ2 norm of ``v`` over any ``win`` spatial window (all channels of one sample)."""
-        shape = shape_of(v)
-        if len(shape) < 3 or len(win) != len(shape) - 2:
+        clamped = clamp_window(v, win)
+        if clamped is None:
             return None
-        win = tuple(max(1, min(int(a), n)) for a, n in zip(win, shape[2:], strict=True))
+        win = clamped
         key = (v, win)
         if key not in self.memo:
             self.memo[key] = None  # SSA has no cycles; keep recursion honest anyway
@@ -493,6 +493,14 @@ class WindowNorms:
         after = (before * (1 + unit(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
         shape = (1, w.shape[0]) + (1,) * (len(shape_of(v)) - 2)
         return before.reshape(shape), after.reshape(shape)
+
+
+def clamp_window(v: Value, win: Window) -> Window | None:
+    """``win`` within ``v``'s spatial extents (None: ``v`` is not an NC* value of that rank)."""
+    shape = shape_of(v)
+    if len(shape) < 3 or len(win) != len(shape) - 2:
+        return None
+    return tuple(max(1, min(int(a), n)) for a, n in zip(win, shape[2:], strict=True))
 
 
 def conv_input_window(w: np.ndarray, strides: list[int], dilations: list[int], win: Window) -> Window:
