@@ -28,8 +28,10 @@ is exactly what it was before the run-time variant existed.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -145,10 +147,31 @@ def splat(b: Builder, x: Val, lanes: int) -> Val:
     return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
+_products_rounded: ContextVar[bool] = ContextVar("products_rounded", default=False)
+
+
+@contextlib.contextmanager
+def products_rounded() -> Iterator[None]:
+    """Kernels written inside round each product before adding it, as the rule does, instead of fusing
+    the two: for operands whose products need not be exact in float32 (bfloat16 shares float32's
+    exponent range, so its products can overflow or fall below float32's subnormals, where a fused
+    multiply-add and the rule's product-then-sum give different results)."""
+    token = _products_rounded.set(True)
+    try:
+        yield
+    finally:
+        _products_rounded.reset(token)
+
+
+def fused() -> bool:
+    """Whether :func:`fma` fuses here: the target has the instruction and products need no rounding."""
+    return codegen_target().fused_multiply_add and not _products_rounded.get()
+
+
 def fma(b: Builder, x: Val, y: Val, acc: Val) -> Val:
-    """``x * y + acc`` on float32 vectors or scalars: fused where the target has the instruction, else
-    a multiply and an add (each rounded, as the rule's sum is)."""
-    if not codegen_target().fused_multiply_add:
+    """``x * y + acc`` on float32 vectors or scalars: fused where :func:`fused` says so, else a multiply
+    and an add (each rounded, as the rule's product and sum are)."""
+    if not fused():
         return b.fadd(b.fmul(x, y), acc)
     name = f"llvm.fma.v{x.type.count}f32" if isinstance(x.type, ir.VectorType) else "llvm.fma.f32"
     fn = declare(b.module, name, x.type, [x.type] * 3)
@@ -343,7 +366,8 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
     a_stride = a_stride or mr
     name = f"cuvil.micro.{a_kind}.{b_kind}.{mr}x{nv}x{lanes}.s{tile_stride}" + \
         (f".a{a_stride}" if a_kind == "packed" and a_stride != mr else "") + \
-        (f".v{valid_last}" if valid_last is not None else "") + (f".ahead{ahead_every}" if ahead_every else "")
+        (f".v{valid_last}" if valid_last is not None else "") + (f".ahead{ahead_every}" if ahead_every else "") + \
+        ("" if fused() else ".unfused")
     found = mod.globals.get(name)
     if isinstance(found, ir.Function):
         return found

@@ -2,13 +2,15 @@
 kernels.
 
 The rules of ``matmul`` and ``conv`` on halves (float16, bfloat16) widen every operand to float32,
-accumulate in float32 in K order and round the result to the half type once. Widening is exact, a
-product of two halves is exact in float32 (so a fused multiply-add rounds as the rule's product and
-sum do), and the float32 kernels sum K in order: run on the widened operands, they compute exactly
-the rule's accumulation. The epilogue is rewritten to say the same thing over the widened buffers:
-the accumulator is rounded to the half type (the contraction's own rounding), each half operand it
-reads is read as float32 and narrowed back (exact), every epilogue op keeps its own rounding, and
-its half result is stored widened (exact) and narrowed on the way out (exact). A constant weight is
+accumulate in float32 in K order and round the result to the half type once. Widening is exact and
+the float32 kernels sum K in order: run on the widened operands, they compute exactly the rule's
+accumulation. A product of two float16 values is exact in float32, so the kernels' fused multiply-adds
+round as the rule's product and sum do; a product of two bfloat16 values may overflow float32 or fall
+under its subnormals, so bfloat16 kernels round each product before adding it (``products_rounded``).
+The epilogue is rewritten to say the same thing over the widened buffers: the accumulator is
+rounded to the half type (the contraction's own rounding), each half operand it reads is read as
+float32 and narrowed back (exact), every epilogue op keeps its own rounding, and its half result is
+stored widened (exact) and narrowed on the way out (exact). A constant weight is
 widened when the float32 kernel packs it at compile time; the other half operands are widened into
 the kernel's scratch (with the conversions the generic lowering uses,
 :class:`cuvil.codegen.scalar.ScalarEmitter`). Before this, a half-precision matrix product or
@@ -17,6 +19,7 @@ convolution ran on the generic rule lowering, 10-85x slower than its float32 cou
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -25,6 +28,7 @@ from llvmlite import ir
 from cuvil.codegen import abi
 from cuvil.codegen.kernels.base import Kernel
 from cuvil.codegen.kernels.epilogue import Contraction
+from cuvil.codegen.kernels.gemm import products_rounded
 from cuvil.codegen.llvm_types import F32, I32, I64, PTR
 from cuvil.codegen.loops import for_range
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, storage_type
@@ -81,8 +85,16 @@ class WidenedKernel:
     def scratch_bytes(self) -> int:
         return self._layout()[2]
 
+    @property
+    def products_exact(self) -> bool:
+        """Whether every product of two operands is exact in float32, so that the kernel may fuse it
+        into its sum: float16's are (|x·y| lies in [2^-48, 2^32]); bfloat16's, in float32's exponent
+        range, may overflow or underflow, so they are rounded before the sum as the rule rounds them."""
+        return all(t.dtype is not DType.bf16 for t in self.in_types)
+
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        inner = self.inner.emit(mod, f"{name}.f32")
+        with contextlib.nullcontext() if self.products_exact else products_rounded():
+            inner = self.inner.emit(mod, f"{name}.f32")
         n = len(self.in_types)
         fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n + 2)), name=name)
         fn.linkage = "hidden"
