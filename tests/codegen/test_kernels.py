@@ -289,6 +289,10 @@ DEPTHWISE_GEOMETRIES = [
     ((1, 3, 7, 7), (3, 3), (3, 3), (3, 3), (3, 3, 3, 3)),  # stride = dilation = pad = 3
     ((1, 4, 5, 5), (3, 3), (1, 1), (1, 1), (4, 4, 4, 4)),  # pads wider than the kernel: all-padding rows
     ((1, 4, 5, 5), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0)),  # no padding at all
+    ((1, 3, 20, 12), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # a block of 16 rows of 12, then one of 4
+    ((1, 2, 7, 30), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # rows of 30: blocks of 4 rows, then one of 3
+    ((1, 2, 9, 10), (3, 3), (2, 1), (1, 1), (1, 1, 1, 1)),  # stride 2 down, 1 across: blocks share no row
+    ((1, 2, 8, 9), (5, 3), (1, 1), (2, 1), (4, 1, 4, 1)),  # dilated rows, whole kernel rows in the padding
     ((1, 4, 17), (3,), (2,), (1,), (1, 1)),  # 1-D
     ((1, 3, 4, 5, 6), (3, 3, 3), (1, 1, 2), (1, 1, 1), (1, 1, 1, 1, 1, 1)),  # 3-D
 ]
@@ -322,6 +326,27 @@ def test_depthwise_masked_last_vector_keeps_every_bit(monkeypatch):
     monkeypatch.setattr(conv, "MASKED_TAIL", ())
     remainder = compile(c.module(), cache=False)
     for got, want, label in zip(masked.run(c.inputs), remainder.run(c.inputs), c.labels, strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=label)
+
+
+def test_depthwise_row_blocks_keep_every_bit(monkeypatch):
+    """Stride-1 rows computed several at a time (sharing their input rows' loads, edges as masked loads)
+    give the bits of one row at a time: each output's taps are the same fused steps in the same order."""
+    from cuvil.codegen.kernels import conv
+
+    c = Cases()
+    for xs, ks, st, dl, pads in [g for g in DEPTHWISE_GEOMETRIES if len(g[0]) == 4 and g[2][-1] == 1] + [
+            ((1, 3, 14, 14), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)), ((1, 2, 28, 28), (3, 3), (1, 1), (1, 1),
+                                                                     (1, 1, 1, 1))]:
+        x = c.input(_f32(*xs))
+        y = c.b.conv(x, c.b.const(_f32(xs[1], 1, *ks)), groups=xs[1], strides=st, dilations=dl, pads=pads)
+        c.add(f"depthwise x{xs} k{ks} s{st} d{dl} p{pads}", c.b.clip(y, min=0.0, max=6.0), math.prod(ks))
+    c.check("conv.depthwise.")
+    assert any(conv.rows_per_block(int(x.shape[2]), int(x.shape[3])) > 1 for x in c.inputs)
+    blocked = compile(c.module(), cache=False)
+    monkeypatch.setattr(conv, "rows_per_block", lambda oh, ow: 1)
+    single = compile(c.module(), cache=False)
+    for got, want, label in zip(blocked.run(c.inputs), single.run(c.inputs), c.labels, strict=True):
         np.testing.assert_array_equal(got, want, err_msg=label)
 
 
