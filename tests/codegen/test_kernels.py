@@ -330,21 +330,28 @@ def test_depthwise_masked_last_vector_keeps_every_bit(monkeypatch):
 
 
 def test_depthwise_row_blocks_keep_every_bit(monkeypatch):
-    """Stride-1 rows computed several at a time (sharing their input rows' loads, edges as masked loads)
-    give the bits of one row at a time: each output's taps are the same fused steps in the same order."""
+    """Rows computed several at a time (sharing their input rows' loads, edges as masked loads; at a
+    stride across, every input column's sum first, the outputs picked from them) give the bits of one
+    row at a time and of the interleaved loop: each output's taps are the same fused steps in the same
+    order."""
     from cuvil.codegen.kernels import conv
 
     c = Cases()
-    for xs, ks, st, dl, pads in [g for g in DEPTHWISE_GEOMETRIES if len(g[0]) == 4 and g[2][-1] == 1] + [
-            ((1, 3, 14, 14), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)), ((1, 2, 28, 28), (3, 3), (1, 1), (1, 1),
-                                                                     (1, 1, 1, 1))]:
+    for xs, ks, st, dl, pads in [g for g in DEPTHWISE_GEOMETRIES if len(g[0]) == 4] + [
+            ((1, 3, 14, 14), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+            ((1, 2, 28, 28), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+            ((1, 3, 28, 28), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),  # four rows of 14 at stride 2
+            ((1, 2, 14, 14), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),  # a whole 7x7 plane at stride 2
+            ((1, 2, 9, 13), (3, 3), (2, 2), (1, 1), (0, 1, 2, 0)),  # asymmetric pads at stride 2
+            ((1, 2, 12, 12), (3, 3), (2, 2), (2, 2), (2, 2, 2, 2)),  # dilated, stride 2
+            ((1, 2, 11, 16), (3, 3), (1, 3), (1, 1), (1, 1, 1, 1))]:  # stride 3 across
         x = c.input(_f32(*xs))
         y = c.b.conv(x, c.b.const(_f32(xs[1], 1, *ks)), groups=xs[1], strides=st, dilations=dl, pads=pads)
         c.add(f"depthwise x{xs} k{ks} s{st} d{dl} p{pads}", c.b.clip(y, min=0.0, max=6.0), math.prod(ks))
     c.check("conv.depthwise.")
-    assert any(conv.rows_per_block(int(x.shape[2]), int(x.shape[3])) > 1 for x in c.inputs)
+    assert conv.rows_per_block(14, 14) > 1 and conv.rows_per_block(7, 7, 2) > 1
     blocked = compile(c.module(), cache=False)
-    monkeypatch.setattr(conv, "rows_per_block", lambda oh, ow: 1)
+    monkeypatch.setattr(conv, "rows_per_block", lambda oh, ow, sw=1: 1 if sw == 1 else 0)
     single = compile(c.module(), cache=False)
     for got, want, label in zip(blocked.run(c.inputs), single.run(c.inputs), c.labels, strict=True):
         np.testing.assert_array_equal(got, want, err_msg=label)

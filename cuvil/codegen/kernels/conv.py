@@ -566,10 +566,17 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
                 for_range(b, x_lo, x_hi, "ow", lambda x: column(x, False))
                 for_range(b, x_hi, ow, "owr", lambda x: column(x, True), hints=NO_UNROLL)
 
+            # at a stride across, every input column's sum (the stride-1 row) goes to a buffer first and
+            # the epilogue reads every sw-th: twice the taps, but in vectors where an interleaved row of
+            # a few outputs ran one column at a time; the same taps in the same order per output
+            full = (ow - 1) * sw + 1
+            rb_max = rows_per_block(oh, ow, sw)
+            buf = ctx.entry_alloca(ir.ArrayType(F32, rb_max * full), "dwrow") if sw > 1 else None
+
             def block(y0: Val, count: int) -> None:
-                """Output rows ``y0 .. y0+count-1`` in one loop along the row (stride 1 across): a tap in
-                the padding is a load not taken, so the loop vectorizes whole, edges included, with
-                masked loads; the rows share their input rows' loads."""
+                """Output rows ``y0 .. y0+count-1`` in one loop along the row: a tap in the padding is a
+                load not taken, so the loop vectorizes whole, edges included, with masked loads; the
+                rows share their input rows' loads."""
                 by_offset: dict[int, Val] = {}
                 for r in range(count):
                     for ky in range(kh):
@@ -589,19 +596,33 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
                                 shift = kx * dw - pw
                                 if (o, shift) not in loaded:
                                     ix = b.add(x, const(shift))
-                                    if 0 <= shift and ow - 1 + shift < w_in:
+                                    if 0 <= shift and full - 1 + shift < w_in:
                                         loaded[o, shift] = b.load(fgep(b, by_offset[o], ix), typ=F32, align=4)
                                     else:
                                         loaded[o, shift] = _load_inside(b, by_offset[o], ix, const(w_in))
                                 acc = fma(b, wt[ky * kw + kx], loaded[o, shift], acc)
+                        if buf is not None:
+                            b.store(acc, fgep(b, buf, b.add(x, const(r * full))), align=4)
+                            continue
                         y = b.add(y0, const(r))
                         epi.store(b.add(out_base, b.add(b.mul(y, const(ow)), x)),
                                   epi.element([image, chan, y, x], acc))
 
-                for_range(b, 0, ow, "ow", column, hints=MASKED_TAIL)
+                for_range(b, 0, full, "ow", column, hints=MASKED_TAIL)
+                if buf is None:
+                    return
+                for r in range(count):
+                    y = b.add(y0, const(r))
 
-            if sw == 1:
-                rb = rows_per_block(oh, ow)
+                    def pick(x: Val, r: int = r, y: Val = y) -> None:
+                        acc = b.load(fgep(b, buf, b.add(b.mul(x, const(sw)), const(r * full))), typ=F32, align=4)
+                        epi.store(b.add(out_base, b.add(b.mul(y, const(ow)), x)),
+                                  epi.element([image, chan, y, x], acc))
+
+                    for_range(b, 0, ow, "owp", pick)
+
+            if rb_max:
+                rb = rb_max
                 blocks = oh // rb
                 for_range(b, 0, blocks, "ohb", lambda yb: block(b.mul(yb, const(rb)), rb), hints=NO_UNROLL)
                 if oh % rb:
@@ -613,11 +634,15 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
         return kf.finish()
 
 
-def rows_per_block(oh: int, ow: int) -> int:
-    """Output rows a stride-1 depthwise convolution computes in one pass along the row, sharing the loads
-    of their common input rows. Measured on MobileNet-v1's 3x3 layers, one thread (ms, before -> after):
-    a whole 14x14 plane at once 0.0645 -> 0.033 (512 channels), 7x7 0.037 -> 0.026 (1024), four rows of
-    28 0.087 -> 0.063 (256); at 56 and 112 more rows per pass were slower (wider bodies, masked)."""
+def rows_per_block(oh: int, ow: int, sw: int = 1) -> int:
+    """Output rows a depthwise convolution computes in one pass along the row, sharing the loads of their
+    common input rows (``sw``: its stride across; 0 where that pass is not used). Measured on MobileNet-v1's
+    3x3 layers, one thread (ms, before -> after): a whole 14x14 plane at once 0.0645 -> 0.033 (512
+    channels), 7x7 0.037 -> 0.026 (1024), four rows of 28 0.087 -> 0.063 (256); at 56 and 112 more rows
+    per pass were slower (wider bodies, masked). At stride 2, 28x28 -> 14x14 0.070 -> 0.034 (four rows),
+    14x14 -> 7x7 0.030 -> 0.020 (the whole plane); 56x56 -> 28x28 was slower than the interleaved loop."""
+    if sw > 1:  # 0: wider rows keep the interleaved loop (as fast as the wider stride-1 pass or faster)
+        return 0 if ow > 16 else min(oh, 4) if ow > 8 else min(oh, 16)
     if ow <= 16:
         return min(oh, 16)
     return min(oh, 4) if ow <= 32 else 1
