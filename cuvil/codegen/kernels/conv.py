@@ -73,6 +73,13 @@ over channels it runs far from the FMA rate (MobileNet-v1's 512-channel 14x14 la
 TRANSPOSE_GAIN = 1.05
 """Positions become the GEMM rows when that pads at least this much less work."""
 
+TRANSPOSE_PLANE = 1024
+TRANSPOSE_K = 256
+"""... or when there are at most ``TRANSPOSE_PLANE`` output positions and a reduction of at least
+``TRANSPOSE_K`` steps, whatever the padding. Measured one thread, interleaved: ResNet-18's 64 -> 128
+3x3 stride-2 convolution at 56x56 0.71 -> 0.63 ms, MobileNet-v1's 256-channel 1x1 at 28x28 0.551 ->
+0.536; with K = 128 (0.26 -> 0.29) or 3,136 positions (64-channel 3x3 at 56x56: even) it does not pay."""
+
 PACK_MIN_ROWS = 32
 PACK_MIN_PLANE = 1024
 """A 1x1 conv with at least this many output channels per group, and this many positions per
@@ -171,7 +178,8 @@ class ConvKernel:
         across = choose_tiling(isa, out_plane, g.mg, k, kc_max=CONV_KC_MAX, b_streams=streams_from_memory(k, g.mg))
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
-        self.transposed = g.mg >= isa.lanes and area_across * TRANSPOSE_GAIN < area
+        self.transposed = g.mg >= isa.lanes and (area_across * TRANSPOSE_GAIN < area or (
+            out_plane <= TRANSPOSE_PLANE and k >= TRANSPOSE_K))
         if self.transposed:
             self.tiling = across
         # reduction step k = (c, tap) -> offset of its input in the (padded) buffer, per group
