@@ -464,6 +464,41 @@ def test_kernels_pooled_for_their_time_match_single_thread_exactly(monkeypatch):
         assert_close(y, w, k, "pooled for its time")
 
 
+def test_many_small_chunks_are_claimed_in_groups_and_every_one_runs(monkeypatch):
+    """A depthwise convolution of 509 channels at 7x7 and a convolution's padded copy of 300 channels:
+    the pool claims a group of channels at a time (the last group shorter), and every channel is
+    computed once: the bits of one thread."""
+    c = Cases()
+    x = c.input(_f32(1, 509, 7, 7))
+    c.add("depthwise", c.b.conv(x, c.b.const(_f32(509, 1, 3, 3)), pads=(1, 1, 1, 1), groups=509), 9)
+    y = c.input(_f32(1, 300, 6, 6))
+    c.add("conv", c.b.conv(y, c.b.const(_f32(40, 300, 3, 3)), pads=(1, 1, 1, 1)), 2700)
+    groups: list[tuple[int, int]] = []
+    per_claim = gemm.chunks_per_claim
+
+    def spy(nchunks: int, flops: float) -> int:
+        group = per_claim(nchunks, flops)
+        groups.append((nchunks, group))
+        return group
+
+    monkeypatch.setattr(gemm, "chunks_per_claim", spy)
+    two = compile(c.module(), cache=False, threads=2)
+    assert (509, 31) in groups and any(n == 300 and g > 1 for n, g in groups), groups
+    monkeypatch.setattr(gemm, "chunks_per_claim", per_claim)
+    one = compile(c.module(), cache=False, threads=1)
+    want = rule_reference(c.module(), c.inputs)
+    for a, b, w, k in zip(one.run(c.inputs), two.run(c.inputs), want, (9, 2700), strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert_close(b, w, k, "grouped claims")
+
+
+def test_chunks_per_claim_bounds() -> None:
+    assert gemm.chunks_per_claim(16, 1e9) == 1  # few chunks: one each
+    assert gemm.chunks_per_claim(512, 1e12) == 1  # large chunks: one each
+    group = gemm.chunks_per_claim(512, 14.4e6)  # 512 channels of 28k each
+    assert group > 1 and -(-512 // group) >= gemm.MIN_CLAIMS and group * 28_125 >= gemm.CLAIM_FLOPS
+
+
 def test_pool_resizes_and_serves_concurrent_contexts():
     model = compile(BIG_MODULE, cache=False)
     want = model.run(BIG_INPUTS)

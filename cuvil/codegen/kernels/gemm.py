@@ -473,7 +473,9 @@ class KernelFunction:
             rc = self._serial(body, i64(nchunks))
         elif isinstance(nchunks, int) and isinstance(flops, (int, float)):
             pooled = nchunks > 1 and flops >= PARALLEL_MIN_FLOPS
-            rc = self._pooled(k, body, const(nchunks)) if pooled else self._serial(body, const(nchunks))
+            group = chunks_per_claim(nchunks, flops)
+            rc = self._pooled(k, body, const(-(-nchunks // group)), group=(group, nchunks)) if pooled \
+                else self._serial(body, const(nchunks))
         else:
             rc = self._pooled_or_serial(k, body, i64(nchunks), flops)
         fail = self.fn.append_basic_block(f"p{k}.fail")
@@ -486,11 +488,13 @@ class KernelFunction:
     def _serial(self, body: ir.Function, nchunks: Val) -> Val:
         return self.b.call(body, [*self.fn.args, const(0), nchunks])
 
-    def _pooled(self, k: int, body: ir.Function, nchunks: Val, slots: Val | None = None) -> Val:
-        """The chunks on the pool: the kernel's arguments and a return-code slot go through ``slots``."""
+    def _pooled(self, k: int, body: ir.Function, nchunks: Val, slots: Val | None = None,
+                group: tuple[int, int] = (1, 0)) -> Val:
+        """The chunks on the pool: the kernel's arguments and a return-code slot go through ``slots``.
+        ``group``: (chunks per claim, chunks in all) where a claim runs several chunks."""
         b = self.b
         args = list(self.fn.args)
-        task = self._task(f"{self.name}.p{k}.task", body)
+        task = self._task(f"{self.name}.p{k}.task", body, *group)
         if slots is None:
             slots = opaque_alloca(b, ir.ArrayType(I64, len(args) + 1), f"args{k}", 8)
         for j, a in enumerate(args):
@@ -546,14 +550,20 @@ class KernelFunction:
         entry.branch(start)
         return fn
 
-    def _task(self, name: str, body: ir.Function) -> ir.Function:
+    def _task(self, name: str, body: ir.Function, group: int = 1, total: int = 0) -> ir.Function:
+        """The pool's ``task(slots, claim)``: chunk ``claim``, or chunks ``claim * group`` up to the next
+        claim's first (at most ``total``) where a claim runs ``group`` of them."""
         fn = ir.Function(self.mod, TASK_TYPE, name=name)
         fn.linkage = "internal"
         slots, chunk = fn.args
         b = Builder(fn.append_basic_block("entry"))
         nargs = self.n_args
         ptrs = [b.load(b.gep(slots, [const(j)], inbounds=True, source_etype=I64), typ=PTR) for j in range(nargs)]
-        rc = b.call(body, [*ptrs, chunk, b.add(chunk, const(1))])
+        if group > 1:
+            first = b.mul(chunk, const(group))
+            rc = b.call(body, [*ptrs, first, imin(b, b.add(first, const(group)), const(total))])
+        else:
+            rc = b.call(body, [*ptrs, chunk, b.add(chunk, const(1))])
         failed = b.icmp_signed("!=", rc, ir.Constant(I32, abi.OK))
         rc_slot = b.gep(slots, [const(nargs)], inbounds=True, source_etype=I64)
         if_then(b, failed, "fail", lambda: b.atomic_rmw("xchg", rc_slot, b.sext(rc, I64), "seq_cst"))
@@ -602,6 +612,24 @@ def streams_from_memory(k: int, n: int) -> bool:
 
 PARTIALS_MAX_BYTES = 96 * 1024
 """Bound on the stack a block's partial sums take between K blocks (worker stacks are MBs)."""
+
+CLAIM_FLOPS = 250_000
+MIN_CLAIMS = 16
+
+
+def chunks_per_claim(nchunks: int, flops: float) -> int:
+    """Chunks a thread of the pool takes at once: each claim is an atomic update of one word that every
+    thread reads, so a phase of many small chunks (a depthwise convolution's 512 channels of 14x14, a
+    padded copy's channels) is claimed ``CLAIM_FLOPS`` of work at a time, in at least ``MIN_CLAIMS``
+    claims. Two threads, in-process A/B: MobileNet-v1 5.14 -> 4.61 ms (one claim per channel before),
+    ResNet-18 12.33 -> 12.09, QDQ ResNet-18 7.28 -> 7.02; BERT and one thread unchanged; 60,000 gained
+    less, 1,000,000 no more."""
+    if nchunks <= MIN_CLAIMS or flops <= 0:
+        return 1
+    per_chunk = flops / nchunks
+    group = max(1, math.ceil(CLAIM_FLOPS / per_chunk)) if per_chunk > 0 else 1
+    return max(1, min(group, nchunks // MIN_CLAIMS))
+
 
 MIN_PARALLEL_BLOCKS = 8
 """Cache blocks a problem that may run on the pool is cut into at least (when it has that many register
