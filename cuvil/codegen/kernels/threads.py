@@ -1,9 +1,10 @@
 """A small pthread pool inside the artifact, emitted as LLVM IR (no OpenMP, no C runtime of ours).
 
 ``pool_run(task, args, n)`` runs ``task(args, chunk)`` for every chunk in ``0..n``. The caller
-takes part, and chunks are claimed one at a time from one atomic word, so a worker that the OS
-has not scheduled (an oversubscribed machine) simply gets no chunks: the caller finishes them
-itself instead of waiting. Idle workers spin briefly (a few tens of microseconds, enough to
+takes part, and chunks are claimed one at a time from one atomic word (a kernel phase of many
+small chunks makes each of the pool's chunks a group of its own, :func:`.gemm.chunks_per_claim`),
+so a worker that the OS has not scheduled (an oversubscribed machine) simply gets no chunks: the
+caller finishes them itself instead of waiting. Idle workers spin briefly (a few tens of microseconds, enough to
 catch the next kernel of the same run) and then sleep on a condition variable.
 
 The claim word packs ``generation:24 | chunk count:20 | next chunk:20``: a worker can only
