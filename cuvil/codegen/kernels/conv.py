@@ -619,11 +619,13 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
                 for_range(b, 0, full, "ow", column, hints=MASKED_TAIL)
                 if buf is None:
                     return
+                row_buf: Val = buf
                 for r in range(count):
                     y = b.add(y0, const(r))
 
                     def pick(x: Val, r: int = r, y: Val = y) -> None:
-                        acc = b.load(fgep(b, buf, b.add(b.mul(x, const(sw)), const(r * full))), typ=F32, align=4)
+                        at = b.add(b.mul(x, const(sw)), const(r * full))
+                        acc = b.load(fgep(b, row_buf, at), typ=F32, align=4)
                         epi.store(b.add(out_base, b.add(b.mul(y, const(ow)), x)),
                                   epi.element([image, chan, y, x], acc))
 
