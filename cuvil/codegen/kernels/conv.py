@@ -516,9 +516,10 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
     vector (:data:`MASKED_TAIL`); rows are computed :func:`rows_per_block` at a time, sharing the loads
     of the input rows they have in common. One thread, MobileNet-v1's first depthwise layer went
     0.30 -> 0.13 ms with the masked last vector, its 14x14 layers 0.0645 -> 0.033 ms with whole planes
-    in one pass. At stride 2 across, the interior columns run in a loop LLVM vectorizes as an
-    interleaved access with a scalar remainder (masked interleaved loads measured slower) and the edge
-    columns one at a time."""
+    in one pass. At a stride across, rows of at most 16 outputs run that stride-1 pass into a row
+    buffer and the epilogue takes every stride-th column; wider rows run their interior columns in a
+    loop LLVM vectorizes as an interleaved access with a scalar remainder (masked interleaved loads
+    measured slower) and their edge columns one at a time."""
 
     @property
     def scratch_bytes(self) -> int:
@@ -656,8 +657,6 @@ def rows_per_block(oh: int, ow: int, sw: int = 1) -> int:
     if ow <= 16:
         return min(oh, 16)
     return min(oh, 4) if ow <= 32 else 1
-
-
 
 
 def _load_inside(b: Builder, row: Val, ix: Val, width: Val) -> Val:
