@@ -128,6 +128,25 @@ def if_else(b: Builder, cond: Val, name: str, then_body: Callable[[], object],
     b.position_at_end(done)
 
 
+def load_if_inside(b: Builder, row: Val, ix: Val, width: Val, otherwise: ir.Constant) -> Val:
+    """``row[ix]`` (``row`` of the constant's type) where ``0 <= ix < width``, else ``otherwise``, with the
+    load under a branch rather than at a selected address: the vectorizer turns it into a masked load
+    of consecutive elements, not a gather."""
+    inside = b.icmp_unsigned("<", ix, width)
+    entry = b.block
+    take = b.append_basic_block("tap.in")
+    done = b.append_basic_block("tap.done")
+    b.cbranch(inside, take, done)
+    b.position_at_end(take)
+    v = b.load(b.gep(row, [ix], inbounds=True, source_etype=otherwise.type), typ=otherwise.type, align=4)
+    b.branch(done)
+    b.position_at_end(done)
+    phi = b.phi(otherwise.type)
+    phi.add_incoming(v, take)
+    phi.add_incoming(otherwise, entry)
+    return phi
+
+
 def i64(v: Val | int) -> Val:
     """An i64 operand from a Python int or an existing value."""
     return const(v) if isinstance(v, int) else v

@@ -40,6 +40,7 @@ from cuvil.codegen.kernels.gemm import (
     host_isa,
     rows_view,
 )
+from cuvil.codegen.kernels.pool import max_pool_kernel
 from cuvil.codegen.kernels.rows import row_kernel
 from cuvil.codegen.kernels.vnni import vnni_conv, vnni_matmul
 from cuvil.codegen.kernels.widen import HALVES, widened, widened_contraction, widened_types
@@ -102,6 +103,7 @@ def tuned_kernels() -> dict[str, str]:
     out["fused"] = "tuned kernels for " + " / ".join(KERNELS) + " epilogues, float32 (int32 matmul: VNNI)"
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
+    out["max_pool"] = "2-D windows along each row (vectorized, masked at the edges), float32"
     return out
 
 
@@ -184,6 +186,8 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     """The tuned kernel of ``v`` in a function at static shapes or compiled for ``shape_class``: a static
     one where ``v``'s types are static, else one taking the dims (:func:`takes_dims`), else None."""
     kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None)
+    if kernel is None and shape_class is None and _enabled:
+        kernel = max_pool_kernel(v)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)

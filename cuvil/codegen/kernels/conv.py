@@ -58,6 +58,7 @@ from cuvil.codegen.loops import (
     for_range,
     if_then,
     imin,
+    load_if_inside,
     row_major_strides,
     unravel,
 )
@@ -511,7 +512,7 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
     LLVM vectorizes (stride 2 as an interleaved access), the few edge columns read a zero for a
     tap in the padding. The products and their order are the padded copy's, so the sums are too.
 
-    At stride 1 across, a tap in the padding is a load not taken (:func:`_load_inside`), so one loop
+    At stride 1 across, a tap in the padding is a load not taken (``load_if_inside``), so one loop
     covers the whole row, edge columns included, and vectorizes with masked loads and a masked last
     vector (:data:`MASKED_TAIL`); rows are computed :func:`rows_per_block` at a time, sharing the loads
     of the input rows they have in common. One thread, MobileNet-v1's first depthwise layer went
@@ -608,7 +609,7 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
                                     if 0 <= shift and full - 1 + shift < w_in:
                                         loaded[o, shift] = b.load(fgep(b, by_offset[o], ix), typ=F32, align=4)
                                     else:
-                                        loaded[o, shift] = _load_inside(b, by_offset[o], ix, const(w_in))
+                                        loaded[o, shift] = load_if_inside(b, by_offset[o], ix, const(w_in), zero)
                                 acc = fma(b, wt[ky * kw + kx], loaded[o, shift], acc)
                         if buf is not None:
                             b.store(acc, fgep(b, buf, b.add(x, const(r * full))), align=4)
@@ -657,24 +658,6 @@ def rows_per_block(oh: int, ow: int, sw: int = 1) -> int:
     if ow <= 16:
         return min(oh, 16)
     return min(oh, 4) if ow <= 32 else 1
-
-
-def _load_inside(b: Builder, row: Val, ix: Val, width: Val) -> Val:
-    """``row[ix]`` where ``0 <= ix < width``, else 0, with the load under a branch (not a select of the
-    address): the vectorizer turns it into a masked load of consecutive elements, not a gather."""
-    inside = b.icmp_unsigned("<", ix, width)
-    entry = b.block
-    take = b.append_basic_block("tap.in")
-    done = b.append_basic_block("tap.done")
-    b.cbranch(inside, take, done)
-    b.position_at_end(take)
-    v = b.load(fgep(b, row, ix), typ=F32, align=4)
-    b.branch(done)
-    b.position_at_end(done)
-    phi = b.phi(F32)
-    phi.add_incoming(v, take)
-    phi.add_incoming(ir.Constant(F32, 0.0), entry)
-    return phi
 
 
 def _copy_row_function(mod: ir.Module) -> ir.Function:

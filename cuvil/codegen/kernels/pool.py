@@ -1,0 +1,128 @@
+"""2-D max pooling as a schedule of ``max_pool``'s rule: per output, ``max`` folded over the window's taps
+in row-major order from -inf, a tap outside the input reading -inf (the rule's ``oob``).
+
+The generic lowering ran the rule's nest one output at a time (ResNet-18's stem pool: 0.23 ms on one
+thread, where ONNX Runtime's takes 0.14 in its network). Here, per channel and output row, one loop
+along the row computes every input column's window at stride 1 across (a tap outside the row is a
+load not taken, which vectorizes as a masked load; a kernel row outside the input reads a row of
+-inf); at a stride across, those go to a row buffer and every stride-th is stored. Each output's
+taps are the rule's, folded in the rule's order with the rule's ``max`` (NaN-propagating, a tie
+giving the later tap), so the results are the rule's bit for bit, signed zeros and NaNs included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.codegen.kernels.chunked import STEP_FLOPS
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep
+from cuvil.codegen.kernels.pack import embed_array
+from cuvil.codegen.llvm_types import F32
+from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_if_inside
+from cuvil.codegen.scalar import ScalarEmitter, Val
+from cuvil.ir.dtypes import DType
+from cuvil.ir.ops.nn import window_params
+from cuvil.ir.types import TensorType
+from cuvil.ir.values import Value
+
+
+@dataclass(frozen=True)
+class MaxPoolKernel:
+    """``max_pool`` (values) of a static float32 NCHW tensor; see the module's docstring."""
+
+    in_type: TensorType
+    out_type: TensorType
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int]  # the window's start before the first row and column
+    dilations: tuple[int, int]
+
+    @property
+    def name(self) -> str:
+        return "max_pool.rows"
+
+    @property
+    def unused_operands(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0
+
+    @property
+    def constant_bytes(self) -> int:
+        return 4 * int(self.in_type.shape[3])
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        n, c, h, w = (int(d) for d in self.in_type.shape)
+        oh, ow = (int(d) for d in self.out_type.shape[2:])
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
+        full = (ow - 1) * sw + 1  # the input columns' windows computed per row (stride 1 across)
+        low = ir.Constant(F32, float("-inf"))
+        kf = KernelFunction(mod, name, 1)
+        below = embed_array(mod, f"{name}.low", np.full(w, -np.inf, dtype=np.float32))
+
+        def chunk(ctx: Ctx, plane: Val) -> None:
+            b = ctx.b
+            s = ScalarEmitter(b)
+            src = fgep(b, ctx.ins[0], b.mul(plane, const(h * w)))
+            out_base = b.mul(plane, const(oh * ow))
+            buf = ctx.entry_alloca(ir.ArrayType(F32, full), "poolrow") if sw > 1 else None
+
+            def row(y: Val) -> None:
+                rows = []
+                for ky in range(kh):
+                    iy = b.add(b.mul(y, const(sh)), const(ky * dh - ph))
+                    inside = b.icmp_unsigned("<", iy, const(h))
+                    rows.append(b.select(inside, fgep(b, src, b.mul(iy, const(w))), below))
+                out_row = b.add(out_base, b.mul(y, const(ow)))
+
+                def column(x: Val) -> None:
+                    acc: Val = low
+                    for ky in range(kh):
+                        for kx in range(kw):
+                            shift = kx * dw - pw
+                            ix = b.add(x, const(shift))
+                            if 0 <= shift and full - 1 + shift < w:
+                                v = b.load(fgep(b, rows[ky], ix), typ=F32, align=4)
+                            else:
+                                v = load_if_inside(b, rows[ky], ix, const(w), low)
+                            acc = s.call("max", [acc, v], [DType.f32, DType.f32], DType.f32, {})
+                    if buf is None:
+                        b.store(acc, fgep(b, ctx.out, b.add(out_row, x)), align=4)
+                    else:
+                        b.store(acc, fgep(b, buf, x), align=4)
+
+                for_range(b, 0, full, "px", column, hints=MASKED_TAIL)
+                if buf is not None:
+                    row_buf: Val = buf
+
+                    def pick(x: Val) -> None:
+                        v = b.load(fgep(b, row_buf, b.mul(x, const(sw))), typ=F32, align=4)
+                        b.store(v, fgep(b, ctx.out, b.add(out_row, x)), align=4)
+
+                    for_range(b, 0, ow, "pick", pick)
+
+            for_range(b, 0, oh, "py", row, hints=NO_UNROLL)
+
+        kf.phase(n * c, STEP_FLOPS * n * c * oh * full * kh * kw, chunk)
+        return kf.finish()
+
+
+def max_pool_kernel(v: Value) -> MaxPoolKernel | None:
+    """The kernel of a 2-D float32 ``max_pool`` of its values at static shapes, else None."""
+    if v.op != "max_pool" or v.attr("output") != "values" or v.dtype is not DType.f32 or v.type.rank != 4:
+        return None
+    (x,) = v.operands
+    if not (x.type.is_static and v.type.is_static) or math.prod(int(d) for d in v.type.shape) == 0:
+        return None
+    kernel = tuple(int(k) for k in v.attr("kernel"))
+    s, pb, _, d = window_params(2, v.attr("strides"), v.attr("pads"), v.attr("dilations"))
+    return MaxPoolKernel(x.type, v.type, (kernel[0], kernel[1]), (s[0], s[1]), (pb[0], pb[1]), (d[0], d[1]))
+
+
+__all__ = ["MaxPoolKernel", "max_pool_kernel"]
