@@ -626,8 +626,7 @@ def chunks_per_claim(nchunks: int, flops: float) -> int:
     less, 1,000,000 no more."""
     if nchunks <= MIN_CLAIMS or flops <= 0:
         return 1
-    per_chunk = flops / nchunks
-    group = max(1, math.ceil(CLAIM_FLOPS / per_chunk)) if per_chunk > 0 else 1
+    group = math.ceil(CLAIM_FLOPS * nchunks / flops)
     return max(1, min(group, nchunks // MIN_CLAIMS))
 
 
