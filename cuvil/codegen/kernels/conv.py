@@ -83,8 +83,12 @@ TRANSPOSE_K = 256
 
 PACK_MIN_ROWS = 32
 PACK_MIN_PLANE = 1024
-"""A 1x1 conv with at least this many output channels per group, and this many positions per
-channel plane, copies its input panels first (measured: +20-30% at 56x56, -5% at 14x14)."""
+PACK_MIN_USES = 4096
+"""A 1x1 conv with at least this many output channels per group, this many positions per channel
+plane, and output channels times input channels per group of at least ``PACK_MIN_USES`` copies its
+input panels first (measured: +20-30% at 56x56, -5% at 14x14). Below that product a panel is short
+and few row tiles use it: MobileNet-v1's 32 -> 64 channels at 112x112 0.505 -> 0.449 ms unpacked, where
+32 -> 128 at 56x56 (0.192 against 0.200) and 64 -> 64 at 112x112 (0.820 against 0.833) keep packing."""
 
 CONV_KC_MAX = 1024
 """A convolution's reduction (channels x taps) runs in blocks of at most this many steps, four times the
@@ -195,7 +199,8 @@ class ConvKernel:
         self.image_floats = g.c_in * self.chan_stride + tiles  # slack: the last tile reads past the data
         # a 1x1 conv packs its B panels at run time when its channel planes are far apart (rows a
         # page or more apart collide in the cache) and enough output channels reuse each panel
-        self.pack_direct = g.direct and g.mg >= PACK_MIN_ROWS and self.plane_size >= PACK_MIN_PLANE
+        self.pack_direct = g.direct and g.mg >= PACK_MIN_ROWS and self.plane_size >= PACK_MIN_PLANE and \
+            g.mg * g.cg >= PACK_MIN_USES
         self.weights = np.asarray(weights, dtype=np.float32)
         mats = weights.reshape(g.groups, g.mg, g.cg * g.taps).astype(np.float32)
         if self.transposed:  # weights as B panels: [G, NT, K, NR]
