@@ -21,3 +21,15 @@ class Kernel(Protocol):
     def constant_bytes(self) -> int: ...
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function: ...
+
+
+class ReadsEveryOperand:
+    """For kernels that read every operand as it is and need no scratch (no packed constants)."""
+
+    @property
+    def unused_operands(self) -> frozenset[int]:
+        return frozenset()
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0

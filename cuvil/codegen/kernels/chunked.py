@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction
 from cuvil.codegen.llvm_types import I1, I32, I64
 from cuvil.codegen.loops import if_then
@@ -44,7 +45,7 @@ def _steps(rule: R.Expr, out: TensorType) -> int:
 
 
 @dataclass(frozen=True)
-class ChunkedRuleKernel:
+class ChunkedRuleKernel(ReadsEveryOperand):
     """``v``'s rule nest with its outermost loop cut into chunks for the pool (see the module doc)."""
 
     op: str
@@ -56,14 +57,6 @@ class ChunkedRuleKernel:
     @property
     def name(self) -> str:
         return "rule"  # the generic lowering, only run in chunks
-
-    @property
-    def unused_operands(self) -> frozenset[int]:
-        return frozenset()
-
-    @property
-    def scratch_bytes(self) -> int:
-        return 0
 
     @property
     def constant_bytes(self) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.chunked import STEP_FLOPS
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep
 from cuvil.codegen.kernels.pack import embed_array
@@ -31,7 +32,7 @@ from cuvil.ir.values import Value
 
 
 @dataclass(frozen=True)
-class MaxPoolKernel:
+class MaxPoolKernel(ReadsEveryOperand):
     """``max_pool`` (values) of a static float32 NCHW tensor; see the module's docstring."""
 
     in_type: TensorType
@@ -44,14 +45,6 @@ class MaxPoolKernel:
     @property
     def name(self) -> str:
         return "max_pool.rows"
-
-    @property
-    def unused_operands(self) -> frozenset[int]:
-        return frozenset()
-
-    @property
-    def scratch_bytes(self) -> int:
-        return 0
 
     @property
     def constant_bytes(self) -> int:
