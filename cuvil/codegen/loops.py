@@ -147,6 +147,22 @@ def load_if_inside(b: Builder, row: Val, ix: Val, width: Val, otherwise: ir.Cons
     return phi
 
 
+def load_tap(b: Builder, row: Val, x: Val, shift: int, count: int, width: int, otherwise: ir.Constant) -> Val:
+    """``row[x + shift]`` for the ``x < count`` of a loop along a row of ``width`` elements, ``otherwise``
+    outside it: a plain load where every ``x`` reads inside the row, else :func:`load_if_inside`."""
+    ix = b.add(x, const(shift))
+    if 0 <= shift and count - 1 + shift < width:
+        return b.load(b.gep(row, [ix], inbounds=True, source_etype=otherwise.type), typ=otherwise.type, align=4)
+    return load_if_inside(b, row, ix, const(width), otherwise)
+
+
+def plane_row(b: Builder, plane: Val, row: Val, height: int, width: int, outside: Val, etype: ir.Type) -> Val:
+    """The start of row ``row`` of a ``height x width`` plane of ``etype``, or ``outside`` (a row of the
+    padding's value) where ``row`` is not one of its rows."""
+    inside = b.icmp_unsigned("<", row, const(height))
+    return b.select(inside, b.gep(plane, [b.mul(row, const(width))], inbounds=True, source_etype=etype), outside)
+
+
 def i64(v: Val | int) -> Val:
     """An i64 operand from a Python int or an existing value."""
     return const(v) if isinstance(v, int) else v

@@ -58,7 +58,8 @@ from cuvil.codegen.loops import (
     for_range,
     if_then,
     imin,
-    load_if_inside,
+    load_tap,
+    plane_row,
     row_major_strides,
     unravel,
 )
@@ -517,7 +518,7 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
     LLVM vectorizes (stride 2 as an interleaved access), the few edge columns read a zero for a
     tap in the padding. The products and their order are the padded copy's, so the sums are too.
 
-    At stride 1 across, a tap in the padding is a load not taken (``load_if_inside``), so one loop
+    At stride 1 across, a tap in the padding is a load not taken (``load_tap``), so one loop
     covers the whole row, edge columns included, and vectorizes with masked loads and a masked last
     vector (:data:`MASKED_TAIL`); rows are computed :func:`rows_per_block` at a time, sharing the loads
     of the input rows they have in common. One thread, MobileNet-v1's first depthwise layer went
@@ -556,11 +557,8 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
             out_base = b.mul(c, const(oh * ow))
 
             def row(y: Val) -> None:
-                rows = []
-                for ky in range(kh):
-                    iy = b.sub(b.add(b.mul(y, const(sh)), const(ky * dh)), const(ph))
-                    inside = b.icmp_unsigned("<", iy, const(h))
-                    rows.append(b.select(inside, fgep(b, src, b.mul(iy, const(w_in))), zero_row))
+                rows = [plane_row(b, src, b.sub(b.add(b.mul(y, const(sh)), const(ky * dh)), const(ph)), h, w_in,
+                                  zero_row, F32) for ky in range(kh)]
                 out_row = b.add(out_base, b.mul(y, const(ow)))
 
                 def column(x: Val, edge: bool) -> None:
@@ -597,9 +595,8 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
                     for ky in range(kh):
                         o = r * sh + ky * dh - ph
                         if o not in by_offset:
-                            iy = b.add(b.mul(y0, const(sh)), const(o))
-                            inside = b.icmp_unsigned("<", iy, const(h))
-                            by_offset[o] = b.select(inside, fgep(b, src, b.mul(iy, const(w_in))), zero_row)
+                            by_offset[o] = plane_row(b, src, b.add(b.mul(y0, const(sh)), const(o)), h, w_in, zero_row,
+                                                     F32)
 
                 def column(x: Val) -> None:
                     loaded: dict[tuple[int, int], Val] = {}
@@ -610,11 +607,7 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
                             for kx in range(kw):
                                 shift = kx * dw - pw
                                 if (o, shift) not in loaded:
-                                    ix = b.add(x, const(shift))
-                                    if 0 <= shift and full - 1 + shift < w_in:
-                                        loaded[o, shift] = b.load(fgep(b, by_offset[o], ix), typ=F32, align=4)
-                                    else:
-                                        loaded[o, shift] = load_if_inside(b, by_offset[o], ix, const(w_in), zero)
+                                    loaded[o, shift] = load_tap(b, by_offset[o], x, shift, full, w_in, zero)
                                 acc = fma(b, wt[ky * kw + kx], loaded[o, shift], acc)
                         if buf is not None:
                             b.store(acc, fgep(b, buf, b.add(x, const(r * full))), align=4)
@@ -639,11 +632,10 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
                     for_range(b, 0, ow, "owp", pick)
 
             if rb_max:
-                rb = rb_max
-                blocks = oh // rb
-                for_range(b, 0, blocks, "ohb", lambda yb: block(b.mul(yb, const(rb)), rb), hints=NO_UNROLL)
-                if oh % rb:
-                    block(const(blocks * rb), oh % rb)
+                blocks = oh // rb_max
+                for_range(b, 0, blocks, "ohb", lambda yb: block(b.mul(yb, const(rb_max)), rb_max), hints=NO_UNROLL)
+                if oh % rb_max:
+                    block(const(blocks * rb_max), oh % rb_max)
             else:
                 for_range(b, 0, oh, "oh", row, hints=NO_UNROLL)
 

@@ -23,8 +23,9 @@ from cuvil.codegen.kernels.chunked import STEP_FLOPS
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import F32
-from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_if_inside
-from cuvil.codegen.scalar import ScalarEmitter, Val
+from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_tap, plane_row
+from cuvil.codegen.scalar import ScalarEmitter, Val, identity
+from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
@@ -55,9 +56,11 @@ class MaxPoolKernel(ReadsEveryOperand):
         oh, ow = (int(d) for d in self.out_type.shape[2:])
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
         full = (ow - 1) * sw + 1  # the input columns' windows computed per row (stride 1 across)
-        low = ir.Constant(F32, float("-inf"))
+        start = identity("max", DType.f32)  # the rule's fold starts from the reduction's identity
+        pad = float(R.lowest(DType.f32))  # and reads this for a tap outside the input (its oob)
+        outside = ir.Constant(F32, pad)
         kf = KernelFunction(mod, name, 1)
-        below = embed_array(mod, f"{name}.low", np.full(w, -np.inf, dtype=np.float32))
+        below = embed_array(mod, f"{name}.low", np.full(w, pad, dtype=np.float32))
 
         def chunk(ctx: Ctx, plane: Val) -> None:
             b = ctx.b
@@ -67,23 +70,15 @@ class MaxPoolKernel(ReadsEveryOperand):
             buf = ctx.entry_alloca(ir.ArrayType(F32, full), "poolrow") if sw > 1 else None
 
             def row(y: Val) -> None:
-                rows = []
-                for ky in range(kh):
-                    iy = b.add(b.mul(y, const(sh)), const(ky * dh - ph))
-                    inside = b.icmp_unsigned("<", iy, const(h))
-                    rows.append(b.select(inside, fgep(b, src, b.mul(iy, const(w))), below))
+                rows = [plane_row(b, src, b.add(b.mul(y, const(sh)), const(ky * dh - ph)), h, w, below, F32)
+                        for ky in range(kh)]
                 out_row = b.add(out_base, b.mul(y, const(ow)))
 
                 def column(x: Val) -> None:
-                    acc: Val = low
+                    acc: Val = start
                     for ky in range(kh):
                         for kx in range(kw):
-                            shift = kx * dw - pw
-                            ix = b.add(x, const(shift))
-                            if 0 <= shift and full - 1 + shift < w:
-                                v = b.load(fgep(b, rows[ky], ix), typ=F32, align=4)
-                            else:
-                                v = load_if_inside(b, rows[ky], ix, const(w), low)
+                            v = load_tap(b, rows[ky], x, kx * dw - pw, full, w, outside)
                             acc = s.call("max", [acc, v], [DType.f32, DType.f32], DType.f32, {})
                     if buf is None:
                         b.store(acc, fgep(b, ctx.out, b.add(out_row, x)), align=4)
