@@ -35,7 +35,7 @@ from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
 from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
 from cuvil.codegen.kernels.pack import embed_array
-from cuvil.codegen.kernels.threads import set_default_threads
+from cuvil.codegen.kernels.threads import in_run, set_default_threads
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, op_rule, static_shape
@@ -258,14 +258,17 @@ class EntryPoints:
 
     def emit_run(self, kernels: list[ir.Function | None], tuned: Mapping[Value, Kernel],
                  loops: Mapping[Value, StructuredKernel], checks: list[tuple[TensorCheck, ir.Function]]) -> ir.Function:
-        """The ops in plan order, on trusted buffers (and, for a shape class, trusted dims)."""
+        """The ops in plan order, on trusted buffers (and, for a shape class, trusted dims); the exported
+        function counts as a run in progress for the thread pool (:func:`in_run`) around them."""
         plan, sc = self.plan, self.shape_class
+        name = f"{self.prefix}_run" if sc is None else f"{self.prefix}_run_dims"
+        fnty = ir.FunctionType(I32, [PTR, PTR, PTR] if sc is None else [PTR, PTR, PTR, PTR])
+        run = ir.Function(self.mod, fnty, name=f"{name}.ops")
+        run.linkage = "internal"
         if sc is None:
-            run = ir.Function(self.mod, ir.FunctionType(I32, [PTR, PTR, PTR]), name=f"{self.prefix}_run")
             ctx, in_arr, out_arr = run.args
             dims_ptr: Val | None = None
         else:
-            run = ir.Function(self.mod, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), name=f"{self.prefix}_run_dims")
             ctx, dims_ptr, in_arr, out_arr = run.args
             dims_ptr.name = "dims"
         ctx.name, in_arr.name, out_arr.name = "ctx", "inputs", "outputs"
@@ -315,7 +318,10 @@ class EntryPoints:
                 b.call(memcpy, [dst, slot_ptr(v), size, ir.Constant(I1, 0)])
         _guard(b, checks, "output", out_arr)
         b.ret(ir.Constant(I32, abi.OK))
-        return run
+        exported = ir.Function(self.mod, fnty, name=name)
+        eb = Builder(exported.append_basic_block("entry"))
+        eb.ret(in_run(self.mod, eb, lambda: eb.call(run, list(exported.args))))
+        return exported
 
     def emit_run_checked(self, run: ir.Function) -> None:
         """Validate the descriptors (for a shape class: solve the dims from the input shapes, check them

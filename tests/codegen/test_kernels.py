@@ -13,6 +13,7 @@ import ctypes
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -527,6 +528,39 @@ def test_pool_resizes_and_serves_concurrent_contexts():
     for t in threads:
         t.join()
     assert not failures
+
+
+def _thread_cpu_seconds() -> dict[str, float]:
+    """CPU time (user + system) of each thread of this process, from /proc."""
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (a thread that just left)
+        out[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread CPU times from Linux's /proc")
+def test_idle_workers_sleep_once_the_runs_are_over():
+    """Workers spin longer while a run is in progress (to catch its next kernel), so a run must end its
+    spell: a few runs later, and after a short pause, the library's workers use no CPU."""
+    model = compile(BIG_MODULE, cache=False, threads=2)
+    before = set(_thread_cpu_seconds())
+    want = model.run(BIG_INPUTS)
+    workers = set(_thread_cpu_seconds()) - before
+    assert workers, "the pooled run started no worker thread"
+    for _ in range(5):
+        for got, w in zip(model.run(BIG_INPUTS), want, strict=True):
+            np.testing.assert_array_equal(got, w)
+    time.sleep(0.2)  # far beyond any spin
+    start = _thread_cpu_seconds()
+    time.sleep(0.5)
+    end = _thread_cpu_seconds()
+    spent = sum(end.get(t, 0.0) - start.get(t, 0.0) for t in workers)
+    assert spent < 0.05, f"idle workers used {spent:.3f} s of CPU in 0.5 s"
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -4,8 +4,10 @@
 takes part, and chunks are claimed one at a time from one atomic word (a kernel phase of many
 small chunks makes each of the pool's chunks a group of its own, :func:`.gemm.chunks_per_claim`),
 so a worker that the OS has not scheduled (an oversubscribed machine) simply gets no chunks: the
-caller finishes them itself instead of waiting. Idle workers spin briefly (a few tens of microseconds, enough to
-catch the next kernel of the same run) and then sleep on a condition variable.
+caller finishes them itself instead of waiting. Idle workers spin, then sleep on a condition variable: while a
+run of the library is in progress (:func:`in_run`) they spin long enough to catch its next kernel across a step
+that runs on the caller alone; between runs only briefly, so that the cores are not held from whatever the
+process does next.
 
 The claim word packs ``generation:24 | chunk count:20 | next chunk:20``: a worker can only
 claim a chunk of the job whose generation it saw, and the caller publishes a new job only after
@@ -32,6 +34,7 @@ from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 
 MAX_THREADS = 64
 SPIN_PAUSES = 1024  # ~30-150 us depending on the CPU's pause latency: short enough to never matter
+RUN_SPIN_PAUSES = 1 << 15  # ~1-5 ms: while a run is in progress, a step on the caller alone rarely outlasts it
 MAX_CHUNKS = (1 << 20) - 1
 _SYNC_BYTES = 64  # pthread_mutex_t / pthread_cond_t are 40 / 48 bytes on x86-64 glibc, 48 on aarch64
 _CHUNK_BITS = 20
@@ -79,6 +82,21 @@ def _blocks(fn: ir.Function, *names: str) -> list[ir.Block]:
     return [fn.append_basic_block(n) for n in names]
 
 
+RUNS = "cuvil.pool.runs"
+
+
+def in_run(mod: ir.Module, b: Builder, call: Callable[[], Val]) -> Val:
+    """``call()`` (a run of the library's ops) counted as a run in progress, during which idle workers
+    keep spinning between kernels; just ``call()`` when no kernel uses the pool."""
+    runs = mod.globals.get(RUNS)
+    if not isinstance(runs, GlobalVariable):
+        return call()
+    b.atomic_rmw("add", runs, ir.Constant(I32, 1), _SEQ)
+    rc = call()
+    b.atomic_rmw("sub", runs, ir.Constant(I32, 1), _SEQ)
+    return rc
+
+
 def set_default_threads(mod: ir.Module, threads: int | None) -> None:
     """The pool size a library starts with (None or 0: detect); a no-op when no kernel uses the pool."""
     want = mod.globals.get("cuvil.pool.want")
@@ -106,6 +124,7 @@ class _PoolEmitter:
         self.task = _global(mod, "cuvil.pool.task", PTR)
         self.args = _global(mod, "cuvil.pool.args", PTR)
         self.busy = _global(mod, "cuvil.pool.busy", I32, 64)
+        self.runs = _global(mod, RUNS, I32, 64)  # runs of the library in progress (see in_run)
         self.want = _global(mod, "cuvil.pool.want", I32)  # requested size; 0: detect
         self.size = _global(mod, "cuvil.pool.size", I32)  # resolved size (0: not yet)
         self.started = _global(mod, "cuvil.pool.started", I32)  # workers running
@@ -142,12 +161,14 @@ class _PoolEmitter:
             b.call(self.pause, [])
 
     def _back_off(self, b: Builder, spins: Val, spin: ir.Block, sleep: ir.Block) -> None:
-        """One pause, then spin again until SPIN_PAUSES pauses have passed, then go to sleep (so an
-        oversubscribed machine is not burnt by waiters)."""
+        """One pause, then spin again until SPIN_PAUSES pauses have passed (RUN_SPIN_PAUSES while a run
+        is in progress), then go to sleep (so an oversubscribed machine is not burnt by waiters)."""
         self._spin(b)
         n = b.add(b.load(spins, typ=I32), ir.Constant(I32, 1))
         b.store(n, spins)
-        b.cbranch(b.icmp_signed("<", n, ir.Constant(I32, SPIN_PAUSES)), spin, sleep)
+        running = b.icmp_signed(">", self._load(b, self.runs, I32), ir.Constant(I32, 0))
+        limit = b.select(running, ir.Constant(I32, RUN_SPIN_PAUSES), ir.Constant(I32, SPIN_PAUSES))
+        b.cbranch(b.icmp_signed("<", n, limit), spin, sleep)
 
     def _load(self, b: Builder, g: Val, ty: ir.Type) -> Val:
         return b.load_atomic(g, _SEQ, 8 if ty == I64 else 4, typ=ty)
