@@ -616,18 +616,26 @@ class ConeEncoder:
                 return self._index_int(lin, out)
         return None
 
+    def _dot_body(self, e: R.Reduce, env: _Env, owner: Value) -> tuple[Any, Any]:
+        """A dot reduction's two factors (its body's product is never read: the step rounds once)."""
+        return tuple(self._scalar(self.expr(f, env, owner), e.dtype) for f in R.dot_factors(e))  # type: ignore[return-value]
+
     def _reduce(self, e: R.Reduce, env: _Env, owner: Value) -> Any:
         extents = [self.dim(d) for _, d in e.axes]
         dt = e.dtype
+        dot = e.kind in R.DOT_KINDS
         if all(x.is_const for x in extents):
             n = int(np.prod([x.const for x in extents], dtype=np.int64))
             if n == 0:
                 return self.sem.reduce_identity(e.kind, dt)
             if n <= self.unroll_limit:
-                acc: Any = None
+                acc: Any = self.sem.lit(-0.0, dt) if dot else None  # a dot folds from -0.0, each term an fma
                 names = [name for name, _ in e.axes]
                 for combo in itertools.product(*[range(x.const) for x in extents]):
                     inner = env.bind({nm: IndexSpace.const(k) for nm, k in zip(names, combo, strict=True)})
+                    if dot:
+                        acc = self.sem.dot_step(e.kind, acc, *self._dot_body(e, inner, owner), dt)
+                        continue
                     val = self._scalar(self.expr(e.body, inner, owner), dt)
                     acc = val if acc is None else self.sem.call(_KIND_OP[e.kind], [acc, val], [dt, dt], dt, {})
                 return acc
@@ -643,7 +651,10 @@ class ConeEncoder:
             binders.append(b)
             bind[name] = self.space.index_var(b, ext)
             ext_values.append(ext.const if ext.is_const else self.space.term(ext))
-        body = self._scalar(self.expr(e.body, env.bind(bind), owner), dt)
+        if dot:
+            body = self.sem.dot_term(e.kind, *self._dot_body(e, env.bind(bind), owner), dt)
+        else:
+            body = self._scalar(self.expr(e.body, env.bind(bind), owner), dt)
         return self._empty_extent_guard(e.kind, dt, extents, self.sem.reduce_symbolic(e.kind, body, dt, binders,
                                                                                         ext_values))
 
@@ -673,7 +684,7 @@ def inequality(enc: ConeEncoder, a: Any, b: Any, dtype: DType) -> z3.BoolRef | N
 
 
 SUPPORTED_REDUCTIONS: dict[str, frozenset[str]] = {
-    "float": frozenset({"sum", "prod", "max", "min"}), "int": frozenset({"sum", "prod", "max", "min"}),
+    "float": frozenset({"sum", "prod", "max", "min", *R.DOT_KINDS}), "int": frozenset({"sum", "prod", "max", "min"}),
     "bool": frozenset({"max", "min"})}
 """The reduction kinds :class:`ConeEncoder` encodes, by element kind. A sum or product of bools is not:
 unrolled, its steps would add (multiply) booleans, which no encoder defines. ``cuvil ops`` checks

@@ -412,7 +412,7 @@ class _Chunk:
             op = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[e.kind]
             with np.errstate(all="ignore"):
                 return op(full, axis=axes).astype(dt.np)
-        if e.kind == "sum":
+        if e.kind == "sum" or e.kind in R.DOT_KINDS:  # a dot: the sum of its body, the products
             return np.mod(np.sum(full, axis=axes, dtype=np.int64), P)
         if e.kind in ("max", "min"):
             self.ev.trace.order = True

@@ -460,6 +460,21 @@ class Semantics:
     def reduce_identity(self, kind: str, dtype: DType) -> Any:
         return self.lit(R.reduction_identity(kind, dtype), dtype)
 
+    # a dot reduction (rules.DOT_KINDS): each step a fused multiply-add of two factors
+    def dot_step(self, kind: str, acc: Any, x: Any, y: Any, dtype: DType) -> Any:
+        """One step ``acc = fma(x, y, acc)`` (``dot_ftz``: factors and result flushed): by default one
+        uninterpreted function of the three, per kind and dtype."""
+        sort = self.sort(dtype)
+        f = self.uf(f"{kind}_step_{dtype.value}", [sort] * 3, sort)
+        return self.from_term(f(self.term(acc, dtype), self.term(x, dtype), self.term(y, dtype)), dtype)
+
+    def dot_term(self, kind: str, x: Any, y: Any, dtype: DType) -> Any:
+        """A symbolic dot's body: by default an uninterpreted pair of its factors, the reduction over it
+        one named fold like any other."""
+        sort = self.sort(dtype)
+        f = self.uf(f"{kind}_pair_{dtype.value}", [sort] * 2, sort)
+        return self.from_term(f(self.term(x, dtype), self.term(y, dtype)), dtype)
+
     # leaves -----------------------------------------------------------------------------
     def range_facts(self, t: z3.ExprRef, dtype: DType, lo: float, hi: float) -> None:
         """Facts a constant's data guarantees for every element read (preconditions)."""
@@ -625,8 +640,18 @@ class RealSemantics(Semantics):
         if math.isfinite(hi):
             self.facts.append(t <= self.atoms.value(Fraction(hi)))
 
+    def dot_step(self, kind: str, acc: Any, x: Any, y: Any, dtype: DType) -> Any:
+        """Rounding ignored (flushing included): ``acc + x * y``."""
+        return self.float_call("add", [acc, self.float_call("mul", [x, y], dtype)], dtype)
+
+    def dot_term(self, kind: str, x: Any, y: Any, dtype: DType) -> Any:
+        """Rounding ignored: the product, summed like a ``sum``'s body."""
+        return self.float_call("mul", [x, y], dtype)
+
     def reduce_symbolic(self, kind: str, body: Any, dtype: DType, binders: Sequence[z3.ArithRef],
                         extents: Sequence[int | z3.ArithRef]) -> Any:
+        if kind in R.DOT_KINDS:  # rounding ignored: a sum of the products
+            kind = "sum"
         if kind != "sum" or not dtype.is_float:
             return super().reduce_symbolic(kind, body, dtype, binders, extents)
         names = frozenset(b.decl().name() for b in binders)

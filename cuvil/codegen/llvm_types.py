@@ -6,7 +6,24 @@ from collections.abc import Sequence
 
 from llvmlite import ir
 
+
+class BFloatType(ir.HalfType):
+    """LLVM's ``bfloat`` (llvmlite has no class for it): only ever an operand type of intrinsics, values
+    of it are bit-cast from 16-bit words, never written as constants."""
+
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+    def format_constant(self, value: float) -> str:
+        raise NotImplementedError("bfloat constants are written as i16 bit patterns")
+
+
+BFloatType._create_instance()  # (llvmlite's float types are one instance per class)
+
 F16 = ir.HalfType()
+BF16 = BFloatType()
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
 I1 = ir.IntType(1)

@@ -375,9 +375,10 @@ class RuleKernel:
         raise CodegenError(f"unknown rule node {type(e).__name__}", location=self.op)
 
     def _reduce(self, e: R.Reduce, env: dict[str, Token], depth: int) -> Val:
-        if e.kind not in ("sum", "prod", "max", "min"):
+        if e.kind not in R.REDUCTIONS:
             raise CodegenError(f"unknown reduction {e.kind!r}", location=self.op)
         dt = e.dtype
+        folds_from_zero = e.kind == "sum" or e.kind in R.DOT_KINDS
         extents: list[Dim] = [n if self.symbolic else _static_int(n, self.op) for _, n in e.axes]
         terms: Dim = 1
         for n in extents:
@@ -386,8 +387,8 @@ class RuleKernel:
         acc = self.alloca_builder.alloca(ct, name=f"acc.{e.kind}")
         # the rule folds from the first term; a float sum folded from -0.0 is the same bit for bit
         # (x + -0.0 is x), and a sum over nothing is +0.0
-        start: Val = ir.Constant(ct, -0.0) if e.kind == "sum" and dt.is_float and terms else identity(e.kind, dt)
-        if e.kind == "sum" and dt.is_float and not isinstance(terms, int):
+        start: Val = ir.Constant(ct, -0.0) if folds_from_zero and dt.is_float and terms else identity(e.kind, dt)
+        if folds_from_zero and dt.is_float and not isinstance(terms, int):
             empty = self.b.icmp_signed("==", self._value(terms), ir.Constant(I64, 0))
             start = self.b.select(empty, identity(e.kind, dt), ir.Constant(ct, -0.0))
         self.b.store(start, acc)
@@ -400,6 +401,9 @@ class RuleKernel:
 
         def level(pos: int) -> None:
             if pos == len(extents):
+                if e.kind in R.DOT_KINDS:
+                    self.b.store(self._dot_step(e, inner, depth + 1, self.b.load(acc, typ=ct)), acc)
+                    return
                 v = self.lower(e.body, inner, depth + 1)
                 cur = self.b.load(acc, typ=ct)
                 step = self._combine(e.kind, cur, v, dt)
@@ -418,6 +422,15 @@ class RuleKernel:
         level(0)
         out = self.b.load(acc, typ=ct)
         return out
+
+    def _dot_step(self, e: R.Reduce, env: dict[str, Token], depth: int, acc: Val) -> Val:
+        """One term of a ``dot`` reduction: ``fma(x, y, acc)`` of its factors (``dot_ftz``: factors and
+        result flushed)."""
+        x, y = (self.lower(f, env, depth) for f in R.dot_factors(e))
+        if e.kind == "dot_ftz":
+            x, y = self.s.flush_subnormal(x), self.s.flush_subnormal(y)
+        out = self.s.fma(x, y, acc)
+        return self.s.flush_subnormal(out) if e.kind == "dot_ftz" else out
 
     def _combine(self, kind: str, acc: Val, v: Val, dt: DType) -> Val:
         b = self.b
@@ -635,6 +648,7 @@ def emit_rule_kernel(module: ir.Module, name: str, rule: R.Expr, in_types: Seque
 
 
 SUPPORTED_REDUCTIONS: dict[str, frozenset[str]] = {
-    kind: frozenset({"sum", "prod", "max", "min"}) for kind in ("float", "int", "bool")}
+    "float": frozenset({"sum", "prod", "max", "min", *R.DOT_KINDS}),
+    **{kind: frozenset({"sum", "prod", "max", "min"}) for kind in ("int", "bool")}}
 """The reduction kinds :class:`RuleKernel` lowers, by element kind (over bool: or / and folds).
 ``cuvil ops`` checks each op's rule against this table."""

@@ -243,6 +243,16 @@ class ScalarEmitter:
             return v
         return self.b.fptrunc(v, target) if v.type == F64 else self.b.fpext(v, target)
 
+    def fma(self, x: Val, y: Val, acc: Val) -> Val:
+        """``x * y + acc`` rounded once (a ``dot`` reduction's step)."""
+        return self.b.call(self._intrinsic("fma", x.type, 3), [x, y, acc])
+
+    def flush_subnormal(self, v: Val) -> Val:
+        """A subnormal ``v`` as zero of its sign (a ``dot_ftz`` reduction's factors and sums)."""
+        tiny = ir.Constant(v.type, 2.0 ** -126 if v.type == F32 else 2.0 ** -1022)
+        small = self.b.fcmp_ordered("<", self.b.call(self._intrinsic("fabs", v.type), [v]), tiny)
+        return self.b.select(small, self.b.fmul(v, ir.Constant(v.type, 0.0)), v)
+
     # -- primitives -------------------------------------------------------------------
     def call(self, fn: str, args: Sequence[Val], arg_dtypes: Sequence[DType], out: DType,
              attrs: dict[str, object]) -> Val:

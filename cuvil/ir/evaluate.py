@@ -3,7 +3,8 @@ tested against.
 
 :func:`evaluate_rule` is the numpy instance of the rule kit's walker
 (:class:`cuvil.ir.rulewalk.RuleWalker`): a rule evaluated for every output index at once, each
-``Reduce`` a left fold in the row-major order of its axes (``sequential_reduce``).
+``Reduce`` a left fold in the row-major order of its axes (``sequential_reduce``; a ``dot`` kind one
+fused multiply-add per term, ``sequential_dot``).
 :func:`evaluate_op` runs an op's numpy fast path when it has one (a schedule of the rule that the
 catalogue tests compare with it bit for bit), else its rule. Function-level evaluation (inputs
 bound to a signature, whole modules) is :mod:`cuvil.interp`.
@@ -18,7 +19,7 @@ import numpy as np
 
 from cuvil.errors import IRError, RuntimeEvalError
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, bitcast, cast, sequential_reduce
+from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES, bitcast, cast, sequential_dot, sequential_reduce
 from cuvil.ir.opdef import OpDef, get_op
 from cuvil.ir.region import Region
 from cuvil.ir.rules import Call, Load, Reduce
@@ -68,6 +69,13 @@ class NumpyWalker(ArrayWalker):
         full = np.broadcast_to(body, body.shape[:base] + tuple(extents))
         with np.errstate(all="ignore"):
             return sequential_reduce(e.kind, full, base)
+
+    def reduce_dot(self, e: Reduce, x: np.ndarray, y: np.ndarray, axes: tuple[int, ...],
+                   extents: list[int]) -> np.ndarray:
+        base = axes[0]
+        shape = np.broadcast_shapes(x.shape, y.shape, (1,) * base + tuple(extents))
+        shape = shape[:base] + tuple(extents)
+        return sequential_dot(e.kind, np.broadcast_to(x, shape), np.broadcast_to(y, shape), base)
 
 
 def evaluate_rule(opdef: OpDef, arrays: Sequence[np.ndarray], attrs: Mapping[str, Any],

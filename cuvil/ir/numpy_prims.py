@@ -135,6 +135,55 @@ def reduce_axes(kind: str, x: np.ndarray, axes: Sequence[int], keepdims: bool = 
     return out
 
 
+F32_SMALLEST_NORMAL = np.float32(2.0 ** -126)
+
+
+def flush_subnormal(x: np.ndarray) -> np.ndarray:
+    """Subnormal float32 values as zero of their sign: what flush-to-zero hardware writes and
+    denormals-are-zero hardware reads."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.abs(x) < F32_SMALLEST_NORMAL, x * np.float32(0.0), x)
+
+
+def fma_f32(x: np.ndarray, y: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """``x * y + acc`` for float32 operands, the exact value rounded once to float32 (IEEE
+    fusedMultiplyAdd). The product is exact in float64; the sum is rounded to odd in float64 (its
+    TwoSum error moves an even result one ulp toward the exact value) and then to nearest float32,
+    which is correct because float64 carries more than 2 x 24 + 1 bits."""
+    with np.errstate(all="ignore"):
+        p = np.asarray(x, dtype=np.float64) * np.asarray(y, dtype=np.float64)
+        a = np.asarray(acc, dtype=np.float64)
+        s = p + a
+        back = s - a
+        err = (a - (s - back)) + (p - back)
+        even = (np.asarray(s).view(np.uint64) & np.uint64(1)) == 0
+        fix = (err != 0) & even & np.isfinite(s) & np.isfinite(err)
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+        return np.asarray(s).astype(np.float32)
+
+
+def sequential_dot(kind: str, x: np.ndarray, y: np.ndarray, first_axis: int) -> np.ndarray:
+    """A ``dot`` / ``dot_ftz`` reduction (:data:`cuvil.ir.rules.DOT_KINDS`) of float32 factors over the
+    axes from ``first_axis`` on, in row-major order: ``acc = fma(x_k, y_k, acc)`` from -0.0 (``dot_ftz``:
+    subnormal factors read as zero, every running sum flushed); over nothing, +0.0."""
+    shape = np.broadcast_shapes(x.shape, y.shape)
+    lead = shape[:first_axis]
+    n = int(np.prod(shape[first_axis:], dtype=np.int64))
+    xs = np.broadcast_to(x, shape).reshape((*lead, n))
+    ys = np.broadcast_to(y, shape).reshape((*lead, n))
+    flush = kind == "dot_ftz"
+    acc = np.full(lead, -0.0 if n else 0.0, dtype=np.float32)
+    for k in range(n):
+        xk, yk = xs[..., k], ys[..., k]
+        if flush:
+            xk, yk = flush_subnormal(xk), flush_subnormal(yk)
+        acc = fma_f32(xk, yk, acc)
+        if flush:
+            acc = flush_subnormal(acc)
+    return acc
+
+
 _ANY_ORDER: ContextVar[bool] = ContextVar("float64_sums_in_any_order", default=False)
 
 

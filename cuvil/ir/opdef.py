@@ -137,7 +137,8 @@ class OpDef:
     it in the narrow type. ``keep-fp32``: its result is sensitive to range (exponentials, powers
     overflow float16 early) or to accumulated rounding (reductions, normalizations), so the FP16 pass
     keeps it float32; an FP16 compile narrows it only where the overflow prober proves it safe.
-    ``as-declared``: its result type is an attribute (``cast``), so no lowering changes it."""
+    ``as-declared``: its result type is an attribute (``cast``) or its definition's (``bf16_matmul``: bfloat16
+    operands, a float32 result), so no lowering changes it."""
     structured: bool = False
     """Control flow (``loop``): no element rule; its meaning is a region it runs, so its ``numpy``
     reading takes ``use_fast_path`` and runs the region's ops by their rules or their fast paths."""

@@ -187,7 +187,9 @@ class IndexValue(Expr):
 
 @dataclass(frozen=True, eq=False)
 class Reduce(Expr):
-    """``kind`` (sum | prod | max | min) of ``body`` over fresh index variables ``axes``."""
+    """``kind`` (sum | prod | max | min | dot | dot_ftz) of ``body`` over fresh index variables ``axes``.
+    A ``dot`` kind's body is the product ``x * y`` of its two factors (:func:`dot_factors`): readers
+    take the factors, not the rounded product (see :data:`REDUCTIONS`)."""
 
     kind: str
     axes: tuple[tuple[str, Dim], ...]
@@ -337,7 +339,16 @@ REDUCTIONS: dict[str, Reduction] = {
     "prod": Reduction("prod", "mul", "and", "product of the terms"),
     "max": Reduction("max", "max", "or", "largest term (NaN-propagating)"),
     "min": Reduction("min", "min", "and", "smallest term (NaN-propagating)"),
+    "dot": Reduction("dot", "add", "or", "sum of products, each multiplied exactly and added to the running "
+                     "sum with one rounding (a fused multiply-add per term)"),
+    "dot_ftz": Reduction("dot_ftz", "add", "or", "a dot whose subnormal factors are read as zero and whose "
+                         "subnormal running sums are flushed to zero of their sign, at every step (the x86 "
+                         "vdpbf16ps rule)"),
 }
+
+DOT_KINDS = ("dot", "dot_ftz")
+"""Reductions whose body is a product read as its two factors: each step is ``acc = fma(x, y, acc)`` in
+the reduction's dtype (float32), folded from -0.0 like a float sum."""
 
 
 def reduction_identity(kind: str, dtype: DType) -> float | int | bool:
@@ -354,6 +365,28 @@ def reduce(kind: str, extents: Sequence[Dim], body: Callable[..., Expr]) -> Expr
     names = tuple(f"r{next(_fresh)}" for _ in extents)
     expr = body(*[Ix.var(n) for n in names])
     return Reduce(expr.dtype, kind, tuple(zip(names, extents, strict=True)), expr)
+
+
+def dot(kind: str, extents: Sequence[Dim], factors: Callable[..., tuple[Expr, Expr]]) -> Expr:
+    """A :data:`DOT_KINDS` reduction of the products ``x * y`` that ``factors`` gives (float32 factors)."""
+    if kind not in DOT_KINDS:
+        raise TypeError(f"unknown dot reduction {kind!r} (expected one of {', '.join(DOT_KINDS)})")
+
+    def body(*ix: Ix) -> Expr:
+        x, y = factors(*ix)
+        if x.dtype is not DType.f32 or y.dtype is not DType.f32:
+            raise TypeError(f"a {kind} multiplies float32 factors, not {x.dtype} and {y.dtype}")
+        return call("mul", x, y)
+
+    return reduce(kind, extents, body)
+
+
+def dot_factors(e: Reduce) -> tuple[Expr, Expr]:
+    """The two factors of a :data:`DOT_KINDS` reduction's body."""
+    body = e.body
+    if e.kind not in DOT_KINDS or not isinstance(body, Call) or body.fn != "mul" or len(body.args) != 2:
+        raise TypeError(f"not a dot reduction: {e.kind} of {type(body).__name__}")
+    return body.args[0], body.args[1]
 
 
 # --------------------------------------------------------------------------------------

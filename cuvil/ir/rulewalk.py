@@ -26,10 +26,10 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from cuvil.errors import IRError
+from cuvil.errors import IRError, UnsupportedOpError
 from cuvil.ir.numpy_prims import literal
 from cuvil.ir.opdef import get_op
-from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce
+from cuvil.ir.rules import DOT_KINDS, Call, Expr, IndexValue, Ix, Lit, Load, Reduce, dot_factors
 from cuvil.ir.specialize import bind_attr
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import TensorType
@@ -360,6 +360,12 @@ class RuleWalker(Generic[V]):
     def reduce(self, e: Reduce, body: V, axes: tuple[int, ...], extents: list[int]) -> V:
         raise NotImplementedError
 
+    def reduce_dot(self, e: Reduce, x: V, y: V, axes: tuple[int, ...], extents: list[int]) -> V:
+        """A ``dot`` kind (:data:`cuvil.ir.rules.DOT_KINDS`) of the factors ``x`` and ``y``; a reader
+        that has no reading of it refuses the rule."""
+        raise UnsupportedOpError(f"{type(self).__name__} has no reading of a {e.kind!r} reduction",
+                                 hint="`cuvil ops` lists the readers each op's rule is supported by")
+
     def dyn_index(self, e: Expr) -> IxVal:
         raise NotImplementedError
 
@@ -416,8 +422,12 @@ class RuleWalker(Generic[V]):
             self.env[name] = self._axis(np.arange(n, dtype=np.int64), base + k, self.depth)
             self.var_level[name] = level + 1
         try:
-            body = self.expr(e.body)
-            out = self.reduce(e, body, tuple(range(base, base + len(extents))), extents)
+            axes = tuple(range(base, base + len(extents)))
+            if e.kind in DOT_KINDS:  # the factors, not their rounded product
+                x, y = dot_factors(e)
+                out = self.reduce_dot(e, self.expr(x), self.expr(y), axes, extents)
+            else:
+                out = self.reduce(e, self.expr(e.body), axes, extents)
         finally:
             self.level, self.depth = level, base
             self.level_depth = saved_depths

@@ -28,7 +28,7 @@ BITCAST_PARTNER = {DType.f16: DType.i16, DType.bf16: DType.u16, DType.f32: DType
                    DType.i8: DType.u8, DType.u8: DType.i8, DType.i32: DType.f32, DType.i64: DType.f64,
                    DType.u64: DType.f64, DType.bool: DType.u8}
 """A type of the same width each probed type's bits are read as (a bool's byte as u8)."""
-REDUCTIONS = ("sum", "prod", "max", "min", "mean")  # "mean" is no reduction kind: both readers refuse it
+REDUCTIONS = ("sum", "prod", "max", "min", "dot", "dot_ftz", "mean")  # "mean" is no kind: both readers refuse it
 
 
 def _universe(kind: str) -> list[str]:
@@ -80,13 +80,23 @@ def _z3_primitive(fn: str, dt: DType) -> bool:
 
 
 def _reduce_rule(kind: str, dt: DType) -> Callable[[R.RuleCtx], R.Expr]:
+    if kind in R.DOT_KINDS:  # products of float32 factors: a float input widened (a dot of ints is none)
+        def dot(c: R.RuleCtx) -> R.Expr:
+            if not dt.is_float:
+                raise TypeError(f"no {kind} of {dt}")
+            return R.dot(kind, [3], lambda r: (R.cast(c.inputs[0].at(r), DType.f32),) * 2)
+        return dot
     return lambda c: R.Reduce(dt, kind, (("r", 3),), c.inputs[0].at(R.Ix.var("r")))
 
 
+def _reduce_type(kind: str, dt: DType) -> TensorType:
+    return TensorType(DType.f32 if kind in R.DOT_KINDS else dt, ())
+
+
 def _llvm_reduction(kind: str, dt: DType) -> bool:
-    rule = _reduce_rule(kind, dt)(R.RuleCtx.make([TensorType(dt, (3,))], {}, TensorType(dt, ())))
     try:
-        lower_rule.emit_rule_kernel(ir.Module(), "k", rule, [TensorType(dt, (3,))], TensorType(dt, ()), "probe")
+        rule = _reduce_rule(kind, dt)(R.RuleCtx.make([TensorType(dt, (3,))], {}, _reduce_type(kind, dt)))
+        lower_rule.emit_rule_kernel(ir.Module(), "k", rule, [TensorType(dt, (3,))], _reduce_type(kind, dt), "probe")
     except Exception:
         return False
     return True
@@ -115,8 +125,8 @@ def test_z3_reduction_table_is_what_the_cone_encoder_encodes(monkeypatch: pytest
     def encodes(kind: str, dt: DType) -> bool:
         name = f"probe_{kind}_{dt}"
         if name not in opdef.OPS:
-            define(name, ("x",), shape=lambda types: TensorType(dt, ()), rule=_reduce_rule(kind, dt))
-        v = Value(name, (param("x", TensorType(dt, (3,))),), {}, TensorType(dt, ()))
+            define(name, ("x",), shape=lambda types: _reduce_type(kind, dt), rule=_reduce_rule(kind, dt))
+        v = Value(name, (param("x", TensorType(dt, (3,))),), {}, _reduce_type(kind, dt))
         for encoder in scalar_semantics.ENCODERS:
             enc = cone_encoder.ConeEncoder(
                 encoder, lambda u: cone_encoder.Leaf("x", "x", u.type, "param") if u.is_param else None)

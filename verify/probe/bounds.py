@@ -237,29 +237,58 @@ class IntervalWalker(RuleWalker[Interval]):
             f = np.max if e.kind == "max" else np.min
             return Interval(f(lo, axis=axes), f(hi, axis=axes), nan)
         if e.kind == "sum":
-            with np.errstate(invalid="ignore"):
-                slo, shi = I._fix(np.sum(lo, axis=axes), np.sum(hi, axis=axes))
-            pos_inf = np.any(hi == np.inf, axis=axes) & np.any(lo == -np.inf, axis=axes)
-            out = Interval(slo, shi, nan | pos_inf)
-            if dt.is_float:  # a float sum rounds every step in its own type (halves are widened first)
-                mag = np.sum(np.maximum(np.abs(lo), np.abs(hi)), axis=axes)
-                extra = (n + 1) * I.unit_roundoff(dt) * mag
-                nonneg, nonpos = np.all(lo >= 0, axis=axes), np.all(hi <= 0, axis=axes)
-                pre = Interval(np.where(nonneg, np.maximum(out.lo - extra, 0.0), out.lo - extra),
-                               np.where(nonpos, np.minimum(out.hi + extra, 0.0), out.hi + extra), out.nan)
-                if id(e) in self.watch_ids:
-                    self.pre[id(e)] = pre
-                out = I.round_to(pre, dt, 1.0)
-            else:
-                if id(e) in self.watch_ids:
-                    self.pre[id(e)] = out
-                out = I.wrap(out, dt)
+            out = self._sum(e, lo, hi, nan, axes, n)
             if self.tighten and self._softmax_denominator(e):
                 out = out.intersect(1.0, np.inf)
                 if id(e) in self.pre:
                     self.pre[id(e)] = self.pre[id(e)].intersect(1.0, np.inf)
             return out
         return self._product(e, Interval(lo, hi, nan), axes, n)
+
+    def _sum(self, e: Reduce, lo: np.ndarray, hi: np.ndarray, nan: np.ndarray, axes: tuple[int, ...], n: int,
+             flushed: float = 0.0) -> Interval:
+        """A sequential sum of terms in ``[lo, hi]`` (broadcast over the reduced ``axes``), each step rounded
+        in ``e``'s dtype and moved by at most ``flushed`` more (a flush to zero)."""
+        dt = e.dtype
+        with np.errstate(invalid="ignore"):
+            slo, shi = I._fix(np.sum(lo, axis=axes), np.sum(hi, axis=axes))
+        pos_inf = np.any(hi == np.inf, axis=axes) & np.any(lo == -np.inf, axis=axes)
+        out = Interval(slo, shi, nan | pos_inf)
+        if dt.is_float:  # a float sum rounds every step in its own type (halves are widened first)
+            mag = np.sum(np.maximum(np.abs(lo), np.abs(hi)), axis=axes)
+            extra = (n + 1) * I.unit_roundoff(dt) * mag + n * flushed
+            nonneg, nonpos = np.all(lo >= 0, axis=axes), np.all(hi <= 0, axis=axes)
+            pre = Interval(np.where(nonneg, np.maximum(out.lo - extra, 0.0), out.lo - extra),
+                           np.where(nonpos, np.minimum(out.hi + extra, 0.0), out.hi + extra), out.nan)
+            if id(e) in self.watch_ids:
+                self.pre[id(e)] = pre
+            return I.round_to(pre, dt, 1.0)
+        if id(e) in self.watch_ids:
+            self.pre[id(e)] = out
+        return I.wrap(out, dt)
+
+    def reduce_dot(self, e: Reduce, x: Interval, y: Interval, axes: tuple[int, ...],
+                   extents: list[int]) -> Interval:
+        """Exact products summed with one rounding per step (fewer than a sum of rounded products, so
+        the sum's bound holds); ``dot_ftz`` reads a factor near zero as possibly zero and moves each
+        running sum by less than the smallest normal."""
+        tiny = 0.0
+        if e.kind == "dot_ftz":
+            tiny = float(np.finfo(np.float32).tiny)
+            x, y = (Interval(np.where((v.lo < tiny) & (v.hi > -tiny), np.minimum(v.lo, 0.0), v.lo),
+                             np.where((v.lo < tiny) & (v.hi > -tiny), np.maximum(v.hi, 0.0), v.hi), v.nan)
+                    for v in (x, y))
+        p = I.round_to(I.mul(x, y), DType.f64, 1.0)  # (the bound's own float64 products, rounded outward)
+        n = math.prod(extents)
+        shape = list(np.broadcast_shapes(p.lo.shape, p.hi.shape, (1,) * self.depth))
+        for ax, m in zip(axes, extents, strict=True):
+            shape[ax] = m
+        lo, hi = np.broadcast_to(p.lo, tuple(shape)), np.broadcast_to(p.hi, tuple(shape))
+        nan = np.any(np.broadcast_to(p.nan, np.broadcast_shapes(np.shape(p.nan), tuple(shape))), axis=axes) \
+            if np.ndim(p.nan) else p.nan
+        if n == 0:
+            return Interval(np.zeros(lo.shape[:axes[0]]))
+        return self._sum(e, lo, hi, nan, axes, n, tiny)
 
     def _product(self, e: Reduce, body: Interval, axes: tuple[int, ...], n: int) -> Interval:
         lead = body.lo.shape[:axes[0]]

@@ -355,6 +355,30 @@ class DiffWalker(IntervalWalker):
                 d = np.full(moved.shape, np.inf)
         return Spread(out, settle(np.where(moved, d, 0.0), out))
 
+    def reduce_dot(self, e: Reduce, x: Interval, y: Interval, axes: tuple[int, ...], extents: list[int]) -> Interval:
+        """Each term moves by ``|x| d(y) + |y| d(x)`` (the hulls hold both programs' factors; a flushed factor
+        moves by less than the smallest normal more); both programs' sums round each step once and
+        ``dot_ftz`` flushes each running sum, by less than the smallest normal."""
+        out = super().reduce_dot(e, x, y, axes, extents)
+        dx, dy = delta_of(x), delta_of(y)
+        n = math.prod(extents)
+        if n == 0 or not (np.any(dx > 0) or np.any(dy > 0)):
+            return Spread(out, ZERO)
+        tiny = float(np.finfo(np.float32).tiny) if e.kind == "dot_ftz" else 0.0
+        with np.errstate(all="ignore"):
+            mx, my = x.magnitude() + tiny, y.magnitude() + tiny
+            term = mx * (dy + tiny) + my * (dx + tiny)
+            moved_terms = (dx > 0) | (dy > 0)
+            target = list(np.broadcast_shapes(np.shape(term), np.shape(moved_terms), (1,) * self.depth))
+            for ax, m in zip(axes, extents, strict=True):
+                target[ax] = m
+            moved = np.any(np.broadcast_to(moved_terms, tuple(target)), axis=axes)
+            d = np.sum(np.broadcast_to(term, tuple(target)), axis=axes)
+            mags = np.sum(np.broadcast_to(mx * my, tuple(target)), axis=axes)
+            d = d + 2.0 * (I.gamma(n + 1, I.unit_roundoff(e.dtype)) * mags + n * tiny) + both_roundings(
+                e.dtype, out.magnitude(), 1.0)
+        return Spread(out, settle(np.where(moved, d, 0.0), out))
+
 
 # --------------------------------------------------------------------------------------
 # one op

@@ -159,6 +159,15 @@ class TorchWalker(RuleWalker[Any]):
             return out
         return full.amax(dim=axes) if e.kind == "max" else full.amin(dim=axes)
 
+    def reduce_dot(self, e: Reduce, x: Any, y: Any, axes: tuple[int, ...], extents: list[int]) -> Any:
+        """A dot's real value: the sum of the products (in float64, like every sum here)."""
+        shape = list(np.broadcast_shapes(tuple(x.shape), tuple(y.shape), (1,) * self.depth))
+        for ax, n in zip(axes, extents, strict=True):
+            shape[ax] = n
+        if 0 in extents:
+            return self.torch.zeros(tuple(shape[:axes[0]]), dtype=self.torch.float64)
+        return (x * y).expand(*shape).sum(dim=axes)
+
     def observe(self, e: Expr, value: Any) -> None:
         k = self.info.index.get(id(e))
         if k is not None and k in self.capture:

@@ -40,6 +40,7 @@ from cuvil.codegen.kernels.gemm import (
     host_isa,
     rows_view,
 )
+from cuvil.codegen.kernels.paired import paired_matmul_kernel
 from cuvil.codegen.kernels.pool import max_pool_kernel
 from cuvil.codegen.kernels.rows import row_kernel
 from cuvil.codegen.kernels.vnni import vnni_conv, vnni_matmul
@@ -104,6 +105,7 @@ def tuned_kernels() -> dict[str, str]:
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
     out["max_pool"] = "2-D windows along each row (vectorized, masked at the edges), float32"
+    out["bf16_matmul"] = "tuned GEMM over bfloat16 pairs (vdpbf16ps; AVX512-BF16, constant right operand, even K)"
     return out
 
 
@@ -111,6 +113,8 @@ def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | Non
     """A tuned kernel for ``v`` (static shapes), or None to use the generic rule lowering."""
     if not _enabled or v.is_param or v.is_const:
         return None
+    if v.op == "bf16_matmul":
+        return paired_matmul_kernel(v, constants)
     c = contraction_of(v)
     if c is None:
         return None

@@ -43,7 +43,7 @@ from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, is_identity_index, reads_operand
 from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
 from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
-from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR, declare
+from cuvil.codegen.llvm_types import BF16, F32, I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import (
     NO_UNROLL,
     const,
@@ -163,14 +163,46 @@ def products_rounded() -> Iterator[None]:
         _products_rounded.reset(token)
 
 
+_bf16_pairs: ContextVar[bool] = ContextVar("bf16_pairs", default=False)
+
+
+@contextlib.contextmanager
+def bf16_pairs() -> Iterator[None]:
+    """Kernels written inside read each 32-bit element of A and B as a pair of bfloat16 (K in pairs) and
+    add a step with ``vdpbf16ps``, from -0.0: ``bf16_matmul``'s rule (a ``dot_ftz`` of each pair, odd
+    term first) on the float32 GEMM's blocking, with K counted in pairs."""
+    token = _bf16_pairs.set(True)
+    try:
+        yield
+    finally:
+        _bf16_pairs.reset(token)
+
+
+def paired() -> bool:
+    """Whether kernels are being written for bfloat16 pairs (:func:`bf16_pairs`)."""
+    return _bf16_pairs.get()
+
+
 def fused() -> bool:
     """Whether :func:`fma` fuses here: the target has the instruction and products need no rounding."""
     return codegen_target().fused_multiply_add and not _products_rounded.get()
 
 
+def dot_bf16_pairs(b: Builder, x: Val, y: Val, acc: Val) -> Val:
+    """``vdpbf16ps``: each lane of ``acc`` plus the products of the two bfloat16 in the same lane of ``x``
+    and ``y`` (float32 vectors of 16 lanes, read as 32 bfloat16), odd one first, flushing subnormals."""
+    assert isinstance(x.type, ir.VectorType), "vdpbf16ps works on vectors"
+    pairs = ir.VectorType(BF16, 2 * x.type.count)
+    fn = declare(b.module, f"llvm.x86.avx512bf16.dpbf16ps.{32 * x.type.count}", acc.type, [acc.type, pairs, pairs])
+    return b.call(fn, [acc, b.bitcast(x, pairs), b.bitcast(y, pairs)])
+
+
 def fma(b: Builder, x: Val, y: Val, acc: Val) -> Val:
     """``x * y + acc`` on float32 vectors or scalars: fused where :func:`fused` says so, else a multiply
-    and an add (each rounded, as the rule's product and sum are)."""
+    and an add (each rounded, as the rule's product and sum are); on bfloat16 pairs (:func:`bf16_pairs`)
+    one ``vdpbf16ps``."""
+    if paired():
+        return dot_bf16_pairs(b, x, y, acc)
     if not fused():
         return b.fadd(b.fmul(x, y), acc)
     name = f"llvm.fma.v{x.type.count}f32" if isinstance(x.type, ir.VectorType) else "llvm.fma.f32"
@@ -367,7 +399,7 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
     name = f"cuvil.micro.{a_kind}.{b_kind}.{mr}x{nv}x{lanes}.s{tile_stride}" + \
         (f".a{a_stride}" if a_kind == "packed" and a_stride != mr else "") + \
         (f".v{valid_last}" if valid_last is not None else "") + (f".ahead{ahead_every}" if ahead_every else "") + \
-        ("" if fused() else ".unfused")
+        (".bf16x2" if paired() else "" if fused() else ".unfused")
     found = mod.globals.get(name)
     if isinstance(found, ir.Function):
         return found
@@ -395,7 +427,7 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
     else:
         bb = DirectB(b_ptr, b_kstride, table=table, valid_last=valid_last)
     vt = vec_type(lanes)
-    zero = ir.Constant(vt, None)
+    zero = ir.Constant(vt, [-0.0] * lanes) if paired() else ir.Constant(vt, None)  # (a dot folds from -0.0)
     init = []
     for i in range(mr):
         for j in range(nv):

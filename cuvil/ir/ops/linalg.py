@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from cuvil.ir import rules as R
-from cuvil.ir.numpy_prims import sequential_matmul
+from cuvil.ir.dtypes import DType
+from cuvil.ir.numpy_prims import sequential_dot, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, broadcast_shapes, define
 from cuvil.ir.types import TensorType
 
@@ -59,6 +60,79 @@ define("matmul", ("lhs", "rhs"), attrs={"transpose_a": ("bool", False), "transpo
            ([rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((2, 5, 4)).astype(np.float32)],
             {"transpose_a": True, "transpose_b": True})],
        doc="batched matrix product sum_k lhs[..., i, k] * rhs[..., k, j]; batch dims broadcast")
+
+
+# --------------------------------------------------------------------------------------
+# bf16_matmul: bfloat16 products accumulated in float32, in pairs, as x86's vdpbf16ps
+
+
+def _bf16_matmul_type(types: list[TensorType], transpose_a: bool, transpose_b: bool) -> TensorType:
+    if any(t.dtype is not DType.bf16 for t in types):
+        raise TypeError(f"bf16_matmul multiplies bfloat16 operands, not {types[0].dtype} and {types[1].dtype}")
+    t = _matmul_type(types, transpose_a, transpose_b)
+    return TensorType(DType.f32, t.shape)
+
+
+def pair_order(k: R.Ix) -> R.Ix:
+    """The step ``k`` of a paired reduction reads term ``k ^ 1``: each pair's odd term first."""
+    return k + 1 - 2 * (k % 2)
+
+
+def _bf16_matmul_rule(c: R.RuleCtx) -> R.Expr:
+    a, b = c.inputs
+    ta, tb = c.attrs["transpose_a"], c.attrs["transpose_b"]
+    *batch, i, j = c.out
+    out_batch = c.out_type.shape[:-2]
+    k_ext = a.shape[-2] if ta else a.shape[-1]
+    ab = R.broadcast_index(batch, a.shape[:-2], out_batch)
+    bb = R.broadcast_index(batch, b.shape[:-2], out_batch)
+
+    def factors(k: R.Ix) -> tuple[R.Expr, R.Expr]:
+        kk = pair_order(k)  # an odd K's last pair reads a zero past the end
+        x = a.at(*ab, kk, i, oob=0.0) if ta else a.at(*ab, i, kk, oob=0.0)
+        y = b.at(*bb, j, kk, oob=0.0) if tb else b.at(*bb, kk, j, oob=0.0)
+        return R.cast(x, DType.f32), R.cast(y, DType.f32)
+
+    return R.dot("dot_ftz", [(k_ext + 1) // 2 * 2], factors)
+
+
+def _bf16_matmul_numpy(xs: list[np.ndarray], out: TensorType, transpose_a: bool, transpose_b: bool) -> np.ndarray:
+    a, b = (x.astype(np.float32) for x in xs)
+    if transpose_a:
+        a = np.swapaxes(a, -1, -2)
+    if transpose_b:
+        b = np.swapaxes(b, -1, -2)
+    k = a.shape[-1]
+    if k % 2:  # the last pair's missing term is a zero
+        a = np.concatenate([a, np.zeros((*a.shape[:-1], 1), np.float32)], axis=-1)
+        b = np.concatenate([b, np.zeros((*b.shape[:-2], 1, b.shape[-1]), np.float32)], axis=-2)
+    order = np.arange(a.shape[-1]) ^ 1
+    x = a[..., order][..., :, None, :]  # [..., m, 1, k]
+    y = np.swapaxes(b[..., order, :], -1, -2)[..., None, :, :]  # [..., 1, n, k]
+    return sequential_dot("dot_ftz", x, y, x.ndim - 1 if x.ndim >= y.ndim else y.ndim - 1)
+
+
+def _bf16_examples(rng: np.random.Generator) -> list[tuple[list[np.ndarray], dict[str, Any]]]:
+    import ml_dtypes
+
+    def bf16(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(ml_dtypes.bfloat16)
+
+    # subnormal factors (2^-130, -2^-127) and products under float32's normals (2^-64 * 2^-64 + ...)
+    tiny_a = np.array([[2.0 ** -130, -(2.0 ** -127), 1.5], [2.0 ** -64, 2.0 ** -70, -2.0]], dtype=np.float32)
+    tiny_b = np.array([[2.0 ** -64, 1.0], [2.0 ** -60, 2.0 ** -127], [0.5, 2.0 ** -66]], dtype=np.float32)
+    return [([bf16(2, 3, 4), bf16(4, 5)], {}),
+            ([bf16(3, 5), bf16(5, 2)], {}),  # odd K: a zero completes the last pair
+            ([bf16(4, 3), bf16(2, 5, 4)], {"transpose_a": True, "transpose_b": True}),
+            ([tiny_a.astype(ml_dtypes.bfloat16), tiny_b.astype(ml_dtypes.bfloat16)], {})]
+
+
+define("bf16_matmul", ("lhs", "rhs"), attrs={"transpose_a": ("bool", False), "transpose_b": ("bool", False)},
+       shape=_bf16_matmul_type, rule=_bf16_matmul_rule, numpy=_bf16_matmul_numpy, family="linalg",
+       precision_policy="as-declared", examples=_bf16_examples,
+       doc="batched product of bfloat16 matrices into float32: along K in pairs, each pair's odd term first, "
+           "every term a fused multiply-add with subnormal factors and sums flushed to zero (x86 vdpbf16ps); "
+           "an odd K's last pair completed by a zero")
 
 
 # --------------------------------------------------------------------------------------
