@@ -526,6 +526,9 @@ class _ErrorWalker(IntervalWalker):
         out = super().reduce(e, body, axes, extents)
         return _Tracked(out, self._reduce_error(e, _tracked(body), axes, extents, out))
 
+    def reduce_dot(self, e: Reduce, x: Interval, y: Interval, axes: tuple[int, ...], extents: list[int]) -> Interval:
+        raise self.refuse(f"a {e.kind} reduction")
+
     def _reduce_error(self, e: Reduce, body: _Tracked, axes: tuple[int, ...], extents: list[int],
                       out: Interval) -> np.ndarray:
         n = math.prod(extents)
