@@ -47,6 +47,8 @@ from verify.probe.windows import (
     clamp_window,
     conv_input_window,
     max_window,
+    residual_sigma,
+    residual_units,
     shape_of,
     underflow,
     unit,
@@ -58,6 +60,9 @@ CENTER64 = 2.0 * EPS64
 BATCH_NORM64 = 16 * EPS64
 """A bound on the float64 center's error, relative to ``|a·x| + |a·m| + |b|``, of ``a·(x - m) + b`` with
 ``a = s / sqrt(var + ε)`` (six roundings and a square root's)."""
+
+_block_norms: dict[Any, float] = {}
+"""``residual_sigma`` by the two weights' content and the torus (a model probed again reuses them)."""
 
 
 class Centers:
@@ -158,13 +163,16 @@ class CenteredWindows(WindowNorms):
     """Window norms (:class:`WindowNorms`) that also bound each value as its center plus a deviation."""
 
     def __init__(self, constant_value: Callable[[Value], np.ndarray], live: set[Value],
-                 sigmas: dict[Any, tuple[float, float]], centers: Centers) -> None:
+                 sigmas: dict[Any, tuple[float, float]], centers: Centers,
+                 block_norms: dict[Any, float] | None = None) -> None:
         super().__init__(constant_value, live, sigmas)
         self.centers = centers
         self.deviations: dict[tuple[Value, Window], float | None] = {}
         self.centered: dict[tuple[Value, Window], float | None] = {}
         self.distance_squares: dict[Value, np.ndarray | None] = {}
         self.clip_moved: dict[Value, np.ndarray | None] = {}
+        self.blocks: dict[Value, tuple[Value, Value, Value, Value, Value] | None] = {}
+        self.block_norms: dict[Any, float] = {} if block_norms is None else block_norms  # (charged once each)
 
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
@@ -279,7 +287,17 @@ class CenteredWindows(WindowNorms):
 
     def _sum_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """``(a ± b) - (ĉ_a ± ĉ_b)`` plus the program's rounding (``u·|a ± b|``; a sum's subnormal results
-        are exact) and the center's."""
+        are exact) and the center's; for the sum that closes a residual block, also the block's own bound
+        (:meth:`_residual_deviation`), where it is smaller."""
+        terms = self._sum_terms(v, win, values)
+        plain = None if terms is None else (terms[0] + terms[1]) * SLACK * SLACK
+        block = self._residual_deviation(v, win, values)
+        found = [b for b in (plain, block) if b is not None and math.isfinite(b)]
+        return min(found) if found else None
+
+    def _sum_terms(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> tuple[float, float] | None:
+        """A sum's deviation as its operands' deviations and what its rounding (the program's and the
+        center's) adds."""
         dev = mag = 0.0
         for o in v.operands:
             if o in self.live:
@@ -297,7 +315,103 @@ class CenteredWindows(WindowNorms):
         c = self.center_window(v, win)
         if c is None:
             return None
-        return (dev + unit(v.dtype) * mag + CENTER64 * c) * SLACK * SLACK
+        return dev, unit(v.dtype) * mag + CENTER64 * c
+
+    # -- residual blocks -------------------------------------------------------------------------------------
+    def _residual_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """``v = x + W₂·relu(W₁·x + b₁) + b₂``: ``v - ĉ = (I + W₂ D W₁)(x - ĉ_x) + W₂ D ρ₁ + ρ₂`` with ``D`` the
+        ReLU's slopes (diagonal, each in [0, 1]) and ``ρ`` the rounding (the program's and the center's).
+        Writing ``D = ½ + E`` (``|E| <= ½``), ``‖I + W₂ D W₁‖ <= ‖I + ½W₂W₁‖ + ½σ₂σ₁``, where the chain of
+        per-op bounds pays ``1 + σ₂σ₁``: the block's own norm, on the torus both convolutions share, is its
+        symbol's (:func:`residual_sigma`)."""
+        block = self._block(v)
+        if block is None:
+            return None
+        _, c1, t, c2, s = block
+        comp = self._block_norm(c1, c2)
+        w2 = self._conv_parts(c2)
+        if comp is None or w2 is None:
+            return None
+        win1 = conv_input_window(w2[1], w2[2], w2[4], win)
+        second, first = self._conv_terms(c2, win, values), self._conv_terms(c1, win1, values)
+        bias1 = (0.0, 0.0) if t is c1 else self._sum_terms(t, win1, values)
+        bias2 = (0.0, 0.0) if s is c2 else self._sum_terms(s, win, values)
+        closing = self._sum_terms(v, win, values)
+        if second is None or first is None or bias1 is None or bias2 is None or closing is None:
+            return None
+        sigma2, dev_x = second[0], first[1]
+        carried = sigma2 * (first[2] + bias1[1]) * SLACK * SLACK
+        return (comp * dev_x + carried + second[2] + bias2[1] + closing[1]) * SLACK ** 4
+
+    def _block(self, v: Value) -> tuple[Value, Value, Value, Value, Value] | None:
+        """``(x, conv₁, conv₁ + b₁, conv₂, conv₂ + b₂)`` where ``v = x + conv₂(relu(conv₁(x) + b₁)) + b₂`` (each
+        bias optional) with stride-1, undilated, ungrouped 2-d convolutions on one torus, mapping ``x``'s
+        channels back to themselves; None otherwise."""
+        if v not in self.blocks:
+            self.blocks[v] = None
+            if v.op == "add" and len(v.operands) == 2 and all(o in self.live for o in v.operands):
+                for s, x in (v.operands, v.operands[::-1]):
+                    found = self._block_from(x, s)
+                    if found is not None and shape_of(x) == shape_of(v):
+                        self.blocks[v] = found
+                        break
+        return self.blocks[v]
+
+    def _block_from(self, x: Value, s: Value) -> tuple[Value, Value, Value, Value, Value] | None:
+        c2 = self._biased_conv(s)
+        if c2 is None or c2.operands[0].op != "relu":
+            return None
+        t = c2.operands[0].operands[0]
+        c1 = self._biased_conv(t)
+        if c1 is None or c1.operands[0] is not x:
+            return None
+        return x, c1, t, c2, s
+
+    def _biased_conv(self, u: Value) -> Value | None:
+        """The convolution ``u`` is, or adds a constant to (None: neither, or not a plain stride-1 conv)."""
+        if u.op == "add" and len(u.operands) == 2:
+            live = [o for o in u.operands if o in self.live]
+            u = live[0] if len(live) == 1 and shape_of(live[0]) == shape_of(u) else u
+        parts = self._conv_parts(u) if u.op == "conv" else None
+        if parts is None:
+            return None
+        x, w, st, _, d, groups = parts
+        plain = groups == 1 and w.ndim == 4 and all(k == 1 for k in (*st, *d))
+        return u if plain and shape_of(x)[2:] == shape_of(u)[2:] else None
+
+    def _torus(self, c: Value) -> tuple[int, int] | None:
+        parts = self._conv_parts(c)
+        if parts is None:
+            return None
+        x, w, _, pb, _, _ = parts
+        return tuple(max(p + n, n - 1 + int(k)) for p, n, k in zip(pb, shape_of(x)[2:], w.shape[2:], strict=True))  # type: ignore[return-value]
+
+    def _block_norm(self, c1: Value, c2: Value) -> float | None:
+        """``‖I + ½C₂C₁‖ + ½σ(C₂)σ(C₁)`` on the torus both convolutions are bounded on."""
+        torus, other = self._torus(c1), self._torus(c2)
+        s1, s2 = self._sigma(c1), self._sigma(c2)
+        p1, p2 = self._conv_parts(c1), self._conv_parts(c2)
+        if torus is None or torus != other or s1 is None or s2 is None or p1 is None or p2 is None:
+            return None
+        w1, w2 = c1.operands[1], c2.operands[1]
+        key = (w1.const_hash if w1.is_const else id(w1), w2.const_hash if w2.is_const else id(w2), torus)
+        hit = self.block_norms.get(key)
+        if hit is None:  # (charged whether or not an earlier probe computed it: the same work, the same report)
+            shared = w1.is_const and w2.is_const and bool(w1.const_hash) and bool(w2.const_hash)
+            hit = _block_norms.get(key) if shared else None
+            if hit is None:
+                with np.errstate(all="ignore"):
+                    try:
+                        hit = residual_sigma(p1[1], p2[1], torus)
+                    except (np.linalg.LinAlgError, ValueError):
+                        hit = math.inf
+                if shared:
+                    if len(_block_norms) >= 512:
+                        _block_norms.clear()
+                    _block_norms[key] = hit
+            self.block_norms[key] = hit
+            self.units += residual_units(int(p1[1].shape[1]), int(p1[1].shape[0]), torus)
+        return (hit + 0.5 * s1[0] * s2[0]) * SLACK
 
     def _scaled_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """A product or quotient by a constant: the deviation scales by its largest factor."""
@@ -354,6 +468,12 @@ class CenteredWindows(WindowNorms):
     def _conv_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """``W(x - ĉ_x)`` by ``σ(W)``; the program's accumulation within ``γ_{n+1}·σ(|W|)·‖x‖``, its rounding
         into ``v``'s type within ``u·‖y‖``, and the center's float64 sums within ``γ_{n+1}·σ(|W|)·‖ĉ_x‖``."""
+        terms = self._conv_terms(v, win, values)
+        return None if terms is None else (terms[0] * terms[1] + terms[2]) * SLACK * SLACK
+
+    def _conv_terms(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> tuple[float, float, float] | None:
+        """A convolution's deviation as ``σ(W)``, its input's deviation over the window read, and what the
+        rounding (the program's and the center's) adds."""
         parts, sig = self._conv_parts(v), self._sigma(v)
         if parts is None or sig is None:
             return None
@@ -371,7 +491,7 @@ class CenteredWindows(WindowNorms):
         accumulated = I.gamma(n + 1, unit(acc)) * sigma_abs * mag + tiny
         rounded = unit(v.dtype) * ((sigma + I.gamma(n + 1, unit(acc)) * sigma_abs) * mag + tiny) + underflow(v, win)
         own = I.gamma(n + 1, EPS64) * sigma_abs * center
-        return (sigma * dev + accumulated + rounded + own) * SLACK * SLACK
+        return sigma, dev, accumulated + rounded + own
 
     # -- facts per element -----------------------------------------------------------------------------------
     def element_bound(self, v: Value, values: Mapping[Value, Interval]) -> tuple[np.ndarray, np.ndarray] | None:

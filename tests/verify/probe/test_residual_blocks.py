@@ -1,0 +1,108 @@
+"""A residual block's own deviation bound (:meth:`verify.probe.centered.CenteredWindows._residual_deviation`):
+``‖I + ½C₂C₁‖ + ½σ₂σ₁`` in place of the chain's ``1 + σ₂σ₁``. The block norm is the operator's norm (a dense
+matrix of the operator checks it), the rule is used on every block of a residual CNN, it is smaller than the
+chain there, and it bounds the distance it describes on inputs pushed to grow it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from cnn_cases import cnn
+from sampling import pushed_points
+
+from cuvil.interp import evaluate_values
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from verify.probe import windows as W
+from verify.probe.bounds import BoundsEngine
+from verify.probe.centered import CenteredWindows
+from verify.probe.program import reduced_program
+
+pytest.importorskip("torch")
+
+
+def _circular(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``y[o, i, j] = Σ w[o, c, a, b] x[c, i + a, j + b]`` with indices wrapping around the torus."""
+    y = np.zeros((w.shape[0], *x.shape[1:]))
+    for a in range(w.shape[2]):
+        for b in range(w.shape[3]):
+            y += np.einsum("oc,cij->oij", w[:, :, a, b], np.roll(x, (-a, -b), axis=(1, 2)))
+    return y
+
+
+@pytest.mark.parametrize("c0,c1,k,torus", [(3, 5, 3, 6), (4, 2, 3, 7), (2, 3, 1, 5), (5, 4, 3, 5)])
+def test_the_block_norm_is_the_operators_norm(c0: int, c1: int, k: int, torus: int) -> None:
+    rng = np.random.default_rng(c0 * 100 + c1 * 10 + k)
+    w1, w2 = rng.standard_normal((c1, c0, k, k)), rng.standard_normal((c0, c1, k, k))
+    n = c0 * torus * torus
+    dense = np.zeros((n, n))
+    for j in range(n):
+        x = np.zeros(n)
+        x[j] = 1.0
+        x = x.reshape(c0, torus, torus)
+        dense[:, j] = (x + 0.5 * _circular(w2, _circular(w1, x))).reshape(-1)
+    exact = float(np.linalg.norm(dense, 2))
+    bound = W.residual_sigma(w1, w2, (torus, torus))
+    assert exact <= bound <= exact * (1 + 1e-6)
+
+
+def test_the_block_norm_refuses_kernels_that_do_not_map_back() -> None:
+    with pytest.raises(ValueError):
+        W.residual_sigma(np.ones((4, 3, 3, 3)), np.ones((4, 4, 3, 3)), (6, 6))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_every_block_is_bounded_on_its_own_and_the_bound_holds(precision: str) -> None:
+    r, center = 2.0, 0.0
+    module = cnn(0)
+    checked = module if precision == "fp32" else reduced_program(module, "fp16").module
+    engine = BoundsEngine(checked.main, checked.constants)
+    shape = tuple(int(d) for d in checked.main.params[0].shape)
+    box = {"x": (np.full(shape, center - r), np.full(shape, center + r))}
+    inputs = {p: engine.run(box).values[p] for p in checked.main.params}
+    windows = CenteredWindows(engine.constant_value, engine.live, {}, engine.centers(inputs))
+    plain = BoundsEngine(module.main, module.constants)
+    plain_bounds = plain.run(box)
+    points = pushed_points(module, plain, plain_bounds, r, 1, "conv", center=center, randoms=2)
+    runs = [evaluate_values(checked.main, checked.constants, {"x": x["x"].astype(checked.main.params[0].dtype.np)})
+            for x in points]
+    blocks = [v for v in checked.main.ops() if windows._block(v) is not None]
+    assert len(blocks) == 3  # cnn's three residual blocks, and nothing else
+    for v in blocks:
+        for win in ((1, 1), (3, 3), tuple(int(d) for d in v.shape[2:])):
+            own = windows._residual_deviation(v, win, inputs)
+            terms = windows._sum_terms(v, win, inputs)
+            assert own is not None and terms is not None
+            assert own < sum(terms)  # the block's own bound is the smaller one
+            c = windows.centers.get(v)
+            assert c is not None
+            seen = max(_window_distance(np.asarray(run[v]), c, win) for run in runs)
+            assert seen <= own
+
+
+def _window_distance(a: np.ndarray, c: Any, win: tuple[int, ...]) -> float:
+    d = np.asarray(a, dtype=np.float64) - c
+    return W.max_window(np.sum(d * d, axis=1), win)
+
+
+def test_a_block_whose_relu_passes_everything_reaches_the_bound() -> None:
+    """``v = x + a·relu(x)`` (1x1 convolutions by the identity and by ``a``): where every input is positive
+    the ReLU's slopes are all 1 and ``v`` moves by ``(1 + a)·‖x‖``, which the block's bound reaches. So the
+    ``½σ₂σ₁`` term is needed: without it the bound would be ``(1 + a/2)·‖x‖``."""
+    a, c, n, r = 3.0, 4, 5, 0.5
+    b = Builder()
+    x = b.param("x", DType.f32, [1, c, n, n])
+    eye = np.eye(c, dtype=np.float32).reshape(c, c, 1, 1)
+    y = b.conv(b.relu(b.conv(x, b.const(eye))), b.const(a * eye))
+    module = b.module(b.function("main", [x], [b.add(y, x)]))
+    engine = BoundsEngine(module.main, module.constants)
+    box = {"x": (np.full((1, c, n, n), -r), np.full((1, c, n, n), r))}
+    inputs = {p: engine.run(box).values[p] for p in module.main.params}
+    windows = CenteredWindows(engine.constant_value, engine.live, {}, engine.centers(inputs))
+    v = module.main.results[0]
+    assert windows._block(v) is not None
+    bound = windows._residual_deviation(v, (n, n), inputs)
+    moved = (1 + a) * r * np.sqrt(c * n * n)  # every input at +r: each output (1 + a) r from the center's 0
+    assert bound is not None and moved <= bound <= moved * 1.01
