@@ -402,7 +402,7 @@ class CenteredWindows(WindowNorms):
             if hit is None:
                 with np.errstate(all="ignore"):
                     try:
-                        hit = residual_sigma(p1[1], p2[1], torus)
+                        hit = residual_sigma(p1[1], p2[1], torus, tuple(p1[3]), tuple(p2[3]))  # type: ignore[arg-type]
                     except (np.linalg.LinAlgError, ValueError):
                         hit = math.inf
                 if shared:

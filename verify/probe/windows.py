@@ -134,20 +134,23 @@ def conv_sigma(w: np.ndarray, torus: tuple[int, ...], dilations: tuple[int, ...]
     return math.sqrt(max(lam, 0.0) + err + 1e-10 * size) * (1 + 1e-12)
 
 
-def _symbols(w: np.ndarray, omega: np.ndarray) -> np.ndarray:
-    """``K̂(ω) = Σ_t w[:, :, t] e^{-iω·t}`` of a 2-d kernel ``[O, C, kh, kw]`` at each frequency ``[F, 2]``:
-    ``[F, O, C]``."""
-    taps = np.array([(a, b) for a in range(w.shape[2]) for b in range(w.shape[3])], dtype=np.float64)
+def _symbols(w: np.ndarray, omega: np.ndarray, pads: tuple[int, int]) -> np.ndarray:
+    """``K̂(ω) = Σ_t w[:, :, t] e^{-iω·(t - pads)}`` of a 2-d kernel ``[O, C, kh, kw]`` at each frequency
+    ``[F, 2]``: ``[F, O, C]`` (tap ``t`` of output ``i`` reads input ``i + t - pads``)."""
+    taps = np.array([(a - pads[0], b - pads[1]) for a in range(w.shape[2]) for b in range(w.shape[3])],
+                    dtype=np.float64)
     phase = np.exp(-1j * (omega @ taps.T))  # [F, taps]
     return np.tensordot(phase, w.reshape(w.shape[0], w.shape[1], -1), axes=([1], [2]))
 
 
-def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int]) -> float:
+def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1: tuple[int, int] = (0, 0),
+                   pads2: tuple[int, int] = (0, 0)) -> float:
     """An upper bound on ``‖I + ½ C₂ C₁‖``, ``C₁``, ``C₂`` the circular stride-1 convolutions by ``w1`` ([C1, C0,
-    kh, kw]) and ``w2`` ([C0, C1, kh, kw]) on ``torus``: the largest singular value of ``I + ½ K̂₂(ω) K̂₁(ω)``
-    over the torus' frequencies (a real kernel's ``ω`` and ``-ω`` have conjugate symbols, so half of them),
-    plus the float64 error of forming the symbols, their product and the Gram matrix, and of the
-    eigensolver (each bounded entrywise through ``B = Σ_t |w_t|``)."""
+    kh, kw]) and ``w2`` ([C0, C1, kh, kw]) on ``torus`` whose taps read ``pads`` before the output's place:
+    the largest singular value of ``I + ½ K̂₂(ω) K̂₁(ω)`` over the torus' frequencies (a real kernel's ``ω``
+    and ``-ω`` have conjugate symbols, so half of them), plus the float64 error of forming the symbols,
+    their product and the Gram matrix, and of the eigensolver (each bounded entrywise through
+    ``B = Σ_t |w_t|``)."""
     w1, w2 = np.asarray(w1, dtype=np.float64), np.asarray(w2, dtype=np.float64)
     c1, c0 = int(w1.shape[0]), int(w1.shape[1])
     if w1.ndim != 4 or w2.ndim != 4 or tuple(w2.shape[:2]) != (c0, c1):
@@ -160,7 +163,7 @@ def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int]) -> fl
     lam = 0.0
     for start in range(0, len(omega), rows):
         part = omega[start:start + rows]
-        m = eye + 0.5 * (_symbols(w2, part) @ _symbols(w1, part))  # [F, C0, C0]
+        m = eye + 0.5 * (_symbols(w2, part, pads2) @ _symbols(w1, part, pads1))  # [F, C0, C0]
         lam = max(lam, float(np.max(np.linalg.eigvalsh(np.conj(np.swapaxes(m, 1, 2)) @ m))))
     b1 = np.sum(np.abs(w1), axis=(2, 3))  # [C1, C0]
     b2 = np.sum(np.abs(w2), axis=(2, 3))  # [C0, C1]

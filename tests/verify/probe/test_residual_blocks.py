@@ -23,18 +23,21 @@ from verify.probe.program import reduced_program
 pytest.importorskip("torch")
 
 
-def _circular(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``y[o, i, j] = Σ w[o, c, a, b] x[c, i + a, j + b]`` with indices wrapping around the torus."""
+def _circular(w: np.ndarray, x: np.ndarray, pad: int) -> np.ndarray:
+    """``y[o, i, j] = Σ w[o, c, a, b] x[c, i + a - pad, j + b - pad]`` with indices wrapping around the torus."""
     y = np.zeros((w.shape[0], *x.shape[1:]))
     for a in range(w.shape[2]):
         for b in range(w.shape[3]):
-            y += np.einsum("oc,cij->oij", w[:, :, a, b], np.roll(x, (-a, -b), axis=(1, 2)))
+            y += np.einsum("oc,cij->oij", w[:, :, a, b], np.roll(x, (pad - a, pad - b), axis=(1, 2)))
     return y
 
 
-@pytest.mark.parametrize("c0,c1,k,torus", [(3, 5, 3, 6), (4, 2, 3, 7), (2, 3, 1, 5), (5, 4, 3, 5)])
-def test_the_block_norm_is_the_operators_norm(c0: int, c1: int, k: int, torus: int) -> None:
-    rng = np.random.default_rng(c0 * 100 + c1 * 10 + k)
+@pytest.mark.parametrize("c0,c1,k,torus,pad", [(3, 5, 3, 6, 1), (4, 2, 3, 7, 1), (2, 3, 1, 5, 0), (5, 4, 3, 5, 1),
+                                               (3, 3, 3, 6, 0), (2, 4, 3, 6, 2)])
+def test_the_block_norm_is_the_operators_norm(c0: int, c1: int, k: int, torus: int, pad: int) -> None:
+    """Where the taps sit relative to the identity matters (``I + ½K̂₂K̂₁`` turns with the pads' phase), so
+    kernels centered by their pads and kernels that are not are both checked."""
+    rng = np.random.default_rng(c0 * 100 + c1 * 10 + k + pad)
     w1, w2 = rng.standard_normal((c1, c0, k, k)), rng.standard_normal((c0, c1, k, k))
     n = c0 * torus * torus
     dense = np.zeros((n, n))
@@ -42,10 +45,12 @@ def test_the_block_norm_is_the_operators_norm(c0: int, c1: int, k: int, torus: i
         x = np.zeros(n)
         x[j] = 1.0
         x = x.reshape(c0, torus, torus)
-        dense[:, j] = (x + 0.5 * _circular(w2, _circular(w1, x))).reshape(-1)
+        dense[:, j] = (x + 0.5 * _circular(w2, _circular(w1, x, pad), pad)).reshape(-1)
     exact = float(np.linalg.norm(dense, 2))
-    bound = W.residual_sigma(w1, w2, (torus, torus))
+    bound = W.residual_sigma(w1, w2, (torus, torus), (pad, pad), (pad, pad))
     assert exact <= bound <= exact * (1 + 1e-6)
+    if pad:  # the same kernels read as if unpadded: another operator, another norm
+        assert abs(W.residual_sigma(w1, w2, (torus, torus)) - exact) > 1e-6 * exact
 
 
 def test_the_block_norm_refuses_kernels_that_do_not_map_back() -> None:
