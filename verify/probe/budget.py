@@ -49,7 +49,7 @@ GRADIENT_FACTOR = 3.0
 Z3_RLIMIT_PER_UNIT = 30
 """z3 resource count charged as one unit."""
 
-DEFAULT_EFFORT = 150_000.0
+DEFAULT_EFFORT = 200_000.0
 """Units of a probe unless the caller says otherwise (under a minute for the zoo on two cores)."""
 
 PLAN_EFFORT = 2_000_000.0

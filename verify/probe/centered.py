@@ -20,6 +20,7 @@ the shifts' share.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,10 +47,13 @@ from verify.probe.windows import (
     channel_squares,
     clamp_window,
     conv_input_window,
+    conv_sigma,
     max_window,
+    projection_sigma,
     residual_sigma,
     residual_units,
     shape_of,
+    sigma_units,
     underflow,
     unit,
 )
@@ -62,7 +66,8 @@ BATCH_NORM64 = 16 * EPS64
 ``a = s / sqrt(var + ε)`` (six roundings and a square root's)."""
 
 _block_norms: dict[Any, float] = {}
-"""``residual_sigma`` by the two weights' content and the torus (a model probed again reuses them)."""
+"""Block norms by the weights' values, the torus and the pads (a model probed again, or another program of
+it with the same weights, reuses them)."""
 
 
 class Centers:
@@ -171,7 +176,7 @@ class CenteredWindows(WindowNorms):
         self.centered: dict[tuple[Value, Window], float | None] = {}
         self.distance_squares: dict[Value, np.ndarray | None] = {}
         self.clip_moved: dict[Value, np.ndarray | None] = {}
-        self.blocks: dict[Value, tuple[Value, Value, Value, Value, Value] | None] = {}
+        self.blocks: dict[Value, tuple[Value, Value, Value, Value, Value, Value | None] | None] = {}
         self.block_norms: dict[Any, float] = {} if block_norms is None else block_norms  # (charged once each)
 
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
@@ -319,16 +324,17 @@ class CenteredWindows(WindowNorms):
 
     # -- residual blocks -------------------------------------------------------------------------------------
     def _residual_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
-        """``v = x + W₂·relu(W₁·x + b₁) + b₂``: ``v - ĉ = (I + W₂ D W₁)(x - ĉ_x) + W₂ D ρ₁ + ρ₂`` with ``D`` the
-        ReLU's slopes (diagonal, each in [0, 1]) and ``ρ`` the rounding (the program's and the center's).
-        Writing ``D = ½ + E`` (``|E| <= ½``), ``‖I + W₂ D W₁‖ <= ‖I + ½W₂W₁‖ + ½σ₂σ₁``, where the chain of
-        per-op bounds pays ``1 + σ₂σ₁``: the block's own norm, on the torus both convolutions share, is its
-        symbol's (:func:`residual_sigma`)."""
+        """``v = P·x + W₂·relu(W₁·x + b₁) + b₂`` (``P`` the identity, or a stride-2 1x1 projection plus its bias
+        where ``W₁`` halves the grid): ``v - ĉ = (P + W₂ D W₁)(x - ĉ_x) + W₂ D ρ₁ + ρ₂`` with ``D`` the ReLU's
+        slopes (diagonal, each in [0, 1]) and ``ρ`` the rounding (the program's and the center's). Writing
+        ``D = ½ + E`` (``|E| <= ½``), ``‖P + W₂ D W₁‖ <= ‖P + ½W₂W₁‖ + ½σ₂σ₁``, where the chain of per-op bounds
+        pays ``‖P‖ + σ₂σ₁``: the block's own norm is its symbol's, on tori that hold every window read
+        without wrapping (:func:`residual_sigma`, :func:`projection_sigma`)."""
         block = self._block(v)
         if block is None:
             return None
-        _, c1, t, c2, s = block
-        comp = self._block_norm(c1, c2)
+        _, c1, t, c2, s, skip = block
+        comp = self._block_norm(c1, c2, skip)
         w2 = self._conv_parts(c2)
         if comp is None or w2 is None:
             return None
@@ -337,38 +343,56 @@ class CenteredWindows(WindowNorms):
         bias1 = (0.0, 0.0) if t is c1 else self._sum_terms(t, win1, values)
         bias2 = (0.0, 0.0) if s is c2 else self._sum_terms(s, win, values)
         closing = self._sum_terms(v, win, values)
+        projected = (0.0, 0.0)
+        if skip is not None:
+            cd = self._biased_conv(skip, 2)
+            own = None if cd is None else self._conv_terms(cd, win, values)
+            biased = (0.0, 0.0) if cd is skip else self._sum_terms(skip, win, values)
+            if own is None or biased is None:
+                return None
+            projected = (own[2], biased[1])
         if second is None or first is None or bias1 is None or bias2 is None or closing is None:
             return None
         sigma2, dev_x = second[0], first[1]
         carried = sigma2 * (first[2] + bias1[1]) * SLACK * SLACK
-        return (comp * dev_x + carried + second[2] + bias2[1] + closing[1]) * SLACK ** 4
+        rounding = second[2] + bias2[1] + closing[1] + projected[0] + projected[1]
+        return (comp * dev_x + carried + rounding) * SLACK ** 4
 
-    def _block(self, v: Value) -> tuple[Value, Value, Value, Value, Value] | None:
-        """``(x, conv₁, conv₁ + b₁, conv₂, conv₂ + b₂)`` where ``v = x + conv₂(relu(conv₁(x) + b₁)) + b₂`` (each
-        bias optional) with stride-1, undilated, ungrouped 2-d convolutions on one torus, mapping ``x``'s
-        channels back to themselves; None otherwise."""
+    def _block(self, v: Value) -> tuple[Value, Value, Value, Value, Value, Value | None] | None:
+        """``(x, conv₁, conv₁ + b₁, conv₂, conv₂ + b₂, skip)`` where ``v = skip + conv₂(relu(conv₁(x) + b₁)) + b₂``
+        (each bias optional) with undilated, ungrouped 2-d convolutions, ``conv₂`` of stride 1; ``skip`` None
+        for ``x`` itself (``conv₁`` of stride 1), else a stride-2 1x1 convolution of ``x`` (plus a bias) where
+        ``conv₁`` has stride 2; None otherwise."""
         if v not in self.blocks:
             self.blocks[v] = None
             if v.op == "add" and len(v.operands) == 2 and all(o in self.live for o in v.operands):
-                for s, x in (v.operands, v.operands[::-1]):
-                    found = self._block_from(x, s)
-                    if found is not None and shape_of(x) == shape_of(v):
+                for s, other in (v.operands, v.operands[::-1]):
+                    found = self._block_from(other, s)
+                    if found is not None:
                         self.blocks[v] = found
                         break
         return self.blocks[v]
 
-    def _block_from(self, x: Value, s: Value) -> tuple[Value, Value, Value, Value, Value] | None:
-        c2 = self._biased_conv(s)
-        if c2 is None or c2.operands[0].op != "relu":
+    def _block_from(self, other: Value, s: Value) -> tuple[Value, Value, Value, Value, Value, Value | None] | None:
+        c2 = self._biased_conv(s, 1)
+        if c2 is None or c2.operands[0].op != "relu" or shape_of(other) != shape_of(s):
             return None
         t = c2.operands[0].operands[0]
-        c1 = self._biased_conv(t)
-        if c1 is None or c1.operands[0] is not x:
-            return None
-        return x, c1, t, c2, s
+        for stride in (1, 2):
+            c1 = self._biased_conv(t, stride)
+            if c1 is None:
+                continue
+            x = c1.operands[0]
+            if stride == 1 and other is x:
+                return x, c1, t, c2, s, None
+            cd = self._biased_conv(other, 2) if stride == 2 else None
+            if cd is not None and cd.operands[0] is x and self._conv_parts(cd)[1].shape[2:] == (1, 1):  # type: ignore[index]
+                return x, c1, t, c2, s, other
+        return None
 
-    def _biased_conv(self, u: Value) -> Value | None:
-        """The convolution ``u`` is, or adds a constant to (None: neither, or not a plain stride-1 conv)."""
+    def _biased_conv(self, u: Value, stride: int) -> Value | None:
+        """The convolution ``u`` is, or adds a constant to (None: neither, or not an undilated, ungrouped 2-d
+        conv of ``stride`` whose output has ``ceil(input / stride)`` places along each axis)."""
         if u.op == "add" and len(u.operands) == 2:
             live = [o for o in u.operands if o in self.live]
             u = live[0] if len(live) == 1 and shape_of(live[0]) == shape_of(u) else u
@@ -376,8 +400,9 @@ class CenteredWindows(WindowNorms):
         if parts is None:
             return None
         x, w, st, _, d, groups = parts
-        plain = groups == 1 and w.ndim == 4 and all(k == 1 for k in (*st, *d))
-        return u if plain and shape_of(x)[2:] == shape_of(u)[2:] else None
+        plain = groups == 1 and w.ndim == 4 and all(k == stride for k in st) and all(k == 1 for k in d)
+        fits = all(o == -(-n // stride) for o, n in zip(shape_of(u)[2:], shape_of(x)[2:], strict=True))
+        return u if plain and fits else None
 
     def _torus(self, c: Value) -> tuple[int, int] | None:
         parts = self._conv_parts(c)
@@ -386,32 +411,57 @@ class CenteredWindows(WindowNorms):
         x, w, _, pb, _, _ = parts
         return tuple(max(p + n, n - 1 + int(k)) for p, n, k in zip(pb, shape_of(x)[2:], w.shape[2:], strict=True))  # type: ignore[return-value]
 
-    def _block_norm(self, c1: Value, c2: Value) -> float | None:
-        """``‖I + ½C₂C₁‖ + ½σ(C₂)σ(C₁)`` on the torus both convolutions are bounded on."""
-        torus, other = self._torus(c1), self._torus(c2)
-        s1, s2 = self._sigma(c1), self._sigma(c2)
+    def _block_norm(self, c1: Value, c2: Value, skip: Value | None) -> float | None:
+        """``‖P + ½C₂C₁‖ + ½σ(C₂)σ(C₁)`` on tori where no window read wraps: a stride-1 block's convolutions'
+        own torus; a halving block's the output's ``m + 1`` (the ReLU's zeros outside the grid stand for the
+        second convolution's padding) and twice it for the input, ``σ``s computed there."""
         p1, p2 = self._conv_parts(c1), self._conv_parts(c2)
-        if torus is None or torus != other or s1 is None or s2 is None or p1 is None or p2 is None:
+        cd = None if skip is None else self._biased_conv(skip, 2)
+        pd = None if cd is None else self._conv_parts(cd)
+        if p1 is None or p2 is None or (skip is not None and pd is None):
             return None
-        w1, w2 = c1.operands[1], c2.operands[1]
-        key = (w1.const_hash if w1.is_const else id(w1), w2.const_hash if w2.is_const else id(w2), torus)
+        weights = [p1[1], p2[1], *([pd[1]] if pd is not None else [])]
+        if skip is None:
+            torus, other = self._torus(c1), self._torus(c2)
+            s1, s2 = self._sigma(c1), self._sigma(c2)
+            if torus is None or torus != other or s1 is None or s2 is None:
+                return None
+        else:
+            m, n = shape_of(c2)[2:], shape_of(p1[0])[2:]
+            torus = tuple(max(a + 1, -(-(b + 2) // 2)) for a, b in zip(m, n, strict=True))
+        key = (*(hashlib.sha1(np.ascontiguousarray(w).tobytes()).hexdigest() for w in weights), torus,
+               tuple(p1[3]), tuple(p2[3]))  # the weights' values: a program that rounds them is another block
         hit = self.block_norms.get(key)
         if hit is None:  # (charged whether or not an earlier probe computed it: the same work, the same report)
-            shared = w1.is_const and w2.is_const and bool(w1.const_hash) and bool(w2.const_hash)
-            hit = _block_norms.get(key) if shared else None
+            hit = _block_norms.get(key)
             if hit is None:
-                with np.errstate(all="ignore"):
-                    try:
-                        hit = residual_sigma(p1[1], p2[1], torus, tuple(p1[3]), tuple(p2[3]))  # type: ignore[arg-type]
-                    except (np.linalg.LinAlgError, ValueError):
-                        hit = math.inf
-                if shared:
-                    if len(_block_norms) >= 512:
-                        _block_norms.clear()
-                    _block_norms[key] = hit
+                hit = self._compute_block_norm(p1, p2, pd, torus)  # type: ignore[arg-type]
+                if len(_block_norms) >= 512:
+                    _block_norms.clear()
+                _block_norms[key] = hit
             self.block_norms[key] = hit
-            self.units += residual_units(int(p1[1].shape[1]), int(p1[1].shape[0]), torus)
-        return (hit + 0.5 * s1[0] * s2[0]) * SLACK
+            c0, c1n = int(p1[1].shape[1]), int(p1[1].shape[0])
+            self.units += residual_units(max(c0, int(p2[1].shape[0])), c1n, torus)  # type: ignore[arg-type]
+            if skip is not None:
+                self.units += sigma_units(p1[1].shape, tuple(2 * t for t in torus), 1, (2, 2)) + \
+                    sigma_units(p2[1].shape, torus, 1, (1, 1))
+        if skip is None:
+            return (hit + 0.5 * s1[0] * s2[0]) * SLACK  # type: ignore[index]
+        return hit * SLACK
+
+    @staticmethod
+    def _compute_block_norm(p1: tuple, p2: tuple, pd: tuple | None, torus: tuple[int, int]) -> float:
+        """The block norm's symbol part (a halving block's ``½σ₂σ₁`` too, on its own tori)."""
+        with np.errstate(all="ignore"):
+            try:
+                if pd is None:
+                    return residual_sigma(p1[1], p2[1], torus, tuple(p1[3]), tuple(p2[3]))  # type: ignore[arg-type]
+                big = (2 * torus[0], 2 * torus[1])
+                s1 = conv_sigma(p1[1], big, (1, 1), 1, (2, 2))
+                s2 = conv_sigma(p2[1], torus, (1, 1), 1, (1, 1))
+                return projection_sigma(p1[1], p2[1], pd[1], torus, tuple(p1[3]), tuple(p2[3])) + 0.5 * s1 * s2  # type: ignore[arg-type]
+            except (np.linalg.LinAlgError, ValueError):
+                return math.inf
 
     def _scaled_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """A product or quotient by a constant: the deviation scales by its largest factor."""

@@ -177,6 +177,67 @@ def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1
     return (math.sqrt(max(lam, 0.0) + d_g + 1e-10 * gram) + d_m) * (1 + 1e-12)
 
 
+def _phase_symbols(w: np.ndarray, omega: np.ndarray, pads: tuple[int, int]) -> list[np.ndarray]:
+    """A stride-2 convolution as four stride-1 ones on the half-size torus, one per phase ``p`` of its input
+    (``x_p[j] = x[2j + p]``): tap ``t`` reads ``x[2i + t - pads]``, phase ``(t - pads) mod 2``, offset
+    ``(t - pads) // 2``. Their symbols ``K̂_p(ω)``, ``[F, O, C]`` each, phases in row-major order."""
+    out = []
+    for p0 in (0, 1):
+        for p1 in (0, 1):
+            taps, offsets = [], []
+            for a in range(w.shape[2]):
+                for b in range(w.shape[3]):
+                    u, v = a - pads[0], b - pads[1]
+                    if u % 2 == p0 and v % 2 == p1:
+                        taps.append(w[:, :, a, b])
+                        offsets.append(((u - p0) // 2, (v - p1) // 2))
+            if not taps:
+                out.append(np.zeros((len(omega), w.shape[0], w.shape[1]), dtype=np.complex128))
+                continue
+            phase = np.exp(-1j * (omega @ np.asarray(offsets, dtype=np.float64).T))  # [F, taps]
+            out.append(np.tensordot(phase, np.stack(taps, axis=-1), axes=([1], [2])))
+    return out
+
+
+def projection_sigma(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: tuple[int, int], pads1: tuple[int, int],
+                     pads2: tuple[int, int]) -> float:
+    """An upper bound on ``‖Wd + ½ C₂ C₁‖`` for a block that halves the grid: ``C₁`` the stride-2 convolution by
+    ``w1`` ([C1, C0, kh, kw]), ``C₂`` the stride-1 one by ``w2`` ([C2, C1, kh, kw]) and ``Wd`` the stride-2 1x1
+    one by ``wd`` ([C2, C0, 1, 1]), circular, ``torus`` the output's (the input's is twice it). Split into
+    its input's four phases the block is ``[Wd·[p = 0] + ½K̂₂(ω)K̂₁ₚ(ω)]ₚ`` at each frequency of the output
+    torus; its norm the largest over them of the largest singular value, plus the float64 errors (bounded
+    entrywise through ``B = Σ_t |w_t|``, as :func:`residual_sigma` does)."""
+    w1, w2, wd = (np.asarray(w, dtype=np.float64) for w in (w1, w2, wd))
+    c1, c0 = int(w1.shape[0]), int(w1.shape[1])
+    c2 = int(w2.shape[0])
+    if tuple(w2.shape[:2]) != (c2, c1) or tuple(wd.shape) != (c2, c0, 1, 1) or w1.ndim != 4:
+        raise ValueError("projection_sigma takes kernels mapping C0 -> C1 -> C2 and a 1x1 C0 -> C2 skip")
+    t1, t2 = torus
+    f1, f2 = np.meshgrid(np.arange(t1), np.arange(t2 // 2 + 1), indexing="ij")
+    omega = np.stack([2 * np.pi * f1.reshape(-1) / t1, 2 * np.pi * f2.reshape(-1) / t2], axis=1)
+    rows = max(1, CHUNK // max(1, 16 * c2 * max(c0, c1, c2)))
+    skip = wd[:, :, 0, 0]
+    lam = 0.0
+    for start in range(0, len(omega), rows):
+        part = omega[start:start + rows]
+        k2 = _symbols(w2, part, pads2)
+        gram = np.zeros((len(part), c2, c2), dtype=np.complex128)
+        for p, k1 in enumerate(_phase_symbols(w1, part, pads1)):
+            m = 0.5 * (k2 @ k1) + (skip if p == 0 else 0.0)  # [F, C2, C0]
+            gram += m @ np.conj(np.swapaxes(m, 1, 2))
+        lam = max(lam, float(np.max(np.linalg.eigvalsh(gram))))
+    b1 = np.sum(np.abs(w1), axis=(2, 3))
+    b2 = np.sum(np.abs(w2), axis=(2, 3))
+    taps = max(w1.shape[2] * w1.shape[3], w2.shape[2] * w2.shape[3])
+    e_sym = I.gamma(2 * taps + 8, EPS64)
+    bb = b2 @ b1  # bounds every phase's |K̂₂K̂₁ₚ| entrywise
+    d_m = 0.5 * (I.gamma(2 * c1 + 8, EPS64) + 2 * e_sym + e_sym * e_sym) * 2 * float(np.linalg.norm(bb)) * (1 + 1e-9)
+    a = np.abs(skip) + 0.5 * bb
+    gram_bound = 4 * float(np.linalg.norm(a @ a.T)) * (1 + 1e-9)
+    d_g = I.gamma(8 * c0 + 8, EPS64) * gram_bound
+    return (math.sqrt(max(lam, 0.0) + d_g + 1e-10 * gram_bound) + d_m) * (1 + 1e-12)
+
+
 def residual_units(c0: int, c1: int, torus: tuple[int, int]) -> float:
     """Work units of :func:`residual_sigma`, read from the shapes alone: per frequency, a complex product and
     Gram matrix and a Hermitian eigensolve (measured at about three times a real ``C³`` each; 512 channels

@@ -53,6 +53,33 @@ def test_the_block_norm_is_the_operators_norm(c0: int, c1: int, k: int, torus: i
         assert abs(W.residual_sigma(w1, w2, (torus, torus)) - exact) > 1e-6 * exact
 
 
+def _strided(w: np.ndarray, x: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """``y[o, i, j] = Σ w[o, c, a, b] x[c, s·i + a - pad, s·j + b - pad]`` on the torus (outputs: 1/s of it)."""
+    size = x.shape[1] // stride
+    y = np.zeros((w.shape[0], size, size))
+    for a in range(w.shape[2]):
+        for b in range(w.shape[3]):
+            shifted = np.roll(x, (pad - a, pad - b), axis=(1, 2))[:, ::stride, ::stride]
+            y += np.einsum("oc,cij->oij", w[:, :, a, b], shifted)
+    return y
+
+
+@pytest.mark.parametrize("c0,c1,c2,torus", [(2, 3, 2, 3), (3, 2, 4, 4), (2, 2, 3, 5)])
+def test_the_halving_block_norm_is_the_operators_norm(c0: int, c1: int, c2: int, torus: int) -> None:
+    rng = np.random.default_rng(c0 + 10 * c1 + 100 * c2)
+    w1, w2 = rng.standard_normal((c1, c0, 3, 3)), rng.standard_normal((c2, c1, 3, 3))
+    wd = rng.standard_normal((c2, c0, 1, 1))
+    n = c0 * (2 * torus) ** 2
+    dense = np.zeros((c2 * torus * torus, n))
+    for j in range(n):
+        x = np.zeros(n)
+        x[j] = 1.0
+        x = x.reshape(c0, 2 * torus, 2 * torus)
+        dense[:, j] = (_strided(wd, x, 2, 0) + 0.5 * _strided(w2, _strided(w1, x, 2, 1), 1, 1)).reshape(-1)
+    exact = float(np.linalg.norm(dense, 2))
+    assert exact <= W.projection_sigma(w1, w2, wd, (torus, torus), (1, 1), (1, 1)) <= exact * (1 + 1e-6)
+
+
 def test_the_block_norm_refuses_kernels_that_do_not_map_back() -> None:
     with pytest.raises(ValueError):
         W.residual_sigma(np.ones((4, 3, 3, 3)), np.ones((4, 4, 3, 3)), (6, 6))
@@ -111,3 +138,47 @@ def test_a_block_whose_relu_passes_everything_reaches_the_bound() -> None:
     bound = windows._residual_deviation(v, (n, n), inputs)
     moved = (1 + a) * r * np.sqrt(c * n * n)  # every input at +r: each output (1 + a) r from the center's 0
     assert bound is not None and moved <= bound <= moved * 1.01
+
+
+def _halving(seed: int) -> Any:
+    """Two blocks as ResNet's stages begin: a 3x3 stride-2 convolution and a 3x3 one on the main path, a 1x1
+    stride-2 projection on the skip, each with a bias; then a block of stride 1."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 3, 9, 9])
+
+    def conv(v: Any, cin: int, cout: int, k: int, stride: int) -> Any:
+        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
+        y = b.conv(v, b.const(w), strides=(stride, stride), pads=(k // 2,) * 4)
+        return b.add(y, b.const((rng.standard_normal((1, cout, 1, 1)) * 0.3).astype(np.float32)))
+
+    h = b.relu(conv(x, 3, 6, 3, 1))
+    h = b.relu(b.add(conv(b.relu(conv(h, 6, 8, 3, 2)), 8, 8, 3, 1), conv(h, 6, 8, 1, 2)))
+    h = b.relu(b.add(conv(b.relu(conv(h, 8, 8, 3, 1)), 8, 8, 3, 1), h))
+    return b.module(b.function("main", [x], [h]))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_halving_block_is_bounded_on_its_own_and_the_bound_holds(precision: str) -> None:
+    r = 2.0
+    module = _halving(3)
+    checked = module if precision == "fp32" else reduced_program(module, "fp16").module
+    engine = BoundsEngine(checked.main, checked.constants)
+    shape = tuple(int(d) for d in checked.main.params[0].shape)
+    box = {"x": (np.full(shape, -r), np.full(shape, r))}
+    inputs = {p: engine.run(box).values[p] for p in checked.main.params}
+    windows = CenteredWindows(engine.constant_value, engine.live, {}, engine.centers(inputs))
+    plain = BoundsEngine(module.main, module.constants)
+    points = pushed_points(module, plain, plain.run(box), r, 1, "conv", center=0.0, randoms=3)
+    runs = [evaluate_values(checked.main, checked.constants, {"x": x["x"].astype(checked.main.params[0].dtype.np)})
+            for x in points]
+    blocks = [v for v in checked.main.ops() if windows._block(v) is not None]
+    assert [windows._block(v)[5] is not None for v in blocks] == [True, False]  # type: ignore[index]
+    for v in blocks:
+        for win in ((1, 1), (3, 3), tuple(int(d) for d in v.shape[2:])):
+            own = windows._residual_deviation(v, win, inputs)
+            terms = windows._sum_terms(v, win, inputs)
+            assert own is not None and terms is not None and own < sum(terms)
+            c = windows.centers.get(v)
+            assert c is not None
+            assert max(_window_distance(np.asarray(run[v]), c, win) for run in runs) <= own
