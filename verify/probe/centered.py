@@ -58,6 +58,10 @@ from verify.probe.windows import (
     unit,
 )
 
+BLAS_UNIT = 0.1
+"""Work units per million multiply-adds of the matrix products composing two kernels (one BLAS call each:
+measured about ten times the element rate the work units are counted in)."""
+
 CENTER64 = 2.0 * EPS64
 """A bound on ``|exact - ĉ| / |ĉ|`` for one float64 operation (a sum, a product, a quotient)."""
 
@@ -178,6 +182,7 @@ class CenteredWindows(WindowNorms):
         self.clip_moved: dict[Value, np.ndarray | None] = {}
         self.blocks: dict[Value, tuple[Value, Value, Value, Value, Value, Value | None] | None] = {}
         self.block_norms: dict[Any, float] = {} if block_norms is None else block_norms  # (charged once each)
+        self.composed: dict[Any, np.ndarray] = {}
 
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
@@ -613,9 +618,59 @@ class CenteredWindows(WindowNorms):
         n = math.prod(int(k) for k in w.shape[1:])
         acc = acc_type(x.dtype)
         rows = np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) * SLACK
-        spread = dev + I.gamma(n + 1, unit(acc)) * mag + I.gamma(n + 1, EPS64) * center
-        out = (rows * spread * SLACK + n * I.smallest_subnormal(acc)) * SLACK
+        rounding = I.gamma(n + 1, unit(acc)) * mag + I.gamma(n + 1, EPS64) * center
+        linear = rows * dev
+        through = self._through_relu(v, field, rows, values)
+        if through is not None:
+            linear = np.minimum(linear, through)
+        out = ((linear + rows * rounding) * SLACK + n * I.smallest_subnormal(acc)) * SLACK
         return out.reshape((1, w.shape[0]) + (1,) * (len(shape_of(v)) - 2))
+
+    def _through_relu(self, v: Value, field: Window, rows: np.ndarray,
+                      values: Mapping[Value, Interval]) -> np.ndarray | None:
+        """For ``v = W₂·relu(W₁·x + b₁)`` (stride-1 convolutions): output channel ``o`` moves by
+        ``w₂ₒ·D(W₁(x - ĉ_x) + ρ₁)``, and ``‖W₁ᵀDw₂ₒ‖ <= ½‖W₁ᵀw₂ₒ‖ + ½σ₁‖w₂ₒ‖`` (``D = ½ + E``, ``|E| <= ½``), where
+        ``W₁ᵀw₂ₒ`` is one filter, the two kernels composed (its norm, not an operator's): per channel, that
+        times the deviation of ``x`` over the field both read, plus ``‖w₂ₒ‖`` times ``ρ₁``'s bound."""
+        r = v.operands[0]
+        if r.op != "relu" or self._biased_conv(v, 1) is not v:
+            return None
+        t = r.operands[0]
+        c1 = self._biased_conv(t, 1)
+        p1, p2, sig = self._conv_parts(c1) if c1 is not None else None, self._conv_parts(v), None
+        if c1 is None or p1 is None or p2 is None:
+            return None
+        sig = self._sigma(c1)
+        first = self._conv_terms(c1, field, values)
+        bias = (0.0, 0.0) if t is c1 else self._sum_terms(t, field, values)
+        if sig is None or first is None or bias is None:
+            return None
+        composed = self._composed_rows(p1[1], p2[1])
+        return 0.5 * (composed + sig[0] * rows) * first[1] * SLACK + rows * (first[2] + bias[1]) * SLACK * SLACK
+
+    def _composed_rows(self, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+        """``‖W₁ᵀw₂ₒ‖`` per output channel ``o`` (the composed kernel's filters; float64, plus its error bound)."""
+        key = (hashlib.sha1(np.ascontiguousarray(w1).tobytes()).hexdigest(),
+               hashlib.sha1(np.ascontiguousarray(w2).tobytes()).hexdigest())
+        hit = self.composed.get(key)
+        if hit is None:
+            kh, kw = w1.shape[2] + w2.shape[2] - 1, w1.shape[3] + w2.shape[3] - 1
+            comp = np.zeros((w2.shape[0], w1.shape[1], kh, kw))
+            size = np.zeros_like(comp)
+            for a0 in range(w2.shape[2]):
+                for a1 in range(w2.shape[3]):
+                    for b0 in range(w1.shape[2]):
+                        for b1 in range(w1.shape[3]):
+                            comp[:, :, a0 + b0, a1 + b1] += w2[:, :, a0, a1] @ w1[:, :, b0, b1]
+                            size[:, :, a0 + b0, a1 + b1] += np.abs(w2[:, :, a0, a1]) @ np.abs(w1[:, :, b0, b1])
+            terms = w1.shape[0] * w1.shape[2] * w1.shape[3] + 2
+            norms = np.sqrt(np.sum(comp.reshape(comp.shape[0], -1) ** 2, axis=1))
+            err = I.gamma(terms, EPS64) * np.sqrt(np.sum(size.reshape(size.shape[0], -1) ** 2, axis=1))
+            hit = (norms * (1 + 4 * EPS64) + err) * SLACK
+            self.composed[key] = hit
+            pairs = w1.shape[2] * w1.shape[3] * w2.shape[2] * w2.shape[3]
+            self.units += BLAS_UNIT * 2 * pairs * w2.shape[0] * w2.shape[1] * w1.shape[1] / 1e6
+        return hit
 
     def _row_deviation(self, x: Value, values: Mapping[Value, Interval]) -> float | None:
         """A bound on each row's ℓ2 norm of ``x - ĉ`` for ``x`` the [N, C] reshape of a global mean (a CNN's

@@ -182,3 +182,21 @@ def test_a_halving_block_is_bounded_on_its_own_and_the_bound_holds(precision: st
             c = windows.centers.get(v)
             assert c is not None
             assert max(_window_distance(np.asarray(run[v]), c, win) for run in runs) <= own
+
+
+def test_a_convolution_after_a_relu_that_passes_everything_reaches_its_element_bound() -> None:
+    """``y = a·relu(x)`` (1x1 convolutions, one channel): for a positive input ``y`` moves by ``a·|x|``, which
+    the bound through the ReLU (``½‖W₁ᵀw₂‖ + ½σ₁‖w₂‖ = a``) reaches; its ``½σ₁‖w₂‖`` term is needed."""
+    a, n, r = 3.0, 4, 0.5
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 1, n, n])
+    one = np.ones((1, 1, 1, 1), np.float32)
+    y = b.conv(b.relu(b.conv(x, b.const(one))), b.const(a * one))
+    module = b.module(b.function("main", [x], [y]))
+    engine = BoundsEngine(module.main, module.constants)
+    box = {"x": (np.full((1, 1, n, n), -r), np.full((1, 1, n, n), r))}
+    inputs = {p: engine.run(box).values[p] for p in module.main.params}
+    windows = CenteredWindows(engine.constant_value, engine.live, {}, engine.centers(inputs))
+    v = module.main.results[0]
+    found = windows._through_relu(v, (1, 1), np.array([a]), inputs)
+    assert found is not None and a * r <= float(found[0]) <= a * r * 1.01
