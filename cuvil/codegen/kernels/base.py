@@ -33,3 +33,22 @@ class ReadsEveryOperand:
     @property
     def scratch_bytes(self) -> int:
         return 0
+
+
+class RunsInner:
+    """For kernels that run another, ``inner``, in a context or between conversions: what they do not
+    change about it (the operands it leaves unread, its constants, its scratch) is ``inner``'s."""
+
+    inner: Kernel
+
+    @property
+    def unused_operands(self) -> frozenset[int]:
+        return self.inner.unused_operands
+
+    @property
+    def constant_bytes(self) -> int:
+        return self.inner.constant_bytes
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.inner.scratch_bytes

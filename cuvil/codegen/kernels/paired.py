@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from cuvil.codegen.kernels.base import Kernel
+from cuvil.codegen.kernels.base import Kernel, RunsInner
 from cuvil.codegen.kernels.epilogue import Contraction
 from cuvil.codegen.kernels.gemm import ISAS, MatmulKernel, bf16_pairs, host_isa
 from cuvil.codegen.target import codegen_target
@@ -29,7 +29,7 @@ from cuvil.ir.values import Value
 
 
 @dataclass(frozen=True)
-class PairedKernel:
+class PairedKernel(RunsInner):
     """The float32 GEMM ``inner`` over bfloat16 pairs: emitted under :func:`bf16_pairs`."""
 
     inner: Kernel
@@ -37,18 +37,6 @@ class PairedKernel:
     @property
     def name(self) -> str:
         return f"{self.inner.name}.bf16x2"
-
-    @property
-    def unused_operands(self) -> frozenset[int]:
-        return self.inner.unused_operands
-
-    @property
-    def constant_bytes(self) -> int:
-        return self.inner.constant_bytes
-
-    @property
-    def scratch_bytes(self) -> int:
-        return self.inner.scratch_bytes
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
         with bf16_pairs():

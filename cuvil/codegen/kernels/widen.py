@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from llvmlite import ir
 
 from cuvil.codegen import abi
-from cuvil.codegen.kernels.base import Kernel
+from cuvil.codegen.kernels.base import Kernel, RunsInner
 from cuvil.codegen.kernels.epilogue import Contraction
 from cuvil.codegen.kernels.gemm import products_rounded
 from cuvil.codegen.llvm_types import F32, I32, I64, PTR
@@ -49,7 +49,7 @@ def _numel(t: TensorType) -> int:
 
 
 @dataclass(frozen=True)
-class WidenedKernel:
+class WidenedKernel(RunsInner):
     """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for half-precision operands and result: the
     float32 ``inner`` kernel between a widening of its half operands and a rounding of its result."""
 
@@ -60,14 +60,6 @@ class WidenedKernel:
     @property
     def name(self) -> str:
         return f"{self.inner.name}, halves widened"
-
-    @property
-    def unused_operands(self) -> frozenset[int]:
-        return self.inner.unused_operands
-
-    @property
-    def constant_bytes(self) -> int:
-        return self.inner.constant_bytes
 
     def _layout(self) -> tuple[list[int | None], int, int]:
         """Scratch offsets: each widened operand's (None: not read), the float32 result's, the total."""

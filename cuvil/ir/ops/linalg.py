@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,18 +28,29 @@ def _matmul_type(types: list[TensorType], transpose_a: bool, transpose_b: bool) 
     return TensorType(a.dtype, (*batch, m, n))
 
 
-def _matmul_rule(c: R.RuleCtx) -> R.Expr:
+def _matmul_terms(c: R.RuleCtx, oob: float | None = None) -> tuple[Any, Callable[[R.Ix], tuple[R.Load, R.Load]]]:
+    """A batched product's reduction extent and its two operands' elements at step ``k`` (batch dims
+    broadcast; ``oob``: what a step past the end reads)."""
     a, b = c.inputs
     ta, tb = c.attrs["transpose_a"], c.attrs["transpose_b"]
     *batch, i, j = c.out
     out_batch = c.out_type.shape[:-2]
-    k_ext = a.shape[-2] if ta else a.shape[-1]
     ab = R.broadcast_index(batch, a.shape[:-2], out_batch)
     bb = R.broadcast_index(batch, b.shape[:-2], out_batch)
 
+    def at(k: R.Ix) -> tuple[R.Load, R.Load]:
+        x = a.at(*ab, k, i, oob=oob) if ta else a.at(*ab, i, k, oob=oob)
+        y = b.at(*bb, j, k, oob=oob) if tb else b.at(*bb, k, j, oob=oob)
+        return x, y
+
+    return (a.shape[-2] if ta else a.shape[-1]), at
+
+
+def _matmul_rule(c: R.RuleCtx) -> R.Expr:
+    k_ext, at = _matmul_terms(c)
+
     def body(k: R.Ix) -> R.Expr:
-        x = a.at(*ab, k, i) if ta else a.at(*ab, i, k)
-        y = b.at(*bb, j, k) if tb else b.at(*bb, k, j)
+        x, y = at(k)
         return R.widen(x) * R.widen(y)
 
     return R.cast(R.reduce("sum", [k_ext], body), c.out_type.dtype)
@@ -79,18 +91,10 @@ def pair_order(k: R.Ix) -> R.Ix:
 
 
 def _bf16_matmul_rule(c: R.RuleCtx) -> R.Expr:
-    a, b = c.inputs
-    ta, tb = c.attrs["transpose_a"], c.attrs["transpose_b"]
-    *batch, i, j = c.out
-    out_batch = c.out_type.shape[:-2]
-    k_ext = a.shape[-2] if ta else a.shape[-1]
-    ab = R.broadcast_index(batch, a.shape[:-2], out_batch)
-    bb = R.broadcast_index(batch, b.shape[:-2], out_batch)
+    k_ext, at = _matmul_terms(c, oob=0.0)  # an odd K's last pair reads a zero past the end
 
     def factors(k: R.Ix) -> tuple[R.Expr, R.Expr]:
-        kk = pair_order(k)  # an odd K's last pair reads a zero past the end
-        x = a.at(*ab, kk, i, oob=0.0) if ta else a.at(*ab, i, kk, oob=0.0)
-        y = b.at(*bb, j, kk, oob=0.0) if tb else b.at(*bb, kk, j, oob=0.0)
+        x, y = at(pair_order(k))
         return R.cast(x, DType.f32), R.cast(y, DType.f32)
 
     return R.dot("dot_ftz", [(k_ext + 1) // 2 * 2], factors)
