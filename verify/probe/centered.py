@@ -391,9 +391,19 @@ class CenteredWindows(WindowNorms):
             if stride == 1 and other is x:
                 return x, c1, t, c2, s, None
             cd = self._biased_conv(other, 2) if stride == 2 else None
-            if cd is not None and cd.operands[0] is x and self._conv_parts(cd)[1].shape[2:] == (1, 1):  # type: ignore[index]
+            if cd is not None and cd.operands[0] is x and self._halving_reads_fit(c1, c2, cd):
                 return x, c1, t, c2, s, other
         return None
+
+    def _halving_reads_fit(self, c1: Value, c2: Value, cd: Value) -> bool:
+        """A halving block's reads stay within one place of the grid (kernels of at most 3 taps, leading pads
+        of at most 1, the projection a 1x1 one without), which the tori of :meth:`_block_norm` hold."""
+        parts = [self._conv_parts(c) for c in (c1, c2, cd)]
+        if any(p is None for p in parts):
+            return False
+        (_, w1, _, pads1, _, _), (_, w2, _, pads2, _, _), (_, wd, _, padsd, _, _) = parts  # type: ignore[misc]
+        small = all(int(k) <= 3 for k in (*w1.shape[2:], *w2.shape[2:])) and all(0 <= p <= 1 for p in (*pads1, *pads2))
+        return small and tuple(wd.shape[2:]) == (1, 1) and all(p == 0 for p in padsd)
 
     def _biased_conv(self, u: Value, stride: int) -> Value | None:
         """The convolution ``u`` is, or adds a constant to (None: neither, or not an undilated, ungrouped 2-d
@@ -418,8 +428,9 @@ class CenteredWindows(WindowNorms):
 
     def _block_norm(self, c1: Value, c2: Value, skip: Value | None) -> float | None:
         """``‖P + ½C₂C₁‖ + ½σ(C₂)σ(C₁)`` on tori where no window read wraps: a stride-1 block's convolutions'
-        own torus; a halving block's the output's ``m + 1`` (the ReLU's zeros outside the grid stand for the
-        second convolution's padding) and twice it for the input, ``σ``s computed there."""
+        own torus; a halving block's output torus just large enough that the second convolution's reads past
+        the grid land off it (where the ReLU's zeros stand for its padding), and twice it for the input, just
+        as large for the first convolution's, ``σ``s computed there."""
         p1, p2 = self._conv_parts(c1), self._conv_parts(c2)
         cd = None if skip is None else self._biased_conv(skip, 2)
         pd = None if cd is None else self._conv_parts(cd)
@@ -431,9 +442,10 @@ class CenteredWindows(WindowNorms):
             s1, s2 = self._sigma(c1), self._sigma(c2)
             if torus is None or torus != other or s1 is None or s2 is None:
                 return None
-        else:
-            m, n = shape_of(c2)[2:], shape_of(p1[0])[2:]
-            torus = tuple(max(a + 1, -(-(b + 2) // 2)) for a, b in zip(m, n, strict=True))
+        else:  # no read of either convolution wraps onto the grid: of the first on twice the second's torus
+            torus = tuple(max(m + max(q2, k2 - 1 - q2), -(-max(n + q1, 2 * (m - 1) + k1 - q1) // 2))
+                          for m, n, q1, q2, k1, k2 in zip(shape_of(c2)[2:], shape_of(p1[0])[2:], p1[3], p2[3],
+                                                          p1[1].shape[2:], p2[1].shape[2:], strict=True))
         key = (*(hashlib.sha1(np.ascontiguousarray(w).tobytes()).hexdigest() for w in weights), torus,
                tuple(p1[3]), tuple(p2[3]))  # the weights' values: a program that rounds them is another block
         hit = self.block_norms.get(key)

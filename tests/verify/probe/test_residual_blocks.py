@@ -140,16 +140,21 @@ def test_a_block_whose_relu_passes_everything_reaches_the_bound() -> None:
     assert bound is not None and moved <= bound <= moved * 1.01
 
 
-def _halving(seed: int) -> Any:
+def _halving(seed: int, same_upper: bool = False) -> Any:
     """Two blocks as ResNet's stages begin: a 3x3 stride-2 convolution and a 3x3 one on the main path, a 1x1
-    stride-2 projection on the skip, each with a bias; then a block of stride 1."""
+    stride-2 projection on the skip, each with a bias; then a block of stride 1. ``same_upper``: the 3x3
+    convolutions padded after the grid only (TensorFlow's SAME on an even grid), as an exporter may write."""
     rng = np.random.default_rng(seed)
     b = Builder()
-    x = b.param("x", DType.f32, [1, 3, 9, 9])
+    size = 10 if same_upper else 9
+    x = b.param("x", DType.f32, [1, 3, size, size])
 
     def conv(v: Any, cin: int, cout: int, k: int, stride: int) -> Any:
         w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
-        y = b.conv(v, b.const(w), strides=(stride, stride), pads=(k // 2,) * 4)
+        pads = (k // 2,) * 4
+        if same_upper and k == 3:
+            pads = (0, 0, 1, 1) if stride == 2 else (0, 0, 2, 2)
+        y = b.conv(v, b.const(w), strides=(stride, stride), pads=pads)
         return b.add(y, b.const((rng.standard_normal((1, cout, 1, 1)) * 0.3).astype(np.float32)))
 
     h = b.relu(conv(x, 3, 6, 3, 1))
@@ -159,9 +164,10 @@ def _halving(seed: int) -> Any:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_a_halving_block_is_bounded_on_its_own_and_the_bound_holds(precision: str) -> None:
+@pytest.mark.parametrize("same_upper", [False, True])
+def test_a_halving_block_is_bounded_on_its_own_and_the_bound_holds(precision: str, same_upper: bool) -> None:
     r = 2.0
-    module = _halving(3)
+    module = _halving(3, same_upper)
     checked = module if precision == "fp32" else reduced_program(module, "fp16").module
     engine = BoundsEngine(checked.main, checked.constants)
     shape = tuple(int(d) for d in checked.main.params[0].shape)
