@@ -81,6 +81,20 @@ def test_cse_of_commuted_operands_proves(shape):
     _proved(CommonSubexpressionElimination(), _module(build, shape), "abstract-fp")
 
 
+@pytest.mark.parametrize("k", [4, 5])
+def test_a_rewrite_around_bfloat16_dot_products_proves(k):
+    """``bf16_matmul`` of a double transpose, minus 0, canonicalized: the proof reads the product's ``dot_ftz``
+    rule (each step one fused multiply-add of the two factors, not their rounded product) on both sides."""
+    import ml_dtypes
+
+    b = Builder()
+    x = b.param("x", DType.bf16, [3, k])
+    w = b.const(_f(k, 2).astype(ml_dtypes.bfloat16))
+    xt = b.transpose(b.transpose(x, perm=[1, 0]), perm=[1, 0])
+    y = b.exp(b.sub(b.op("bf16_matmul", xt, w), b.scalar(0.0, DType.f32)))
+    _proved(Canonicalize(), b.module(b.function("main", [x], [y])), "abstract-fp")
+
+
 def _conv_bn(cin: int, cout: int, bias: str = "", groups: int = 1) -> Module:
     b = Builder()
     x = b.param("x", DType.f32, [2, cin, 5, 4])
