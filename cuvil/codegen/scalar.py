@@ -248,8 +248,9 @@ class ScalarEmitter:
         return self.b.call(self._intrinsic("fma", x.type, 3), [x, y, acc])
 
     def flush_subnormal(self, v: Val) -> Val:
-        """A subnormal ``v`` as zero of its sign (a ``dot_ftz`` reduction's factors and sums)."""
-        tiny = ir.Constant(v.type, 2.0 ** -126 if v.type == F32 else 2.0 ** -1022)
+        """A float32 ``v`` under ``rules.DOT_FTZ_BELOW`` as zero of its sign (a ``dot_ftz`` reduction's factors
+        and sums)."""
+        tiny = ir.Constant(v.type, R.DOT_FTZ_BELOW)
         small = self.b.fcmp_ordered("<", self.b.call(self._intrinsic("fabs", v.type), [v]), tiny)
         return self.b.select(small, self.b.fmul(v, ir.Constant(v.type, 0.0)), v)
 

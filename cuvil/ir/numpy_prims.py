@@ -16,7 +16,7 @@ import numpy as np
 
 from cuvil.ir import narrow
 from cuvil.ir.dtypes import DType
-from cuvil.ir.rules import bitcast_refusal, reduction_identity
+from cuvil.ir.rules import DOT_FTZ_BELOW, bitcast_refusal, reduction_identity
 
 _erf_obj = np.frompyfunc(math.erf, 1, 1)
 
@@ -135,7 +135,6 @@ def reduce_axes(kind: str, x: np.ndarray, axes: Sequence[int], keepdims: bool = 
     return out
 
 
-F32_SMALLEST_NORMAL = np.float32(2.0 ** -126)
 
 
 def flush_subnormal(x: np.ndarray) -> np.ndarray:
@@ -143,7 +142,7 @@ def flush_subnormal(x: np.ndarray) -> np.ndarray:
     denormals-are-zero hardware reads."""
     x = np.asarray(x, dtype=np.float32)
     with np.errstate(invalid="ignore"):
-        return np.where(np.abs(x) < F32_SMALLEST_NORMAL, x * np.float32(0.0), x)
+        return np.where(np.abs(x) < np.float32(DOT_FTZ_BELOW), x * np.float32(0.0), x)
 
 
 def fma_f32(x: np.ndarray, y: np.ndarray, acc: np.ndarray) -> np.ndarray:

@@ -346,6 +346,10 @@ REDUCTIONS: dict[str, Reduction] = {
                          "vdpbf16ps rule)"),
 }
 
+DOT_FTZ_BELOW = 2.0 ** -126
+"""``dot_ftz`` reads a factor, and leaves a running sum, of magnitude under this (float32's smallest normal) as
+zero of its sign."""
+
 DOT_KINDS = ("dot", "dot_ftz")
 """Reductions whose body is a product read as its two factors: each step is ``acc = fma(x, y, acc)`` in
 the reduction's dtype (float32), folded from -0.0 like a float sum."""

@@ -37,7 +37,7 @@ from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Function
 from cuvil.ir.numpy_prims import float64_sums_in_any_order
 from cuvil.ir.opdef import get_op
-from cuvil.ir.rules import Call, Expr, IndexValue, Ix, Lit, Load, Reduce, reduction_identity
+from cuvil.ir.rules import DOT_FTZ_BELOW, Call, Expr, IndexValue, Ix, Lit, Load, Reduce, reduction_identity
 from cuvil.ir.rulewalk import IxVal, RuleInfo, RuleWalker, chunks
 from cuvil.ir.specialize import bind_attr
 from cuvil.ir.types import TensorType
@@ -274,7 +274,7 @@ class IntervalWalker(RuleWalker[Interval]):
         running sum by less than the smallest normal."""
         tiny = 0.0
         if e.kind == "dot_ftz":
-            tiny = float(np.finfo(np.float32).tiny)
+            tiny = DOT_FTZ_BELOW
             x, y = (Interval(np.where((v.lo < tiny) & (v.hi > -tiny), np.minimum(v.lo, 0.0), v.lo),
                              np.where((v.lo < tiny) & (v.hi > -tiny), np.maximum(v.hi, 0.0), v.hi), v.nan)
                     for v in (x, y))

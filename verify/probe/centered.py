@@ -419,13 +419,6 @@ class CenteredWindows(WindowNorms):
         fits = all(o == -(-n // stride) for o, n in zip(shape_of(u)[2:], shape_of(x)[2:], strict=True))
         return u if plain and fits else None
 
-    def _torus(self, c: Value) -> tuple[int, int] | None:
-        parts = self._conv_parts(c)
-        if parts is None:
-            return None
-        x, w, _, pb, _, _ = parts
-        return tuple(max(p + n, n - 1 + int(k)) for p, n, k in zip(pb, shape_of(x)[2:], w.shape[2:], strict=True))  # type: ignore[return-value]
-
     def _block_norm(self, c1: Value, c2: Value, skip: Value | None) -> float | None:
         """``‖P + ½C₂C₁‖ + ½σ(C₂)σ(C₁)`` on tori where no window read wraps: a stride-1 block's convolutions'
         own torus; a halving block's output torus just large enough that the second convolution's reads past
@@ -438,9 +431,9 @@ class CenteredWindows(WindowNorms):
             return None
         weights = [p1[1], p2[1], *([pd[1]] if pd is not None else [])]
         if skip is None:
-            torus, other = self._torus(c1), self._torus(c2)
+            torus, other = self.torus(c1), self.torus(c2)
             s1, s2 = self._sigma(c1), self._sigma(c2)
-            if torus is None or torus != other or s1 is None or s2 is None:
+            if torus != other or s1 is None or s2 is None:
                 return None
         else:  # no read of either convolution wraps onto the grid: of the first on twice the second's torus
             torus = tuple(max(m + max(q2, k2 - 1 - q2), -(-max(n + q1, 2 * (m - 1) + k1 - q1) // 2))
@@ -649,7 +642,8 @@ class CenteredWindows(WindowNorms):
             return None
         t = r.operands[0]
         c1 = self._biased_conv(t, 1)
-        p1, p2, sig = self._conv_parts(c1) if c1 is not None else None, self._conv_parts(v), None
+        p1 = None if c1 is None else self._conv_parts(c1)
+        p2 = self._conv_parts(v)
         if c1 is None or p1 is None or p2 is None:
             return None
         sig = self._sigma(c1)

@@ -57,7 +57,7 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.evaluate import evaluate_op
 from cuvil.ir.module import Function
 from cuvil.ir.opdef import get_op
-from cuvil.ir.rules import Call, Expr, IndexValue, Lit, Load, Reduce
+from cuvil.ir.rules import DOT_FTZ_BELOW, Call, Expr, IndexValue, Lit, Load, Reduce
 from cuvil.ir.rulewalk import IxVal, RuleInfo, chunks, dyn_exprs
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
@@ -364,7 +364,7 @@ class DiffWalker(IntervalWalker):
         n = math.prod(extents)
         if n == 0 or not (np.any(dx > 0) or np.any(dy > 0)):
             return Spread(out, ZERO)
-        tiny = float(np.finfo(np.float32).tiny) if e.kind == "dot_ftz" else 0.0
+        tiny = DOT_FTZ_BELOW if e.kind == "dot_ftz" else 0.0
         with np.errstate(all="ignore"):
             mx, my = x.magnitude() + tiny, y.magnitude() + tiny
             term = mx * (dy + tiny) + my * (dx + tiny)

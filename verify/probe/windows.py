@@ -116,8 +116,7 @@ def conv_sigma(w: np.ndarray, torus: tuple[int, ...], dilations: tuple[int, ...]
     stack = np.stack([corr[d] for d in deltas])  # [δ, g, n, n]
     side = stack.shape[-1]
     t1, t2 = (torus[0] // strides[0], torus[1] // strides[1]) if deltas != [(0, 0)] else (1, 1)  # 1x1: one G
-    f1, f2 = np.meshgrid(np.arange(t1), np.arange(t2 // 2 + 1), indexing="ij")  # G(-ω) is G(ω) conjugated
-    omega = np.stack([2 * np.pi * f1.reshape(-1) / t1, 2 * np.pi * f2.reshape(-1) / t2], axis=1)
+    omega = half_frequencies((t1, t2))  # G(-ω) is G(ω) conjugated
     steps = np.asarray(deltas, dtype=np.float64) / np.asarray(strides, dtype=np.float64)
     phase = np.exp(1j * (omega @ steps.T))  # [ω, δ]
     rows = max(1, CHUNK // max(1, groups * side * side))
@@ -132,6 +131,24 @@ def conv_sigma(w: np.ndarray, torus: tuple[int, ...], dilations: tuple[int, ...]
     err = 2 * I.gamma(m, EPS64) * float(np.max(np.sum(b * b, axis=(1, 2))))
     size = float(np.max(np.sqrt(np.sum(np.sum(np.abs(stack), axis=0) ** 2, axis=(1, 2)))))
     return math.sqrt(max(lam, 0.0) + err + 1e-10 * size) * (1 + 1e-12)
+
+
+def half_frequencies(torus: tuple[int, int]) -> np.ndarray:
+    """The frequencies ``ω`` ([F, 2]) of a 2-d torus with the second's non-negative half: a real kernel's
+    symbol at ``-ω`` is the conjugate of its symbol at ``ω``, with the same singular values."""
+    t1, t2 = torus
+    f1, f2 = np.meshgrid(np.arange(t1), np.arange(t2 // 2 + 1), indexing="ij")
+    return np.stack([2 * np.pi * f1.reshape(-1) / t1, 2 * np.pi * f2.reshape(-1) / t2], axis=1)
+
+
+def _product_error(w1: np.ndarray, w2: np.ndarray) -> tuple[np.ndarray, float]:
+    """``B₂B₁`` (``B = Σ_t |w_t|``, which bounds every symbol entrywise, and so every product of two symbols)
+    and the float64 error of forming ``½K̂₂K̂₁`` relative to it: each symbol entry's taps times phases (each
+    within a few ulps) summed, then the product's sum over the middle channels."""
+    b1, b2 = np.sum(np.abs(w1), axis=(2, 3)), np.sum(np.abs(w2), axis=(2, 3))
+    taps = max(w1.shape[2] * w1.shape[3], w2.shape[2] * w2.shape[3])
+    e_sym = I.gamma(2 * taps + 8, EPS64)
+    return b2 @ b1, 0.5 * (I.gamma(2 * int(w1.shape[0]) + 8, EPS64) + 2 * e_sym + e_sym * e_sym)
 
 
 def _symbols(w: np.ndarray, omega: np.ndarray, pads: tuple[int, int]) -> np.ndarray:
@@ -155,9 +172,7 @@ def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1
     c1, c0 = int(w1.shape[0]), int(w1.shape[1])
     if w1.ndim != 4 or w2.ndim != 4 or tuple(w2.shape[:2]) != (c0, c1):
         raise ValueError("residual_sigma takes two 2-d kernels that map C0 -> C1 -> C0 channels")
-    t1, t2 = torus
-    f1, f2 = np.meshgrid(np.arange(t1), np.arange(t2 // 2 + 1), indexing="ij")
-    omega = np.stack([2 * np.pi * f1.reshape(-1) / t1, 2 * np.pi * f2.reshape(-1) / t2], axis=1)
+    omega = half_frequencies(torus)
     rows = max(1, CHUNK // max(1, 4 * c0 * max(c0, c1)))
     eye = np.eye(c0)
     lam = 0.0
@@ -165,12 +180,8 @@ def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1
         part = omega[start:start + rows]
         m = eye + 0.5 * (_symbols(w2, part, pads2) @ _symbols(w1, part, pads1))  # [F, C0, C0]
         lam = max(lam, float(np.max(np.linalg.eigvalsh(np.conj(np.swapaxes(m, 1, 2)) @ m))))
-    b1 = np.sum(np.abs(w1), axis=(2, 3))  # [C1, C0]
-    b2 = np.sum(np.abs(w2), axis=(2, 3))  # [C0, C1]
-    taps = max(w1.shape[2] * w1.shape[3], w2.shape[2] * w2.shape[3])
-    e_sym = I.gamma(2 * taps + 8, EPS64)  # a symbol entry: taps phases (each within a few ulps) times weights, summed
-    bb = b2 @ b1
-    d_m = 0.5 * (I.gamma(2 * c1 + 8, EPS64) + 2 * e_sym + e_sym * e_sym) * float(np.linalg.norm(bb)) * (1 + 1e-9)
+    bb, rel = _product_error(w1, w2)
+    d_m = rel * float(np.linalg.norm(bb)) * (1 + 1e-9)
     a = eye + 0.5 * bb  # |M| entrywise
     gram = float(np.linalg.norm(a.T @ a)) * (1 + 1e-9)
     d_g = I.gamma(2 * c0 + 8, EPS64) * gram
@@ -212,9 +223,7 @@ def projection_sigma(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: tupl
     c2 = int(w2.shape[0])
     if tuple(w2.shape[:2]) != (c2, c1) or tuple(wd.shape) != (c2, c0, 1, 1) or w1.ndim != 4:
         raise ValueError("projection_sigma takes kernels mapping C0 -> C1 -> C2 and a 1x1 C0 -> C2 skip")
-    t1, t2 = torus
-    f1, f2 = np.meshgrid(np.arange(t1), np.arange(t2 // 2 + 1), indexing="ij")
-    omega = np.stack([2 * np.pi * f1.reshape(-1) / t1, 2 * np.pi * f2.reshape(-1) / t2], axis=1)
+    omega = half_frequencies(torus)
     rows = max(1, CHUNK // max(1, 16 * c2 * max(c0, c1, c2)))
     skip = wd[:, :, 0, 0]
     lam = 0.0
@@ -226,12 +235,8 @@ def projection_sigma(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: tupl
             m = 0.5 * (k2 @ k1) + (skip if p == 0 else 0.0)  # [F, C2, C0]
             gram += m @ np.conj(np.swapaxes(m, 1, 2))
         lam = max(lam, float(np.max(np.linalg.eigvalsh(gram))))
-    b1 = np.sum(np.abs(w1), axis=(2, 3))
-    b2 = np.sum(np.abs(w2), axis=(2, 3))
-    taps = max(w1.shape[2] * w1.shape[3], w2.shape[2] * w2.shape[3])
-    e_sym = I.gamma(2 * taps + 8, EPS64)
-    bb = b2 @ b1  # bounds every phase's |K̂₂K̂₁ₚ| entrywise
-    d_m = 0.5 * (I.gamma(2 * c1 + 8, EPS64) + 2 * e_sym + e_sym * e_sym) * 2 * float(np.linalg.norm(bb)) * (1 + 1e-9)
+    bb, rel = _product_error(w1, w2)  # bb bounds every phase's |K̂₂K̂₁ₚ| entrywise
+    d_m = rel * 2 * float(np.linalg.norm(bb)) * (1 + 1e-9)
     a = np.abs(skip) + 0.5 * bb
     gram_bound = 4 * float(np.linalg.norm(a @ a.T)) * (1 + 1e-9)
     d_g = I.gamma(8 * c0 + 8, EPS64) * gram_bound
@@ -497,17 +502,20 @@ class WindowNorms:
             return None  # no norm to take: the intervals alone bound it
         return x, data, s, pb, d, int(v.attr("groups") or 1)
 
+    def torus(self, v: Value) -> tuple[int, ...]:
+        """The torus convolution ``v`` is bounded on: it holds the padded input and every window the outputs
+        read, so nothing wraps; a multiple of the strides, so the outputs kept are a subsampled torus."""
+        x, w, s, pb, d, _ = self._conv_parts(v)  # type: ignore[misc]
+        return tuple(-(-max(p + n, (o - 1) * sj + (k - 1) * dj + 1) // sj) * sj
+                     for p, n, o, sj, k, dj in zip(pb, shape_of(x)[2:], shape_of(v)[2:], s, w.shape[2:], d,
+                                                   strict=True))
+
     def _sigma(self, v: Value) -> tuple[float, float] | None:
         parts = self._conv_parts(v)
         if parts is None:
             return None
-        x, w, s, pb, d, groups = parts
-        ks = w.shape[2:]
-        out = shape_of(v)[2:]
-        # the torus holds the padded input and every window the outputs read, so nothing wraps; a multiple of
-        # the strides, so the outputs kept are a subsampled torus
-        torus = tuple(-(-max(p + n, (o - 1) * sj + (k - 1) * dj + 1) // sj) * sj
-                      for p, n, o, sj, k, dj in zip(pb, shape_of(x)[2:], out, s, ks, d, strict=True))
+        _, w, s, _, d, groups = parts
+        torus = self.torus(v)
         w_const = v.operands[1]
         key = (w_const.const_hash if w_const.is_const else id(w_const), torus, tuple(d), groups, tuple(s))
         hit = self.sigmas.get(key)
