@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from cuvil.codegen import abi
+from cuvil.codegen import abi, vmath
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.llvm_types import I1, I32, I64, PTR
-from cuvil.codegen.loops import for_range, row_major_strides, start_block
+from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR, declare
+from cuvil.codegen.loops import const, for_range, if_else, imin, row_major_strides, start_block
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, compute_type, identity, literal, storage_type
 from cuvil.errors import CodegenError
 from cuvil.ir import rules as R
@@ -153,6 +153,12 @@ def _lit_key(v: object) -> object:
 # the kernel
 
 
+ERF_BLOCK = 128
+"""Elements a rule kernel computes with float32 erf's near form before checking whether any needed the far
+one (:meth:`RuleKernel._erf_blocks`): a GELU's arguments reach the far polynomial (|x| >= 2.25 sqrt 2) in
+a few blocks at most, and a block this long keeps the check's branch out of the vector loop."""
+
+
 class RuleKernel:
     """Emits one op as ``i32 name(ptr out, ptr in0, ...)``; returns 0 or ``ERR_INDEX``. With ``dims``
     (the symbols of a function compiled for a whole shape class, in order) the kernel takes one more
@@ -238,23 +244,94 @@ class RuleKernel:
                 return
             k = order[pos]
 
-            def body(i: Val) -> None:
+            def body(i: Val, known: Callable[[], object] | None = None) -> None:
                 with self._layer():
                     self.bound[("o", k)] = i
+                    if known is not None:
+                        known()
                     self._hoist(self.rule, env, 0)
                     level(pos + 1)
                     del self.bound[("o", k)]
 
+            extent = self.out_shape[k]
             if k == self.chunk_axis:
                 for_range(self.b, self.fn.args[-2], self.fn.args[-1], f"i{k}", body)
+            elif pos == len(order) - 1 and isinstance(extent, int) and extent > ERF_BLOCK and \
+                    (arguments := self._erf_arguments()) is not None:
+                self._erf_blocks(k, extent, env, arguments, body)
             else:
-                for_range(self.b, 0, self._dim(self.out_shape[k]), f"i{k}", body)
+                for_range(self.b, 0, self._dim(extent), f"i{k}", body)
 
         level(0)
         failed = self.b.load(self.err, typ=I1)
         self.b.ret(self.b.select(failed, ir.Constant(I32, abi.ERR_INDEX), ir.Constant(I32, abi.OK)))
         self.alloca_builder.branch(start_block(self.fn))
         return self.fn
+
+    def _erf_arguments(self) -> list[R.Expr] | None:
+        """The operands of the rule's float32 erf calls, when there are some and neither they nor their
+        operands lie inside a reduction (so a loop over the innermost axis computes them alone)."""
+        inside: set[int] = set()
+        for e in walk_exprs(self.rule):
+            if isinstance(e, R.Reduce):
+                inside |= {id(x) for x in walk_exprs(e)}
+        calls = [e for e in walk_exprs(self.rule)
+                 if isinstance(e, R.Call) and e.fn == "erf" and e.dtype == DType.f32]
+        if not calls or any(id(c) in inside or any(isinstance(x, R.Reduce) for x in walk_exprs(c)) for c in calls):
+            return None
+        return [c.args[0] for c in calls]
+
+    def _erf_blocks(self, k: int, extent: int, env: dict[str, Token], arguments: list[R.Expr],
+                    body: Callable[[Val, Callable[[], object]], None]) -> None:
+        """The innermost loop in blocks of :data:`ERF_BLOCK`. A first pass over a block computes the erf
+        operands into a buffer and notes whether any reaches the far polynomial (|x| >= ``vmath.ERF_SPLIT``;
+        NaN does not); the second computes the block from them, with erf's near form when none does, else in
+        full. Every element is the same function either way (:func:`cuvil.codegen.vmath.erf_f32`); the near
+        form does half the work."""
+        b = self.b
+        name = f"i{k}"
+        far = self.alloca_builder.alloca(I1, name=f"{name}.far")
+        buffers = [self.alloca_builder.alloca(ir.ArrayType(F32, ERF_BLOCK), name=f"{name}.erf{n}")
+                   for n in range(len(arguments))]
+        keys = [self.keys.key(a, env, 0)[0] for a in arguments]
+        split = ir.Constant(F32, vmath.ERF_SPLIT)
+        fabs = declare(b.module, "llvm.fabs.f32", F32, [F32])
+
+        def slots(i: Val, start: Val) -> list[Val]:
+            at = b.sub(i, start)
+            return [b.gep(buf, [const(0), at], inbounds=True) for buf in buffers]
+
+        def block(start: Val) -> None:
+            stop: Val = b.add(start, const(ERF_BLOCK)) if extent % ERF_BLOCK == 0 else \
+                imin(b, b.add(start, const(ERF_BLOCK)), const(extent))
+
+            def scan(i: Val) -> None:
+                with self._layer():
+                    self.bound[("o", k)] = i
+                    for a, slot in zip(arguments, slots(i, start), strict=True):
+                        v = self.lower(a, env, 0)
+                        b.store(v, slot)
+                        b.store(b.or_(b.load(far, typ=I1), b.fcmp_ordered(">=", b.call(fabs, [v]), split)), far)
+                    del self.bound[("o", k)]
+
+            def reread(i: Val) -> None:
+                for key, slot in zip(keys, slots(i, start), strict=True):
+                    self.layers[-1][key] = b.load(slot, typ=F32)
+
+            def near(i: Val) -> None:
+                self.s.erf_tail_lanes = lambda _needs: None
+                try:
+                    body(i, lambda: reread(i))
+                finally:
+                    self.s.erf_tail_lanes = None
+
+            b.store(ir.Constant(I1, 0), far)
+            for_range(b, start, stop, f"{name}.scan", scan)
+            if_else(b, b.load(far, typ=I1), f"{name}.far",
+                    lambda: for_range(b, start, stop, f"{name}.full", lambda i: body(i, lambda: reread(i))),
+                    lambda: for_range(b, start, stop, f"{name}.near", near))
+
+        for_range(b, 0, extent, f"{name}.blocks", block, step=ERF_BLOCK)
 
     def _loop_order(self, env: dict[str, Token]) -> list[int]:
         """Output loops the hoistable reductions depend on go outermost."""
