@@ -46,6 +46,7 @@ from cuvil.codegen.kernels.gemm import (
     fgep,
     fma,
     pack_panel,
+    reads_by_row,
     store_rows,
     streams_from_memory,
 )
@@ -338,7 +339,9 @@ class ConvKernel:
             def flat_of(i: Val, j: Val) -> Val:
                 return b.add(out_base, b.add(b.mul(j, const(out_plane)), b.add(m0, i)))
 
-            store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of, flat_of, by_columns=True)
+            by_row = reads_by_row(prob["epi"], frozenset(f"i{d}" for d in range(2, 2 + len(g.out_sp))))
+            store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of, flat_of, by_columns=True,
+                       max_rows=t.mr if by_row else None)
 
         return GemmCore(out_plane, g.mg, k, t, a_at, b_at, store)
 

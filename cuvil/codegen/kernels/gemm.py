@@ -60,6 +60,7 @@ from cuvil.codegen.lower_rule import Buffer
 from cuvil.codegen.scalar import Builder, Val
 from cuvil.codegen.target import codegen_target
 from cuvil.ir import rules as R
+from cuvil.ir.dtypes import DType
 from cuvil.ir.rulewalk import FreeVars, walk_exprs
 from cuvil.ir.symbolic import Dim, evaluate_dim, sym_max
 from cuvil.ir.types import TensorType
@@ -911,15 +912,44 @@ def epilogue_emitter(ctx: Ctx, contraction: Contraction, in_types: Sequence[Tens
                            ctx.err, dims)
 
 
+TRANSPOSE_GROUP = 16
+"""Tile columns a transposed store moves at once: one vector per tile row, turned into one per column."""
+
+
+def reads_by_row(epi: EpilogueEmitter, row_axes: frozenset[str]) -> bool:
+    """Whether the epilogue stores float32 and reads no operand along the output axes ``row_axes`` (a
+    bias or scale per channel; a residual is read along them): it can then run along tile rows."""
+    free = FreeVars()
+    return epi.out.dtype == DType.f32 and not any(
+        isinstance(e, R.Load) and e.operand != epi.marker and free(e) & row_axes for e in walk_exprs(epi.rule))
+
+
 def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows: int | Val,
                cols: int | Val, index_of: Callable[[Val, Val], Sequence[Val]],
                flat_of: Callable[[Val, Val], Val], col0: Val | int = 0,
-               by_columns: bool = False) -> None:
+               by_columns: bool = False, max_rows: int | None = None) -> None:
     """For ``i < rows``, ``j < cols``: ``out[flat_of(i, j)] = epilogue(tile[i][col0 + j])`` at
     output index ``index_of(i, j)``. The inner loop runs along a tile row (contiguous there, so
-    LLVM vectorizes it), or down a tile column when ``by_columns`` (where the output is contiguous)."""
+    LLVM vectorizes it), or down a tile column when ``by_columns`` (where the output is contiguous:
+    ``flat_of(i, j) = flat_of(0, j) + i``). Given ``max_rows`` (the tile's rows) the latter first applies
+    the epilogue along the tile's rows in place and then stores the tile transposed in registers, where
+    :func:`reads_by_row` allows it; a column of at most eight elements read one by one is a gather."""
     b = ctx.b
     c0 = const(col0) if isinstance(col0, int) else col0
+    if by_columns and max_rows is not None and isinstance(col0, int) and col0 == 0 and max_rows <= 8:
+        def in_place(i: Val) -> None:
+            base = fgep(b, tile, b.mul(i, const(tile_stride)))
+
+            def col(j: Val) -> None:
+                at = fgep(b, base, j)
+                value = epi.element(index_of(i, j), b.load(at, typ=F32, align=4))
+                b.store(epi.s.to_storage(value, DType.f32), at)
+
+            for_range(b, 0, cols, "col", col)
+
+        for_range(b, 0, rows, "row", in_place, hints=NO_UNROLL)
+        _store_transposed(b, epi.out.ptr, tile, tile_stride, rows, cols, lambda j: flat_of(const(0), j), max_rows)
+        return
     if by_columns:
         def column(j: Val) -> None:
             def element(i: Val) -> None:
@@ -942,6 +972,51 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
         for_range(b, 0, cols, "col", col)
 
     for_range(b, 0, rows, "row", row, hints=NO_UNROLL)  # one copy of the (vectorized) epilogue loop
+
+
+def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: int | Val, cols: int | Val,
+                      column_at: Callable[[Val], Val], max_rows: int) -> None:
+    """``out[column_at(j) + i] = tile[i][j]`` for ``i < rows <= max_rows``, ``j < cols``: every
+    :data:`TRANSPOSE_GROUP` columns are read as one vector per tile row, shuffled into one vector per
+    column and stored with ``rows`` lanes enabled; the columns past the last whole group one element at a time."""
+    width = 1 << (max_rows - 1).bit_length()
+    group = TRANSPOSE_GROUP
+    row_t = vec_type(group)
+    col_t = vec_type(width)
+    mask_t = ir.VectorType(I1, width)
+    store = declare(b.module, f"llvm.masked.store.v{width}f32.p0", ir.VoidType(), [col_t, PTR, I32, mask_t])
+    rows_v = const(rows) if isinstance(rows, int) else rows
+    lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+    mask = b.icmp_unsigned("<", lanes, splat(b, rows_v, width))
+    cols_v = const(cols) if isinstance(cols, int) else cols
+    whole = b.and_(cols_v, const(-group))
+
+    def columns(j0: Val) -> None:
+        vectors: list[Val] = [b.load(fgep(b, tile, b.add(const(i * tile_stride), j0)), typ=row_t, align=4)
+                              for i in range(max_rows)]
+        vectors += [ir.Constant(row_t, None)] * (width - max_rows)
+        while len(vectors) > 1:  # concatenate pairs: element i * group + j is tile[i][j0 + j]
+            n = vectors[0].type.count
+            pair = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+            vectors = [b.shuffle_vector(vectors[k], vectors[k + 1], pair) for k in range(0, len(vectors), 2)]
+        every = vectors[0]
+        spare = ir.Constant(every.type, None)
+        for j in range(group):
+            column = b.shuffle_vector(every, spare, ir.Constant(ir.VectorType(I32, width),
+                                                                [i * group + j for i in range(width)]))
+            b.call(store, [column, fgep(b, out, column_at(b.add(j0, const(j)))), ir.Constant(I32, 4), mask])
+
+    counted_loop(b, "tcols", const(0), lambda j: b.icmp_signed("<", j, whole), group,
+                 lambda j, carried: (columns(j), carried)[1], hints=NO_UNROLL)
+
+    def rest(j: Val) -> None:
+        def element(i: Val) -> None:
+            value = b.load(fgep(b, tile, b.add(b.mul(i, const(tile_stride)), j)), typ=F32, align=4)
+            b.store(value, fgep(b, out, b.add(column_at(j), i)))
+
+        for_range(b, 0, rows, "trow", element)
+
+    for_range(b, whole, cols_v, "tcol", rest)
 
 
 def broadcast_offset(b: Builder, index: Sequence[Val], in_shape: Sequence[Dim],
