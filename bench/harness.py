@@ -87,14 +87,23 @@ def _rel_diff(got: np.ndarray, want: np.ndarray) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def _cuvil_engine(zm: Any, threads: int, frontend: str, onnx_model: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+def input_ranges(zm: Any) -> dict[str, tuple[float, float]]:
+    """Each input's range over the benchmark's own inputs: what ``--precision fp16`` asks the prober to
+    prove the float16 program finite over."""
+    return {name: (float(np.min(x)), float(np.max(x)))
+            for name, x in zip(zm.input_names, zm.example_inputs_numpy(), strict=True)}
+
+
+def _cuvil_engine(zm: Any, threads: int, frontend: str, onnx_model: Any,
+                  precision: str = "fp32") -> tuple[Callable[[], Any], dict[str, Any]]:
     import cuvil
 
     start = time.perf_counter()
-    if frontend == "onnx" or not zm.has_torch_reference:
-        model = cuvil.compile(onnx_model, threads=threads, cache=False)
+    half = {"fp16": True, "ranges": input_ranges(zm)} if precision == "fp16" else {}
+    if frontend == "onnx" or not zm.has_torch_reference or half:  # ranges are named as the ONNX inputs are
+        model = cuvil.compile(onnx_model, threads=threads, cache=False, **half)
     else:
-        model = cuvil.compile(zm.build(), example_inputs=zm.example_inputs(), threads=threads, cache=False)
+        model = cuvil.compile(zm.build(), example_inputs=zm.example_inputs(), threads=threads, cache=False, **half)
     seconds = time.perf_counter() - start
     inputs = zm.example_inputs_numpy()
     info = {"setup_s": seconds, "manifest": model.manifest, "model": model}
@@ -134,16 +143,19 @@ def _torch_engine(zm: Any, threads: int) -> tuple[Callable[[], Any], dict[str, A
 
 
 def bench_model(zm: Any, *, engines: Sequence[str], threads: int, repeat: int, warmup: int,
-                frontend: str = "torch", log: Callable[[str], None] = print) -> ModelResult:
-    """Set up every engine on ``zm``, check they agree, then time them interleaved."""
+                frontend: str = "torch", log: Callable[[str], None] = print, precision: str = "fp32") -> ModelResult:
+    """Set up every engine on ``zm``, check they agree, then time them interleaved. ``precision="fp16"``
+    compiles Cuvil's library with float16 wherever the prober proves it finite over the inputs' ranges
+    (the other engines stay float32: the agreement column is then float16's error)."""
     results: dict[str, EngineResult] = {e: EngineResult() for e in engines}
     runners: dict[str, Callable[[], Any]] = {}
     result = ModelResult(zm.name, zm.description, results)
-    onnx_model = zm.to_onnx() if ("ort" in engines or frontend == "onnx" or not zm.has_torch_reference) else None
+    onnx_model = zm.to_onnx() if ("ort" in engines or frontend == "onnx" or not zm.has_torch_reference
+                                  or precision != "fp32") else None
     for engine in engines:
         try:
             if engine == "cuvil":
-                run, info = _cuvil_engine(zm, threads, frontend, onnx_model)
+                run, info = _cuvil_engine(zm, threads, frontend, onnx_model, precision)
                 manifest = info["manifest"]
                 kernels: dict[str, int] = {}
                 for name in manifest.get("kernels", []):
@@ -309,10 +321,14 @@ def _fmt_ratio(x: float | None) -> str:
     return f"[{color}]{x:.2f}[/{color}]"
 
 
-def render(models: Sequence[ModelResult], gemm: GemmResult | None, threads: int, console: Any) -> None:
+def render(models: Sequence[ModelResult], gemm: GemmResult | None, threads: int, console: Any,
+           precision: str = "fp32") -> None:
     from rich.table import Table
 
-    table = Table(title=f"median latency (ms), {threads} thread(s); ratios < 1 mean Cuvil is faster")
+    title = f"median latency (ms), {threads} thread(s); ratios < 1 mean Cuvil is faster"
+    if precision != "fp32":
+        title += f"; Cuvil in {precision} where proved, the others in fp32"
+    table = Table(title=title)
     for col in ("model", "cuvil", "ort", "torch", "cuvil/ort", "cuvil/torch", "compile s", "tuned ops",
                 "agree vs oracle"):
         table.add_column(col, justify="left" if col == "model" else "right")
@@ -347,6 +363,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="the reduced (test-size) zoo profiles")
     p.add_argument("--frontend", choices=("torch", "onnx"), default="torch",
                    help="what Cuvil compiles float models from (quantized ones always come from ONNX)")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+                   help="Cuvil's library: fp32, or fp16 wherever the prober proves it finite over the "
+                        "benchmark inputs' ranges (float16 weights stream half the bytes); the other engines "
+                        "stay fp32")
     p.add_argument("--gemm-size", type=int, default=1024, help="GEMM microbenchmark size n (0 skips it)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = p.parse_args(argv)
@@ -380,11 +400,13 @@ def run(args: argparse.Namespace, console: Any = None) -> dict[str, Any]:
     for name in names:
         console.print(f"[dim]{name}: compiling and checking ...[/dim]")
         models.append(bench_model(table[name], engines=engines, threads=args.threads, repeat=args.repeat,
-                                  warmup=args.warmup, frontend=args.frontend, log=console.print))
+                                  warmup=args.warmup, frontend=args.frontend, log=console.print,
+                                  precision=args.precision))
     gemm = bench_gemm(args.gemm_size, repeat=max(args.repeat // 2, 2)) if args.gemm_size > 0 else None
-    render(models, gemm, args.threads, console)
+    render(models, gemm, args.threads, console, args.precision)
     report = {
         "threads": args.threads, "repeat": args.repeat, "small": args.small, "frontend": args.frontend,
+        "precision": args.precision,
         "models": [{**asdict(m), "ratio_vs_ort": m.ratio("ort"), "ratio_vs_torch": m.ratio("torch")}
                    for m in models],
         "gemm": asdict(gemm) if gemm is not None else None,

@@ -621,6 +621,24 @@ def test_bench_harness_smoke(tmp_path):
     assert out.exists()
 
 
+def test_bench_harness_runs_cuvil_in_float16_where_proved():
+    """``--precision fp16``: Cuvil's library is compiled with float16 over the inputs' own ranges (its
+    products on float16 panels), ONNX Runtime stays float32, and the agreement column is float16's error."""
+    pytest.importorskip("onnxruntime")
+    from rich.console import Console
+
+    from bench.harness import parse_args, run
+
+    args = parse_args(["--models", "mlp", "--small", "--engines", "cuvil,ort", "--repeat", "2", "--warmup", "0",
+                       "--gemm-size", "0", "--precision", "fp16"])
+    with open(os.devnull, "w") as sink:
+        report = run(args, Console(file=sink, width=160))
+    (model,) = report["models"]
+    assert report["precision"] == "fp16"
+    assert any("packed16_b" in k for k in model["kernels"]), model["kernels"]
+    assert 1e-6 < model["engines"]["cuvil"]["agreement"] < 1e-2  # float16's rounding, not float32's
+
+
 @pytest.mark.parametrize("m,n,k", [(49, 512, 4608), (196, 256, 2304), (128, 1024, 256), (128, 256, 256),
                                    (9, 4096, 1024), (3136, 64, 576), (1000, 1000, 1000), (1, 1000, 1024)])
 def test_streamed_b_is_read_by_as_few_m_blocks_as_the_caches_allow(m: int, n: int, k: int):

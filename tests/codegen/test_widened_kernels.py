@@ -157,3 +157,26 @@ def test_products_with_extreme_exponents_round_as_the_rule_does(half: str) -> No
 
     for band in range(lo, hi, 3):
         _agree(_contraction(h, draw(band, k, n), conv=False), [draw(band, 1, k)])
+
+
+def test_float16_weights_stay_float16_in_the_gemm_panels() -> None:
+    """A float16 matmul's constant rhs is packed as float16 and widened as each vector is read: half the
+    bytes of the float32 panels, and the same bits as the rule, over every panel (N = 300, several column
+    tiles and an edge), K past one cache block, and weights that are zero of either sign, subnormal, the
+    largest half, infinite or NaN."""
+    rng = np.random.default_rng(31)
+    w = (rng.standard_normal((700, 300)) * 0.05).astype(np.float16)
+    specials = np.array([0.0, -0.0, 6e-8, -6e-8, 3e-5, 65504.0, -65504.0, np.inf, -np.inf, np.nan], np.float16)
+    w.reshape(-1)[rng.choice(w.size, 600, replace=False)] = np.resize(specials, 600)
+    b = Builder()
+    x = b.param("x", DType.f16, [3, 700])
+    module = b.module(b.function("main", [x], [b.matmul(x, b.const(w))]))
+    fast = compile(module, cache=False)
+    assert any("packed16_b" in k for k in fast.manifest["kernels"]), fast.manifest["kernels"]
+    assert fast.manifest["constants_bytes"] < 0.6 * w.size * 4
+    args = [(rng.standard_normal((3, 700)) * 0.5).astype(np.float16)]
+    got = np.asarray(fast(*args))
+    (want,) = rule_reference(module, args)
+    assert np.isnan(want).any() and np.isinf(want).any()  # the specials reach the result
+    same = (got.view(np.uint16) == want.view(np.uint16)) | (np.isnan(got) & np.isnan(want))
+    assert same.all()

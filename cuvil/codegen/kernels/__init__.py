@@ -144,8 +144,9 @@ def _widened(v: Value, c: Contraction, make: KernelFactory, rhs: np.ndarray | No
         return None
     in_types, out_type = [o.type for o in v.operands], v.type
     wide_in, wide_out = widened_types(in_types, out_type)
-    return widened(make(v, wide, wide_in, wide_out, rhs.astype(np.float32) if rhs is not None else None),
-                   in_types, out_type)
+    if rhs is not None and not (c.op == "matmul" and rhs.dtype == np.float16):  # a GEMM keeps float16 panels
+        rhs = rhs.astype(np.float32)
+    return widened(make(v, wide, wide_in, wide_out, rhs), in_types, out_type)
 
 
 def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbols: tuple[str, ...],

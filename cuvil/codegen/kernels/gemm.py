@@ -43,7 +43,7 @@ from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, is_identity_index, reads_operand
 from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
 from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
-from cuvil.codegen.llvm_types import BF16, F32, I1, I32, I64, PTR, declare
+from cuvil.codegen.llvm_types import BF16, F16, F32, I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import (
     NO_UNROLL,
     const,
@@ -135,6 +135,12 @@ def fgep(b: Builder, ptr: Val, offset: Val | int) -> Val:
     """``&((float*)ptr)[offset]``."""
     off = const(offset) if isinstance(offset, int) else offset
     return b.gep(ptr, [off], inbounds=True, source_etype=F32)
+
+
+def hgep(b: Builder, ptr: Val, offset: Val | int) -> Val:
+    """``&((half*)ptr)[offset]``."""
+    off = const(offset) if isinstance(offset, int) else offset
+    return b.gep(ptr, [off], inbounds=True, source_etype=F16)
 
 
 def vec_type(lanes: int) -> ir.VectorType:
@@ -275,13 +281,20 @@ class RowsTableA:
 
 @dataclass
 class PackedB:
-    """A panel packed as ``[k][nr]``."""
+    """A panel packed as ``[k][nr]``; with ``half``, of float16 values, each vector widened (exactly) as it
+    is loaded: half the bytes to stream, the same float32 products."""
 
     base: Val
     stride: int
     align: int = 4
+    half: bool = False
 
     def vectors(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
+        if self.half:
+            step = hgep(b, self.base, b.mul(k, const(self.stride), flags=("nsw",)))
+            ht = ir.VectorType(F16, lanes)
+            return [b.fpext(b.load(hgep(b, step, j * lanes), typ=ht, align=self.align), vec_type(lanes))
+                    for j in range(count)]
         step = fgep(b, self.base, b.mul(k, const(self.stride), flags=("nsw",)))
         vt = vec_type(lanes)
         return [b.load(fgep(b, step, j * lanes), typ=vt, align=self.align) for j in range(count)]
@@ -362,6 +375,9 @@ class BOperand:
     table: Val | None = None
 
 
+PACKED_B = ("packed", "packed16")
+"""B operands packed as zero-padded ``[k][nr]`` panels: of float32, or of float16 widened as they are read."""
+
 MICRO_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, PTR, I1, PTR])
 """``micro(a, a_kstride, b, b_kstride, b_table, count, tile, accumulate, ahead)``."""
 
@@ -421,8 +437,8 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
                            for i in range(mr)]
         a = RowsTableA(rows, table) if a_kind == "rowtable" else RowsA(rows, a_kstride)
     assert not (a_kind == "rowtable" and b_kind == "table"), "one offset table per micro-kernel"
-    if b_kind == "packed":
-        bb: BAccess = PackedB(b_ptr, tile_stride, 64)  # packed panels are as wide as the tile
+    if b_kind in PACKED_B:
+        bb: BAccess = PackedB(b_ptr, tile_stride, 64 if b_kind == "packed" else 32, half=b_kind == "packed16")
     elif b_kind == "direct":
         bb = DirectB(b_ptr, b_kstride, valid_last=valid_last)
     else:
@@ -852,7 +868,7 @@ class GemmCore:
                         nv = -(-width // lanes)
                         a = self.a_at(ctx, problem, m0, k0)
                         bb = self.b_at(ctx, problem, n0, k0, width, panel)
-                        valid = width % lanes if bb.kind != "packed" and width % lanes else None
+                        valid = width % lanes if bb.kind not in PACKED_B and width % lanes else None
                         ahead = self._next_panel(ctx, problem, mtv, mt0, nt, nt0, nt1, k0, last, size(self.nt)) \
                             if bb.kind == "packed" and self.b_pack is None else None
                         fn = micro_function(ctx.fn.module, a.kind, bb.kind, height, nv, lanes, nr, valid,
@@ -1156,11 +1172,14 @@ class MatmulKernel:
         largest = runtime.largest if runtime is not None else int
         self.tiling = choose_tiling(isa, largest(self.m), largest(self.n), largest(self.k))
         self.packed: np.ndarray | None = None
+        self.half_panels = rhs_const is not None and rhs_const.dtype == np.float16
+        """A float16 constant rhs (a widened kernel's) stays float16 in its panels: each is widened as it is
+        read (exact), so the products are the same and half the bytes stream."""
         if rhs_const is not None:
             mat = np.swapaxes(rhs_const, -1, -2) if self.tb else rhs_const
-            self.packed = pack_b_panels(np.asarray(mat, dtype=np.float32), self.tiling.nr)
+            self.packed = pack_b_panels(mat, self.tiling.nr, np.float16 if self.half_panels else np.float32)
         in_place = "pack" if self.tb or not isinstance(self.n, int) else "direct"
-        self.b_mode = "packed" if self.packed is not None else in_place
+        self.b_mode = ("packed16" if self.half_panels else "packed") if self.packed is not None else in_place
 
     @property
     def name(self) -> str:
@@ -1219,6 +1238,8 @@ class MatmulKernel:
             if packed is not None:
                 nt = b.udiv(n0, const(t.nr))
                 off = b.add(prob["b_off"], b.add(b.mul(nt, size(k * t.nr)), b.mul(k0, const(t.nr))))
+                if self.half_panels:
+                    return BOperand("packed16", hgep(b, packed, off))
                 return BOperand("packed", fgep(b, packed, off))
             if panel is not None:
                 return BOperand("packed", panel)

@@ -15,11 +15,11 @@ from cuvil.codegen.llvm_types import I8
 from cuvil.codegen.scalar import GlobalVariable
 
 
-def pack_b_panels(b: np.ndarray, nr: int) -> np.ndarray:
-    """``b[..., K, N]`` -> ``[..., ceil(N/nr), K, nr]`` (column panels, zero padded)."""
+def pack_b_panels(b: np.ndarray, nr: int, dtype: type = np.float32) -> np.ndarray:
+    """``b[..., K, N]`` -> ``[..., ceil(N/nr), K, nr]`` (column panels of ``dtype``, zero padded)."""
     *batch, k, n = b.shape
     tiles = -(-n // nr)
-    padded = np.zeros((*batch, k, tiles * nr), dtype=np.float32)
+    padded = np.zeros((*batch, k, tiles * nr), dtype=dtype)
     padded[..., :n] = b
     return np.ascontiguousarray(padded.reshape(*batch, k, tiles, nr).swapaxes(-3, -2))
 
