@@ -211,22 +211,26 @@ def test_conv_epilogues():
     assert manifest["ops"].get("fused", 0) == len(EPILOGUES)
 
 
-@pytest.mark.parametrize("kernel, cin", [((3, 3), 32), ((1, 1), 260)])
-def test_transposed_conv_epilogues(kernel: tuple[int, int], cin: int) -> None:
-    """On small feature maps output positions are the GEMM rows (the ``.t`` schedules): an epilogue that reads
-    only per-channel operands runs along the tile's rows and the tile is stored transposed in registers,
-    one that reads the output's positions (a residual) element by element down its columns. Either way
-    every element is the fused body's rule: 37 channels (two whole groups of sixteen and five more) over
-    7x7 positions (eight tiles of six and one of one), two images."""
+@pytest.mark.parametrize("kernel, cin, side, schedule", [((3, 3), 32, 7, "conv.direct.t."),
+                                                       ((1, 1), 260, 7, "conv.1x1.t."),
+                                                       ((1, 1), 16, 23, "conv.1x1.avx512")])
+def test_conv_epilogues_per_schedule(kernel: tuple[int, int], cin: int, side: int, schedule: str) -> None:
+    """Every epilogue on each convolution schedule whose store has a path of its own. On small maps output
+    positions are the GEMM rows (the ``.t`` schedules): an epilogue that reads only per-channel operands runs
+    along the tile's rows and the tile is stored transposed in registers, one that reads the output's
+    positions (a residual) element by element down its columns. An unpadded 1x1 convolution stores a tile's
+    positions as one run (a whole tile row a loop of known length). Either way every element is the fused
+    body's rule: 37 channels (two whole groups of sixteen and five more) over 7x7 positions (eight tiles
+    of six and one of one), or 23x23 (eleven tiles of 48 and one of one), two images."""
     c = Cases()
     for name, epi in EPILOGUES.items():
-        x = c.input(_f32(2, cin, 7, 7))
+        x = c.input(_f32(2, cin, side, side))
         pads = (1, 1, 1, 1) if kernel == (3, 3) else (0, 0, 0, 0)
         y = c.b.conv(x, c.b.const(_f32(37, cin, *kernel)), pads=pads)
-        res = c.input(_f32(2, 37, 7, 7) + (3.0 if name == "div" else 0.0))
-        c.add(f"conv.t+{name}", epi(c.b, y, c.b.const(_f32(37, 1, 1)), res), cin * math.prod(kernel))
+        res = c.input(_f32(2, 37, side, side) + (3.0 if name == "div" else 0.0))
+        c.add(f"{schedule}+{name}", epi(c.b, y, c.b.const(_f32(37, 1, 1)), res), cin * math.prod(kernel))
     manifest = c.check("conv.")
-    assert all(".t." in k for k in manifest["kernels"]), manifest["kernels"]
+    assert all(k.startswith(schedule) for k in manifest["kernels"]), manifest["kernels"]
     assert manifest["ops"].get("fused", 0) == len(EPILOGUES)
 
 

@@ -977,7 +977,7 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
         for_range(b, 0, cols, "col", column, hints=NO_UNROLL)
         return
 
-    def row(i: Val) -> None:
+    def row(i: Val, width: int | Val) -> None:
         base = fgep(b, tile, b.add(b.mul(i, const(tile_stride)), c0))
 
         def col(j: Val) -> None:
@@ -985,9 +985,15 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
             value = epi.element(index_of(i, j), acc)
             epi.store(flat_of(i, j), value)
 
-        for_range(b, 0, cols, "col", col)
+        for_range(b, 0, width, "col", col)
 
-    for_range(b, 0, rows, "row", row, hints=NO_UNROLL)  # one copy of the (vectorized) epilogue loop
+    if isinstance(cols, int) or not isinstance(col0, int) or col0 != 0:
+        for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=NO_UNROLL)  # one copy of the epilogue loop
+        return
+    # a whole tile row is a loop of known length: vectorized whole, with no remainder to run
+    if_else(b, b.icmp_signed("==", cols, const(tile_stride)), "whole",
+            lambda: for_range(b, 0, rows, "row", lambda i: row(i, tile_stride), hints=NO_UNROLL),
+            lambda: for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=NO_UNROLL))
 
 
 def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: int | Val, cols: int | Val,
