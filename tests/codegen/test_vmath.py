@@ -186,3 +186,30 @@ def test_a_long_erf_loop_has_both_forms() -> None:
 
     assert {"near", "full", "scan"} <= blocks(3 * ERF_BLOCK + 5)
     assert not {"near", "scan"} & blocks(ERF_BLOCK)
+
+
+def test_erf_in_a_gemm_epilogue_chooses_its_form_per_tile_row() -> None:
+    """A matmul whose epilogue is erf computes each tile row in two passes (the near form where no operand of
+    the row reaches the far polynomial): with an identity rhs the operands are the lhs itself, laid out so
+    that rows are all near, near but for one element at or past the split (first, last, in an edge tile),
+    or all far; the bits are erf's on the same values, computed alone."""
+    rng = np.random.default_rng(13)
+    split = np.float32(vmath.ERF_SPLIT)
+    below = np.nextafter(split, np.float32(0))
+    m, n = 9, 150  # several column tiles, the last one partial
+    x = rng.uniform(-float(below), float(below), (m, n)).astype(np.float32)
+    x[0, :4] = [below, -below, 1e-40, 0.0]
+    x[1, -1] = split
+    x[2, 0] = -split
+    x[3, 140] = 3.0  # in the edge tile
+    x[4] = rng.uniform(float(split), 5.0, n).astype(np.float32)
+    x[5, 70] = -2.5
+    b = Builder()
+    xp = b.param("x", DType.f32, [m, n])
+    y = b.erf(b.matmul(xp, b.const(np.eye(n, dtype=np.float32))))
+    fused = compile(b.module(b.function("main", [xp], [y])), cache=False)
+    assert set(fused.manifest["kernels"]) - {"rule"}, "the product must run on the tuned GEMM"
+    got = np.asarray(fused(x))
+    single = _library("erf", 1, opt_level=0)  # no loop, so no blocks
+    alone = np.concatenate([np.asarray(single(v.reshape(1))) for v in x.ravel()]).reshape(x.shape)
+    assert np.array_equal(got.view(np.uint32), alone.view(np.uint32))

@@ -152,16 +152,23 @@ class EpilogueEmitter(RuleKernel):
             return self.acc
         return super()._load(e, env, depth)
 
-    def element(self, index: Sequence[Val], acc: Val) -> Val:
-        """The epilogue's value at output ``index`` (i64 values) when the contraction gave ``acc``."""
+    def element(self, index: Sequence[Val], acc: Val, known: Sequence[tuple[R.Expr, Val]] = ()) -> Val:
+        """The epilogue's value at output ``index`` (i64 values) when the contraction gave ``acc``; ``known``:
+        subexpressions computed already (:meth:`values`), read instead of lowered again."""
+        return self.values(index, acc, [self.rule], known)[0]
+
+    def values(self, index: Sequence[Val], acc: Val, exprs: Sequence[R.Expr],
+               known: Sequence[tuple[R.Expr, Val]] = ()) -> list[Val]:
+        """Subexpressions of the epilogue at output ``index`` when the contraction gave ``acc``."""
         with self._layer():
             for k, iv in enumerate(index):
                 self.bound[("o", k)] = iv
             self.acc = acc
-            value = self.lower(self.rule, self.env, 0)
+            self._known([self.keys.key(e, self.env, 0)[0] for e, _ in known], [v for _, v in known])
+            out = [self.lower(e, self.env, 0) for e in exprs]
             for k in range(len(index)):
                 del self.bound[("o", k)]
-        return value
+        return out
 
     def store(self, flat: Val, value: Val) -> None:
         self._store(self.out, flat, value)

@@ -56,7 +56,7 @@ from cuvil.codegen.loops import (
     opaque_alloca,
     unravel,
 )
-from cuvil.codegen.lower_rule import Buffer
+from cuvil.codegen.lower_rule import Buffer, ErfBlocks
 from cuvil.codegen.scalar import Builder, Val
 from cuvil.codegen.target import codegen_target
 from cuvil.ir import rules as R
@@ -977,15 +977,23 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
         for_range(b, 0, cols, "col", column, hints=NO_UNROLL)
         return
 
+    erf = epi.erf_arguments()
+    blocks = ErfBlocks(b, ctx.alloca, epi.s, len(erf), tile_stride, "col") if erf else None
+
     def row(i: Val, width: int | Val) -> None:
         base = fgep(b, tile, b.add(b.mul(i, const(tile_stride)), c0))
 
-        def col(j: Val) -> None:
+        def col(j: Val, known: Sequence[Val] = ()) -> None:
             acc = b.load(fgep(b, base, j), typ=F32, align=4)
-            value = epi.element(index_of(i, j), acc)
+            value = epi.element(index_of(i, j), acc, list(zip(erf or (), known, strict=True)) if known else ())
             epi.store(flat_of(i, j), value)
 
-        for_range(b, 0, width, "col", col)
+        if blocks is None:
+            for_range(b, 0, width, "col", col)
+            return
+        assert erf is not None
+        blocks.run(const(0), const(width) if isinstance(width, int) else width,
+                   lambda j: epi.values(index_of(i, j), b.load(fgep(b, base, j), typ=F32, align=4), erf), col)
 
     if isinstance(cols, int) or not isinstance(col0, int) or col0 != 0:
         for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=NO_UNROLL)  # one copy of the epilogue loop
