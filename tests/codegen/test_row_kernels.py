@@ -147,3 +147,38 @@ def test_shape_class_library_reads_the_row_dims_at_run_time(op: str, tmp_path) -
         args = [_values(shape, rng)] + ([_values((24,), rng), _values((24,), rng)] if op == "layer_norm" else [])
         got, want = np.asarray(fast(*args)), np.asarray(generic(*args))
         assert got.shape == shape and _same_bits(got, want), (op, batch, t)
+
+
+def _same_half_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    nan = np.isnan(want.astype(np.float32))
+    return bool(np.array_equal(np.isnan(got.astype(np.float32)), nan)
+                and np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16)))
+
+
+@pytest.mark.parametrize("half", [DType.f16, DType.bf16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm"])
+def test_half_rows_run_the_float32_kernel_widened(op: str, half: DType) -> None:
+    """A float16 / bfloat16 softmax, log_softmax or layer norm is computed in float32 from its widened
+    operands and rounded once (its rule): the float32 row kernel between a widening and a rounding gives
+    the rule's bits, those of the generic lowering, on rows with infinities, NaN, huge and tiny halves
+    (a layer norm's scale and bias halves too)."""
+    rng = np.random.default_rng(41)
+    shape, axis = (37, 200), -1
+    b = Builder()
+    x = b.param("x", half, list(shape))
+    if op == "layer_norm":
+        scale = b.const((rng.standard_normal(shape[-1]) * 2).astype(half.np))
+        bias = b.const(rng.standard_normal(shape[-1]).astype(half.np))
+        y = b.layer_norm(x, scale, bias, axis=axis, epsilon=1e-5)
+        kernel = "layer norm rows, halves widened"
+    else:
+        y = getattr(b, op)(x, axis=axis)
+        kernel = "softmax rows, halves widened"
+    module = b.module(b.function("main", [x], [y]))
+    fast, generic = _both(module, kernel)
+    values = _values(shape, rng)
+    values[0] = 3e4  # a row of halves at float16's top
+    values[1, :5] = [6e-8, -6e-8, 1e-38, 60000.0, -60000.0]
+    xs = values.astype(half.np)
+    got, want = np.asarray(fast(xs)), np.asarray(generic(xs))
+    assert got.dtype == half.np and _same_half_bits(got, want), (op, half)

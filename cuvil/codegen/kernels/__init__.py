@@ -149,6 +149,15 @@ def _widened(v: Value, c: Contraction, make: KernelFactory, rhs: np.ndarray | No
     return widened(make(v, wide, wide_in, wide_out, rhs), in_types, out_type)
 
 
+def _widened_rows(v: Value) -> Kernel | None:
+    """A float16 / bfloat16 softmax, log_softmax or layer norm: its rule widens every operand, computes in
+    float32 and rounds once, which is the float32 row kernel between a widening and a rounding."""
+    kernel = row_kernel(v, halves=True)
+    if kernel is None or not any(t.dtype in HALVES for t in (v.type, *(o.type for o in v.operands))):
+        return None
+    return widened(kernel, [o.type for o in v.operands], v.type)
+
+
 def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbols: tuple[str, ...],
                            maxima: Mapping[str, int]) -> Kernel | None:
     """A tuned kernel for ``v`` in a function compiled for a shape class (dims read at run time from
@@ -190,7 +199,8 @@ def select_symbolic_kernel(v: Value, constants: Mapping[str, np.ndarray], symbol
 def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: ShapeClass | None) -> Kernel | None:
     """The tuned kernel of ``v`` in a function at static shapes or compiled for ``shape_class``: a static
     one where ``v``'s types are static, else one taking the dims (:func:`takes_dims`), else None."""
-    kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None)
+    kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None) or \
+        (_widened_rows(v) if _enabled and shape_class is None else None)
     if kernel is None and shape_class is None and _enabled:
         kernel = max_pool_kernel(v)
     if kernel is None and shape_class is not None and _enabled:

@@ -274,14 +274,20 @@ class LayerNormKernel(RowKernel):
         blk.rows_out(per_row)
 
 
-def row_kernel(v: Value, shape_class: ShapeClass | None = None) -> RowKernel | None:
+HALF_ROWS = (DType.f16, DType.bf16)
+"""Halves these rules compute in float32 from widened operands and round once at the end (see each
+op's rule), so the float32 kernel over widened buffers computes them exactly."""
+
+
+def row_kernel(v: Value, shape_class: ShapeClass | None = None, *, halves: bool = False) -> RowKernel | None:
     """The row-blocked schedule of ``v``: a float32 softmax or log_softmax, or a float32 layer norm whose
     scale and bias have the normalized axes' (static) shape; at static shapes, or in ``shape_class`` with
-    the dims read at run time and the tile sized for the row length's largest value."""
+    the dims read at run time and the tile sized for the row length's largest value. With ``halves`` the
+    types may also be float16 or bfloat16 (the caller widens the buffers: the kernel is the float32 one)."""
     if v.op not in ("softmax", "log_softmax", "layer_norm") or v.is_param or v.is_const:
         return None
     types = [v.type, *(o.type for o in v.operands)]
-    if any(t.dtype is not DType.f32 for t in types):
+    if any(t.dtype is not DType.f32 and not (halves and t.dtype in HALF_ROWS) for t in types):
         return None
     static = all(t.is_static for t in types)
     if not static and shape_class is None:
@@ -315,4 +321,4 @@ def row_kernel(v: Value, shape_class: ShapeClass | None = None) -> RowKernel | N
     return SoftmaxKernel(outer, length, inner, length_max, runtime, op=v.op)
 
 
-__all__ = ["LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "row_kernel"]
+__all__ = ["HALF_ROWS", "LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "row_kernel"]
