@@ -977,7 +977,7 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
         for_range(b, 0, cols, "col", column, hints=NO_UNROLL)
         return
 
-    erf = epi.erf_arguments()
+    erf = epi.erf_arguments() or []
     blocks = ErfBlocks(b, ctx.alloca, epi.s, len(erf), tile_stride, "col") if erf else None
 
     def row(i: Val, width: int | Val) -> None:
@@ -985,13 +985,12 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
 
         def col(j: Val, known: Sequence[Val] = ()) -> None:
             acc = b.load(fgep(b, base, j), typ=F32, align=4)
-            value = epi.element(index_of(i, j), acc, list(zip(erf or (), known, strict=True)) if known else ())
+            value = epi.element(index_of(i, j), acc, list(zip(erf, known, strict=True)) if known else ())
             epi.store(flat_of(i, j), value)
 
         if blocks is None:
             for_range(b, 0, width, "col", col)
             return
-        assert erf is not None
         blocks.run(const(0), const(width) if isinstance(width, int) else width,
                    lambda j: epi.values(index_of(i, j), b.load(fgep(b, base, j), typ=F32, align=4), erf), col)
 
@@ -1025,10 +1024,11 @@ def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: i
         vectors: list[Val] = [b.load(fgep(b, tile, b.add(const(i * tile_stride), j0)), typ=row_t, align=4)
                               for i in range(max_rows)]
         vectors += [ir.Constant(row_t, None)] * (width - max_rows)
+        n = group
         while len(vectors) > 1:  # concatenate pairs: element i * group + j is tile[i][j0 + j]
-            n = vectors[0].type.count
             pair = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
             vectors = [b.shuffle_vector(vectors[k], vectors[k + 1], pair) for k in range(0, len(vectors), 2)]
+            n *= 2
         every = vectors[0]
         spare = ir.Constant(every.type, None)
         for j in range(group):
