@@ -194,11 +194,11 @@ class ErfBlocks:
             body(i, [b.load(slot, typ=F32) for slot in slots(i)])
 
         def near(i: Val) -> None:
-            self.emitter.erf_tail_lanes = lambda _needs: None
+            self.emitter.erf_near = True
             try:
                 reread(i)
             finally:
-                self.emitter.erf_tail_lanes = None
+                self.emitter.erf_near = False
 
         b.store(ir.Constant(I1, 0), self.far)
         for_range(b, start, stop, f"{self.name}.scan", scan)

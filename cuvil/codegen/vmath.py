@@ -14,7 +14,7 @@ reductions that sum exponentials, softmax's, run on a kernel that advances rows 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llvmlite import ir
@@ -136,26 +136,20 @@ def tanh_f32(b: Builder, x: Val) -> Val:
     return b.select(nan, b.fadd(x, x), y)
 
 
-def erf_f32(b: Builder, x: Val, tail_lanes: Callable[[Val], object] | None = None) -> Val:
+def erf_f32(b: Builder, x: Val, near: bool = False) -> Val:
     """float32 erf(x): odd, NaN stays NaN (quieted), ±inf gives ±1. Below :data:`ERF_SPLIT`, ``x`` times a
     polynomial in ``x^2`` (relative accuracy down to the subnormals); from there to 4, a polynomial in ``x``.
     Both are evaluated and one chosen per element (a select, so lanes stay independent): two chains of 19
     fused multiply-adds and no per-coefficient selects.
 
-    With ``tail_lanes``, only the first polynomial is evaluated and ``tail_lanes`` is given the i1 that says
-    whether this element needed the second: where it is false the result is the same bits as without it,
-    so a caller that computes a block of elements this way and redoes the block when any said true
-    (:class:`cuvil.codegen.lower_rule.RuleKernel`) computes exactly this function at about half the cost."""
+    ``near``: only the first polynomial, for a caller that knows |x| < :data:`ERF_SPLIT` or x is NaN
+    (:class:`cuvil.codegen.lower_rule.ErfBlocks`): there it is the same bits at half the cost."""
     wide = b.fpext(x, F64)
     nan, a = _nan_guarded(b, x, _call(b, "fabs", [wide]))
     a = b.select(b.fcmp_ordered(">", a, _f64(ERF_SATURATES)), _f64(ERF_SATURATES), a)
     odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-ERF_ODD_CENTER)]), ERF_ODD))
-    below = b.fcmp_ordered("<", a, _f64(ERF_SPLIT))
-    if tail_lanes is None:
-        r = b.select(below, odd, _horner(b, b.fsub(a, _f64(ERF_TAIL_CENTER)), ERF_TAIL))
-    else:
-        tail_lanes(b.not_(below))
-        r = odd
+    r = odd if near else \
+        b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd, _horner(b, b.fsub(a, _f64(ERF_TAIL_CENTER)), ERF_TAIL))
     y = b.fptrunc(_call(b, "copysign", [r, wide]), F32)
     return b.select(nan, b.fadd(x, x), y)
 

@@ -1036,8 +1036,12 @@ def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: i
                                                                 [i * group + j for i in range(width)]))
             b.call(store, [column, fgep(b, out, column_at(b.add(j0, const(j)))), ir.Constant(I32, 4), mask])
 
-    counted_loop(b, "tcols", const(0), lambda j: b.icmp_signed("<", j, whole), group,
-                 lambda j, carried: (columns(j), carried)[1], hints=NO_UNROLL)
+    def group_of_columns(j0: Val, carried: list[Val]) -> list[Val]:
+        columns(j0)
+        return carried
+
+    counted_loop(b, "tcols", const(0), lambda j: b.icmp_signed("<", j, whole), group, group_of_columns,
+                 hints=NO_UNROLL)
 
     def rest(j: Val) -> None:
         def element(i: Val) -> None:
