@@ -1003,6 +1003,26 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
             lambda: for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=NO_UNROLL))
 
 
+def transpose(b: Builder, rows: Sequence[Val], width: int) -> list[Val]:
+    """The columns of the matrix whose rows are ``rows`` (vectors of one length), each a vector of ``width``
+    lanes (``width`` a power of two, at least ``len(rows)``; the lanes past the rows undefined): the rows
+    are concatenated pairwise, then each column picked out by one shuffle (LLVM lowers the tree to
+    unpacks and permutes)."""
+    row_t = rows[0].type
+    assert isinstance(row_t, ir.VectorType)
+    n = row_t.count
+    vectors = [*rows, *[ir.Constant(row_t, None)] * (width - len(rows))]
+    size = n
+    while len(vectors) > 1:  # concatenate pairs: element i * n + j is rows[i][j]
+        pair = ir.Constant(ir.VectorType(I32, 2 * size), list(range(2 * size)))
+        vectors = [b.shuffle_vector(vectors[k], vectors[k + 1], pair) for k in range(0, len(vectors), 2)]
+        size *= 2
+    every = vectors[0]
+    spare = ir.Constant(every.type, None)
+    return [b.shuffle_vector(every, spare, ir.Constant(ir.VectorType(I32, width), [i * n + j for i in range(width)]))
+            for j in range(n)]
+
+
 def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: int | Val, cols: int | Val,
                       column_at: Callable[[Val], Val], max_rows: int) -> None:
     """``out[column_at(j) + i] = tile[i][j]`` for ``i < rows <= max_rows``, ``j < cols``: every
@@ -1021,19 +1041,9 @@ def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: i
     whole = b.and_(cols_v, const(-group))
 
     def columns(j0: Val) -> None:
-        vectors: list[Val] = [b.load(fgep(b, tile, b.add(const(i * tile_stride), j0)), typ=row_t, align=4)
-                              for i in range(max_rows)]
-        vectors += [ir.Constant(row_t, None)] * (width - max_rows)
-        n = group
-        while len(vectors) > 1:  # concatenate pairs: element i * group + j is tile[i][j0 + j]
-            pair = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
-            vectors = [b.shuffle_vector(vectors[k], vectors[k + 1], pair) for k in range(0, len(vectors), 2)]
-            n *= 2
-        every = vectors[0]
-        spare = ir.Constant(every.type, None)
-        for j in range(group):
-            column = b.shuffle_vector(every, spare, ir.Constant(ir.VectorType(I32, width),
-                                                                [i * group + j for i in range(width)]))
+        rows_of_tile = [b.load(fgep(b, tile, b.add(const(i * tile_stride), j0)), typ=row_t, align=4)
+                        for i in range(max_rows)]
+        for j, column in enumerate(transpose(b, rows_of_tile, width)):
             b.call(store, [column, fgep(b, out, column_at(b.add(j0, const(j)))), ir.Constant(I32, 4), mask])
 
     def group_of_columns(j0: Val, carried: list[Val]) -> list[Val]:

@@ -23,7 +23,7 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.kernels.gemm import Ctx, KernelFunction
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, transpose
 from cuvil.codegen.llvm_types import F32, I1, I32, I64
 from cuvil.codegen.loops import for_range, opaque_alloca
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
@@ -102,8 +102,22 @@ class Block:
         for_range(b, 0, LANES, "lane", one)
 
     def gather(self, src: Val) -> None:
+        """The block's rows into the tile. Rows contiguous along the axis (``inner == 1``) are read sixteen
+        elements at a time, one vector per row, and transposed in registers into one vector per element;
+        the elements past the last whole sixteen (and strided rows) one load per lane (a gather)."""
         b = self.b
-        for_range(b, 0, self.length, "k", lambda k: for_range(
+        start: Val = ir.Constant(I64, 0)
+        if self.kernel.inner == 1 and LANES & (LANES - 1) == 0:
+            row_t = ir.VectorType(F32, LANES)
+            start = b.and_(self.length, ir.Constant(I64, -LANES))
+
+            def sixteen(k0: Val) -> None:
+                rows = [b.load(self.element(src, ir.Constant(I64, j), k0), typ=row_t, align=4) for j in range(LANES)]
+                for kk, column in enumerate(transpose(b, rows, LANES)):
+                    b.store(column, self.cell(b.add(k0, ir.Constant(I64, kk)), ir.Constant(I64, 0)), align=4)
+
+            for_range(b, 0, start, "k16", sixteen, step=LANES)
+        for_range(b, start, self.length, "k", lambda k: for_range(
             b, 0, LANES, "g", lambda j: b.store(b.load(self.element(src, j, k), typ=F32), self.cell(k, j))))
 
     def sweep(self, step: Callable[[Val, Val], None]) -> None:
