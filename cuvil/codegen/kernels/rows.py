@@ -23,7 +23,8 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, transpose
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, transpose, vec_type
+from cuvil.codegen.kernels.widen import HALVES
 from cuvil.codegen.llvm_types import F32, I1, I32, I64
 from cuvil.codegen.loops import for_range, opaque_alloca
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
@@ -107,12 +108,12 @@ class Block:
         the elements past the last whole sixteen (and strided rows) one load per lane (a gather)."""
         b = self.b
         start: Val = ir.Constant(I64, 0)
-        if self.kernel.inner == 1 and LANES & (LANES - 1) == 0:
-            row_t = ir.VectorType(F32, LANES)
+        if self.kernel.inner == 1:
             start = b.and_(self.length, ir.Constant(I64, -LANES))
 
             def sixteen(k0: Val) -> None:
-                rows = [b.load(self.element(src, ir.Constant(I64, j), k0), typ=row_t, align=4) for j in range(LANES)]
+                rows = [b.load(self.element(src, ir.Constant(I64, j), k0), typ=vec_type(LANES), align=4)
+                        for j in range(LANES)]
                 for kk, column in enumerate(transpose(b, rows, LANES)):
                     b.store(column, self.cell(b.add(k0, ir.Constant(I64, kk)), ir.Constant(I64, 0)), align=4)
 
@@ -288,20 +289,16 @@ class LayerNormKernel(RowKernel):
         blk.rows_out(per_row)
 
 
-HALF_ROWS = (DType.f16, DType.bf16)
-"""Halves these rules compute in float32 from widened operands and round once at the end (see each
-op's rule), so the float32 kernel over widened buffers computes them exactly."""
-
-
 def row_kernel(v: Value, shape_class: ShapeClass | None = None, *, halves: bool = False) -> RowKernel | None:
     """The row-blocked schedule of ``v``: a float32 softmax or log_softmax, or a float32 layer norm whose
     scale and bias have the normalized axes' (static) shape; at static shapes, or in ``shape_class`` with
     the dims read at run time and the tile sized for the row length's largest value. With ``halves`` the
-    types may also be float16 or bfloat16 (the caller widens the buffers: the kernel is the float32 one)."""
+    types may also be float16 or bfloat16: these rules compute in float32 from widened operands and round
+    once at the end, so the float32 kernel over buffers the caller widens computes them exactly."""
     if v.op not in ("softmax", "log_softmax", "layer_norm") or v.is_param or v.is_const:
         return None
     types = [v.type, *(o.type for o in v.operands)]
-    if any(t.dtype is not DType.f32 and not (halves and t.dtype in HALF_ROWS) for t in types):
+    if any(t.dtype is not DType.f32 and not (halves and t.dtype in HALVES) for t in types):
         return None
     static = all(t.is_static for t in types)
     if not static and shape_class is None:
@@ -335,4 +332,4 @@ def row_kernel(v: Value, shape_class: ShapeClass | None = None, *, halves: bool 
     return SoftmaxKernel(outer, length, inner, length_max, runtime, op=v.op)
 
 
-__all__ = ["HALF_ROWS", "LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "row_kernel"]
+__all__ = ["LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "row_kernel"]
