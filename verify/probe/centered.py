@@ -7,8 +7,10 @@ each value ``v`` is split into ``ĉ``, what it is at the center of the box (comp
 ``v - ĉ``, whose norm over a window travels through the same rules with the shifts gone:
 
 * a convolution maps it by at most ``σ(W)``, a product or quotient by a constant by its largest factor,
-  a batch norm by ``max|a|``, an average pool by ``√(overlap / divisor)``, a max pool by ``√(overlap)``;
+  a batch norm by ``max|a|``, an average pool by ``√(overlap / divisor)``, a max pool by ``√(overlap)``
+  (or, after a convolution, by that convolution's norms on the inputs each repeats: its outputs thinned);
   ReLU, clip, max and min with a constant, and a float cast never grow it; a sum adds its operands';
+  a residual block by its own norm over every slope pattern of its ReLU;
 * the float program's own rounding is added from the magnitude bounds (it is relative to what the
   program computes, not to the deviation), and ``ĉ``'s float64 rounding from ``ĉ``'s own norms;
 * a value without a rule (or whose rule finds no bound): its interval's distance from ``ĉ``.
@@ -21,6 +23,7 @@ the shifts' share.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,6 +41,7 @@ from cuvil.ir.values import Value
 from verify.probe import interval as I
 from verify.probe.interval import Interval
 from verify.probe.windows import (
+    CACHE_SIZE,
     EPS64,
     SLACK,
     Window,
@@ -49,10 +53,12 @@ from verify.probe.windows import (
     conv_input_window,
     conv_sigma,
     max_window,
+    pool_levels,
     projection_sigma,
-    residual_sigma,
+    relu_block_sigma,
     residual_units,
     shape_of,
+    sigma_cache,
     sigma_units,
     underflow,
     unit,
@@ -61,6 +67,10 @@ from verify.probe.windows import (
 BLAS_UNIT = 0.1
 """Work units per million multiply-adds of the matrix products composing two kernels (one BLAS call each:
 measured about ten times the element rate the work units are counted in)."""
+
+JOINT_FACTOR = 1.2
+"""What :func:`relu_block_sigma` costs against :func:`residual_sigma` (one more product per frequency; measured
+1.15-1.2x on ResNet-18's blocks)."""
 
 CENTER64 = 2.0 * EPS64
 """A bound on ``|exact - ĉ| / |ĉ|`` for one float64 operation (a sum, a product, a quotient)."""
@@ -183,6 +193,7 @@ class CenteredWindows(WindowNorms):
         self.blocks: dict[Value, tuple[Value, Value, Value, Value, Value, Value | None] | None] = {}
         self.block_norms: dict[Any, float] = {} if block_norms is None else block_norms  # (charged once each)
         self.composed: dict[Any, np.ndarray] = {}
+        self.thinned: dict[tuple[Value, Window, tuple[int, ...]], float | None] = {}
 
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
@@ -251,11 +262,7 @@ class CenteredWindows(WindowNorms):
         if op in ("mul", "div"):
             return self._scaled_deviation(v, win, values)
         if op == "max_pool" and v.attr("output") in (None, "values"):
-            geometry = self._pool_geometry(v, win)
-            if geometry is None:
-                return None
-            inner = self.deviation(v.operands[0], geometry[0], values)
-            return None if inner is None else inner * math.sqrt(geometry[1]) * SLACK * SLACK
+            return self._max_pool_deviation(v, win, values)
         if op == "avg_pool":
             return self._avg_pool_deviation(v, win, values)
         if op == "batch_norm":
@@ -334,7 +341,8 @@ class CenteredWindows(WindowNorms):
         slopes (diagonal, each in [0, 1]) and ``ρ`` the rounding (the program's and the center's). Writing
         ``D = ½ + E`` (``|E| <= ½``), ``‖P + W₂ D W₁‖ <= ‖P + ½W₂W₁‖ + ½σ₂σ₁``, where the chain of per-op bounds
         pays ``‖P‖ + σ₂σ₁``: the block's own norm is its symbol's, on tori that hold every window read
-        without wrapping (:func:`residual_sigma`, :func:`projection_sigma`)."""
+        without wrapping (:func:`projection_sigma`); a stride-1 block's is tighter still, the two terms
+        bounded together (:func:`relu_block_sigma`)."""
         block = self._block(v)
         if block is None:
             return None
@@ -445,27 +453,30 @@ class CenteredWindows(WindowNorms):
         if hit is None:  # (charged whether or not an earlier probe computed it: the same work, the same report)
             hit = _block_norms.get(key)
             if hit is None:
-                hit = self._compute_block_norm(p1, p2, pd, torus)  # type: ignore[arg-type]
+                hit = self._compute_block_norm(p1, p2, pd, torus, None if skip is not None else  # type: ignore[arg-type]
+                                               (s1[0], s2[0]))  # type: ignore[index]
                 if len(_block_norms) >= 512:
                     _block_norms.clear()
                 _block_norms[key] = hit
             self.block_norms[key] = hit
             c0, c1n = int(p1[1].shape[1]), int(p1[1].shape[0])
-            self.units += residual_units(max(c0, int(p2[1].shape[0])), c1n, torus)  # type: ignore[arg-type]
+            self.units += residual_units(max(c0, int(p2[1].shape[0])), c1n, torus) * \
+                (1.0 if skip is not None else JOINT_FACTOR)  # type: ignore[arg-type]
             if skip is not None:
                 self.units += sigma_units(p1[1].shape, tuple(2 * t for t in torus), 1, (2, 2)) + \
                     sigma_units(p2[1].shape, torus, 1, (1, 1))
-        if skip is None:
-            return (hit + 0.5 * s1[0] * s2[0]) * SLACK  # type: ignore[index]
         return hit * SLACK
 
     @staticmethod
-    def _compute_block_norm(p1: tuple, p2: tuple, pd: tuple | None, torus: tuple[int, int]) -> float:
-        """The block norm's symbol part (a halving block's ``½σ₂σ₁`` too, on its own tori)."""
+    def _compute_block_norm(p1: tuple, p2: tuple, pd: tuple | None, torus: tuple[int, int],
+                            sigmas: tuple[float, float] | None) -> float:
+        """The block's norm over every ReLU slope pattern: a stride-1 block's by :func:`relu_block_sigma`, a
+        halving block's ``‖P + ½C₂C₁‖ + ½σ₂σ₁`` (on its own tori)."""
         with np.errstate(all="ignore"):
             try:
-                if pd is None:
-                    return residual_sigma(p1[1], p2[1], torus, tuple(p1[3]), tuple(p2[3]))  # type: ignore[arg-type]
+                if pd is None or sigmas is not None:
+                    return relu_block_sigma(p1[1], p2[1], torus, tuple(p1[3]), tuple(p2[3]),  # type: ignore[arg-type]
+                                            *sigmas)  # type: ignore[misc]
                 big = (2 * torus[0], 2 * torus[1])
                 s1 = conv_sigma(p1[1], big, (1, 1), 1, (2, 2))
                 s2 = conv_sigma(p2[1], torus, (1, 1), 1, (1, 1))
@@ -485,6 +496,102 @@ class CenteredWindows(WindowNorms):
             return None
         dev, mag = parts
         return (factor * dev + unit(v.dtype) * factor * mag + underflow(v, win) + CENTER64 * center) * SLACK * SLACK
+
+    def _max_pool_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """Each output moves by at most the largest move in its window, so the outputs' squares sum to at most
+        each input's square times the windows it lies in: ``√(overlap)`` times the input's deviation, or, by
+        :func:`pool_levels`, the root of the sum over level sets (one per axis) of the input's deviation on
+        that set, which a convolution below bounds by its norm restricted to the set's outputs (a 3x3 pool of
+        stride 2 after ResNet's stem: 1.65x the stem's norm instead of 2x)."""
+        geometry = self._pool_geometry(v, win)
+        if geometry is None:
+            return None
+        inw, overlap, _, strides, _, dilations = geometry
+        x = v.operands[0]
+        inner = self.deviation(x, inw, values)
+        if inner is None:
+            return None
+        plain = inner * math.sqrt(overlap)
+        levels = pool_levels([int(k) for k in v.attr("kernel")], strides, dilations)
+        if levels is not None:
+            total = 0.0
+            for thin in itertools.product(*levels):
+                part = self._thinned_deviation(x, inw, tuple(thin), values)
+                total += (inner if part is None else min(part, inner)) ** 2
+            plain = min(plain, math.sqrt(total * SLACK) * SLACK)
+        return plain * SLACK * SLACK
+
+    def _thinned_deviation(self, v: Value, win: Window, thin: tuple[int, ...],
+                           values: Mapping[Value, Interval]) -> float | None:
+        """A bound on the norm of ``v - ĉ`` over the places of any ``win`` window that lie in one residue class
+        modulo ``thin`` per axis (any class): through element-wise ops (ReLU, clip, a cast, a sum) as the
+        whole deviation goes, and at a convolution by its norm with the outputs thinned, the stride times
+        ``thin`` (on a torus that is a multiple of it: a class is the outputs of a shifted input). The
+        rounding terms are the whole window's. None: no such rule (the whole deviation bounds it)."""
+        if v not in self.live:
+            return 0.0
+        if all(t == 1 for t in thin):
+            return self.deviation(v, win, values)
+        clamped = clamp_window(v, win)
+        if clamped is None or len(thin) != len(shape_of(v)) - 2:
+            return None
+        key = (v, clamped, thin)
+        if key in self.thinned:
+            return self.thinned[key]
+        self.thinned[key] = None
+        op, found = v.op, None
+        live = [o for o in v.operands if o in self.live]
+        if op == "conv":
+            terms, sigma = self._conv_terms(v, clamped, values), self._thinned_sigma(v, thin)
+            if terms is not None and sigma is not None:
+                found = (sigma * terms[1] + terms[2]) * SLACK * SLACK
+        elif op in ("relu", "clip") or (op in ("max", "min") and len(v.operands) == 2):
+            inner = self._thinned_deviation(live[0], clamped, thin, values) \
+                if len(live) == 1 and shape_of(live[0]) == shape_of(v) else None
+            moved = self._clip_moved(v) if op == "clip" else None
+            if inner is not None and op != "clip":
+                found = inner
+            elif inner is not None and moved is not None:
+                found = (inner + max_window(moved, clamped)) * SLACK
+        elif op == "cast" and v.operands[0].dtype.is_float:
+            inner = self._thinned_deviation(v.operands[0], clamped, thin, values)
+            mag = self.window(v.operands[0], clamped, values)
+            if inner is not None and mag is not None:
+                found = (inner + unit(v.dtype) * mag + underflow(v, clamped)) * SLACK
+        elif op in ("add", "sub") and all(shape_of(o) == shape_of(v) for o in live):
+            parts = [self._thinned_deviation(o, clamped, thin, values) for o in live]
+            terms = self._sum_terms(v, clamped, values)
+            if terms is not None and all(p is not None for p in parts):
+                found = (sum(parts) + terms[1]) * SLACK * SLACK  # type: ignore[arg-type]
+        self.thinned[key] = found
+        return found
+
+    def _thinned_sigma(self, v: Value, thin: tuple[int, ...]) -> float | None:
+        """The norm of convolution ``v`` keeping one output in ``thin`` per axis."""
+        parts = self._conv_parts(v)
+        if parts is None:
+            return None
+        _, w, s, _, d, groups = parts
+        strides = tuple(sj * t for sj, t in zip(s, thin, strict=True))
+        torus = tuple(-(-t // st) * st for t, st in zip(self.torus(v), strides, strict=True))
+        key = ("thinned", v.operands[1].const_hash if v.operands[1].is_const else id(v.operands[1]), torus,
+               tuple(d), groups, strides)
+        hit = self.sigmas.get(key)
+        if hit is None:  # (charged once per engine, whether or not another engine computed it)
+            hit = sigma_cache.get(key) if v.operands[1].is_const else None
+            if hit is None:
+                with np.errstate(all="ignore"):
+                    try:
+                        hit = (conv_sigma(w, torus, tuple(d), groups, strides), 0.0)
+                    except (np.linalg.LinAlgError, ValueError):
+                        hit = (math.inf, 0.0)
+                if v.operands[1].is_const:
+                    if len(sigma_cache) >= CACHE_SIZE:
+                        sigma_cache.clear()
+                    sigma_cache[key] = hit
+            self.sigmas[key] = hit
+            self.units += sigma_units(w.shape, torus, groups, strides)
+        return hit[0] * SLACK if math.isfinite(hit[0]) else None
 
     def _avg_pool_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """An average pool is linear: the deviation's norm by ``√(overlap / divisor)``, plus the program's

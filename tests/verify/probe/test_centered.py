@@ -17,6 +17,7 @@ from cnn_cases import TIGHT, classifier, cnn, mobile, one_op
 from sampling import pushed_points
 
 from cuvil.interp import evaluate_values
+from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from verify.probe import windows as W
 from verify.probe.bounds import BoundsEngine
@@ -183,3 +184,60 @@ def test_a_classifiers_bound_meets_its_worst_case() -> None:
     seen = abs(float(np.asarray(evaluate_values(module.main, module.constants, {"x": x})[v])[0, 0]) - float(c[0, 0]))
     bound = float(span[0].hi[0, 0] - c[0, 0])
     assert seen == pytest.approx(4.0) and seen <= bound <= 1.02 * seen
+
+
+def _pooled_conv(w: np.ndarray, size: int) -> Module:
+    """conv (stride 1, same padding), ReLU, and a 3x3 max pool of stride 2."""
+    b = Builder()
+    x = b.param("x", DType.f32, [1, int(w.shape[1]), size, size])
+    k = int(w.shape[2])
+    y = b.relu(b.conv(x, b.const(w.astype(np.float32)), pads=(k // 2,) * 4))
+    return b.module(b.function("main", [x], [b.max_pool(y, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))]))
+
+
+def test_a_max_pool_after_a_convolution_counts_each_input_per_window() -> None:
+    """Behind a convolution by the identity the thinned norms are all 1, so the pool's bound stays twice the
+    input's move, which raising the one input that four windows share reaches: a rule that left out a level
+    (the inputs in two windows along both axes) would give √3 and fail here."""
+    c, n = 2, 8
+    w = np.zeros((c, c, 3, 3))
+    w[:, :, 1, 1] = np.eye(c)
+    module = _pooled_conv(w, n)
+    x0 = np.full((1, c, n, n), 3.0, np.float32)
+    step = np.zeros_like(x0)
+    step[0, 1, 3, 3] = 1.0  # odd row and column: in two windows along each axis (pads of 1)
+    engine = BoundsEngine(module.main, module.constants)
+    inputs = _inputs(engine, module, x0 - step, x0 + step)
+    windows = _centered(engine, inputs)
+    v = module.main.results[0]
+    whole = tuple(int(d) for d in v.shape[2:])
+    bound = windows.deviation(v, whole, inputs)
+    c_out = windows.centers.get(v)
+    assert bound is not None and c_out is not None
+    seen = _distance(evaluate_values(module.main, module.constants, {"x": x0 + step})[v], c_out, whole)
+    assert seen == pytest.approx(2.0) and seen <= bound <= 1.02 * seen
+
+
+def test_a_max_pool_after_a_random_convolution_is_tighter_than_its_overlap() -> None:
+    """A random 5x5 convolution's outputs thinned along one or both axes have smaller norms than all of them,
+    so the pool's bound is below ``√(overlap)`` times the input's, and still covers inputs pushed to grow it."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 3, 5, 5)) / 8
+    module = _pooled_conv(w, 16)
+    engine = BoundsEngine(module.main, module.constants)
+    inputs = _inputs(engine, module, -1.0, 1.0)
+    windows = _centered(engine, inputs)
+    v = module.main.results[0]
+    whole = tuple(int(d) for d in v.shape[2:])
+    geometry = windows._pool_geometry(v, whole)
+    assert geometry is not None
+    inner = windows.deviation(v.operands[0], geometry[0], inputs)
+    bound = windows.deviation(v, whole, inputs)
+    assert inner is not None and bound is not None and bound < 0.95 * 2 * inner
+    plain = BoundsEngine(module.main, module.constants)
+    box = {"x": (np.full((1, 3, 16, 16), -1.0), np.full((1, 3, 16, 16), 1.0))}
+    points = pushed_points(module, plain, plain.run(box), 1.0, 1, "conv", center=0.0, randoms=4)
+    c_out = windows.centers.get(v)
+    assert c_out is not None
+    for x in points:
+        assert _distance(evaluate_values(module.main, module.constants, x)[v], c_out, whole) <= bound

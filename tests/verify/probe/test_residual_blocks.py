@@ -206,3 +206,68 @@ def test_a_convolution_after_a_relu_that_passes_everything_reaches_its_element_b
     v = module.main.results[0]
     found = windows._through_relu(v, (1, 1), np.array([a]), inputs)
     assert found is not None and a * r <= float(found[0]) <= a * r * 1.01
+
+
+def _slopes_norm(w1: np.ndarray, w2: np.ndarray, torus: int, pad: int, d: np.ndarray) -> float:
+    """``‖I + C₂DC₁‖`` as a dense matrix, ``D`` the diagonal of slopes ``d`` ([C1, torus, torus])."""
+    c0 = w1.shape[1]
+    n = c0 * torus * torus
+    dense = np.zeros((n, n))
+    for j in range(n):
+        x = np.zeros(n)
+        x[j] = 1.0
+        x = x.reshape(c0, torus, torus)
+        dense[:, j] = (x + _circular(w2, d * _circular(w1, x, pad), pad)).reshape(-1)
+    return float(np.linalg.norm(dense, 2))
+
+
+def _worst_slopes(w1: np.ndarray, w2: np.ndarray, torus: int, pad: int, rng: np.random.Generator) -> float:
+    """A slope pattern pushed towards the largest ``‖I + C₂DC₁‖``: the top singular pair for the current
+    pattern, then each slope 1 where it adds ``u·C₂e_j e_jᵀC₁x``, 0 where it takes away (a few rounds)."""
+    c1 = w1.shape[0]
+    d = (rng.uniform(0, 1, (c1, torus, torus)) < 0.5).astype(np.float64)
+    for _ in range(6):
+        x = rng.standard_normal((w1.shape[1], torus, torus))
+        for _ in range(60):  # power iteration on MᵀM, M = I + C₂DC₁ (the transpose: kernels flipped)
+            y = x + _circular(w2, d * _circular(w1, x, pad), pad)
+            x = y + _adjoint(w1, d * _adjoint(w2, y, pad), pad)
+            x /= np.linalg.norm(x)
+        u = x + _circular(w2, d * _circular(w1, x, pad), pad)
+        d = (_adjoint(w2, u, pad) * _circular(w1, x, pad) > 0).astype(np.float64)
+    return _slopes_norm(w1, w2, torus, pad, d)
+
+
+def _adjoint(w: np.ndarray, y: np.ndarray, pad: int) -> np.ndarray:
+    """The transpose of :func:`_circular`'s map."""
+    x = np.zeros((w.shape[1], *y.shape[1:]))
+    for a in range(w.shape[2]):
+        for b in range(w.shape[3]):
+            x += np.roll(np.einsum("oc,oij->cij", w[:, :, a, b], y), (a - pad, b - pad), axis=(1, 2))
+    return x
+
+
+@pytest.mark.parametrize("c0,c1,torus,seed", [(3, 4, 5, 0), (4, 3, 5, 1), (2, 5, 6, 2), (4, 4, 4, 3)])
+def test_the_relu_block_bound_holds_for_every_slope_pattern(c0: int, c1: int, torus: int, seed: int) -> None:
+    """``max_D ‖I + C₂DC₁‖`` over slopes in [0, 1]: the bound covers every pattern tried (all passing, none,
+    random ones and fractions, and one pushed to the worst), and is below ``‖I + ½C₂C₁‖ + ½σ₂σ₁``, what the two
+    norms give apart."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((c1, c0, 3, 3)) * np.sqrt(2 / (9 * c0))
+    w2 = rng.standard_normal((c0, c1, 3, 3)) * np.sqrt(2 / (9 * c1))
+    t = (torus, torus)
+    s1, s2 = W.conv_sigma(w1, t, (1, 1), 1), W.conv_sigma(w2, t, (1, 1), 1)
+    bound = W.relu_block_sigma(w1, w2, t, (1, 1), (1, 1), s1, s2)
+    shape = (c1, torus, torus)
+    patterns = [np.ones(shape), np.zeros(shape), rng.uniform(0, 1, shape),
+                *((rng.uniform(0, 1, shape) < 0.5).astype(np.float64) for _ in range(3))]
+    seen = max([_slopes_norm(w1, w2, torus, 1, d) for d in patterns] + [_worst_slopes(w1, w2, torus, 1, rng)])
+    assert seen <= bound < W.residual_sigma(w1, w2, t, (1, 1), (1, 1)) + 0.5 * s1 * s2
+
+
+def test_the_relu_block_bound_meets_aligned_directions() -> None:
+    """Where ``C₁`` and ``I + ½C₂C₁`` stretch the same direction most (scalar multiples of the identity), the
+    bound is the two norms' sum: ``max_D ‖I + aD‖ = 1 + a`` is reached at ``D = 1``, within 0.1 %."""
+    a, c = 3.0, 2
+    eye = np.eye(c).reshape(c, c, 1, 1)
+    bound = W.relu_block_sigma(eye, a * eye, (4, 4), (0, 0), (0, 0), 1.0, a)
+    assert 1 + a <= bound <= (1 + a) * 1.001

@@ -126,7 +126,7 @@ def test_windows_tighten_a_deep_cnn(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_norm_made_too_small_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Operator norms 30x too small make the deeper bounds unsound, and the same inputs show it."""
     real = W.conv_sigma
-    monkeypatch.setattr(W, "_cache", {})  # neither read nor poison the norms other tests share
+    monkeypatch.setattr(W, "sigma_cache", {})  # neither read nor poison the norms other tests share
     monkeypatch.setattr(W, "conv_sigma", lambda *a: real(*a) / 30)
     module = cnn(0)
     bounds = BoundsEngine(module.main, module.constants).run(_boxes(2.0))
@@ -190,3 +190,28 @@ def test_each_rule_meets_its_worst_case(op: str) -> None:
         assert bound is not None
         seen = W.max_window(np.sum(got ** 2, axis=1), whole)
     assert seen <= bound <= 1.02 * seen
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("s", [1, 2, 3])
+def test_a_pools_levels_hold_every_input_as_often_as_its_windows(k: int, s: int) -> None:
+    """For every leading pad and grid length, an input lies in at most as many windows as levels hold it,
+    where a level thinned by ``s`` holds one residue class modulo ``s`` (whichever) and a level of 1 every
+    place: counted window by window."""
+    levels = W.pool_levels([k], [s], [1])
+    assert levels is not None
+    for pad in range(k):
+        for n in range(max(1, k - pad), 3 * k + 2 * s + 1):
+            outputs = (n + pad - k) // s + 1  # no ceil mode, every window starting inside the grid or its pad
+            counts = np.zeros(n, dtype=int)
+            for o in range(outputs):
+                lo = o * s - pad
+                counts[max(lo, 0):min(lo + k, n)] += 1
+            for j in range(1, int(counts.max(initial=0)) + 1):
+                assert j <= len(levels[0])
+                if levels[0][j - 1] == s:  # the places in at least j windows share one residue
+                    assert len({i % s for i in np.flatnonzero(counts >= j)}) <= 1, (k, s, pad, n, j)
+
+
+def test_a_dilated_pool_has_no_levels() -> None:
+    assert W.pool_levels([3, 3], [2, 2], [2, 1]) is None
