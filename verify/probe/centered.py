@@ -460,8 +460,8 @@ class CenteredWindows(WindowNorms):
                 _block_norms[key] = hit
             self.block_norms[key] = hit
             c0, c1n = int(p1[1].shape[1]), int(p1[1].shape[0])
-            self.units += residual_units(max(c0, int(p2[1].shape[0])), c1n, torus) * \
-                (1.0 if skip is not None else JOINT_FACTOR)  # type: ignore[arg-type]
+            joint = 1.0 if skip is not None else JOINT_FACTOR
+            self.units += residual_units(max(c0, int(p2[1].shape[0])), c1n, torus) * joint  # type: ignore[arg-type]
             if skip is not None:
                 self.units += sigma_units(p1[1].shape, tuple(2 * t for t in torus), 1, (2, 2)) + \
                     sigma_units(p2[1].shape, torus, 1, (1, 1))
