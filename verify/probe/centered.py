@@ -474,7 +474,7 @@ class CenteredWindows(WindowNorms):
         halving block's ``‖P + ½C₂C₁‖ + ½σ₂σ₁`` (on its own tori)."""
         with np.errstate(all="ignore"):
             try:
-                if pd is None or sigmas is not None:
+                if sigmas is not None:
                     return relu_block_sigma(p1[1], p2[1], torus, tuple(p1[3]), tuple(p2[3]),  # type: ignore[arg-type]
                                             *sigmas)  # type: ignore[misc]
                 big = (2 * torus[0], 2 * torus[1])
@@ -574,21 +574,19 @@ class CenteredWindows(WindowNorms):
         _, w, s, _, d, groups = parts
         strides = tuple(sj * t for sj, t in zip(s, thin, strict=True))
         torus = tuple(-(-t // st) * st for t, st in zip(self.torus(v), strides, strict=True))
-        key = ("thinned", v.operands[1].const_hash if v.operands[1].is_const else id(v.operands[1]), torus,
-               tuple(d), groups, strides)
+        key = ("thinned", self.weight_key(v), torus, tuple(d), groups, strides)
         hit = self.sigmas.get(key)
         if hit is None:  # (charged once per engine, whether or not another engine computed it)
-            hit = sigma_cache.get(key) if v.operands[1].is_const else None
+            hit = sigma_cache.get(key)
             if hit is None:
                 with np.errstate(all="ignore"):
                     try:
                         hit = (conv_sigma(w, torus, tuple(d), groups, strides), 0.0)
                     except (np.linalg.LinAlgError, ValueError):
                         hit = (math.inf, 0.0)
-                if v.operands[1].is_const:
-                    if len(sigma_cache) >= CACHE_SIZE:
-                        sigma_cache.clear()
-                    sigma_cache[key] = hit
+                if len(sigma_cache) >= CACHE_SIZE:
+                    sigma_cache.clear()
+                sigma_cache[key] = hit
             self.sigmas[key] = hit
             self.units += sigma_units(w.shape, torus, groups, strides)
         return hit[0] * SLACK if math.isfinite(hit[0]) else None

@@ -457,8 +457,8 @@ def _boundary(analysis: Analysis, options: ProbeOptions, proofs: Budget, rest: B
 
 FIRST_STEP = 0.5
 """The first scale the bisection tries below 1, over the worst site's excess factor at 1. A step that fails
-costs a pass and a linear refinement; on ResNet-18 the default budget leaves room for two steps, and at 0.9
-and 0.6 the first failed (excess 1.04 at 0.6: one residual sum), at 0.5 it proves."""
+costs a pass and a linear refinement, and on ResNet-18 the default budget leaves the boundary one step: at
+0.9 and at 0.6 it failed (by 4 % at 0.6, on one residual sum), leaving no proved scale; at 0.5 it proves."""
 
 
 def _next_factor(excess: float | None) -> float:

@@ -26,6 +26,7 @@ arithmetic rounds up, so the facts hold for the values the program computes.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -337,6 +338,7 @@ class WindowNorms:
         self.squares: dict[Value, np.ndarray | None] = {}  # per value: Σ over channels of its magnitudes²
         self.constant_squares: dict[tuple[Value, tuple[int, ...]], np.ndarray] = {}  # per constant and shape
         self.parts: dict[Value, tuple[Value, np.ndarray, list[int], list[int], list[int], int] | None] = {}
+        self.weight_keys: dict[Value, str] = {}
         self.units = 0.0
         """Work units of the operator norms this pass needed first (see :data:`NORM_FACTOR`)."""
 
@@ -559,28 +561,38 @@ class WindowNorms:
                      for p, n, o, sj, k, dj in zip(pb, shape_of(x)[2:], shape_of(v)[2:], s, w.shape[2:], d,
                                                    strict=True))
 
+    def weight_key(self, v: Value) -> str:
+        """Convolution ``v``'s weights by their values: a constant's hash, or for weights computed from one
+        (an FP16 program rounds them with a cast) a digest of the values, so the engines of a probe and of
+        every round of an FP16 plan share the norms of the same weights."""
+        w_const = v.operands[1]
+        if w_const.is_const and w_const.const_hash:
+            return w_const.const_hash
+        if v not in self.weight_keys:
+            w = self._conv_parts(v)[1]  # type: ignore[index]
+            digest = hashlib.sha1(np.ascontiguousarray(w).tobytes()).hexdigest()
+            self.weight_keys[v] = f"values:{digest}:{'x'.join(str(n) for n in w.shape)}"
+        return self.weight_keys[v]
+
     def _sigma(self, v: Value) -> tuple[float, float] | None:
         parts = self._conv_parts(v)
         if parts is None:
             return None
         _, w, s, _, d, groups = parts
         torus = self.torus(v)
-        w_const = v.operands[1]
-        key = (w_const.const_hash if w_const.is_const else id(w_const), torus, tuple(d), groups, tuple(s))
+        key = (self.weight_key(v), torus, tuple(d), groups, tuple(s))
         hit = self.sigmas.get(key)
-        if hit is None:
-            shared = w_const.is_const and bool(w_const.const_hash)
-            hit = sigma_cache.get(key) if shared else None
+        if hit is None:  # (charged once per engine, whether or not another engine computed it)
+            hit = sigma_cache.get(key)
             if hit is None:
                 with np.errstate(all="ignore"):
                     try:
                         hit = (conv_sigma(w, torus, tuple(d), groups, tuple(s)), abs_sigma(w, groups))
                     except np.linalg.LinAlgError:  # weights so large their Gram matrix overflows
                         hit = (math.inf, math.inf)
-                if shared:
-                    if len(sigma_cache) >= CACHE_SIZE:
-                        sigma_cache.clear()
-                    sigma_cache[key] = hit
+                if len(sigma_cache) >= CACHE_SIZE:
+                    sigma_cache.clear()
+                sigma_cache[key] = hit
             self.sigmas[key] = hit
             self.units += sigma_units(w.shape, torus, groups, tuple(s))
         return hit
