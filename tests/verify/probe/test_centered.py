@@ -186,12 +186,21 @@ def test_a_classifiers_bound_meets_its_worst_case() -> None:
     assert seen == pytest.approx(4.0) and seen <= bound <= 1.02 * seen
 
 
-def _pooled_conv(w: np.ndarray, size: int) -> Module:
-    """conv (stride 1, same padding), ReLU, and a 3x3 max pool of stride 2."""
+def _pooled_conv(w: np.ndarray, size: int, between: str = "relu") -> Module:
+    """conv (stride 1, same padding), an element-wise chain, and a 3x3 max pool of stride 2. ``between``:
+    ``relu``; ``bias-relu6`` (a bias, then a clip to [0, 6]); ``sum`` (a second convolution of the same input
+    added, then a ReLU)."""
     b = Builder()
     x = b.param("x", DType.f32, [1, int(w.shape[1]), size, size])
     k = int(w.shape[2])
-    y = b.relu(b.conv(x, b.const(w.astype(np.float32)), pads=(k // 2,) * 4))
+    y = b.conv(x, b.const(w.astype(np.float32)), pads=(k // 2,) * 4)
+    if between == "bias-relu6":
+        bias = np.linspace(-0.5, 0.5, int(w.shape[0]), dtype=np.float32).reshape(1, -1, 1, 1)
+        y = b.clip(b.add(y, b.const(bias)), min=0.0, max=6.0)
+    elif between == "sum":
+        y = b.relu(b.add(y, b.conv(x, b.const(np.flip(w, axis=(2, 3)).astype(np.float32)), pads=(k // 2,) * 4)))
+    else:
+        y = b.relu(y)
     return b.module(b.function("main", [x], [b.max_pool(y, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))]))
 
 
@@ -218,16 +227,24 @@ def test_a_max_pool_after_a_convolution_counts_each_input_per_window() -> None:
     assert seen == pytest.approx(2.0) and seen <= bound <= 1.02 * seen
 
 
-def test_a_max_pool_after_a_random_convolution_is_tighter_than_its_overlap() -> None:
+@pytest.mark.parametrize("between", ["relu", "bias-relu6", "sum"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "fp16-wide-conv"])
+def test_a_max_pool_after_a_random_convolution_is_tighter_than_its_overlap(between: str, precision: str) -> None:
     """A random 5x5 convolution's outputs thinned along one or both axes have smaller norms than all of them,
-    so the pool's bound is below ``√(overlap)`` times the input's, and still covers inputs pushed to grow it."""
+    and a restriction passes through element-wise ops (a bias, ReLU, ReLU6, a sum, the cast an FP16 program
+    puts after a convolution it keeps in float32), so the pool's bound is below ``√(overlap)`` times the
+    input's, and still covers inputs pushed to grow it."""
     rng = np.random.default_rng(5)
     w = rng.standard_normal((8, 3, 5, 5)) / 8
-    module = _pooled_conv(w, 16)
-    engine = BoundsEngine(module.main, module.constants)
-    inputs = _inputs(engine, module, -1.0, 1.0)
+    module = _pooled_conv(w, 16, between)
+    wide = {v for v in module.main.ops() if v.op == "conv"} if precision == "fp16-wide-conv" else set()
+    checked = module if precision == "fp32" else reduced_program(module, "fp16", keep_values=wide).module
+    engine = BoundsEngine(checked.main, checked.constants)
+    inputs = _inputs(engine, checked, -1.0, 1.0)
     windows = _centered(engine, inputs)
-    v = module.main.results[0]
+    v = checked.main.results[0]
+    while v.op != "max_pool":  # (the FP16 program casts its result back)
+        v = v.operands[0]
     whole = tuple(int(d) for d in v.shape[2:])
     geometry = windows._pool_geometry(v, whole)
     assert geometry is not None
@@ -240,4 +257,5 @@ def test_a_max_pool_after_a_random_convolution_is_tighter_than_its_overlap() -> 
     c_out = windows.centers.get(v)
     assert c_out is not None
     for x in points:
-        assert _distance(evaluate_values(module.main, module.constants, x)[v], c_out, whole) <= bound
+        run = evaluate_values(checked.main, checked.constants, {"x": x["x"].astype(np.float32)})
+        assert _distance(run[v], c_out, whole) <= bound
