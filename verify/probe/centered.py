@@ -41,12 +41,12 @@ from cuvil.ir.values import Value
 from verify.probe import interval as I
 from verify.probe.interval import Interval
 from verify.probe.windows import (
-    CACHE_SIZE,
     EPS64,
     SLACK,
     Window,
     WindowNorms,
     acc_type,
+    cached_sigma,
     cells,
     channel_squares,
     clamp_window,
@@ -58,7 +58,6 @@ from verify.probe.windows import (
     relu_block_sigma,
     residual_units,
     shape_of,
-    sigma_cache,
     sigma_units,
     underflow,
     unit,
@@ -577,17 +576,14 @@ class CenteredWindows(WindowNorms):
         key = ("thinned", self.weight_key(v), torus, tuple(d), groups, strides)
         hit = self.sigmas.get(key)
         if hit is None:  # (charged once per engine, whether or not another engine computed it)
-            hit = sigma_cache.get(key)
-            if hit is None:
+            def compute() -> tuple[float, float]:
                 with np.errstate(all="ignore"):
                     try:
-                        hit = (conv_sigma(w, torus, tuple(d), groups, strides), 0.0)
+                        return conv_sigma(w, torus, tuple(d), groups, strides), 0.0
                     except (np.linalg.LinAlgError, ValueError):
-                        hit = (math.inf, 0.0)
-                if len(sigma_cache) >= CACHE_SIZE:
-                    sigma_cache.clear()
-                sigma_cache[key] = hit
-            self.sigmas[key] = hit
+                        return math.inf, 0.0
+
+            hit = self.sigmas[key] = cached_sigma(key, compute)
             self.units += sigma_units(w.shape, torus, groups, strides)
         return hit[0] * SLACK if math.isfinite(hit[0]) else None
 

@@ -583,17 +583,14 @@ class WindowNorms:
         key = (self.weight_key(v), torus, tuple(d), groups, tuple(s))
         hit = self.sigmas.get(key)
         if hit is None:  # (charged once per engine, whether or not another engine computed it)
-            hit = sigma_cache.get(key)
-            if hit is None:
+            def compute() -> tuple[float, float]:
                 with np.errstate(all="ignore"):
                     try:
-                        hit = (conv_sigma(w, torus, tuple(d), groups, tuple(s)), abs_sigma(w, groups))
+                        return conv_sigma(w, torus, tuple(d), groups, tuple(s)), abs_sigma(w, groups)
                     except np.linalg.LinAlgError:  # weights so large their Gram matrix overflows
-                        hit = (math.inf, math.inf)
-                if len(sigma_cache) >= CACHE_SIZE:
-                    sigma_cache.clear()
-                sigma_cache[key] = hit
-            self.sigmas[key] = hit
+                        return math.inf, math.inf
+
+            hit = self.sigmas[key] = cached_sigma(key, compute)
             self.units += sigma_units(w.shape, torus, groups, tuple(s))
         return hit
 
@@ -674,6 +671,17 @@ class WindowNorms:
         after = (before * (1 + unit(v.dtype)) + I.smallest_subnormal(v.dtype)) * SLACK
         shape = (1, w.shape[0]) + (1,) * (len(shape_of(v)) - 2)
         return before.reshape(shape), after.reshape(shape)
+
+
+def cached_sigma(key: Any, compute: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """Norms from :data:`sigma_cache`, computed and kept there on a miss."""
+    hit = sigma_cache.get(key)
+    if hit is None:
+        hit = compute()
+        if len(sigma_cache) >= CACHE_SIZE:
+            sigma_cache.clear()
+        sigma_cache[key] = hit
+    return hit
 
 
 def pool_levels(ks: list[int], strides: list[int], dilations: list[int]) -> list[list[int]] | None:
