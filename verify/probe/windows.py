@@ -189,7 +189,7 @@ def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1
     return (math.sqrt(max(lam, 0.0) + d_g + 1e-10 * gram) + d_m) * (1 + 1e-12)
 
 
-ALPHA_SAMPLES = 16
+ALPHA_SAMPLES = 8
 """Frequencies :func:`relu_block_sigma` estimates ``‖I + ½C₂C₁‖`` on, to choose its ``α``."""
 
 
