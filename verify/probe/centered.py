@@ -253,9 +253,7 @@ class CenteredWindows(WindowNorms):
         if op in ("relu", "clip") or (op in ("max", "min") and len(v.operands) == 2):
             return self._lipschitz(v, win, values)
         if op == "cast" and v.operands[0].dtype.is_float:
-            x = v.operands[0]
-            parts = self._with_magnitude(x, win, values)
-            return None if parts is None else (parts[0] + unit(v.dtype) * parts[1] + underflow(v, win)) * SLACK
+            return self._cast_deviation(v, win, values)
         if op in ("add", "sub"):
             return self._sum_deviation(v, win, values)
         if op in ("mul", "div"):
@@ -273,17 +271,29 @@ class CenteredWindows(WindowNorms):
         d, m = self.deviation(x, win, values), self.window(x, win, values)
         return None if d is None or m is None else (d, m)
 
-    def _lipschitz(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+    def _lipschitz(self, v: Value, win: Window, values: Mapping[Value, Interval],
+                   inner: Callable[[Value], float | None] | None = None) -> float | None:
         """ReLU, clip, and max/min with a constant move no output further than their input moved; a clip's
-        bounds may be read in the value's type, which moves its center by at most their rounding."""
+        bounds may be read in the value's type, which moves its center by at most their rounding. ``inner``:
+        how far the input moved (default: its deviation over ``win``)."""
         live = [o for o in v.operands if o in self.live]
         if len(live) != 1 or shape_of(live[0]) != shape_of(v):
             return None
-        inner = self.deviation(live[0], win, values)
-        if inner is None or v.op != "clip":
-            return inner
+        moved_in = (inner or (lambda o: self.deviation(o, win, values)))(live[0])
+        if moved_in is None or v.op != "clip":
+            return moved_in
         moved = self._clip_moved(v)
-        return None if moved is None else (inner + max_window(moved, win)) * SLACK
+        return None if moved is None else (moved_in + max_window(moved, win)) * SLACK
+
+    def _cast_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval],
+                        inner: Callable[[Value], float | None] | None = None) -> float | None:
+        """A float cast moves by its input's move plus its rounding (``u`` times the input's magnitude, and
+        what underflows). ``inner`` as in :meth:`_lipschitz`."""
+        x = v.operands[0]
+        moved_in = (inner or (lambda o: self.deviation(o, win, values)))(x)
+        mag = self.window(x, win, values)
+        return None if moved_in is None or mag is None else \
+            (moved_in + unit(v.dtype) * mag + underflow(v, win)) * SLACK
 
     def _clip_moved(self, v: Value) -> np.ndarray | None:
         """``Σ_c |clip(ĉ_x)(bounds in v's type) - ĉ|²`` per position: a program in a narrow type clips its
@@ -540,25 +550,20 @@ class CenteredWindows(WindowNorms):
         self.thinned[key] = None
         op, found = v.op, None
         live = [o for o in v.operands if o in self.live]
+
+        def thinned(o: Value) -> float | None:
+            return self._thinned_deviation(o, clamped, thin, values)
+
         if op == "conv":
             terms, sigma = self._conv_terms(v, clamped, values), self._thinned_sigma(v, thin)
             if terms is not None and sigma is not None:
                 found = (sigma * terms[1] + terms[2]) * SLACK * SLACK
         elif op in ("relu", "clip") or (op in ("max", "min") and len(v.operands) == 2):
-            inner = self._thinned_deviation(live[0], clamped, thin, values) \
-                if len(live) == 1 and shape_of(live[0]) == shape_of(v) else None
-            moved = self._clip_moved(v) if op == "clip" else None
-            if inner is not None and op != "clip":
-                found = inner
-            elif inner is not None and moved is not None:
-                found = (inner + max_window(moved, clamped)) * SLACK
+            found = self._lipschitz(v, clamped, values, thinned)
         elif op == "cast" and v.operands[0].dtype.is_float:
-            inner = self._thinned_deviation(v.operands[0], clamped, thin, values)
-            mag = self.window(v.operands[0], clamped, values)
-            if inner is not None and mag is not None:
-                found = (inner + unit(v.dtype) * mag + underflow(v, clamped)) * SLACK
+            found = self._cast_deviation(v, clamped, values, thinned)
         elif op in ("add", "sub") and all(shape_of(o) == shape_of(v) for o in live):
-            parts = [self._thinned_deviation(o, clamped, thin, values) for o in live]
+            parts = [thinned(o) for o in live]
             terms = self._sum_terms(v, clamped, values)
             if terms is not None and all(p is not None for p in parts):
                 found = (sum(parts) + terms[1]) * SLACK * SLACK  # type: ignore[arg-type]
