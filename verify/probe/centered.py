@@ -22,7 +22,6 @@ the shifts' share.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -46,7 +45,8 @@ from verify.probe.windows import (
     Window,
     WindowNorms,
     acc_type,
-    cached_sigma,
+    block_units,
+    cached,
     cells,
     channel_squares,
     clamp_window,
@@ -54,9 +54,8 @@ from verify.probe.windows import (
     conv_sigma,
     max_window,
     pool_levels,
-    projection_sigma,
     relu_block_sigma,
-    residual_units,
+    relu_halving_sigma,
     shape_of,
     sigma_units,
     underflow,
@@ -67,9 +66,6 @@ BLAS_UNIT = 0.1
 """Work units per million multiply-adds of the matrix products composing two kernels (one BLAS call each:
 measured about ten times the element rate the work units are counted in)."""
 
-JOINT_FACTOR = 1.2
-"""What :func:`relu_block_sigma` costs against :func:`residual_sigma` (one more product per frequency; measured
-1.15-1.2x on ResNet-18's blocks)."""
 
 CENTER64 = 2.0 * EPS64
 """A bound on ``|exact - ĉ| / |ĉ|`` for one float64 operation (a sum, a product, a quotient)."""
@@ -78,9 +74,6 @@ BATCH_NORM64 = 16 * EPS64
 """A bound on the float64 center's error, relative to ``|a·x| + |a·m| + |b|``, of ``a·(x - m) + b`` with
 ``a = s / sqrt(var + ε)`` (six roundings and a square root's)."""
 
-_block_norms: dict[Any, float] = {}
-"""Block norms by the weights' values, the torus and the pads (a model probed again, or another program of
-it with the same weights, reuses them)."""
 
 
 class Centers:
@@ -347,11 +340,10 @@ class CenteredWindows(WindowNorms):
     def _residual_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
         """``v = P·x + W₂·relu(W₁·x + b₁) + b₂`` (``P`` the identity, or a stride-2 1x1 projection plus its bias
         where ``W₁`` halves the grid): ``v - ĉ = (P + W₂ D W₁)(x - ĉ_x) + W₂ D ρ₁ + ρ₂`` with ``D`` the ReLU's
-        slopes (diagonal, each in [0, 1]) and ``ρ`` the rounding (the program's and the center's). Writing
-        ``D = ½ + E`` (``|E| <= ½``), ``‖P + W₂ D W₁‖ <= ‖P + ½W₂W₁‖ + ½σ₂σ₁``, where the chain of per-op bounds
-        pays ``‖P‖ + σ₂σ₁``: the block's own norm is its symbol's, on tori that hold every window read
-        without wrapping (:func:`projection_sigma`); a stride-1 block's is tighter still, the two terms
-        bounded together (:func:`relu_block_sigma`)."""
+        slopes (diagonal, each in [0, 1]) and ``ρ`` the rounding (the program's and the center's). The chain of
+        per-op bounds pays ``‖P‖ + σ₂σ₁`` for ``‖P + W₂ D W₁‖``; the block bounds it over every ``D`` at once, on
+        tori that hold every window read without wrapping: ``D = ½ + E`` (``|E| <= ½``), the part in ``E``
+        coupled with the rest (:func:`relu_block_sigma`, :func:`relu_halving_sigma`)."""
         block = self._block(v)
         if block is None:
             return None
@@ -437,16 +429,16 @@ class CenteredWindows(WindowNorms):
         return u if plain and fits else None
 
     def _block_norm(self, c1: Value, c2: Value, skip: Value | None) -> float | None:
-        """``‖P + ½C₂C₁‖ + ½σ(C₂)σ(C₁)`` on tori where no window read wraps: a stride-1 block's convolutions'
-        own torus; a halving block's output torus just large enough that the second convolution's reads past
-        the grid land off it (where the ReLU's zeros stand for its padding), and twice it for the input, just
-        as large for the first convolution's, ``σ``s computed there."""
+        """A bound on ``‖P + C₂DC₁‖`` over every slope pattern ``D`` (:meth:`_compute_block_norm`) on tori where
+        no window read wraps: a stride-1 block's convolutions' own torus; a halving block's output torus just
+        large enough that the second convolution's reads past the grid land off it (where the ReLU's zeros
+        stand for its padding), and twice it for the input, just as large for the first convolution's, ``σ``s
+        computed there."""
         p1, p2 = self._conv_parts(c1), self._conv_parts(c2)
         cd = None if skip is None else self._biased_conv(skip, 2)
         pd = None if cd is None else self._conv_parts(cd)
         if p1 is None or p2 is None or (skip is not None and pd is None):
             return None
-        weights = [p1[1], p2[1], *([pd[1]] if pd is not None else [])]
         if skip is None:
             torus, other = self.torus(c1), self.torus(c2)
             s1, s2 = self._sigma(c1), self._sigma(c2)
@@ -456,21 +448,14 @@ class CenteredWindows(WindowNorms):
             torus = tuple(max(m + max(q2, k2 - 1 - q2), -(-max(n + q1, 2 * (m - 1) + k1 - q1) // 2))
                           for m, n, q1, q2, k1, k2 in zip(shape_of(c2)[2:], shape_of(p1[0])[2:], p1[3], p2[3],
                                                           p1[1].shape[2:], p2[1].shape[2:], strict=True))
-        key = (*(hashlib.sha1(np.ascontiguousarray(w).tobytes()).hexdigest() for w in weights), torus,
+        key = ("block", *(self.weight_key(c) for c in (c1, c2, *([cd] if cd is not None else []))), torus,
                tuple(p1[3]), tuple(p2[3]))  # the weights' values: a program that rounds them is another block
         hit = self.block_norms.get(key)
         if hit is None:  # (charged whether or not an earlier probe computed it: the same work, the same report)
-            hit = _block_norms.get(key)
-            if hit is None:
-                hit = self._compute_block_norm(p1, p2, pd, torus, None if skip is not None else  # type: ignore[arg-type]
-                                               (s1[0], s2[0]))  # type: ignore[index]
-                if len(_block_norms) >= 512:
-                    _block_norms.clear()
-                _block_norms[key] = hit
-            self.block_norms[key] = hit
-            c0, c1n = int(p1[1].shape[1]), int(p1[1].shape[0])
-            joint = 1.0 if skip is not None else JOINT_FACTOR
-            self.units += residual_units(max(c0, int(p2[1].shape[0])), c1n, torus) * joint  # type: ignore[arg-type]
+            hit = self.block_norms[key] = cached(key, lambda: self._compute_block_norm(
+                p1, p2, pd, torus, None if skip is not None else (s1[0], s2[0])))  # type: ignore[arg-type,index]
+            width = int(p2[1].shape[0]) + (4 if skip is not None else 1) * int(p1[1].shape[1])
+            self.units += block_units(width, torus)  # type: ignore[arg-type]
             if skip is not None:
                 self.units += sigma_units(p1[1].shape, tuple(2 * t for t in torus), 1, (2, 2)) + \
                     sigma_units(p2[1].shape, torus, 1, (1, 1))
@@ -479,8 +464,8 @@ class CenteredWindows(WindowNorms):
     @staticmethod
     def _compute_block_norm(p1: tuple, p2: tuple, pd: tuple | None, torus: tuple[int, int],
                             sigmas: tuple[float, float] | None) -> float:
-        """The block's norm over every ReLU slope pattern: a stride-1 block's by :func:`relu_block_sigma`, a
-        halving block's ``‖P + ½C₂C₁‖ + ½σ₂σ₁`` (on its own tori)."""
+        """The block's norm over every ReLU slope pattern: :func:`relu_block_sigma` for a stride-1 block,
+        :func:`relu_halving_sigma` for a halving one (its ``σ``s on its own tori)."""
         with np.errstate(all="ignore"):
             try:
                 if sigmas is not None:
@@ -489,7 +474,7 @@ class CenteredWindows(WindowNorms):
                 big = (2 * torus[0], 2 * torus[1])
                 s1 = conv_sigma(p1[1], big, (1, 1), 1, (2, 2))
                 s2 = conv_sigma(p2[1], torus, (1, 1), 1, (1, 1))
-                return projection_sigma(p1[1], p2[1], pd[1], torus, tuple(p1[3]), tuple(p2[3])) + 0.5 * s1 * s2  # type: ignore[arg-type]
+                return relu_halving_sigma(p1[1], p2[1], pd[1], torus, tuple(p1[3]), tuple(p2[3]), s1, s2)  # type: ignore[arg-type]
             except (np.linalg.LinAlgError, ValueError):
                 return math.inf
 
@@ -588,7 +573,7 @@ class CenteredWindows(WindowNorms):
                     except (np.linalg.LinAlgError, ValueError):
                         return math.inf, 0.0
 
-            hit = self.sigmas[key] = cached_sigma(key, compute)
+            hit = self.sigmas[key] = cached(("sigma", *key), compute)
             self.units += sigma_units(w.shape, torus, groups, strides)
         return hit[0] * SLACK if math.isfinite(hit[0]) else None
 
@@ -757,32 +742,35 @@ class CenteredWindows(WindowNorms):
         bias = (0.0, 0.0) if t is c1 else self._sum_terms(t, field, values)
         if sig is None or first is None or bias is None:
             return None
-        composed = self._composed_rows(p1[1], p2[1])
+        composed = self._composed_rows(c1, v, p1[1], p2[1])
         return 0.5 * (composed + sig[0] * rows) * first[1] * SLACK + rows * (first[2] + bias[1]) * SLACK * SLACK
 
-    def _composed_rows(self, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
-        """``‖W₁ᵀw₂ₒ‖`` per output channel ``o`` (the composed kernel's filters; float64, plus its error bound)."""
-        key = (hashlib.sha1(np.ascontiguousarray(w1).tobytes()).hexdigest(),
-               hashlib.sha1(np.ascontiguousarray(w2).tobytes()).hexdigest())
+    def _composed_rows(self, c1: Value, c2: Value, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+        """``‖W₁ᵀw₂ₒ‖`` per output channel ``o`` of ``c2`` (weights ``w2``) after ``c1`` (``w1``): the composed kernel's
+        filters, float64, plus its error bound; charged once per engine, computed once per process."""
+        key = ("composed", self.weight_key(c1), self.weight_key(c2))
         hit = self.composed.get(key)
         if hit is None:
-            kh, kw = w1.shape[2] + w2.shape[2] - 1, w1.shape[3] + w2.shape[3] - 1
-            comp = np.zeros((w2.shape[0], w1.shape[1], kh, kw))
-            size = np.zeros_like(comp)
-            for a0 in range(w2.shape[2]):
-                for a1 in range(w2.shape[3]):
-                    for b0 in range(w1.shape[2]):
-                        for b1 in range(w1.shape[3]):
-                            comp[:, :, a0 + b0, a1 + b1] += w2[:, :, a0, a1] @ w1[:, :, b0, b1]
-                            size[:, :, a0 + b0, a1 + b1] += np.abs(w2[:, :, a0, a1]) @ np.abs(w1[:, :, b0, b1])
-            terms = w1.shape[0] * w1.shape[2] * w1.shape[3] + 2
-            norms = np.sqrt(np.sum(comp.reshape(comp.shape[0], -1) ** 2, axis=1))
-            err = I.gamma(terms, EPS64) * np.sqrt(np.sum(size.reshape(size.shape[0], -1) ** 2, axis=1))
-            hit = (norms * (1 + 4 * EPS64) + err) * SLACK
-            self.composed[key] = hit
+            hit = self.composed[key] = cached(key, lambda: self._compose(w1, w2))
             pairs = w1.shape[2] * w1.shape[3] * w2.shape[2] * w2.shape[3]
             self.units += BLAS_UNIT * 2 * pairs * w2.shape[0] * w2.shape[1] * w1.shape[1] / 1e6
         return hit
+
+    @staticmethod
+    def _compose(w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+        kh, kw = w1.shape[2] + w2.shape[2] - 1, w1.shape[3] + w2.shape[3] - 1
+        comp = np.zeros((w2.shape[0], w1.shape[1], kh, kw))
+        size = np.zeros_like(comp)
+        for a0 in range(w2.shape[2]):
+            for a1 in range(w2.shape[3]):
+                for b0 in range(w1.shape[2]):
+                    for b1 in range(w1.shape[3]):
+                        comp[:, :, a0 + b0, a1 + b1] += w2[:, :, a0, a1] @ w1[:, :, b0, b1]
+                        size[:, :, a0 + b0, a1 + b1] += np.abs(w2[:, :, a0, a1]) @ np.abs(w1[:, :, b0, b1])
+        terms = w1.shape[0] * w1.shape[2] * w1.shape[3] + 2
+        norms = np.sqrt(np.sum(comp.reshape(comp.shape[0], -1) ** 2, axis=1))
+        err = I.gamma(terms, EPS64) * np.sqrt(np.sum(size.reshape(size.shape[0], -1) ** 2, axis=1))
+        return (norms * (1 + 4 * EPS64) + err) * SLACK
 
     def _row_deviation(self, x: Value, values: Mapping[Value, Interval]) -> float | None:
         """A bound on each row's ℓ2 norm of ``x - ĉ`` for ``x`` the [N, C] reshape of a global mean (a CNN's

@@ -18,6 +18,7 @@ from sampling import pushed_points, values_outside
 from cuvil.interp import evaluate_values
 from cuvil.ir.module import Module
 from verify.probe import bounds as B
+from verify.probe import spectra as S
 from verify.probe import windows as W
 from verify.probe.bounds import BoundsEngine
 from verify.probe.program import reduced_program
@@ -42,10 +43,17 @@ def _dense(w: np.ndarray, size: tuple[int, ...], *, stride: int = 1, pad: int = 
     return out.reshape(n, -1).numpy().T
 
 
-CASES = [  # (out, in/groups, k, groups, dilation)
+CASES = [  # (out, in/groups, k, groups, dilation); the last two: Gram matrices larger than SMALL_SIDE, certified
     (6, 4, 3, 1, 1), (4, 6, 3, 1, 1), (5, 3, 1, 1, 1), (6, 2, 3, 3, 1), (4, 1, 3, 4, 1), (3, 3, 2, 1, 2),
-    (4, 2, 5, 1, 1),
+    (4, 2, 5, 1, 1), (20, 18, 3, 1, 1), (34, 17, 1, 2, 1),
 ]
+
+
+def _tolerance(o: int, cg: int, groups: int, stride: int) -> float:
+    """How far above the exact norm the bound may be: float64 rounding where the Gram matrices are solved, the
+    certifying slack (on the squared norm) where they are larger than :data:`SMALL_SIDE`."""
+    side = o // groups if stride > 1 else min(o // groups, cg)
+    return 1e-7 if side <= S.SMALL_SIDE else S.TOP_SLACK
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3])
@@ -57,7 +65,7 @@ def test_the_operator_norm_is_the_circular_convolutions_norm(case: int, stride: 
     torus = (6 * stride, 3 * stride) if stride > 1 else (7, 6)
     exact = float(np.linalg.norm(_dense(w, torus, stride=stride, dilation=d, groups=groups, circular=True), 2))
     bound = W.conv_sigma(w, torus, (d, d), groups, (stride, stride))
-    assert exact <= bound <= exact * (1 + 1e-7)
+    assert exact <= bound <= exact * (1 + _tolerance(o, cg, groups, stride))
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3])
@@ -126,7 +134,7 @@ def test_windows_tighten_a_deep_cnn(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_norm_made_too_small_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Operator norms 30x too small make the deeper bounds unsound, and the same inputs show it."""
     real = W.conv_sigma
-    monkeypatch.setattr(W, "sigma_cache", {})  # neither read nor poison the norms other tests share
+    monkeypatch.setattr(W, "norm_cache", {})  # neither read nor poison the norms other tests share
     monkeypatch.setattr(W, "conv_sigma", lambda *a: real(*a) / 30)
     module = cnn(0)
     bounds = BoundsEngine(module.main, module.constants).run(_boxes(2.0))
