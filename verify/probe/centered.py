@@ -66,14 +66,12 @@ BLAS_UNIT = 0.1
 """Work units per million multiply-adds of the matrix products composing two kernels (one BLAS call each:
 measured about ten times the element rate the work units are counted in)."""
 
-
 CENTER64 = 2.0 * EPS64
 """A bound on ``|exact - ĉ| / |ĉ|`` for one float64 operation (a sum, a product, a quotient)."""
 
 BATCH_NORM64 = 16 * EPS64
 """A bound on the float64 center's error, relative to ``|a·x| + |a·m| + |b|``, of ``a·(x - m) + b`` with
 ``a = s / sqrt(var + ε)`` (six roundings and a square root's)."""
-
 
 
 class Centers:

@@ -35,8 +35,9 @@ SMALL_SIDE = 16
 
 def hermitian_top(build: Callable[[np.ndarray], np.ndarray], count: int, size: int, norm_bound: float) -> float:
     """An upper bound on the largest eigenvalue of Hermitian matrices: ``build(rows)`` gives those of an index
-    array of ``rows`` in ``range(count)`` (``[F·g, n, n]``, ``size`` entries per row, built a chunk at a time;
-    ``norm_bound`` bounds each one's norm), the float64 error of finding it included, not of forming them.
+    array of ``rows`` in ``range(count)`` (``[F·g, n, n]``, ``size`` entries per row, built a chunk at a time
+    into a fresh array, which is negated in place and restored; ``norm_bound`` bounds each one's norm), the
+    float64 error of finding it included, not of forming them.
 
     Matrices up to :data:`SMALL_SIDE` are solved outright. Larger ones are certified below ``t`` by a Cholesky
     factorization of ``tI - H`` (about a third of an eigensolve): one that succeeds is exact for ``tI - H + Δ``
