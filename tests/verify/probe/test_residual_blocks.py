@@ -318,3 +318,19 @@ def test_the_halving_block_bound_meets_aligned_directions(c: int) -> None:
     eye = np.eye(c).reshape(c, c, 1, 1)
     bound = W.relu_halving_sigma(eye, a * eye, eye, (3, 3), (0, 0), (0, 0), 1.0, a)
     assert 1 + a <= bound <= (1 + a) * 1.001
+
+
+def test_the_halving_block_bound_refuses_kernels_that_do_not_chain() -> None:
+    with pytest.raises(ValueError):
+        W.relu_halving_sigma(np.ones((4, 3, 3, 3)), np.ones((5, 3, 3, 3)), np.ones((5, 3, 1, 1)), (4, 4), (1, 1),
+                             (1, 1), 1.0, 1.0)
+
+
+def test_blocks_of_zero_weights_move_only_by_their_skip() -> None:
+    """Only ``H``'s ``½P`` blocks are left (eigenvalues ±½; matrices over 16 wide, so certified): the bound is the
+    skip's norm, 1, within the slack."""
+    z1, z2 = np.zeros((12, 12, 3, 3)), np.zeros((12, 12, 3, 3))
+    assert 1.0 <= W.relu_block_sigma(z1, z2, (6, 6), (1, 1), (1, 1), 1.0, 1.0) <= 1.0 + 2 * S.TOP_SLACK
+    eye = np.eye(6).reshape(6, 6, 1, 1)
+    bound = W.relu_halving_sigma(np.zeros((6, 6, 3, 3)), np.zeros((6, 6, 3, 3)), eye, (3, 3), (1, 1), (1, 1), 1.0, 1.0)
+    assert 1.0 <= bound <= 1.0 + 2 * S.TOP_SLACK
