@@ -52,7 +52,9 @@ from verify.probe.windows import (
     clamp_window,
     conv_input_window,
     conv_sigma,
+    kernel_taps,
     max_window,
+    offset_products,
     pool_levels,
     relu_block_sigma,
     relu_halving_sigma,
@@ -756,18 +758,11 @@ class CenteredWindows(WindowNorms):
 
     @staticmethod
     def _compose(w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
-        kh, kw = w1.shape[2] + w2.shape[2] - 1, w1.shape[3] + w2.shape[3] - 1
-        comp = np.zeros((w2.shape[0], w1.shape[1], kh, kw))
-        size = np.zeros_like(comp)
-        for a0 in range(w2.shape[2]):
-            for a1 in range(w2.shape[3]):
-                for b0 in range(w1.shape[2]):
-                    for b1 in range(w1.shape[3]):
-                        comp[:, :, a0 + b0, a1 + b1] += w2[:, :, a0, a1] @ w1[:, :, b0, b1]
-                        size[:, :, a0 + b0, a1 + b1] += np.abs(w2[:, :, a0, a1]) @ np.abs(w1[:, :, b0, b1])
-        terms = w1.shape[0] * w1.shape[2] * w1.shape[3] + 2
-        norms = np.sqrt(np.sum(comp.reshape(comp.shape[0], -1) ** 2, axis=1))
-        err = I.gamma(terms, EPS64) * np.sqrt(np.sum(size.reshape(size.shape[0], -1) ** 2, axis=1))
+        _, comp, terms = offset_products(kernel_taps(w2, (0, 0)), kernel_taps(w1, (0, 0)))
+        _, size, _ = offset_products(kernel_taps(np.abs(w2), (0, 0)), kernel_taps(np.abs(w1), (0, 0)))
+        rows = int(w2.shape[0])  # [D, O, C] -> per output channel, over every offset and input channel
+        norms = np.sqrt(np.sum(np.swapaxes(comp, 0, 1).reshape(rows, -1) ** 2, axis=1))
+        err = I.gamma(terms + 2, EPS64) * np.sqrt(np.sum(np.swapaxes(size, 0, 1).reshape(rows, -1) ** 2, axis=1))
         return (norms * (1 + 4 * EPS64) + err) * SLACK
 
     def _row_deviation(self, x: Value, values: Mapping[Value, Interval]) -> float | None:

@@ -150,58 +150,16 @@ def _product_error(w1: np.ndarray, w2: np.ndarray) -> tuple[np.ndarray, float]:
     return b2 @ b1, 0.5 * (I.gamma(2 * int(w1.shape[0]) + 8, EPS64) + 2 * e_sym + e_sym * e_sym)
 
 
-def _symbols(w: np.ndarray, omega: np.ndarray, pads: tuple[int, int]) -> np.ndarray:
-    """``K̂(ω) = Σ_t w[:, :, t] e^{-iω·(t - pads)}`` of a 2-d kernel ``[O, C, kh, kw]`` at each frequency
-    ``[F, 2]``: ``[F, O, C]`` (tap ``t`` of output ``i`` reads input ``i + t - pads``)."""
-    taps = np.array([(a - pads[0], b - pads[1]) for a in range(w.shape[2]) for b in range(w.shape[3])],
-                    dtype=np.float64)
-    phase = np.exp(-1j * (omega @ taps.T))  # [F, taps]
-    return np.tensordot(phase, w.reshape(w.shape[0], w.shape[1], -1), axes=([1], [2]))
-
-
-def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1: tuple[int, int] = (0, 0),
-                   pads2: tuple[int, int] = (0, 0)) -> float:
-    """An upper bound on ``‖I + ½ C₂ C₁‖``, ``C₁``, ``C₂`` the circular stride-1 convolutions by ``w1`` ([C1, C0,
-    kh, kw]) and ``w2`` ([C0, C1, kh, kw]) on ``torus`` whose taps read ``pads`` before the output's place:
-    the largest singular value of ``I + ½ K̂₂(ω) K̂₁(ω)`` over the torus' frequencies (a real kernel's ``ω``
-    and ``-ω`` have conjugate symbols, so half of them), plus the float64 error of forming the symbols,
-    their product and the Gram matrix (each bounded entrywise through ``B = Σ_t |w_t|``), and of finding its
-    largest eigenvalue (:func:`hermitian_top`)."""
-    w1, w2 = np.asarray(w1, dtype=np.float64), np.asarray(w2, dtype=np.float64)
-    c1, c0 = int(w1.shape[0]), int(w1.shape[1])
-    if w1.ndim != 4 or w2.ndim != 4 or tuple(w2.shape[:2]) != (c0, c1):
-        raise ValueError("residual_sigma takes two 2-d kernels that map C0 -> C1 -> C0 channels")
-    omega = half_frequencies(torus)
-    eye = np.eye(c0)
-
-    def grams(rows: np.ndarray) -> np.ndarray:
-        m = eye + 0.5 * (_symbols(w2, omega[rows], pads2) @ _symbols(w1, omega[rows], pads1))  # [F, C0, C0]
-        return np.conj(np.swapaxes(m, 1, 2)) @ m
-
-    bb, rel = _product_error(w1, w2)
-    d_m = rel * float(np.linalg.norm(bb)) * (1 + 1e-9)
-    a = eye + 0.5 * bb  # |M| entrywise
-    gram = float(np.linalg.norm(a.T @ a)) * (1 + 1e-9)
-    d_g = I.gamma(2 * c0 + 8, EPS64) * gram
-    lam = hermitian_top(grams, len(omega), 4 * c0 * max(c0, c1), gram)
-    return (math.sqrt(max(lam, 0.0) + d_g) + d_m) * (1 + 1e-12)
-
-
 Taps = list[tuple[tuple[int, int], np.ndarray]]
 """A kernel's taps as (offset of the input it reads, matrix), its symbol ``Σ m·e^{-iω·offset}``."""
 
 
-def _taps(w: np.ndarray, pads: tuple[int, int], adjoint: bool = False) -> Taps:
-    """The taps of a 2-d kernel ``[O, C, kh, kw]``, or of its adjoint (each matrix transposed, offsets negated)."""
-    out = []
-    for a in range(w.shape[2]):
-        for b in range(w.shape[3]):
-            off = (a - pads[0], b - pads[1])
-            out.append(((-off[0], -off[1]), w[:, :, a, b].T) if adjoint else (off, w[:, :, a, b]))
-    return out
+def kernel_taps(w: np.ndarray, pads: tuple[int, int]) -> Taps:
+    """The taps of a 2-d kernel ``[O, C, kh, kw]``: tap ``t`` reads the input ``t - pads`` from the output."""
+    return [((a - pads[0], b - pads[1]), w[:, :, a, b]) for a in range(w.shape[2]) for b in range(w.shape[3])]
 
 
-def _offset_products(left: Taps, right: Taps) -> tuple[list[tuple[int, int]], np.ndarray, int]:
+def offset_products(left: Taps, right: Taps) -> tuple[list[tuple[int, int]], np.ndarray, int]:
     """The symbol of a product of two kernels as a kernel: ``(offsets, [D, m, n] matrices, terms)``, each
     matrix the sum of the tap products whose offsets add to it (``terms``: the most products one entry sums)."""
     acc: dict[tuple[int, int], np.ndarray] = {}
@@ -234,13 +192,70 @@ def _phase_taps(w: np.ndarray, pads: tuple[int, int], stride: int) -> list[Taps]
     row-major order): tap ``t`` reads ``x[s·i + t - pads]``, phase ``(t - pads) mod s``, offset
     ``(t - pads) // s`` on the output's grid. Stride 1: one phase, every tap."""
     phases: list[Taps] = [[] for _ in range(stride * stride)]
-    for (u, v), m in _taps(w, pads):
+    for (u, v), m in kernel_taps(w, pads):
         phases[(u % stride) * stride + v % stride].append((((u - u % stride) // stride, (v - v % stride) // stride), m))
     return phases
 
 
 def _adjoint(taps: Taps) -> Taps:
+    """The taps of the adjoint: each matrix transposed, its offset negated."""
     return [((-o[0], -o[1]), m.T) for o, m in taps]
+
+
+def _symbol(taps: Taps, omega: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``Σ m·e^{-iω·offset}`` over ``taps`` at each frequency ``[F, 2]``: ``[F, *shape]`` (zero without taps)."""
+    out = np.zeros((len(omega), *shape), dtype=np.complex128)
+    if taps:
+        _real_symbol(omega, [o for o, _ in taps], np.stack([m for _, m in taps]), out, 1.0)
+    return out
+
+
+def _symbols(w: np.ndarray, omega: np.ndarray, pads: tuple[int, int]) -> np.ndarray:
+    """``K̂(ω) = Σ_t w[:, :, t] e^{-iω·(t - pads)}`` of a 2-d kernel ``[O, C, kh, kw]`` at each frequency
+    ``[F, 2]``: ``[F, O, C]`` (tap ``t`` of output ``i`` reads input ``i + t - pads``)."""
+    return _symbol(kernel_taps(w, pads), omega, (int(w.shape[0]), int(w.shape[1])))
+
+
+def _block_kernels(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray | None, name: str) -> Any:
+    """A residual block's kernels in float64, checked: 2-d ``w1`` [C1, C0, kh, kw] and ``w2`` [C2, C1, kh, kw],
+    ``C2 = C0`` without a projection, else ``wd`` its 1x1 [C2, C0, 1, 1]."""
+    w1, w2 = np.asarray(w1, dtype=np.float64), np.asarray(w2, dtype=np.float64)
+    c1, c0 = int(w1.shape[0]), int(w1.shape[1])
+    c2 = int(w2.shape[0])
+    if wd is None:
+        if w1.ndim != 4 or w2.ndim != 4 or (c2, int(w2.shape[1])) != (c0, c1):
+            raise ValueError(f"{name} takes two 2-d kernels that map C0 -> C1 -> C0 channels")
+        return w1, w2
+    wd = np.asarray(wd, dtype=np.float64)
+    if w1.ndim != 4 or w2.ndim != 4 or int(w2.shape[1]) != c1 or tuple(wd.shape) != (c2, c0, 1, 1):
+        raise ValueError(f"{name} takes kernels mapping C0 -> C1 -> C2 and a 1x1 C0 -> C2 skip")
+    return w1, w2, wd
+
+
+def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1: tuple[int, int] = (0, 0),
+                   pads2: tuple[int, int] = (0, 0)) -> float:
+    """An upper bound on ``‖I + ½ C₂ C₁‖``, ``C₁``, ``C₂`` the circular stride-1 convolutions by ``w1`` ([C1, C0,
+    kh, kw]) and ``w2`` ([C0, C1, kh, kw]) on ``torus`` whose taps read ``pads`` before the output's place:
+    the largest singular value of ``I + ½ K̂₂(ω) K̂₁(ω)`` over the torus' frequencies (a real kernel's ``ω``
+    and ``-ω`` have conjugate symbols, so half of them), plus the float64 error of forming the symbols,
+    their product and the Gram matrix (each bounded entrywise through ``B = Σ_t |w_t|``), and of finding its
+    largest eigenvalue (:func:`hermitian_top`)."""
+    w1, w2 = _block_kernels(w1, w2, None, "residual_sigma")
+    c1, c0 = int(w1.shape[0]), int(w1.shape[1])
+    omega = half_frequencies(torus)
+    eye = np.eye(c0)
+
+    def grams(rows: np.ndarray) -> np.ndarray:
+        m = eye + 0.5 * (_symbols(w2, omega[rows], pads2) @ _symbols(w1, omega[rows], pads1))  # [F, C0, C0]
+        return np.conj(np.swapaxes(m, 1, 2)) @ m
+
+    bb, rel = _product_error(w1, w2)
+    d_m = rel * float(np.linalg.norm(bb)) * (1 + 1e-9)
+    a = eye + 0.5 * bb  # |M| entrywise
+    gram = float(np.linalg.norm(a.T @ a)) * (1 + 1e-9)
+    d_g = I.gamma(2 * c0 + 8, EPS64) * gram
+    lam = hermitian_top(grams, len(omega), 4 * c0 * max(c0, c1), gram)
+    return (math.sqrt(max(lam, 0.0) + d_g) + d_m) * (1 + 1e-12)
 
 
 class _BlockMatrices:
@@ -252,7 +267,7 @@ class _BlockMatrices:
 
     def __init__(self, w1: np.ndarray, w2: np.ndarray, pads1: tuple[int, int], pads2: tuple[int, int],
                  stride: int, skip: np.ndarray, beta: float):
-        t2 = _taps(w2, pads2)
+        t2 = kernel_taps(w2, pads2)
         phases = _phase_taps(w1, pads1, stride)
         self.c2, c0 = int(w2.shape[0]), int(w1.shape[1])
         self.skip, self.c0 = skip, c0
@@ -261,9 +276,9 @@ class _BlockMatrices:
         b2 = np.sum(np.abs(w2), axis=(2, 3))
         b1 = [sum((np.abs(m) for _, m in ph), np.zeros((w1.shape[0], c0))) for ph in phases]
         # (rows, cols, scale, products, |w| product): the upper blocks; every off-diagonal one mirrored below
-        self.parts = [(0, 0, 0.25 * beta, _offset_products(t2, _adjoint(t2)), b2 @ b2.T)]
-        self.parts += [(0, at[p], 0.25, _offset_products(t2, ph), b2 @ b1[p]) for p, ph in enumerate(phases) if ph]
-        self.parts += [(at[p], at[q], 0.25 / beta, _offset_products(_adjoint(phases[p]), phases[q]), b1[p].T @ b1[q])
+        self.parts = [(0, 0, 0.25 * beta, offset_products(t2, _adjoint(t2)), b2 @ b2.T)]
+        self.parts += [(0, at[p], 0.25, offset_products(t2, ph), b2 @ b1[p]) for p, ph in enumerate(phases) if ph]
+        self.parts += [(at[p], at[q], 0.25 / beta, offset_products(_adjoint(phases[p]), phases[q]), b1[p].T @ b1[q])
                        for p in range(len(phases)) for q in range(p, len(phases)) if phases[p] and phases[q]]
         magnitude = np.zeros((self.width, self.width))
         error = 0.0
@@ -302,10 +317,8 @@ def relu_block_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pad
     first one uses, not ``σ₂`` (ResNet-18's stride-1 blocks: 1.76-1.85 against 1.92-2.06). ``H`` is
     block-circulant: its eigenvalues are those of ``Ĥ(ω)`` (:class:`_BlockMatrices`, which also bounds the float64
     error of forming them) over the frequencies, whose largest :func:`hermitian_top` bounds."""
-    w1, w2 = np.asarray(w1, dtype=np.float64), np.asarray(w2, dtype=np.float64)
-    c1, c0 = int(w1.shape[0]), int(w1.shape[1])
-    if w1.ndim != 4 or w2.ndim != 4 or tuple(w2.shape[:2]) != (c0, c1):
-        raise ValueError("relu_block_sigma takes two 2-d kernels that map C0 -> C1 -> C0 channels")
+    w1, w2 = _block_kernels(w1, w2, None, "relu_block_sigma")
+    c0 = int(w1.shape[1])
     if not (math.isfinite(sigma1) and math.isfinite(sigma2) and sigma1 > 0 and sigma2 > 0):
         return residual_sigma(w1, w2, torus, pads1, pads2) + 0.5 * sigma1 * sigma2
     return _relu_block_bound(_BlockMatrices(w1, w2, pads1, pads2, 1, np.eye(c0), sigma1 / sigma2), torus)
@@ -319,25 +332,9 @@ def _relu_block_bound(blocks: _BlockMatrices, torus: tuple[int, int]) -> float:
 
 
 def _phase_symbols(w: np.ndarray, omega: np.ndarray, pads: tuple[int, int]) -> list[np.ndarray]:
-    """A stride-2 convolution as four stride-1 ones on the half-size torus, one per phase ``p`` of its input
-    (``x_p[j] = x[2j + p]``): tap ``t`` reads ``x[2i + t - pads]``, phase ``(t - pads) mod 2``, offset
-    ``(t - pads) // 2``. Their symbols ``K̂_p(ω)``, ``[F, O, C]`` each, phases in row-major order."""
-    out = []
-    for p0 in (0, 1):
-        for p1 in (0, 1):
-            taps, offsets = [], []
-            for a in range(w.shape[2]):
-                for b in range(w.shape[3]):
-                    u, v = a - pads[0], b - pads[1]
-                    if u % 2 == p0 and v % 2 == p1:
-                        taps.append(w[:, :, a, b])
-                        offsets.append(((u - p0) // 2, (v - p1) // 2))
-            if not taps:
-                out.append(np.zeros((len(omega), w.shape[0], w.shape[1]), dtype=np.complex128))
-                continue
-            phase = np.exp(-1j * (omega @ np.asarray(offsets, dtype=np.float64).T))  # [F, taps]
-            out.append(np.tensordot(phase, np.stack(taps, axis=-1), axes=([1], [2])))
-    return out
+    """A stride-2 convolution as four stride-1 ones on the half-size torus, one per phase of its input
+    (:func:`_phase_taps`): their symbols ``K̂_p(ω)``, ``[F, O, C]`` each, phases in row-major order."""
+    return [_symbol(ph, omega, (int(w.shape[0]), int(w.shape[1]))) for ph in _phase_taps(w, pads, 2)]
 
 
 def projection_sigma(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: tuple[int, int], pads1: tuple[int, int],
@@ -348,11 +345,8 @@ def projection_sigma(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: tupl
     its input's four phases the block is ``[Wd·[p = 0] + ½K̂₂(ω)K̂₁ₚ(ω)]ₚ`` at each frequency of the output
     torus; its norm the largest over them of the largest singular value, plus the float64 errors (bounded
     entrywise through ``B = Σ_t |w_t|``, as :func:`residual_sigma` does)."""
-    w1, w2, wd = (np.asarray(w, dtype=np.float64) for w in (w1, w2, wd))
-    c1, c0 = int(w1.shape[0]), int(w1.shape[1])
-    c2 = int(w2.shape[0])
-    if tuple(w2.shape[:2]) != (c2, c1) or tuple(wd.shape) != (c2, c0, 1, 1) or w1.ndim != 4:
-        raise ValueError("projection_sigma takes kernels mapping C0 -> C1 -> C2 and a 1x1 C0 -> C2 skip")
+    w1, w2, wd = _block_kernels(w1, w2, wd, "projection_sigma")
+    c1, c0, c2 = int(w1.shape[0]), int(w1.shape[1]), int(w2.shape[0])
     omega = half_frequencies(torus)
     skip = wd[:, :, 0, 0]
 
@@ -380,11 +374,7 @@ def relu_halving_sigma(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: tu
     (kernels and ``torus`` as in :func:`projection_sigma`; ``σ₁``, ``σ₂`` bounds on the convolutions' norms):
     :func:`relu_block_sigma`'s ``2λ_max(H)`` with ``M = Wd + ½C₂C₁`` split into the input's four phases, so
     ``Ĥ(ω)`` is ``C2 + 4·C0`` wide."""
-    w1, w2, wd = (np.asarray(w, dtype=np.float64) for w in (w1, w2, wd))
-    c1, c0 = int(w1.shape[0]), int(w1.shape[1])
-    c2 = int(w2.shape[0])
-    if tuple(w2.shape[:2]) != (c2, c1) or tuple(wd.shape) != (c2, c0, 1, 1) or w1.ndim != 4:
-        raise ValueError("relu_halving_sigma takes kernels mapping C0 -> C1 -> C2 and a 1x1 C0 -> C2 skip")
+    w1, w2, wd = _block_kernels(w1, w2, wd, "relu_halving_sigma")
     if not (math.isfinite(sigma1) and math.isfinite(sigma2) and sigma1 > 0 and sigma2 > 0):
         return projection_sigma(w1, w2, wd, torus, pads1, pads2) + 0.5 * sigma1 * sigma2
     return _relu_block_bound(_BlockMatrices(w1, w2, pads1, pads2, 2, wd[:, :, 0, 0], sigma1 / sigma2), torus)
