@@ -100,10 +100,12 @@ def _cuvil_engine(zm: Any, threads: int, frontend: str, onnx_model: Any,
 
     start = time.perf_counter()
     half = {"fp16": True, "ranges": input_ranges(zm)} if precision == "fp16" else {}
+    narrow = {**half, **({"bf16": True} if precision == "bf16" else {})}
     if frontend == "onnx" or not zm.has_torch_reference or half:  # ranges are named as the ONNX inputs are
-        model = cuvil.compile(onnx_model, threads=threads, cache=False, **half)
+        model = cuvil.compile(onnx_model, threads=threads, cache=False, **narrow)
     else:
-        model = cuvil.compile(zm.build(), example_inputs=zm.example_inputs(), threads=threads, cache=False, **half)
+        model = cuvil.compile(zm.build(), example_inputs=zm.example_inputs(), threads=threads, cache=False,
+                              **narrow)
     seconds = time.perf_counter() - start
     inputs = zm.example_inputs_numpy()
     info = {"setup_s": seconds, "manifest": model.manifest, "model": model}
@@ -145,8 +147,9 @@ def _torch_engine(zm: Any, threads: int) -> tuple[Callable[[], Any], dict[str, A
 def bench_model(zm: Any, *, engines: Sequence[str], threads: int, repeat: int, warmup: int,
                 frontend: str = "torch", log: Callable[[str], None] = print, precision: str = "fp32") -> ModelResult:
     """Set up every engine on ``zm``, check they agree, then time them interleaved. ``precision="fp16"``
-    compiles Cuvil's library with float16 wherever the prober proves it finite over the inputs' ranges
-    (the other engines stay float32: the agreement column is then float16's error)."""
+    compiles Cuvil's library with float16 wherever the prober proves it finite over the inputs' ranges,
+    ``"bf16"`` with its products by constant weights in bfloat16 (the other engines stay float32: the
+    agreement column is then the reduced precision's error)."""
     results: dict[str, EngineResult] = {e: EngineResult() for e in engines}
     runners: dict[str, Callable[[], Any]] = {}
     result = ModelResult(zm.name, zm.description, results)
@@ -326,8 +329,10 @@ def render(models: Sequence[ModelResult], gemm: GemmResult | None, threads: int,
     from rich.table import Table
 
     title = f"median latency (ms), {threads} thread(s); ratios < 1 mean Cuvil is faster"
-    if precision != "fp32":
-        title += f"; Cuvil in {precision} where proved, the others in fp32"
+    if precision == "fp16":
+        title += "; Cuvil in fp16 where proved, the others in fp32"
+    elif precision == "bf16":
+        title += "; Cuvil's products by constant weights in bf16, the others in fp32"
     table = Table(title=title)
     for col in ("model", "cuvil", "ort", "torch", "cuvil/ort", "cuvil/torch", "compile s", "tuned ops",
                 "agree vs oracle"):
@@ -363,10 +368,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="the reduced (test-size) zoo profiles")
     p.add_argument("--frontend", choices=("torch", "onnx"), default="torch",
                    help="what Cuvil compiles float models from (quantized ones always come from ONNX)")
-    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
-                   help="Cuvil's library: fp32, or fp16 wherever the prober proves it finite over the "
-                        "benchmark inputs' ranges (float16 weights stream half the bytes); the other engines "
-                        "stay fp32")
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="Cuvil's library: fp32; fp16 wherever the prober proves it finite over the benchmark "
+                        "inputs' ranges (float16 weights stream half the bytes); bf16: its matmuls by constant "
+                        "weights as bfloat16 products summed in float32; the other engines stay fp32")
     p.add_argument("--gemm-size", type=int, default=1024, help="GEMM microbenchmark size n (0 skips it)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = p.parse_args(argv)

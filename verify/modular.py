@@ -119,7 +119,7 @@ def _work(v: Value, dims: Mapping[str, int]) -> int:
 
 def _limb_product_applies(v: Value, extent: int) -> bool:
     return (v.op in contraction_ops() and get_op(v.op).numpy is not None and v.dtype.is_float
-            and all(o.dtype.is_float for o in v.operands) and extent < _LIMB_TERMS)
+            and all(o.dtype is v.dtype for o in v.operands[:2]) and extent < _LIMB_TERMS)
 
 
 class ModularEvaluator:

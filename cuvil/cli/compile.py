@@ -38,7 +38,7 @@ from cuvil.cli.common import (
     report_error,
 )
 from cuvil.codegen.shape_class import ShapeClass
-from cuvil.errors import CodegenError, CuvilError, InputError, ModelLoadError
+from cuvil.errors import CodegenError, CuvilError, InputError, ModelLoadError, UsageError
 
 COMPILE_EXIT_CODES = EXIT_CODES + """
 a gated compile that stops writes nothing (with --enable-fp16, an op whose
@@ -139,6 +139,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
                              hint="a .pt2 export carries its dims' ranges (torch.export.Dim min/max)")
         options["dim_ranges"] = dim_ranges
     options.update(_fp16_options(args, model_path, options))
+    if args.precision == "bf16":
+        if args.enable_fp16:
+            raise UsageError("--precision bf16 and --enable-fp16 choose two precisions for the same ops",
+                             location="--precision", hint="keep one of them")
+        options["bf16"] = True
     gate = _make_gate(args)
     passes: Any = args.passes
     from cuvil.passes.plugins import resolve_pipeline
@@ -244,6 +249,12 @@ def _fp16_options(args: argparse.Namespace, model_path: Path, options: Mapping[s
 def _print_precision(entry: Any) -> None:
     if not isinstance(entry, dict):
         return
+    if entry.get("mode") == "bf16":
+        sys.stdout.write(f"  bf16      {entry.get('bf16_products')} products by constant weights (matmul, conv) in "
+                         f"bfloat16, summed in float32; {entry.get('fp32_products')} kept float32\n")
+        for k in entry.get("kept_fp32", [])[:10]:
+            sys.stdout.write(f"    {k.get('value')} {k.get('op')}: {k.get('reason')}\n")
+        return
     sys.stdout.write(f"  fp16      {entry.get('fp16_ops')} ops in float16, {entry.get('fp32_ops')} kept float32 "
                      f"({entry.get('unproved')} not proved safe); `precision` in the manifest lists them\n")
     unproved = [k for k in entry.get("kept_fp32", []) if k.get("cause") != "type"]
@@ -340,6 +351,11 @@ def register(sub: Any) -> None:
                    help="run in float16 every op the overflow prober proves safe for the --range box; the rest "
                         "stays float32 (listed with the reason in the manifest's `precision`); with --gate, any "
                         "op not proved refuses the build")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: every float32 matmul (even K) and ungrouped conv by constant weights takes bfloat16 "
+                        "operands and sums their products in float32 (vdpbf16ps where the CPU has AVX512-BF16); a "
+                        "declared precision change, counted in the manifest's `precision`; every other op stays "
+                        "float32")
     p.add_argument("--range", action="append", default=[], metavar="NAME=LO:HI",
                    help="with --enable-fp16: the declared range of an input (every element in [LO, HI]); one per "
                         "input, integer inputs such as token ids included; repeatable")

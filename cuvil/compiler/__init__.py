@@ -43,7 +43,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
             ranges: Mapping[str, tuple[float, float]] | None = None, fp16_strict: bool | None = None,
             lora: Any = None, merge: bool = True, lora_base: Any = None, failsafe: Any = None,
             shape_class: bool = False, dim_max: Mapping[str, int] | None = None, int8: bool | None = None,
-            **import_options: Any) -> CompiledModel:
+            bf16: bool = False, **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
     The optimization pipeline is ``O<opt_level>`` unless ``passes`` names one (``"O2"``,
@@ -77,12 +77,22 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     value may differ from the float QDQ graph's by one quantization step), applied before the proved
     pipeline like FP16. ``int8=False`` compiles the float QDQ graph.
 
+    ``bf16=True`` computes every float32 matmul by constant weights (K even) as a ``bf16_matmul``: both
+    operands rounded to bfloat16, the products summed in float32 (``vdpbf16ps`` where the CPU has
+    AVX512-BF16, twice the products per instruction of float32); every other op stays float32. It is a
+    declared precision change (``bf16``, contract ``bounded``: about three significant digits per operand)
+    applied before the proved pipeline; the manifest's ``precision`` entry counts the products and lists
+    those kept float32 with the reason. It excludes ``fp16``.
+
     ``failsafe`` (a fail-safe policy: its JSON file or the parsed document) builds the policy's guard
     into the library: every input element finite and inside the policy's box for it, every output
     element finite, checked in native code; a violation raises :class:`cuvil.runtime.GuardFault`
     with the policy's fault and the mode it calls for (``run_guarded`` returns it instead).
     """
     fp16_request = _fp16_request(fp16, ranges, fp16_strict, gate)
+    if bf16 and fp16:
+        raise InputError("bf16 and fp16 are two precisions for the same ops: choose one", location="bf16",
+                         hint="drop fp16=True (--enable-fp16) or bf16=True (--precision bf16)")
     guard = _failsafe_guard(failsafe)
     if lora is not None:
         from cuvil.passes.manager import parse_pipeline
@@ -105,7 +115,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
                       name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
                       output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request,
                       guard=guard, dim_max=dim_max if shape_class else None,
-                      int8=opt_level == 3 and not fp16 if int8 is None else bool(int8))
+                      int8=opt_level == 3 and not fp16 if int8 is None else bool(int8), bf16=bool(bf16))
     sig = job.signature()
     if guard is not None:
         guard.check_model(sig.inputs)

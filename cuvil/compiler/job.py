@@ -35,6 +35,7 @@ from cuvil.ir.module import Function, Module
 from cuvil.ir.specialize import specialize_dims
 from cuvil.log import stage
 from cuvil.passes import parse_pipeline, run_pipeline
+from cuvil.passes.bf16 import plan_bf16
 from cuvil.runtime.cache import ArtifactCache, Entry, key_of
 from cuvil.runtime.loader import NativeLibrary, Signature, open_library
 
@@ -68,7 +69,7 @@ class CompileJob:
                  threads: int | None, target: Target, store: ArtifactCache | None,
                  output_dir: Path | None, fp16: Mapping[str, Any] | None = None,
                  guard: GuardSpec | None = None, dim_max: Mapping[str, int] | None = None,
-                 int8: bool = False) -> None:
+                 int8: bool = False, bf16: bool = False) -> None:
         self.model = model
         self.dim_max = dict(dim_max) if dim_max is not None else None  # a shape-class library's largest dims
         self.guard = guard  # a fail-safe policy's guard, built into every library of this job
@@ -76,6 +77,8 @@ class CompileJob:
         self._fp16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
         self.int8 = int8  # lower a QDQ model's products to integers where the accumulators are proved (_int8_plan)
         self._int8_plans: dict[tuple[tuple[str, int], ...], Any] = {}
+        self.bf16 = bf16  # run the float32 products by constant weights in bfloat16 (cuvil.passes.bf16)
+        self._bf16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
         self.example_inputs = example_inputs
         self.import_options = dict(import_options)
         self.function_name = function
@@ -123,6 +126,7 @@ class CompileJob:
                 "keep_ir": self.keep_ir, "threads": self.threads,
                 **({"fp16": dict(self.fp16)} if self.fp16 is not None else {}),
                 **({"int8": True} if self.int8 else {}),
+                **({"bf16": True} if self.bf16 else {}),
                 **({"failsafe": self.guard.cache_key()} if self.guard is not None else {}),
                 **({"dim_max": dict(sorted(self.dim_max.items()))} if self.dim_max is not None else {})}
 
@@ -223,6 +227,8 @@ class CompileJob:
             start = self._int8_lowered(start, env)
         if self.fp16 is not None:
             start = self._fp16_plan(start, env).module
+        if self.bf16:
+            start = self._bf16_lowered(start, env)
         with stage(f"optimize ({label})"):
             return run_pipeline(start, self.passes, gate=self.gate).module
 
@@ -244,6 +250,16 @@ class CompileJob:
                 logger.warning("int8: the QDQ graph is compiled in float32: %s", plan.reason)
             self._int8_plans[key] = plan
         return self._int8_plans[key].module
+
+    def _bf16_lowered(self, module: Module, env: Mapping[str, int] | None) -> Module:
+        """The module with its float32 products by constant weights in bfloat16, once per specialization."""
+        key = tuple(sorted((env or {}).items()))
+        if key not in self._bf16_plans:
+            with stage("bf16 products"):
+                self._bf16_plans[key] = plan_bf16(module)
+            plan = self._bf16_plans[key]
+            logger.debug("bf16: %d products in bfloat16, %d kept float32", plan.products, len(plan.kept))
+        return self._bf16_plans[key].module
 
     def _fp16_plan(self, module: Module, env: Mapping[str, int] | None) -> Any:
         """The float16 program of ``module`` (float16 exactly where the prober proves it safe), planned
@@ -280,6 +296,9 @@ class CompileJob:
         if self.fp16 is not None:
             extra["precision"] = {**self._fp16_plans[tuple(sorted(env.items()))].manifest(),
                                   "strict": self.fp16["strict"]}
+        bf16 = self._bf16_plans.get(tuple(sorted(env.items())))
+        if bf16 is not None:
+            extra["precision"] = bf16.manifest()
         provenance: dict[str, str] = {}
         if mark is not None:
             extra["verification"] = self._certificate(mark, optimized, shape_class)

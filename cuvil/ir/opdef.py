@@ -127,8 +127,9 @@ class OpDef:
     examples: Examples | None = None
     contraction: bool = False
     """A bilinear contraction of its first two operands (each output element a sum of products of
-    their elements) that the tuned GEMM/conv kernels compute: fused epilogues anchor on it and INT8
-    lowering requantizes it. ``conv_transpose`` and ``einsum`` contract too, but nothing treats them so."""
+    their elements) that the tuned GEMM/conv kernels compute (``bf16_matmul``: the GEMM over bfloat16
+    pairs): fused epilogues anchor on it and INT8 lowering requantizes it. ``conv_transpose`` and
+    ``einsum`` contract too, but nothing treats them so."""
     epilogue_fusible: bool = False
     """An elementwise op that may join a contraction's fused epilogue: bias and residual adds, scales,
     activations, and the cast / round / clip of an integer product's requantization."""

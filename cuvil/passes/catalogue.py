@@ -1,6 +1,7 @@
 """The built-in passes (importing this module registers them) and the O0..O3 pipelines."""
 
 from cuvil.passes import (  # noqa: F401
+    bf16,
     canonicalize,
     cse,
     dce,

@@ -8,19 +8,19 @@ from cuvil.ir import opdef
 from cuvil.ir import rules as R
 from cuvil.ir.opdef import contraction_ops, define, epilogue_fusible_ops, get_op, ops_with_precision
 
-CONTRACTIONS = {"matmul", "conv"}
+CONTRACTIONS = {"matmul", "conv", "bf16_matmul", "bf16_conv"}  # (the bf16 ones: their paired kernels take epilogues)
 EPILOGUE = {"add", "sub", "mul", "div", "relu", "clip", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "hardswish",
             "hardsigmoid", "elu", "cast", "round"}
 KEEP_FP32 = {"softmax", "log_softmax", "exp", "log", "pow", "layer_norm", "batch_norm", "reduce_sum", "reduce_mean",
              "reduce_prod", "erf", "cumsum", "lrn", "lp_pool", "softplus", "mish", "sinh", "cosh", "cast", "loop",
-             "bitcast", "cond", "bf16_matmul"}
+             "bitcast", "cond", "bf16_matmul", "bf16_conv"}
 
 
 def test_catalogue_queries_give_the_former_lists() -> None:
     assert contraction_ops() == CONTRACTIONS
     assert epilogue_fusible_ops() == EPILOGUE
     assert ops_with_precision("keep-fp32", "as-declared") == KEEP_FP32
-    assert ops_with_precision("as-declared") == {"cast", "bitcast", "bf16_matmul"}
+    assert ops_with_precision("as-declared") == {"cast", "bitcast", "bf16_matmul", "bf16_conv"}
 
 
 def test_readers_use_the_catalogue() -> None:
@@ -32,7 +32,7 @@ def test_readers_use_the_catalogue() -> None:
     assert set(EPILOGUE_ANCHORS) == CONTRACTIONS and set(EPILOGUE_OPS) == EPILOGUE
     assert set(FuseElementwise().anchors) == CONTRACTIONS and set(FuseElementwise().epilogue_ops) == EPILOGUE
     assert set(PASS_KEEP) == KEEP_FP32
-    assert DEFAULT_KEEP == ("bf16_matmul", "bitcast", "cast")
+    assert DEFAULT_KEEP == ("bf16_conv", "bf16_matmul", "bitcast", "cast")
     assert set(KERNELS) <= contraction_ops()  # a tuned kernel computes a contraction
 
 

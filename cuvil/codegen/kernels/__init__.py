@@ -40,7 +40,7 @@ from cuvil.codegen.kernels.gemm import (
     host_isa,
     rows_view,
 )
-from cuvil.codegen.kernels.paired import paired_matmul_kernel
+from cuvil.codegen.kernels.paired import paired_conv_kernel, paired_matmul_kernel
 from cuvil.codegen.kernels.pool import max_pool_kernel
 from cuvil.codegen.kernels.rows import row_kernel
 from cuvil.codegen.kernels.vnni import vnni_conv, vnni_matmul
@@ -101,11 +101,15 @@ def tuned_kernels() -> dict[str, str]:
     out = {op: f"{text}, float32 (float16, bfloat16: widened into it)" for op, (text, _) in KERNELS.items()}
     for op in KERNELS:
         out[op] += "; int32 over constant int8-valued weights: VNNI int8 dot products"
-    out["fused"] = "tuned kernels for " + " / ".join(KERNELS) + " epilogues, float32 (int32 matmul: VNNI)"
+    out["fused"] = "tuned kernels for " + " / ".join(KERNELS) + " epilogues, float32 (int32 matmul: VNNI; " \
+                   "bf16_matmul, bf16_conv: bfloat16 pairs)"
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
     out["max_pool"] = "2-D windows along each row (vectorized, masked at the edges), float32"
-    out["bf16_matmul"] = "tuned GEMM over bfloat16 pairs (vdpbf16ps; AVX512-BF16, constant right operand, even K)"
+    out["bf16_matmul"] = "tuned GEMM over bfloat16 pairs with its fused epilogue (vdpbf16ps; AVX512-BF16, constant " \
+                         "right operand, even K)"
+    out["bf16_conv"] = "tuned convolution over bfloat16 channel pairs with its fused epilogue (vdpbf16ps; " \
+                       "AVX512-BF16, constant weights, 1-3 spatial dims)"
     return out
 
 
@@ -113,11 +117,13 @@ def select_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> Kernel | Non
     """A tuned kernel for ``v`` (static shapes), or None to use the generic rule lowering."""
     if not _enabled or v.is_param or v.is_const:
         return None
-    if v.op == "bf16_matmul":
-        return paired_matmul_kernel(v, constants)
     c = contraction_of(v)
     if c is None:
         return None
+    if c.op == "bf16_matmul":
+        return paired_matmul_kernel(v, c, constants)
+    if c.op == "bf16_conv":
+        return paired_conv_kernel(v, c, constants)
     types = [c.lhs_type, c.rhs_type, c.out_type]
     if any(not t.is_static for t in types) or not v.type.is_static or any(not o.type.is_static for o in v.operands):
         return None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,6 +144,10 @@ class ConvGeometry:
 
 
 class ConvKernel:
+    positions_as_rows = False
+    """Whether output positions are the GEMM rows wherever there are a vector's worth of output channels
+    (otherwise only where :data:`TRANSPOSE_GAIN`, :data:`TRANSPOSE_PLANE` and :data:`TRANSPOSE_K` say so)."""
+
     def __init__(self, op: str, contraction: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
                  weights: np.ndarray, geometry: ConvGeometry, isa: Isa) -> None:
         self.op = op
@@ -185,7 +189,7 @@ class ConvKernel:
         across = choose_tiling(isa, out_plane, g.mg, k, kc_max=CONV_KC_MAX, b_streams=streams_from_memory(k, g.mg))
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
-        self.transposed = g.mg >= isa.lanes and (area_across * TRANSPOSE_GAIN < area or (
+        self.transposed = g.mg >= isa.lanes and (self.positions_as_rows or area_across * TRANSPOSE_GAIN < area or (
             out_plane <= TRANSPOSE_PLANE and k >= TRANSPOSE_K))
         if self.transposed:
             self.tiling = across
@@ -351,13 +355,12 @@ class ConvKernel:
         b = ctx.b
         image = b.udiv(c, const(g.c_in))
         chan = b.urem(c, const(g.c_in))
-        src = fgep(b, ctx.ins[self.c.lhs], b.mul(c, const(math.prod(g.in_sp))))
+        copy_row = self._row_copier(ctx, c)
         dst_image = b.mul(image, const(self.image_floats))
         dst = fgep(b, ctx.scratch, b.add(dst_image, b.mul(chan, const(self.chan_stride))))
         nsp = len(self.plane)
         in_strides = row_major_strides(list(g.in_sp))
         zero = ir.Constant(F32, 0.0)
-        copy_row = _copy_row_function(ctx.fn.module)
         for phase, pi in self.phase_index.items():
             plane = fgep(b, dst, pi * self.plane_size)
             outer = self.plane[:-1]
@@ -382,11 +385,11 @@ class ConvKernel:
                     inside = b.and_(inside, b.icmp_unsigned("<", pos, const(g.in_sp[j])))
                     src_off = b.add(src_off, b.mul(pos, const(in_strides[j])))
 
-                src_row = fgep(b, src, b.select(inside, src_off, const(0)))
                 # a row outside the input is all padding: an empty copy range
                 first = b.select(inside, const(lo), const(w))
                 last = b.select(inside, const(hi), const(w))
-                b.call(copy_row, [dst_row, src_row, first, last, const(w), const(s_last), const(r_last - p_last)])
+                copy_row(dst_row, b.select(inside, src_off, const(0)), [first, last, const(w), const(s_last),
+                                                                        const(r_last - p_last)])
 
             for_range(b, 0, math.prod(outer), "frow", row, hints=NO_UNROLL)
 
@@ -403,6 +406,14 @@ class ConvKernel:
             for_range(b, 0, slack, "fs", lambda q: b.store(zero, fgep(b, base, q), align=4), hints=NO_UNROLL)
 
         if_then(b, b.icmp_signed("==", chan, const(0)), "slack", clear_slack)
+
+    def _row_copier(self, ctx: Ctx, c: Val) -> Callable[[Val, Val, list[Val]], object]:
+        """How chunk ``c`` of :meth:`_fill` copies a plane row: ``copy(dst_row, at, [lo, hi, w, stride, shift])``
+        with ``at`` the row's offset in the input channel (:func:`_copy_row_function`)."""
+        b = ctx.b
+        src = fgep(b, ctx.ins[self.c.lhs], b.mul(c, const(math.prod(self.g.in_sp))))
+        fn = _copy_row_function(ctx.fn.module)
+        return lambda dst_row, at, rest: b.call(fn, [dst_row, fgep(b, src, at), *rest])
 
     def _store(self, ctx: Ctx, prob: Any, m0: Val, n0: Val, rows: Val, cols: Val,
                tile: Val, stride: int) -> None:

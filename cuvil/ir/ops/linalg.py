@@ -133,7 +133,7 @@ def _bf16_examples(rng: np.random.Generator) -> list[tuple[list[np.ndarray], dic
 
 define("bf16_matmul", ("lhs", "rhs"), attrs={"transpose_a": ("bool", False), "transpose_b": ("bool", False)},
        shape=_bf16_matmul_type, rule=_bf16_matmul_rule, numpy=_bf16_matmul_numpy, family="linalg",
-       precision_policy="as-declared", examples=_bf16_examples,
+       contraction=True, precision_policy="as-declared", examples=_bf16_examples,
        doc="batched product of bfloat16 matrices into float32: along K in pairs, each pair's odd term first, "
            "every term a fused multiply-add with subnormal factors and sums flushed to zero (x86 vdpbf16ps); "
            "an odd K's last pair completed by a zero")

@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import reduce_axes, sequential_matmul
+from cuvil.ir.numpy_prims import reduce_axes, sequential_dot, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
 from cuvil.ir.ops.reduce import mean_numpy, round_once, wide_array
 from cuvil.ir.symbolic import Dim, sym_min
@@ -208,6 +208,81 @@ define("conv", ("x", "w"),
        attrs={"strides": ("ints", ()), "pads": ("ints", ()), "dilations": ("ints", ()), "groups": ("int", 1)},
        shape=_conv_type, rule=_conv_rule, numpy=_conv_numpy, family="nn", examples=_conv_examples, contraction=True,
        doc="N-d grouped convolution (cross-correlation), NC* layout, w: [O, C/groups, *k]; zero padding; no bias")
+
+
+# --------------------------------------------------------------------------------------
+# bf16_conv: bfloat16 products accumulated in float32 over channel pairs, as x86's vdpbf16ps
+
+
+def _bf16_conv_type(types: list[TensorType], strides: tuple[int, ...], pads: tuple[int, ...],
+                    dilations: tuple[int, ...]) -> TensorType:
+    if any(t.dtype is not DType.bf16 for t in types):
+        raise TypeError(f"bf16_conv convolves bfloat16 operands, not {types[0].dtype} and {types[1].dtype}")
+    t = _conv_type(types, strides, pads, dilations, 1)
+    return TensorType(DType.f32, t.shape)
+
+
+def _bf16_conv_rule(c: R.RuleCtx) -> R.Expr:
+    x, w = c.inputs
+    nsp, (s, pb, _, d) = _rule_window(c)
+    n, o, *sp = c.out
+    pairs = (w.shape[1] + 1) // 2
+
+    def factors(j: R.Ix, *rest: R.Ix) -> tuple[R.Expr, R.Expr]:
+        *ks, e = rest
+        ci = j * 2 + 1 - e  # each pair's odd channel first; an odd count's last pair reads a zero past the end
+        pos = [sp[k] * s[k] + ks[k] * d[k] - pb[k] for k in range(nsp)]
+        return R.cast(x.at(n, ci, *pos, oob=0), DType.f32), R.cast(w.at(o, ci, *ks, oob=0), DType.f32)
+
+    return R.dot("dot_ftz", [pairs, *w.shape[2:], 2], factors)
+
+
+def _bf16_conv_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...], pads: tuple[int, ...],
+                     dilations: tuple[int, ...]) -> np.ndarray:
+    """im2col as a strided view, channels completed to pairs by a zero, then the rule's fused
+    multiply-adds in its order (pair, taps, odd channel first)."""
+    x, w = (a.astype(np.float32) for a in xs)
+    nsp = x.ndim - 2
+    s, pb, _, d = window_params(nsp, strides, pads, dilations)
+    out_sp = [int(v) for v in out.shape[2:]]
+    k = w.shape[2:]
+    if x.shape[1] % 2:
+        x = np.concatenate([x, np.zeros((x.shape[0], 1, *x.shape[2:]), np.float32)], axis=1)
+        w = np.concatenate([w, np.zeros((w.shape[0], 1, *k), np.float32)], axis=1)
+    xp = np.ascontiguousarray(_window_input(x, out_sp, k, s, pb, d, 0))
+    n, c = x.shape[:2]
+    st = xp.strides
+    view = as_strided(xp, shape=(n, c, *k, *out_sp),
+                      strides=(st[0], st[1], *(st[2 + j] * d[j] for j in range(nsp)),
+                               *(st[2 + j] * s[j] for j in range(nsp))), writeable=False)
+    taps = math.prod(k)
+    cols = view.reshape(n, c // 2, 2, taps, math.prod(out_sp))[:, :, ::-1].transpose(0, 4, 1, 3, 2)
+    wm = w.reshape(w.shape[0], c // 2, 2, taps)[:, :, ::-1].transpose(0, 1, 3, 2)
+    x_seq = cols.reshape(n, 1, math.prod(out_sp), c * taps)  # [n, 1, P, (pair, tap, odd first)]
+    w_seq = wm.reshape(1, w.shape[0], 1, c * taps)
+    y = sequential_dot("dot_ftz", x_seq, w_seq, 3)
+    return y.reshape(n, w.shape[0], *out_sp)
+
+
+def _bf16_conv_examples(rng: np.random.Generator) -> list:
+    import ml_dtypes
+
+    f = lambda *sh: _spatial_examples(rng, *sh).astype(ml_dtypes.bfloat16)
+    return [
+        ([f(2, 4, 5), f(3, 4, 2)], {}),
+        ([f(2, 3, 6, 5), f(4, 3, 3, 2)], {"strides": (2, 1), "pads": (1, 0, 2, 1)}),  # odd channels
+        ([f(1, 2, 7, 6), f(2, 2, 3, 3)], {"dilations": (2, 1), "pads": (1, 1, 1, 1)}),
+    ]
+
+
+define("bf16_conv", ("x", "w"),
+       attrs={"strides": ("ints", ()), "pads": ("ints", ()), "dilations": ("ints", ())},
+       shape=_bf16_conv_type, rule=_bf16_conv_rule, numpy=_bf16_conv_numpy, family="nn", contraction=True,
+       precision_policy="as-declared", examples=_bf16_conv_examples,
+       doc="N-d convolution (cross-correlation, NC* layout, zero padding, no groups) of bfloat16 operands into "
+           "float32: along channel pairs (each pair's odd channel first) and taps, pair outermost, every term a "
+           "fused multiply-add with subnormal factors and sums flushed to zero (x86 vdpbf16ps); an odd channel "
+           "count's last pair completed by a zero")
 
 
 # --------------------------------------------------------------------------------------
