@@ -17,6 +17,7 @@ from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.artifact import Artifact, build_library
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.codegen.target import Target, certificate_target
+from cuvil.compiler.bf16_plan import plan_bf16
 from cuvil.compiler.keys import (
     CACHE_KEY_FORMAT,
     Unkeyable,
@@ -35,7 +36,6 @@ from cuvil.ir.module import Function, Module
 from cuvil.ir.specialize import specialize_dims
 from cuvil.log import stage
 from cuvil.passes import parse_pipeline, run_pipeline
-from cuvil.passes.bf16 import plan_bf16
 from cuvil.runtime.cache import ArtifactCache, Entry, key_of
 from cuvil.runtime.loader import NativeLibrary, Signature, open_library
 

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from cuvil.ir.module import Module
-from cuvil.ir.printer import value_names
 from cuvil.ir.values import Value, walk
 from cuvil.passes.base import Contract, register
 from cuvil.passes.fp16 import fits
@@ -79,41 +77,3 @@ class Bf16(ValueRewrite):
             return b.op("bf16_conv", x, w, strides=v.attr("strides"), pads=v.attr("pads"),
                         dilations=v.attr("dilations"))
         return b.op("bf16_matmul", x, w, transpose_b=bool(v.attr("transpose_b")))
-
-
-@dataclass(frozen=True)
-class Bf16Plan:
-    """An imported module with its eligible products in bfloat16, and what stayed float32 and why."""
-
-    module: Module
-    products: int
-    kept: tuple[tuple[str, str, str], ...]
-    """(value name, op, reason) of each float32 ``matmul`` or ``conv`` that kept float32 products."""
-
-    def manifest(self) -> dict[str, Any]:
-        """The artifact manifest's ``precision`` entry."""
-        return {"mode": "bf16", "bf16_products": self.products, "fp32_products": len(self.kept),
-                "semantics": SEMANTICS,
-                "kept_fp32": [{"op": op, "value": name, "reason": reason} for name, op, reason in self.kept]}
-
-
-SEMANTICS = {
-    "bf16_matmul": "operands rounded to bfloat16 (nearest even), products summed in float32 along K in pairs, each "
-                   "pair's odd term first, subnormal factors and sums flushed to zero (x86 vdpbf16ps)",
-    "bf16_conv": "input and weights rounded to bfloat16 (nearest even), products summed in float32 over channel "
-                 "pairs (odd channel first) and taps, pair outermost, subnormal factors and sums flushed to zero "
-                 "(x86 vdpbf16ps)"}
-
-
-def plan_bf16(module: Module) -> Bf16Plan:
-    """``module`` after :class:`Bf16`, with the products it changed and the reasons of those it did not."""
-    out = Bf16().run(module).module
-    b = Builder(module.constants)
-    names = value_names(module.main)
-    kept = tuple((names.get(v, v.op), v.op, why) for v in module.main.values()
-                 if v.op in PRODUCTS and v.dtype is DType.f32
-                 for why in [why_float32(v, v.operands, b)] if why is not None)
-    paired = ("bf16_matmul", "bf16_conv")
-    products = sum(1 for v in out.main.values() if v.op in paired) - \
-        sum(1 for v in module.main.values() if v.op in paired)
-    return Bf16Plan(out, products, kept)

@@ -13,6 +13,7 @@ from pass_testing import assert_same_results, assert_unchanged, ops
 
 from cuvil import cli
 from cuvil.compiler import compile
+from cuvil.compiler.bf16_plan import plan_bf16
 from cuvil.errors import CuvilError
 from cuvil.interp import run_reference
 from cuvil.ir import Builder, DType
@@ -20,7 +21,7 @@ from cuvil.ir.module import Module
 from cuvil.ir.printer import export_ir
 from cuvil.passes import run_pipeline
 from cuvil.passes.base import Contract
-from cuvil.passes.bf16 import Bf16, plan_bf16
+from cuvil.passes.bf16 import Bf16
 from verify import make_gate
 
 RNG = np.random.default_rng(23)
@@ -206,3 +207,30 @@ def test_the_cnn_library_is_the_lowered_rule_bit_for_bit():
     lowered = plan_bf16(before).module
     x = _f(2, 3, 10, 10)
     np.testing.assert_array_equal(_bits(model.run({"x": x})[0]), _bits(run_reference(lowered, [x])[0]))
+
+
+def test_a_shape_known_only_at_run_time_keeps_float32_products_and_says_why():
+    """A library for a whole shape class (symbolic batch): the paired kernels are built per shape, so the
+    products stay float32; a specialization of the same model pairs them."""
+    b = Builder()
+    x = b.param("x", DType.f32, ["N", 24])
+    m = b.module(b.function("main", [x], [b.matmul(x, b.const(_f(24, 8)))]))
+    plan = plan_bf16(m)
+    assert plan.products == 0 and "run time" in plan.kept[0][2]
+    model = compile(m, bf16=True, cache=False, input_shapes={"x": (3, 24)})
+    assert model.manifest is not None and model.manifest["precision"]["bf16_products"] == 1
+
+
+def test_batch_norms_after_products_are_folded_before_the_weights_are_rounded():
+    """A torch export keeps its batch norms: folded afterwards they could not reach bfloat16 weights, so the
+    plan folds them first (the manifest counts them) and no batch norm is left to run on its own."""
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 4, 8, 8])
+    y = b.conv(x, b.const(_f(6, 4, 3, 3, scale=0.3)), pads=(1, 1, 1, 1))
+    params = [b.const(np.abs(_f(6)) + 0.5), b.const(_f(6)), b.const(_f(6)), b.const(np.abs(_f(6)) + 0.5)]
+    m = b.module(b.function("main", [x], [b.relu(b.batch_norm(y, *params))]))
+    plan = plan_bf16(m)
+    assert plan.products == 1 and plan.folded_batch_norms == 1 and plan.manifest()["folded_batch_norms"] == 1
+    assert "batch_norm" not in ops(plan.module) and "bf16_conv" in ops(plan.module)
+    assert_same_results(m, plan.module, exact=False, rtol=RTOL, atol=ATOL, trials=3)
+    assert plan_bf16(_mlp()).folded_batch_norms == 0
