@@ -54,6 +54,8 @@ class ModelResult:
     kernels: dict[str, int] = field(default_factory=dict)  # tuned kernel name -> count ("rule": generic, "view": none)
     compile_breakdown: dict[str, float] = field(default_factory=dict)
     cuvil_memory_bytes: int | None = None  # arena + embedded constants
+    steal_share: float | None = None
+    """The share of the machine's CPU time the host took from it (steal) while the engines were timed."""
 
     def ratio(self, engine: str) -> float | None:
         c, o = self.engines.get("cuvil"), self.engines.get(engine)
@@ -190,6 +192,7 @@ def bench_model(zm: Any, *, engines: Sequence[str], threads: int, repeat: int, w
                 results[e].agreement = _rel_diff(out, outputs[oracle])
 
     order = list(runners)
+    before = cpu_times()
     for it in range(warmup + repeat):
         shift = it % max(len(order), 1)
         for engine in order[shift:] + order[:shift]:  # rotate who goes first
@@ -200,7 +203,28 @@ def bench_model(zm: Any, *, engines: Sequence[str], threads: int, repeat: int, w
                 results[engine].times_ms.append(elapsed * 1e3)
     for engine in runners:
         results[engine].median_ms = _median_ms([t / 1e3 for t in results[engine].times_ms])
+    result.steal_share = steal_share(before, cpu_times())
     return result
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's CPU time so far, per kind (``/proc/stat``: user, nice, system, idle, iowait, irq,
+    softirq, steal, ...), or None where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    return [int(x) for x in fields[1:]] if fields and fields[0] == "cpu" else None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of the CPU time between two :func:`cpu_times` readings that a hypervisor gave to others
+    (steal: a vCPU ready to run but not running), None where it is not reported."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return None
+    total = sum(after[:8]) - sum(before[:8])
+    return (after[7] - before[7]) / total if total > 0 else None
 
 
 # --------------------------------------------------------------------------------------
@@ -348,6 +372,10 @@ def render(models: Sequence[ModelResult], gemm: GemmResult | None, threads: int,
                       f"{tuned}/{total}" if total else "-",
                       f"{c.agreement:.1e}" if c.agreement is not None else "-")
     console.print(table)
+    steal = [(m.model, m.steal_share) for m in models if m.steal_share]
+    if steal:
+        console.print("steal (CPU time the host gave to other tenants while timing): " +
+                      ", ".join(f"{name} {100 * share:.1f} %" for name, share in steal))
     if gemm is not None:
         console.print(f"GEMM {gemm.n}^3 (W packed at compile time), one thread: cuvil {gemm.cuvil_gflops:.1f} "
                       f"GFLOP/s, numpy {gemm.numpy_gflops:.1f} GFLOP/s ({gemm.numpy_threads}) -> "

@@ -643,6 +643,35 @@ def test_bench_harness_runs_cuvil_in_float16_where_proved():
     assert 1e-6 < model["engines"]["cuvil"]["agreement"] < 1e-2  # float16's rounding, not float32's
 
 
+def test_bench_harness_runs_cuvil_with_bfloat16_products():
+    """``--precision bf16``: the products by constant weights in bfloat16 (paired kernels where the CPU has
+    AVX512-BF16), ONNX Runtime in float32, and the agreement column is bfloat16's error."""
+    pytest.importorskip("onnxruntime")
+    from llvmlite import binding
+    from rich.console import Console
+
+    from bench.harness import parse_args, run
+
+    args = parse_args(["--models", "mlp", "--small", "--engines", "cuvil,ort", "--repeat", "2", "--warmup", "0",
+                       "--gemm-size", "0", "--precision", "bf16"])
+    with open(os.devnull, "w") as sink:
+        report = run(args, Console(file=sink, width=160))
+    (model,) = report["models"]
+    assert report["precision"] == "bf16"
+    if binding.get_host_cpu_features().get("avx512bf16", False):
+        assert any(k.endswith(".bf16x2") for k in model["kernels"]), model["kernels"]
+    assert 1e-5 < model["engines"]["cuvil"]["agreement"] < 2e-2  # bfloat16's rounding, not float32's
+
+
+def test_steal_share_is_the_hosts_part_of_the_cpu_time():
+    from bench.harness import steal_share
+
+    before = [100, 0, 50, 800, 0, 0, 0, 50]
+    after = [200, 0, 60, 880, 0, 0, 0, 60]  # 200 jiffies passed, 10 of them stolen
+    assert steal_share(before, after) == pytest.approx(0.05)
+    assert steal_share(None, after) is None and steal_share(before, before) is None
+
+
 @pytest.mark.parametrize("m,n,k", [(49, 512, 4608), (196, 256, 2304), (128, 1024, 256), (128, 256, 256),
                                    (9, 4096, 1024), (3136, 64, 576), (1000, 1000, 1000), (1, 1000, 1024)])
 def test_streamed_b_is_read_by_as_few_m_blocks_as_the_caches_allow(m: int, n: int, k: int):
