@@ -118,6 +118,8 @@ def _work(v: Value, dims: Mapping[str, int]) -> int:
 
 
 def _limb_product_applies(v: Value, extent: int) -> bool:
+    """Not for a contraction into another type than its operands' (``bf16_matmul``, ``bf16_conv``): its fast path
+    reads them through float32 and sums in float32, which no limb product survives."""
     return (v.op in contraction_ops() and get_op(v.op).numpy is not None and v.dtype.is_float
             and all(o.dtype is v.dtype for o in v.operands[:2]) and extent < _LIMB_TERMS)
 

@@ -77,12 +77,13 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     value may differ from the float QDQ graph's by one quantization step), applied before the proved
     pipeline like FP16. ``int8=False`` compiles the float QDQ graph.
 
-    ``bf16=True`` computes every float32 matmul by constant weights (K even) as a ``bf16_matmul``: both
-    operands rounded to bfloat16, the products summed in float32 (``vdpbf16ps`` where the CPU has
-    AVX512-BF16, twice the products per instruction of float32); every other op stays float32. It is a
-    declared precision change (``bf16``, contract ``bounded``: about three significant digits per operand)
-    applied before the proved pipeline; the manifest's ``precision`` entry counts the products and lists
-    those kept float32 with the reason. It excludes ``fp16``.
+    ``bf16=True`` computes every float32 matmul (K even) and ungrouped conv by constant weights as a
+    ``bf16_matmul`` / ``bf16_conv``: both operands rounded to bfloat16, the products summed in float32
+    (``vdpbf16ps`` where the CPU has AVX512-BF16, twice the products per instruction of float32), batch norms
+    after them folded into the weights first; every other op stays float32. It is a declared precision
+    change (contract ``bounded``: about three significant digits per operand) applied before the proved
+    pipeline (:mod:`cuvil.compiler.bf16_plan`); the manifest's ``precision`` entry counts the products and
+    lists those kept float32 with the reason. It excludes ``fp16``.
 
     ``failsafe`` (a fail-safe policy: its JSON file or the parsed document) builds the policy's guard
     into the library: every input element finite and inside the policy's box for it, every output

@@ -77,7 +77,7 @@ class CompileJob:
         self._fp16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
         self.int8 = int8  # lower a QDQ model's products to integers where the accumulators are proved (_int8_plan)
         self._int8_plans: dict[tuple[tuple[str, int], ...], Any] = {}
-        self.bf16 = bf16  # run the float32 products by constant weights in bfloat16 (cuvil.passes.bf16)
+        self.bf16 = bf16  # run the float32 products by constant weights in bfloat16 (cuvil.compiler.bf16_plan)
         self._bf16_plans: dict[tuple[tuple[str, int], ...], Any] = {}
         self.example_inputs = example_inputs
         self.import_options = dict(import_options)

@@ -168,6 +168,18 @@ def _conv_rule(c: R.RuleCtx) -> R.Expr:
     return R.cast(R.reduce("sum", [cg, *w.shape[2:]], body), c.out_type.dtype)
 
 
+def _windows_view(x: np.ndarray, out_sp: Sequence[int], k: Sequence[int], s: Sequence[int], pb: Sequence[int],
+                  d: Sequence[int]) -> np.ndarray:
+    """``[N, C, *k, *out_sp]``: every window a convolution reads, as a strided view of the zero-padded input
+    (im2col without the copy)."""
+    nsp = x.ndim - 2
+    xp = np.ascontiguousarray(_window_input(x, out_sp, k, s, pb, d, 0))
+    st = xp.strides
+    return as_strided(xp, shape=(*x.shape[:2], *k, *out_sp),
+                      strides=(st[0], st[1], *(st[2 + j] * d[j] for j in range(nsp)),
+                               *(st[2 + j] * s[j] for j in range(nsp))), writeable=False)
+
+
 def _conv_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...], pads: tuple[int, ...],
                 dilations: tuple[int, ...], groups: int) -> np.ndarray:
     """im2col as a strided view, then one batched product per group, summed over (channel, taps)
@@ -179,13 +191,9 @@ def _conv_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, ...],
     s, pb, _, d = window_params(nsp, strides, pads, dilations)
     out_sp = [int(v) for v in out.shape[2:]]
     k = w.shape[2:]
-    xp = np.ascontiguousarray(_window_input(x, out_sp, k, s, pb, d, 0))
+    view = _windows_view(x, out_sp, k, s, pb, d)
     n, c_in = x.shape[:2]
     c_out = w.shape[0]
-    st = xp.strides
-    view = as_strided(xp, shape=(n, c_in, *k, *out_sp),
-                      strides=(st[0], st[1], *(st[2 + j] * d[j] for j in range(nsp)),
-                               *(st[2 + j] * s[j] for j in range(nsp))), writeable=False)
     taps = math.prod(k)
     cols = view.reshape(n, groups, (c_in // groups) * taps, math.prod(out_sp))
     wm = w.reshape(groups, c_out // groups, (c_in // groups) * taps)
@@ -249,12 +257,8 @@ def _bf16_conv_numpy(xs: list[np.ndarray], out: TensorType, strides: tuple[int, 
     if x.shape[1] % 2:
         x = np.concatenate([x, np.zeros((x.shape[0], 1, *x.shape[2:]), np.float32)], axis=1)
         w = np.concatenate([w, np.zeros((w.shape[0], 1, *k), np.float32)], axis=1)
-    xp = np.ascontiguousarray(_window_input(x, out_sp, k, s, pb, d, 0))
+    view = _windows_view(x, out_sp, k, s, pb, d)
     n, c = x.shape[:2]
-    st = xp.strides
-    view = as_strided(xp, shape=(n, c, *k, *out_sp),
-                      strides=(st[0], st[1], *(st[2 + j] * d[j] for j in range(nsp)),
-                               *(st[2 + j] * s[j] for j in range(nsp))), writeable=False)
     taps = math.prod(k)
     cols = view.reshape(n, c // 2, 2, taps, math.prod(out_sp))[:, :, ::-1].transpose(0, 4, 1, 3, 2)
     wm = w.reshape(w.shape[0], c // 2, 2, taps)[:, :, ::-1].transpose(0, 1, 3, 2)
