@@ -42,7 +42,7 @@ from cuvil.ir.values import Value
 
 @dataclass(frozen=True)
 class PairedKernel(RunsInner):
-    """The float32 GEMM ``inner`` over bfloat16 pairs: emitted under :func:`bf16_pairs`."""
+    """The float32 GEMM or convolution ``inner`` over bfloat16 pairs: emitted under :func:`bf16_pairs`."""
 
     inner: Kernel
 
