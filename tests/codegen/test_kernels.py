@@ -625,19 +625,26 @@ def test_bench_harness_smoke(tmp_path):
     assert out.exists()
 
 
-def test_bench_harness_runs_cuvil_in_float16_where_proved():
-    """``--precision fp16``: Cuvil's library is compiled with float16 over the inputs' own ranges (its
-    products on float16 panels), ONNX Runtime stays float32, and the agreement column is float16's error."""
+def _bench_small_mlp(precision: str) -> tuple[dict, dict]:
+    """The harness on the reduced MLP, Cuvil against ONNX Runtime, Cuvil's library in ``precision``: the report
+    and its one model."""
     pytest.importorskip("onnxruntime")
     from rich.console import Console
 
     from bench.harness import parse_args, run
 
     args = parse_args(["--models", "mlp", "--small", "--engines", "cuvil,ort", "--repeat", "2", "--warmup", "0",
-                       "--gemm-size", "0", "--precision", "fp16"])
+                       "--gemm-size", "0", "--precision", precision])
     with open(os.devnull, "w") as sink:
         report = run(args, Console(file=sink, width=160))
     (model,) = report["models"]
+    return report, model
+
+
+def test_bench_harness_runs_cuvil_in_float16_where_proved():
+    """``--precision fp16``: Cuvil's library is compiled with float16 over the inputs' own ranges (its
+    products on float16 panels), ONNX Runtime stays float32, and the agreement column is float16's error."""
+    report, model = _bench_small_mlp("fp16")
     assert report["precision"] == "fp16"
     assert any("packed16_b" in k for k in model["kernels"]), model["kernels"]
     assert 1e-6 < model["engines"]["cuvil"]["agreement"] < 1e-2  # float16's rounding, not float32's
@@ -646,17 +653,9 @@ def test_bench_harness_runs_cuvil_in_float16_where_proved():
 def test_bench_harness_runs_cuvil_with_bfloat16_products():
     """``--precision bf16``: the products by constant weights in bfloat16 (paired kernels where the CPU has
     AVX512-BF16), ONNX Runtime in float32, and the agreement column is bfloat16's error."""
-    pytest.importorskip("onnxruntime")
     from llvmlite import binding
-    from rich.console import Console
 
-    from bench.harness import parse_args, run
-
-    args = parse_args(["--models", "mlp", "--small", "--engines", "cuvil,ort", "--repeat", "2", "--warmup", "0",
-                       "--gemm-size", "0", "--precision", "bf16"])
-    with open(os.devnull, "w") as sink:
-        report = run(args, Console(file=sink, width=160))
-    (model,) = report["models"]
+    report, model = _bench_small_mlp("bf16")
     assert report["precision"] == "bf16"
     if binding.get_host_cpu_features().get("avx512bf16", False):
         assert any(k.endswith(".bf16x2") for k in model["kernels"]), model["kernels"]
