@@ -15,19 +15,15 @@ from typing import Any
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
+from cuvil.ir.opdef import get_op
 from cuvil.ir.printer import value_names
 from cuvil.passes import run_pipeline
 from cuvil.passes.bf16 import PRODUCTS, Bf16, why_float32
 
 PAIRED = ("bf16_matmul", "bf16_conv")
 
-SEMANTICS = {
-    "bf16_matmul": "operands rounded to bfloat16 (nearest even), products summed in float32 along K in pairs, each "
-                   "pair's odd term first, subnormal factors and sums flushed to zero (x86 vdpbf16ps)",
-    "bf16_conv": "input and weights rounded to bfloat16 (nearest even), products summed in float32 over channel "
-                 "pairs (odd channel first) and taps, pair outermost, subnormal factors and sums flushed to zero "
-                 "(x86 vdpbf16ps)"}
-"""What each paired op computes (the manifest's ``precision.semantics``)."""
+SEMANTICS = {op: "operands rounded to bfloat16 (nearest even) by casts, then: " + get_op(op).doc for op in PAIRED}
+"""What each paired op computes (the manifest's ``precision.semantics``), read from its definition."""
 
 
 @dataclass(frozen=True)
