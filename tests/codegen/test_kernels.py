@@ -267,6 +267,12 @@ CONVS: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [
     ((1, 4, 6, 7), (5, 4, 3, 3), {"pads": (0, 2, 1, 0), "strides": (1, 3)}),
     ((2, 3, 20), (5, 3, 4), {"strides": (3,), "pads": (2, 1)}),
     ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"strides": (1, 2, 1), "pads": (0, 1, 1, 1, 0, 0)}),
+    # rows long enough for the padded copy's vector paths (stride 1: contiguous, stride 2: deinterleaved),
+    # with odd and even widths and both phases of a stride-2 row
+    ((1, 3, 9, 75), (4, 3, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+    ((1, 2, 8, 100), (3, 2, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}),
+    ((1, 2, 91), (3, 2, 3), {"strides": (2,), "pads": (1, 1)}),
+    ((1, 2, 4, 70), (3, 2, 3, 3), {"pads": (1, 1, 1, 1)}),
     # small feature maps: output positions become the GEMM rows (the ".t" schedules)
     ((2, 8, 6, 6), (32, 8, 3, 3), {"pads": (1, 1, 1, 1)}),
     ((1, 16, 5, 5), (32, 8, 3, 3), {"groups": 2, "pads": (1, 1, 1, 1)}),

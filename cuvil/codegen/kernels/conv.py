@@ -45,10 +45,12 @@ from cuvil.codegen.kernels.gemm import (
     epilogue_emitter,
     fgep,
     fma,
+    host_isa,
     pack_panel,
     reads_by_row,
     store_rows,
     streams_from_memory,
+    vec_type,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
 from cuvil.codegen.llvm_types import F32, I32, I64, PTR
@@ -57,6 +59,7 @@ from cuvil.codegen.loops import (
     NO_UNROLL,
     const,
     for_range,
+    if_else,
     if_then,
     imin,
     load_tap,
@@ -699,11 +702,35 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
     zero = ir.Constant(F32, 0.0)
     for_range(b, 0, lo, "zl", lambda q: b.store(zero, fgep(b, dst, q), align=4))
 
-    def element(q: Val) -> None:
-        at = b.add(b.mul(q, stride), shift)
-        b.store(b.load(fgep(b, src, at), typ=F32, align=4), fgep(b, dst, q), align=4)
+    def copy(step: Val, start: Val = lo) -> None:
+        def element(q: Val) -> None:
+            at = b.add(b.mul(q, step), shift)
+            b.store(b.load(fgep(b, src, at), typ=F32, align=4), fgep(b, dst, q), align=4)
 
-    for_range(b, lo, hi, "cp", element)
+        for_range(b, start, hi, "cp", element)
+
+    def halving() -> None:
+        """Stride 2: ``lanes`` outputs from two contiguous vectors' even elements (LLVM's own loop read them
+        with a gather), while the second vector's last element is one the row still has; then one at a time."""
+        lanes = host_isa().lanes
+        vt = vec_type(lanes)
+        evens = ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)])
+        blocks = b.sdiv(b.sub(b.sub(hi, lo), const(1)), const(lanes))
+        blocks = b.select(b.icmp_signed(">", blocks, const(0)), blocks, const(0))
+
+        def block(j: Val) -> None:
+            q = b.add(lo, b.mul(j, const(lanes)))
+            at = fgep(b, src, b.add(b.mul(q, const(2)), shift))
+            pair = [b.load(fgep(b, at, h * lanes), typ=vt, align=4) for h in (0, 1)]
+            b.store(b.shuffle_vector(pair[0], pair[1], evens), fgep(b, dst, q), align=4)
+
+        for_range(b, 0, blocks, "cp2", block, hints=NO_UNROLL)
+        copy(const(2), b.add(lo, b.mul(blocks, const(lanes))))
+
+    # the strides convolutions have, as constants: a contiguous copy (a memcpy), and a deinterleaving one;
+    # a stride known only at run time copies one float at a time
+    if_else(b, b.icmp_signed("==", stride, const(1)), "unit", lambda: copy(const(1)),
+            lambda: if_else(b, b.icmp_signed("==", stride, const(2)), "halving", halving, lambda: copy(stride)))
     for_range(b, b.select(b.icmp_signed(">", hi, lo), hi, lo), w, "zr",
               lambda q: b.store(zero, fgep(b, dst, q), align=4))
     b.ret_void()
