@@ -273,6 +273,8 @@ CONVS: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [
     ((1, 2, 8, 100), (3, 2, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}),
     ((1, 2, 91), (3, 2, 3), {"strides": (2,), "pads": (1, 1)}),
     ((1, 2, 4, 70), (3, 2, 3, 3), {"pads": (1, 1, 1, 1)}),
+    ((1, 3, 5, 14), (2, 3, 3, 3), {"pads": (1, 1, 1, 1)}),  # a padded row one vector wide, its copy shorter
+    ((1, 2, 3, 40), (2, 2, 3, 3), {"pads": (1, 2, 1, 21)}),  # padding wider than a vector at the row's end
     # small feature maps: output positions become the GEMM rows (the ".t" schedules)
     ((2, 8, 6, 6), (32, 8, 3, 3), {"pads": (1, 1, 1, 1)}),
     ((1, 16, 5, 5), (32, 8, 3, 3), {"groups": 2, "pads": (1, 1, 1, 1)}),
