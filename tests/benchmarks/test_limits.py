@@ -31,11 +31,11 @@ def test_the_fma_loop_runs_every_chain_for_every_step(jit: _Jit) -> None:
         assert jit.fma(steps) == pytest.approx(want, rel=1e-5)
 
 
-@pytest.mark.parametrize("nvec, reps", [(8, 1), (64, 3), (4096, 2)])
-def test_the_read_loop_reads_every_vector_of_every_pass(jit: _Jit, nvec: int, reps: int) -> None:
-    buf = np.arange(nvec * jit.lanes, dtype=np.float32) % 7  # small integers: float32 sums are exact
-    got = jit.read(buf.ctypes.data, nvec, reps)
-    assert got == float(buf.sum(dtype=np.float64)) * reps
+@pytest.mark.parametrize("nvec, reps, start", [(8, 1, 0), (64, 3, 1), (4096, 2, 3)])
+def test_the_read_loop_reads_every_vector_of_every_pass(jit: _Jit, nvec: int, reps: int, start: int) -> None:
+    buf = np.arange(nvec * jit.lanes + start, dtype=np.float32) % 7  # small integers: float32 sums are exact
+    got = jit.read(buf.ctypes.data + 4 * start, nvec, reps)  # from any float, aligned or not
+    assert got == float(buf[start:].sum(dtype=np.float64)) * reps
 
 
 def test_a_small_measurement_has_every_limit() -> None:

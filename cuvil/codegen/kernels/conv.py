@@ -717,7 +717,7 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
     zeros = ir.Constant(vt, None)
     hi = b.select(b.icmp_signed(">", hi, lo), hi, lo)
 
-    def vectors(start: Val, end: Val, name: str, body: Callable[[Val, Val], None]) -> None:
+    def vectors(start: Val, end: Val, name: str, body: Callable[[Val, Val], object]) -> None:
         """``body(q, mask)`` for ``q = start, start + lanes, ...`` below ``end``, ``mask`` the lanes below it."""
         count = b.sdiv(b.add(b.sub(end, start), const(lanes - 1)), const(lanes))
 

@@ -337,7 +337,8 @@ def micro_kernel(b: Builder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes:
     outgrows AVX-512's 32 registers, so accumulators go to the stack on every step (one thread, Zen 5:
     a 1024x1024x1024 product 218 against 236 GFLOP/s, 64x784x512 178 against 230; a 128-channel 3x3
     convolution at 28x28 196 against 243). The loop's own count and branch are two of some 40
-    instructions a step."""
+    instructions a step. Not unrolled, every step asks for its share of the line ``ahead`` fetches, so a
+    line is asked for ``ahead_every`` times (the addresses are the unrolled loop's)."""
     def step(k: Val, acc: list[Val], fetch: bool) -> list[Val]:
         if ahead is not None and fetch:
             prefetch(b, fgep(b, ahead, b.mul(k, const(LINE_FLOATS // ahead_every), flags=("nsw",))))
