@@ -686,7 +686,9 @@ def rows_per_block(oh: int, ow: int, sw: int = 1) -> int:
 
 def _copy_row_function(mod: ir.Module) -> ir.Function:
     """``copy_row(dst, src, lo, hi, w, stride, shift)``: ``dst[q] = src[q * stride + shift]`` for
-    ``lo <= q < hi`` and 0 for the other ``q < w``. One per module: every conv's padded copy calls it.
+    ``lo <= q < hi`` and 0 for the other ``q < w``. One per module, inlined into every conv's padded copy,
+    where its stride and row width are constants (a call per row of a few dozen floats cost a quarter of
+    the copy: ResNet-18's copies 2.3 -> 1.8 % of its run).
 
     A row is a few dozen floats, so it is written in whole vectors of the target's width, not with loops
     LLVM turns into calls to ``memset`` and ``memcpy`` (three calls a row cost ResNet-18 more than the
@@ -701,7 +703,7 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
         return found
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64, I64, I64]), name=name)
     fn.linkage = "internal"
-    fn.attributes.add("noinline")
+    fn.attributes.add("alwaysinline")
     dst, src, lo, hi, w, stride, shift = fn.args
     for a, n in zip(fn.args, ("dst", "src", "lo", "hi", "w", "stride", "shift"), strict=True):
         a.name = n
