@@ -242,9 +242,13 @@ class ScalarEmitter:
         if dt.is_narrow:
             return self.from_storage(self.to_storage(v, dt), dt)
         target = compute_type(dt)
-        if v.type == target:
+        ty = v.type
+        vector = ty if isinstance(ty, ir.VectorType) else None  # a kernel's explicit vector
+        element = vector.element if vector is not None else ty
+        if element == target:
             return v
-        return self.b.fptrunc(v, target) if v.type == F64 else self.b.fpext(v, target)
+        wide = ir.VectorType(target, vector.count) if vector is not None else target
+        return self.b.fptrunc(v, wide) if element == F64 else self.b.fpext(v, wide)
 
     def fma(self, x: Val, y: Val, acc: Val) -> Val:
         """``x * y + acc`` rounded once (a ``dot`` reduction's step)."""

@@ -24,6 +24,8 @@ GEOMETRIES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
     ((1, 2, 9, 9), {"kernel": (3, 2), "strides": (2, 1), "dilations": (2, 3), "pads": (2, 1, 2, 3)}),
     ((1, 1, 3, 3), {"kernel": (2, 2), "strides": (1, 1), "pads": (2, 2, 2, 2)}),  # windows all padding: -inf
     ((1, 3, 40, 37), {"kernel": (3, 3), "strides": (3, 3), "pads": (0, 1, 2, 1)}),
+    # stride 2 across with a dilated, wide kernel and pads on both sides: rows longer than two vectors
+    ((1, 2, 10, 75), {"kernel": (2, 3), "strides": (1, 2), "dilations": (1, 2), "pads": (0, 2, 1, 3)}),
 ]
 
 
@@ -46,8 +48,13 @@ def _hostile(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return x.astype(np.float32)
 
 
+@pytest.mark.parametrize("by_rows", [True, False], ids=["rows-first", "windows"])
 @pytest.mark.parametrize("case", range(len(GEOMETRIES)))
-def test_max_pool_kernel_is_the_rule_bit_for_bit(case: int) -> None:
+def test_max_pool_kernel_is_the_rule_bit_for_bit(case: int, by_rows: bool, monkeypatch) -> None:
+    """Both schedules of a stride of 2 across (each row's maxima first where they fit the stack, each
+    output's whole window otherwise) and the windows of every other stride."""
+    if not by_rows:
+        monkeypatch.setattr(pool, "ROWS_MAX_BYTES", 0)
     shape, attrs = GEOMETRIES[case]
     module = _module(shape, attrs)
     model = compile(module, cache=False, threads=2)

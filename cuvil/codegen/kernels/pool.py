@@ -8,6 +8,11 @@ load not taken, which vectorizes as a masked load; a kernel row outside the inpu
 -inf); at a stride across, those go to a row buffer and every stride-th is stored. Each output's
 taps are the rule's, folded in the rule's order with the rule's ``max`` (NaN-propagating, a tie
 giving the later tap), so the results are the rule's bit for bit, signed zeros and NaNs included.
+
+At a stride of 2 across (ResNet's stem pool) that computes twice the windows it keeps, and each row's
+taps once per output row that reads it. There every input row's maxima along the row are computed once,
+at the output columns (from the even elements of two contiguous vectors), then each output folds its
+kernel rows' maxima: one thread, the stem pool 0.21 -> 0.15 ms.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.chunked import STEP_FLOPS
-from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep, host_isa, splat, vec_type
 from cuvil.codegen.kernels.pack import embed_array
-from cuvil.codegen.llvm_types import F32
+from cuvil.codegen.llvm_types import F32, I32, I64, PTR, declare
 from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_tap, plane_row
 from cuvil.codegen.scalar import ScalarEmitter, Val, identity
 from cuvil.ir import rules as R
@@ -30,6 +35,9 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
+
+ROWS_MAX_BYTES = 64 * 1024
+"""Bound on the stack a chunk's row maxima take (:meth:`MaxPoolKernel._rows_then_columns`)."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +105,90 @@ class MaxPoolKernel(ReadsEveryOperand):
 
             for_range(b, 0, oh, "py", row, hints=NO_UNROLL)
 
-        kf.phase(n * c, STEP_FLOPS * n * c * oh * full * kh * kw, chunk)
+        if self._by_rows:
+            kf.phase(n * c, STEP_FLOPS * n * c * (h * kw + oh * kh) * ow, self._rows_then_columns)
+        else:
+            kf.phase(n * c, STEP_FLOPS * n * c * oh * full * kh * kw, chunk)
         return kf.finish()
+
+    @property
+    def _by_rows(self) -> bool:
+        """Stride 2 across, where every input row's maxima along the row fit a chunk's stack."""
+        h = int(self.in_type.shape[2])
+        return self.strides[1] == 2 and h * self._row_floats * 4 <= ROWS_MAX_BYTES
+
+    @property
+    def _row_floats(self) -> int:
+        lanes = host_isa().lanes
+        return -(-int(self.out_type.shape[3]) // lanes) * lanes
+
+    def _rows_then_columns(self, ctx: Ctx, plane: Val) -> None:
+        """One plane at a stride of 2 across: each input row's window maxima along the row, at the output
+        columns (the even elements of two contiguous vectors, a tap outside the row reading -inf through
+        the load's mask), once per row; then each output as the fold of its kernel rows' maxima. The rule
+        folds the taps row by row from -inf; a fold of the rows' own folds (each from -inf) gives the same
+        value and bits: the first NaN in the rule's order, else the last tap equal to the maximum (its
+        sign, for a tie of zeros), as the rule's ``max`` keeps."""
+        b = ctx.b
+        s = ScalarEmitter(b)
+        h, w = (int(d) for d in self.in_type.shape[2:])
+        oh, ow = (int(d) for d in self.out_type.shape[2:])
+        (kh, kw), (sh, _), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
+        lanes = host_isa().lanes
+        wide = self._row_floats
+        vt, mt = vec_type(lanes), ir.VectorType(ir.IntType(1), lanes)
+        load = declare(b.module, f"llvm.masked.load.v{lanes}f32.p0", vt, [PTR, I32, mt, vt])
+        iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+        evens = ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)])
+        start = identity("max", DType.f32)
+        pad = ir.Constant(F32, float(R.lowest(DType.f32)))
+        src = fgep(b, ctx.ins[0], b.mul(plane, const(h * w)))
+        maxima = ctx.entry_alloca(ir.ArrayType(F32, h * wide), "rowmax")
+
+        def vmax(acc: Val, v: Val) -> Val:
+            return s.call("max", [acc, v], [DType.f32, DType.f32], DType.f32, {})
+
+        def columns(row: Val, first: Val) -> Val:
+            """Row elements ``first + 2 i`` (-inf outside the row)."""
+            halves = []
+            for half in (0, lanes):
+                at = b.add(first, const(half))
+                inside = b.icmp_unsigned("<", b.add(splat(b, at, lanes), iota), splat(b, const(w), lanes))
+                ptr = b.gep(row, [at], source_etype=F32)  # may point before the row: masked lanes are not read
+                halves.append(b.call(load, [ptr, ir.Constant(I32, 4), inside, splat(b, pad, lanes)]))
+            return b.shuffle_vector(halves[0], halves[1], evens)
+
+        def along(r: Val) -> None:
+            row = fgep(b, src, b.mul(r, const(w)))
+
+            def block(j: Val) -> None:
+                x0 = b.mul(j, const(lanes))
+                acc = splat(b, start, lanes)
+                for kx in range(kw):
+                    acc = vmax(acc, columns(row, b.add(b.mul(x0, const(2)), const(kx * dw - pw))))
+                b.store(acc, fgep(b, maxima, b.add(b.mul(r, const(wide)), x0)), align=4)
+
+            for_range(b, 0, wide // lanes, "hx", block, hints=NO_UNROLL)
+
+        for_range(b, 0, h, "hy", along, hints=NO_UNROLL)
+        out_base = b.mul(plane, const(oh * ow))
+
+        def down(y: Val) -> None:
+            out_row = fgep(ctx.b, ctx.out, b.add(out_base, b.mul(y, const(ow))))
+
+            def column(x: Val) -> None:
+                acc: Val = start
+                for ky in range(kh):
+                    r = b.sub(b.add(b.mul(y, const(sh)), const(ky * dh)), const(ph))
+                    inside = b.icmp_unsigned("<", r, const(h))
+                    at = b.add(b.mul(b.select(inside, r, const(0)), const(wide)), x)
+                    v = b.select(inside, b.load(fgep(b, maxima, at), typ=F32, align=4), pad)
+                    acc = vmax(acc, v)
+                b.store(acc, fgep(b, out_row, x), align=4)
+
+            for_range(b, 0, ow, "vx", column, hints=MASKED_TAIL)
+
+        for_range(b, 0, oh, "vy", down, hints=NO_UNROLL)
 
 
 def max_pool_kernel(v: Value) -> MaxPoolKernel | None:
