@@ -46,6 +46,8 @@ from cuvil.codegen.kernels.gemm import (
     fgep,
     fma,
     host_isa,
+    masked_load_where,
+    masked_store,
     pack_panel,
     reads_by_row,
     splat,
@@ -54,7 +56,7 @@ from cuvil.codegen.kernels.gemm import (
     vec_type,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
-from cuvil.codegen.llvm_types import F32, I32, I64, PTR, declare
+from cuvil.codegen.llvm_types import F32, I32, I64, PTR
 from cuvil.codegen.loops import (
     MASKED_TAIL,
     NO_UNROLL,
@@ -711,11 +713,8 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
     src.add_attribute("noalias")
     b = Builder(fn.append_basic_block("entry"))
     lanes = host_isa().lanes
-    vt, mt = vec_type(lanes), ir.VectorType(ir.IntType(1), lanes)
-    load = declare(mod, f"llvm.masked.load.v{lanes}f32.p0", vt, [PTR, I32, mt, vt])
-    store = declare(mod, f"llvm.masked.store.v{lanes}f32.p0", ir.VoidType(), [vt, PTR, I32, mt])
+    vt = vec_type(lanes)
     iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-    align = ir.Constant(I32, 4)
     zeros = ir.Constant(vt, None)
     hi = b.select(b.icmp_signed(">", hi, lo), hi, lo)
 
@@ -730,26 +729,28 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
         for_range(b, 0, count, name, block, hints=NO_UNROLL)
 
     def fill(start: Val, end: Val, name: str) -> None:
-        vectors(start, end, name, lambda q, mask: b.call(store, [zeros, fgep(b, dst, q), align, mask]))
+        vectors(start, end, name, lambda q, mask: masked_store(b, zeros, fgep(b, dst, q), mask))
 
     def zero(q: Val) -> None:
         b.store(zeros, fgep(b, dst, q), align=4)
 
-    def zero_range(start: Val, end: Val, name: str) -> None:
-        """``dst[start:end] = 0`` in whole vectors, the last one overlapping (``end - start >= lanes``)."""
+    def overlapping(start: Val, end: Val, name: str, write: Callable[[Val], object]) -> None:
+        """``write(q)`` (a vector at ``dst + q``) over ``[start, end)`` in whole vectors, the last one
+        overlapping the one before it (``end - start >= lanes``)."""
         for_range(b, 0, b.sdiv(b.sub(end, start), const(lanes)), name,
-                  lambda j: zero(b.add(start, b.mul(j, const(lanes)))), hints=NO_UNROLL)
-        zero(b.sub(end, const(lanes)))
+                  lambda j: write(b.add(start, b.mul(j, const(lanes)))), hints=NO_UNROLL)
+        write(b.sub(end, const(lanes)))
 
     def ends() -> None:
         """The padding at both ends of a row at least a vector wide, as whole vectors of zeros: one from the
         row's start or to its end where the padding is narrower than a vector (the copy goes over the rest)."""
         short = const(lanes)
         if_then(b, b.icmp_signed(">", lo, const(0)), "zl", lambda: if_else(
-            b, b.icmp_signed("<=", lo, short), "zl1", lambda: zero(const(0)), lambda: zero_range(const(0), lo, "zlv")))
+            b, b.icmp_signed("<=", lo, short), "zl1", lambda: zero(const(0)),
+            lambda: overlapping(const(0), lo, "zlv", zero)))
         if_then(b, b.icmp_signed("<", hi, w), "zr", lambda: if_else(
             b, b.icmp_signed("<=", b.sub(w, hi), short), "zr1", lambda: zero(b.sub(w, short)),
-            lambda: zero_range(hi, w, "zrv")))
+            lambda: overlapping(hi, w, "zrv", zero)))
 
     def one_at_a_time(start: Val, step: Val) -> None:
         def element(q: Val) -> None:
@@ -760,18 +761,13 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
 
     def unit() -> None:
         def masked(q: Val, mask: Val) -> None:
-            v = b.call(load, [fgep(b, src, b.add(q, shift)), align, mask, zeros])
-            b.call(store, [v, fgep(b, dst, q), align, mask])
+            masked_store(b, masked_load_where(b, fgep(b, src, b.add(q, shift)), mask, zeros), fgep(b, dst, q), mask)
 
         def move(q: Val) -> None:
             b.store(b.load(fgep(b, src, b.add(q, shift)), typ=vt, align=4), fgep(b, dst, q), align=4)
 
-        def whole() -> None:
-            for_range(b, 0, b.sdiv(b.sub(hi, lo), const(lanes)), "cp1",
-                      lambda j: move(b.add(lo, b.mul(j, const(lanes)))), hints=NO_UNROLL)
-            move(b.sub(hi, const(lanes)))  # the last vector, overlapping the one before it
-
-        if_else(b, b.icmp_signed(">=", b.sub(hi, lo), const(lanes)), "whole", whole,
+        if_else(b, b.icmp_signed(">=", b.sub(hi, lo), const(lanes)), "whole",
+                lambda: overlapping(lo, hi, "cp1", move),
                 lambda: vectors(lo, hi, "cp1m", masked))
 
     def halving() -> None:

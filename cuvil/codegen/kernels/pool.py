@@ -25,9 +25,9 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.chunked import STEP_FLOPS
-from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep, host_isa, splat, vec_type
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep, host_isa, masked_load_where, splat
 from cuvil.codegen.kernels.pack import embed_array
-from cuvil.codegen.llvm_types import F32, I32, I64, PTR, declare
+from cuvil.codegen.llvm_types import F32, I32, I64
 from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_tap, plane_row
 from cuvil.codegen.scalar import ScalarEmitter, Val, identity
 from cuvil.ir import rules as R
@@ -136,8 +136,6 @@ class MaxPoolKernel(ReadsEveryOperand):
         (kh, kw), (sh, _), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
         lanes = host_isa().lanes
         wide = self._row_floats
-        vt, mt = vec_type(lanes), ir.VectorType(ir.IntType(1), lanes)
-        load = declare(b.module, f"llvm.masked.load.v{lanes}f32.p0", vt, [PTR, I32, mt, vt])
         iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
         evens = ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)])
         start = identity("max", DType.f32)
@@ -155,7 +153,7 @@ class MaxPoolKernel(ReadsEveryOperand):
                 at = b.add(first, const(half))
                 inside = b.icmp_unsigned("<", b.add(splat(b, at, lanes), iota), splat(b, const(w), lanes))
                 ptr = b.gep(row, [at], source_etype=F32)  # may point before the row: masked lanes are not read
-                halves.append(b.call(load, [ptr, ir.Constant(I32, 4), inside, splat(b, pad, lanes)]))
+                halves.append(masked_load_where(b, ptr, inside, splat(b, pad, lanes)))
             return b.shuffle_vector(halves[0], halves[1], evens)
 
         def along(r: Val) -> None:
@@ -174,7 +172,7 @@ class MaxPoolKernel(ReadsEveryOperand):
         out_base = b.mul(plane, const(oh * ow))
 
         def down(y: Val) -> None:
-            out_row = fgep(ctx.b, ctx.out, b.add(out_base, b.mul(y, const(ow))))
+            out_row = fgep(b, ctx.out, b.add(out_base, b.mul(y, const(ow))))
 
             def column(x: Val) -> None:
                 acc: Val = start
