@@ -347,6 +347,7 @@ def test_depthwise_masked_last_vector_keeps_every_bit(monkeypatch):
     remainder (every column's taps are the same fused steps in the same order)."""
     from cuvil.codegen.kernels import conv
 
+    monkeypatch.setattr(conv, "TILES", False)  # the row loop (the tiles have no loop along the row)
     c = Cases()
     for xs, st in [((1, 3, 9, 112), 1), ((1, 2, 5, 40), 1), ((1, 2, 4, 34), 1), ((1, 2, 6, 50), 2),
                    ((1, 1, 3, 18), 1), ((2, 2, 4, 57), 2)]:
@@ -368,6 +369,7 @@ def test_depthwise_row_blocks_keep_every_bit(monkeypatch):
     order."""
     from cuvil.codegen.kernels import conv
 
+    monkeypatch.setattr(conv, "TILES", False)  # the row loop's blocks (the tiles are tested on their own)
     c = Cases()
     for xs, ks, st, dl, pads in [g for g in DEPTHWISE_GEOMETRIES if len(g[0]) == 4] + [
             ((1, 3, 14, 14), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),

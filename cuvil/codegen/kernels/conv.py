@@ -16,10 +16,12 @@ contiguously into NCHW and the epilogue vectorizes along a row.
 - On small feature maps (late stages) the roles swap (the ``.t`` schedules): output positions
   are the GEMM rows, read in place through the same offset table, and output channels the
   vector dimension (weights packed as column panels), which pads far less work.
-- Depthwise (one input channel per output) has no channel reduction, so no GEMM: per channel,
-  one loop per output row (or per few rows, sharing input rows), vectorized by LLVM along the row
-  (a strided conv reads every s-th input there, as an interleaved access). In 2-D the input is read
-  in place, a kernel row in the padding reading a row of zeros; in 1-D and 3-D from a padded copy.
+- Depthwise (one input channel per output) has no channel reduction, so no GEMM. In 2-D the input is
+  read in place, a kernel row in the padding reading a row of zeros: where a row is at most half the
+  accumulators' vectors wide at a stride across of 1 or 2, per channel in register tiles of whole rows
+  (:mod:`.depthwise_tiles`); elsewhere one loop per output row (or per few rows, sharing input rows),
+  vectorized by LLVM along the row (a strided conv reads every s-th input there, as an interleaved
+  access). In 1-D and 3-D the same loop reads a padded copy.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 
+from cuvil.codegen.kernels.depthwise_tiles import emit_plane_tiles, tile_shape
 from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
 from cuvil.codegen.kernels.gemm import (
     AOperand,
@@ -73,6 +76,10 @@ from cuvil.codegen.loops import (
 from cuvil.codegen.scalar import Builder, Val
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
+
+TILES = True
+"""Whether 2-D depthwise convolutions run in register tiles (:mod:`.depthwise_tiles`) where those apply,
+else along each row in the loop LLVM vectorizes (tests compare the two bit for bit)."""
 
 DEPTHWISE_WORK = 8
 """What a depthwise convolution's flop weighs against a GEMM's in the pool's threshold: with no reduction
@@ -542,10 +549,11 @@ class DepthwiseKernel(ConvKernel):
 
 class InPlaceDepthwiseKernel(DepthwiseKernel):
     """A 2-D depthwise convolution read in place (no padded copy, which took as long as the taps on
-    MobileNet's layers): per output row, each kernel row reads its input row, or a row of zeros where
-    it falls in the padding; the output columns whose taps all fall inside the row run in a loop
-    LLVM vectorizes (stride 2 as an interleaved access), the few edge columns read a zero for a
-    tap in the padding. The products and their order are the padded copy's, so the sums are too.
+    MobileNet's layers): in register tiles where :func:`tile_shape` gives their shape, else per output
+    row, each kernel row reads its input row, or a row of zeros where it falls in the padding; the
+    output columns whose taps all fall inside the row run in a loop LLVM vectorizes (stride 2 as an
+    interleaved access), the few edge columns read a zero for a tap in the padding. The products and
+    their order are the padded copy's, so the sums are too.
 
     At stride 1 across, a tap in the padding is a load not taken (``load_tap``), so one loop
     covers the whole row, edge columns included, and vectorizes with masked loads and a masked last
@@ -561,6 +569,15 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
     def scratch_bytes(self) -> int:
         return 0
 
+    @property
+    def tiles(self) -> tuple[int, int] | None:
+        """The register tiles' shape where the plane runs in them (:func:`tile_shape`), else None."""
+        return tile_shape(self.isa, self.g.out_sp, self.g.strides, self.g.taps) if TILES else None
+
+    @property
+    def name(self) -> str:
+        return "conv.depthwise.tiles" if self.tiles else "conv.depthwise.rows"
+
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
         g = self.g
         kf = KernelFunction(mod, name, len(self.in_types))
@@ -574,6 +591,7 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
         x_hi = max(x_lo, min(ow, (w_in - 1 - (kw - 1) * dw + pw) // sw + 1 if w_in - 1 - (kw - 1) * dw + pw >= 0
                              else 0))
         zero = ir.Constant(F32, 0.0)
+        tiles = self.tiles
 
         def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
@@ -660,6 +678,10 @@ class InPlaceDepthwiseKernel(DepthwiseKernel):
 
                     for_range(b, 0, ow, "owp", pick)
 
+            if tiles is not None:
+                emit_plane_tiles(ctx, self.isa, tiles, (g.in_sp, g.out_sp, g.kernel, g.strides, g.pads, g.dilations),
+                                 src, wt, zero_row, epi, (image, chan), out_base)
+                return
             if rb_max:
                 blocks = oh // rb_max
                 for_range(b, 0, blocks, "ohb", lambda yb: block(b.mul(yb, const(rb_max)), rb_max), hints=NO_UNROLL)

@@ -1,0 +1,118 @@
+"""A 2-D depthwise convolution's plane in register tiles: a block of output rows, each as the whole row's
+vectors, accumulated in registers and written once.
+
+The loop LLVM vectorizes along a row (the other depthwise schedule) keeps one output vector's nine fused
+steps in a row of code, so each vector's chain of dependent FMAs runs at the FMA's latency with little
+to overlap, and it reads a shifted tap through masked loads on every vector. Here the tap loop is outside
+the accumulators: for each input row, each tap column and each vector along the row, one load (or, at a
+stride of 2, the even elements of two) feeds every output row of the block that uses it, so up to
+:func:`tile_shape`'s accumulators advance together. Which lanes of a load fall outside the row is known
+when the kernel is compiled (the row's vectors are unrolled), so only edge vectors are masked.
+
+Every output's sum is the rule's: its taps in the rule's order (kernel row, then column; each accumulator
+receives its input rows in increasing order, so its kernel rows too), each a fused step from +0, a tap in
+the padding a product with 0 (a zero row, or a masked lane read as 0). The sums go to a buffer on the
+stack laid out as the output plane, and the epilogue runs over it as one loop. One thread, MobileNet-v1's
+3x3 layers (µs, row loop -> tiles): 128 channels of 56x56 85 -> 67, 256 of 28x28 40 -> 33, 512 of 14x14
+23 -> 19, 256 of 28x28 at stride 2 28 -> 21; the whole model about 2 % faster."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llvmlite import ir
+
+from cuvil.codegen.kernels.epilogue import EpilogueEmitter
+from cuvil.codegen.kernels.gemm import Ctx, Isa, fgep, fma, masked_load_where, splat, vec_type
+from cuvil.codegen.llvm_types import F32, I1, I32
+from cuvil.codegen.loops import NO_UNROLL, const, for_range, plane_row
+from cuvil.codegen.scalar import Val
+
+STRIDES_ACROSS = (1, 2)
+"""Strides along the row the tiles read: contiguous vectors, or the even elements of two."""
+
+MAX_TAPS = 25
+
+
+def tile_shape(isa: Isa, out_sp: Sequence[int], strides: Sequence[int], taps: int) -> tuple[int, int] | None:
+    """``(rows, vectors)``: output rows per block and vectors per row, or None where the tiles do not
+    apply (a stride across other than 1 or 2, a row wider than half the accumulators, a kernel over
+    :data:`MAX_TAPS`). The accumulators are two thirds of the GEMM tile's (the weights stay in registers
+    too): 16 of AVX-512's 32 registers."""
+    (oh, ow), sw = out_sp, strides[-1]
+    accumulators = max(r * v for r, v in isa.tiles) * 2 // 3
+    vectors = -(-ow // isa.lanes)
+    if sw not in STRIDES_ACROSS or 2 * vectors > accumulators or taps > MAX_TAPS:
+        return None
+    return max(1, min(oh, accumulators // vectors)), vectors
+
+
+def emit_plane_tiles(ctx: Ctx, isa: Isa, shape: tuple[int, int], geometry: tuple[Sequence[int], ...],
+                     src: Val, weights: Sequence[Val], zero_row: Val, epi: EpilogueEmitter,
+                     index: tuple[Val, Val], out_base: Val) -> None:
+    """One channel's output plane (``out[out_base + y * ow + x]``) from its input plane at ``src``.
+
+    ``shape``: :func:`tile_shape`'s; ``geometry``: ``(in_sp, out_sp, kernel, strides, pads, dilations)``
+    of the two spatial axes; ``weights``: the channel's taps (scalars, row-major); ``zero_row``: a row of
+    zeros at least as wide as the input's; ``index``: the (image, channel) the epilogue is given."""
+    b = ctx.b
+    (h, w_in), (oh, ow), (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    rows, vectors = shape
+    lanes = isa.lanes
+    vt = vec_type(lanes)
+    zeros = ir.Constant(vt, None)
+    evens = ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)])
+    wv = [splat(b, w, lanes) for w in weights]
+    buf = ctx.entry_alloca(ir.ArrayType(F32, rows * ow + lanes), "dwtile")
+
+    def span(row: Val, at: int) -> Val:
+        """``row[at : at + lanes]``, lanes outside the row 0 (not read)."""
+        inside = [0 <= at + i < w_in for i in range(lanes)]
+        if all(inside):
+            return b.load(b.gep(row, [const(at)], inbounds=True, source_etype=F32), typ=vt, align=4)
+        if not any(inside):
+            return zeros
+        mask = ir.Constant(ir.VectorType(I1, lanes), inside)
+        return masked_load_where(b, b.gep(row, [const(at)], source_etype=F32), mask, zeros)
+
+    def taps_at(row: Val, at: int) -> Val:
+        """The input elements ``at + sw * i`` that lane ``i`` of an output vector reads for one tap."""
+        if sw == 1:
+            return span(row, at)
+        return b.shuffle_vector(span(row, at), span(row, at + lanes), evens)
+
+    def block(y0: Val, count: int) -> None:
+        """Output rows ``y0 .. y0 + count - 1``: every input row they read, in order, each tap column and
+        vector along it loaded once and given to the output rows whose kernel row reads it."""
+        users: dict[int, list[tuple[int, int]]] = {}
+        for r in range(count):
+            for ky in range(kh):
+                users.setdefault(r * sh + ky * dh - ph, []).append((r, ky))
+        accs: dict[tuple[int, int], Val] = {(r, j): zeros for r in range(count) for j in range(vectors)}
+        for o in sorted(users):
+            row = plane_row(b, src, b.add(b.mul(y0, const(sh)), const(o)), h, w_in, zero_row, F32)
+            for kx in range(kw):
+                for j in range(vectors):
+                    v = taps_at(row, j * lanes * sw + kx * dw - pw)
+                    for r, ky in users[o]:
+                        accs[r, j] = fma(b, wv[ky * kw + kx], v, accs[r, j])
+        # row by row, a row's last vector running into the next row's start, which that row then writes
+        for r in range(count):
+            for j in range(vectors):
+                b.store(accs[r, j], fgep(b, buf, r * ow + j * lanes), align=4)
+        first = b.mul(y0, const(ow))
+
+        def element(f: Val) -> None:
+            y, x = b.add(y0, b.udiv(f, const(ow))), b.urem(f, const(ow))
+            value = epi.element([*index, y, x], b.load(fgep(b, buf, f), typ=F32, align=4))
+            epi.store(b.add(out_base, b.add(first, f)), value)
+
+        for_range(b, 0, count * ow, "dwe", element)
+
+    blocks, rest = divmod(oh, rows)
+    for_range(b, 0, blocks, "dwt", lambda t: block(b.mul(t, const(rows)), rows), hints=NO_UNROLL)
+    if rest:
+        block(const(blocks * rows), rest)
+
+
+__all__ = ["emit_plane_tiles", "tile_shape"]
