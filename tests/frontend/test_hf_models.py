@@ -57,8 +57,43 @@ def _llama() -> tuple[Any, dict[str, Any]]:
     return transformers.LlamaModel(cfg), {"input_ids": _ids(2, 8)}
 
 
+def _pixels(size: int) -> Any:
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def _bart() -> tuple[Any, dict[str, Any]]:
+    """Its decoder inputs are the ids shifted right: an in-place slice assignment (``slice_scatter``)."""
+    cfg = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, max_position_embeddings=64, attn_implementation="eager",
+                                  use_cache=False)
+    return transformers.BartModel(cfg), {"input_ids": _ids(2, 8)}
+
+
+def _swin() -> tuple[Any, dict[str, Any]]:
+    """Shifted windows, and a pooled output the export re-strides (``as_strided``)."""
+    cfg = transformers.SwinConfig(image_size=32, patch_size=4, num_channels=3, embed_dim=16, depths=[1, 1],
+                                  num_heads=[2, 2], window_size=4)
+    return transformers.SwinModel(cfg), {"pixel_values": _pixels(32)}
+
+
+def _convnextv2() -> tuple[Any, dict[str, Any]]:
+    """Global response normalization: a vector norm over the spatial axes (``linalg_vector_norm``)."""
+    cfg = transformers.ConvNextV2Config(num_channels=3, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
+    return transformers.ConvNextV2Model(cfg), {"pixel_values": _pixels(32)}
+
+
+def _wav2vec2() -> tuple[Any, dict[str, Any]]:
+    """A convolutional feature encoder, group norm, and a weight-normalized positional convolution."""
+    cfg = transformers.Wav2Vec2Config(vocab_size=VOCAB, conv_dim=[8, 8], conv_stride=[5, 2], conv_kernel=[10, 3],
+                                      num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, **TINY)
+    audio = torch.randn(2, 400, generator=torch.Generator().manual_seed(0))
+    return transformers.Wav2Vec2Model(cfg), {"input_values": audio}
+
+
 MODELS: dict[str, Callable[[], tuple[Any, dict[str, Any]]]] = {
-    "bert": _bert, "gpt2": _gpt2, "vit": _vit, "t5": _t5, "llama": _llama}
+    "bert": _bert, "gpt2": _gpt2, "vit": _vit, "t5": _t5, "llama": _llama, "bart": _bart, "swin": _swin,
+    "convnextv2": _convnextv2, "wav2vec2": _wav2vec2}
 
 
 def _build(name: str) -> tuple[Any, dict[str, Any]]:

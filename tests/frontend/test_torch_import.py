@@ -116,6 +116,20 @@ CASES: list[tuple[str, Callable[..., Any], tuple]] = [
                                  x.scatter_reduce(1, i, u, "amax")),
      (_rand(3, 5), torch.tensor([[0, 4], [1, 1], [3, 2]]), _rand(3, 2, seed=4))),
     ("std", lambda x: x.std(1) + x.std(-1, correction=0).sum(-1, keepdim=True), (_rand(3, 6),)),
+    ("vector_norms", lambda x: (torch.linalg.vector_norm(x), torch.linalg.vector_norm(x, 1, dim=1),
+                                torch.linalg.vector_norm(x, float("inf"), dim=(0, 2), keepdim=True),
+                                torch.linalg.vector_norm(x, float("-inf"), dim=-1),
+                                torch.linalg.vector_norm(F.relu(x), 0, dim=1), torch.linalg.vector_norm(x, 3, dim=2),
+                                torch.linalg.vector_norm(x, 0.5, dim=(1, 2)), torch.norm(x, dim=1), x.norm(p=1)),
+     (_rand(3, 4, 5),)),
+    ("slice_scatter", lambda x, y, z: (torch.slice_scatter(x, y, dim=1, start=1, end=3),
+                                       torch.slice_scatter(x, y, dim=1, start=0, end=4, step=2),
+                                       torch.slice_scatter(x, x[:1] * 2, dim=0, start=-1),
+                                       torch.select_scatter(x, z, 1, -1), torch.select_scatter(x, z, 1, 0)),
+     (_rand(3, 5, 2), _rand(3, 2, 2, seed=1), _rand(3, 2, seed=2))),
+    ("slice_assignment", lambda x, y: _assigned(x, y), (_rand(2, 6), _rand(2, 3, seed=1))),
+    ("as_strided", lambda x: (x.as_strided((3, 2), (1, 4)), x.as_strided((2, 2, 2), (6, 1, 2), 1),
+                              (x + 1).as_strided((3, 4), (4, 1))), (_rand(3, 4),)),
     ("embedding", lambda i: F.embedding(i, torch.arange(40.0).view(10, 4)), (_ints(2, 3),)),
     ("pad", lambda x: F.pad(x, (1, 2, 0, 3), value=-0.5), (_rand(1, 2, 3, 4),)),
     ("creation", lambda x: x + torch.full((2, 3), 2.5) + torch.zeros(3) + torch.ones(2, 1) + torch.arange(3)
@@ -139,6 +153,14 @@ CASES: list[tuple[str, Callable[..., Any], tuple]] = [
     ("sdpa_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m > 0),
      (_rand(1, 2, 4, 8), _rand(1, 2, 6, 8, seed=1), _rand(1, 2, 6, 8, seed=2), _rand(4, 6, seed=3).abs() - 0.5)),
 ]
+
+
+def _assigned(x: Any, y: Any) -> Any:
+    """In-place slice and row assignment (an exported graph's slice_scatter and select_scatter)."""
+    x = x.clone()
+    x[:, 1:4] = y
+    x[1] = 0.5
+    return x
 
 
 @pytest.mark.parametrize("fn,inputs", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -357,6 +379,24 @@ def test_unknown_aten_op_is_reported_with_its_node() -> None:
         cuvil.import_model(model, (_rand(4, 8),))
     assert info.value.location is not None and "fft" in info.value.location
     assert info.value.code == "CUVIL-UNSUPPORTED-OP"
+
+
+def test_as_strided_of_another_layout_is_refused() -> None:
+    """A view of a transposed value reads memory in an order the graph does not describe."""
+    model = Fn(lambda x: x.t().as_strided((2, 2), (1, 2)))
+    with pytest.raises(UnsupportedOpError) as info:
+        cuvil.import_model(model, (_rand(3, 4),))
+    assert "row-major" in str(info.value)
+
+
+def test_half_vector_norm_sums_in_float32() -> None:
+    """A float16 sum of 64 squares of 300 overflows; torch sums in float32 and rounds the norm once."""
+    x = torch.full((2, 64), 300.0, dtype=torch.float16)
+    module = cuvil.import_model(Fn(lambda v: torch.linalg.vector_norm(v, dim=1)), (x,))
+    (got,) = cuvil.run_reference(module, [x.numpy()])
+    want = torch.linalg.vector_norm(x, dim=1).numpy()
+    assert got.dtype == np.float16 and np.isfinite(want).all()
+    np.testing.assert_array_equal(got, want)
 
 
 def test_module_without_example_inputs() -> None:

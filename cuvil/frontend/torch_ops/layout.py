@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from cuvil.frontend.aten_node import AtenCtx, aten_op
 from cuvil.frontend.torch_ops.helpers import axis_of, clamp_index, python_scalar, reshape_to, slice_axis
@@ -135,6 +138,75 @@ def _split(ctx: AtenCtx) -> list[Value]:
         out.append(x if start == 0 and end == x.shape[axis] else slice_axis(ctx.b, x, axis, start, end, 1))
         start = end
     return out
+
+
+@aten_op("slice_scatter.default", "select_scatter.default", emits=("slice", "concat", "reshape", "scatter_elements"))
+def _slice_scatter(ctx: AtenCtx) -> Value:
+    """``self`` with ``self[start:end:step]`` along ``dim`` replaced by ``src`` (``select_scatter``: one
+    index, ``src`` without that axis), what an in-place slice assignment becomes in an exported graph: the
+    parts of ``self`` around the slice joined to ``src`` at a step of 1; at another step ``src`` scattered
+    to its positions (static shapes)."""
+    x = ctx.tensor("self")
+    src = ctx.tensor("src", x.dtype)
+    b = ctx.b
+    axis = axis_of(ctx, ctx.get("dim", 0), x.type.rank)
+    size = x.shape[axis]
+    if ctx.op_name == "aten.select_scatter.default":
+        index = ctx["index"]
+        start: Dim = index if isinstance(index, Sym) else (int(index) + size if int(index) < 0 else int(index))
+        src = reshape_to(ctx, src, (*src.shape[:axis], 1, *src.shape[axis:]))
+        end: Dim = start + 1
+        step = 1
+    else:
+        step = int(ctx.get("step", 1))
+        start = clamp_index(ctx.get("start"), size, 0)
+        end = clamp_index(ctx.get("end"), size, size)
+    if step == 1:
+        parts = [slice_axis(b, x, axis, 0, start, 1)] if start != 0 else []
+        parts.append(src)
+        if end != size:
+            parts.append(slice_axis(b, x, axis, end, size, 1))
+        return parts[0] if len(parts) == 1 else b.concat(*parts, axis=axis)
+    if not (x.type.is_static and src.type.is_static and isinstance(start, int)):
+        raise ctx.unsupported(f"slice_scatter with step {step} over symbolic shapes")
+    positions = start + step * np.arange(int(src.shape[axis]), dtype=np.int64)
+    where = [1] * src.type.rank
+    where[axis] = len(positions)
+    index = np.broadcast_to(positions.reshape(where), tuple(int(d) for d in src.shape))
+    return b.scatter_elements(x, b.const(np.ascontiguousarray(index)), src, axis=axis, reduction="none")
+
+
+@aten_op("as_strided.default", "as_strided_copy.default", emits=("reshape", "gather"))
+def _as_strided(ctx: AtenCtx) -> Value:
+    """A strided view of ``self``'s elements in memory order: taken where ``self`` is laid out row-major
+    from its start (its exported metadata says so) and the shapes are static, else refused (a view of
+    another layout reads memory the graph does not describe)."""
+    x = ctx.tensor("self")
+    source = ctx.node.args[0].meta.get("val") if hasattr(ctx.node.args[0], "meta") else None
+    shape = tuple(int(d) for d in ctx["size"])
+    strides = tuple(int(d) for d in ctx["stride"])
+    offset = int(ctx.get("storage_offset", 0))
+    if source is None or not x.type.is_static:
+        raise ctx.unsupported("as_strided of a value with symbolic shape or no metadata")
+    dims = tuple(int(d) for d in x.shape)
+    row_major = [1] * len(dims)
+    for k in range(len(dims) - 2, -1, -1):
+        row_major[k] = row_major[k + 1] * dims[k + 1]
+    laid_out = all(int(s) == r for s, r, d in zip(source.stride(), row_major, dims, strict=True) if d > 1)
+    if not laid_out or int(source.storage_offset()) != 0:
+        raise ctx.unsupported("as_strided of a value that is not laid out row-major from its start")
+    flat_index = np.full(shape, offset, dtype=np.int64)
+    for k, (n, st) in enumerate(zip(shape, strides, strict=True)):
+        where = [1] * len(shape)
+        where[k] = n
+        flat_index = flat_index + st * np.arange(n, dtype=np.int64).reshape(where)
+    count = math.prod(dims)
+    if flat_index.size and (int(flat_index.min()) < 0 or int(flat_index.max()) >= count):
+        raise ctx.unsupported(f"as_strided reads outside its input's {count} elements")
+    flat = reshape_to(ctx, x, (count,))
+    if np.array_equal(flat_index.reshape(-1), np.arange(count)) and flat_index.size == count:
+        return reshape_to(ctx, flat, shape)
+    return ctx.b.gather(flat, ctx.b.const(flat_index), axis=0)
 
 
 @aten_op("index_select.default", emits=("gather", "cast"))

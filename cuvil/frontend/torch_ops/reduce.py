@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from cuvil.frontend.aten_node import AtenConverter, AtenCtx, aten_op
@@ -35,6 +36,42 @@ aten_op("sum.dim_IntList", "sum.default", emits=("reduce_sum", "cast"))(_reduce(
 aten_op("amax.default", "max.default", emits=("reduce_max",))(_reduce("reduce_max"))
 aten_op("amin.default", "min.default", emits=("reduce_min",))(_reduce("reduce_min"))
 aten_op("prod.dim_int", "prod.default", emits=("reduce_prod", "cast"))(_reduce("reduce_prod"))
+
+
+@aten_op("linalg_vector_norm.default", "norm.ScalarOpt_dim", "norm.Scalar",
+         emits=("reduce_sum", "reduce_max", "reduce_min", "abs", "mul", "sqrt", "pow", "not_equal", "cast"))
+def _vector_norm(ctx: AtenCtx) -> Value:
+    """``torch.linalg.vector_norm`` (and ``torch.norm`` of a vector): ord 2 as the square root of the sum of
+    squares, 1 the sum of magnitudes, +-inf their largest / smallest, 0 the count of nonzeros, any other
+    p ``(sum |x|^p)^(1/p)``; half-precision inputs summed in float32 and rounded once, as torch does."""
+    out = ctx.out_dtype()
+    x = ctx.tensor("self")
+    if not x.dtype.is_float:
+        x = ctx.cast(x, out)
+    order = ctx.get("ord", ctx.get("p", 2))
+    order = 2.0 if order is None else float(order)
+    axes = _reduce_axes(ctx, x, ctx.get("dim"))
+    keep = bool(ctx.get("keepdim", False))
+    b = ctx.b
+    work = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
+    x = ctx.cast(x, work)
+
+    def reduce(kind: str, v: Value) -> Value:
+        return b.op(kind, v, axes=axes, keepdims=keep) if v.type.rank else v
+
+    if order == 0.0:
+        nonzero = ctx.cast(b.not_equal(x, b.const(0.0, work)), work)
+        r = reduce("reduce_sum", nonzero)
+    elif order == 2.0:
+        r = b.sqrt(reduce("reduce_sum", b.mul(x, x)))
+    elif order == 1.0:
+        r = reduce("reduce_sum", b.abs(x))
+    elif math.isinf(order):
+        r = reduce("reduce_max" if order > 0 else "reduce_min", b.abs(x))
+    else:
+        total = reduce("reduce_sum", b.pow(b.abs(x), b.const(order, work)))
+        r = b.pow(total, b.const(1.0 / order, work))
+    return ctx.cast(r, out)
 
 
 def _bool_reduce(kind: str) -> AtenConverter:
