@@ -107,7 +107,9 @@ class LeafTable:
             elif v.is_const:
                 data = consts[v.const_hash]
                 shared = h in table.common
-                concrete = not shared and (_is_splat(data) or np.asarray(data).size <= CONCRETE_LIMIT)
+                # a splat is its value on both sides (one literal: a rewrite of x * 1 is proved by it, where an
+                # opaque constant left every obligation downstream to a proof of the whole network)
+                concrete = _is_splat(data) or (not shared and np.asarray(data).size <= CONCRETE_LIMIT)
                 table.leaves[v] = Leaf(f"c_{v.const_hash}", f"@{v.const_hash[:9]}", v.type,
                                        "constant" if shared else "local-constant", data=data, concrete=concrete,
                                        value_range=_finite_range(data), before=v, after=v)

@@ -507,7 +507,8 @@ class Refuter:
 
     def _rit(self, out: Search, limit: int = RIT_WORK_LIMIT) -> None:
         """Both functions over Z_p at one random point: parameters and the constants both sides
-        share are random; a folded constant takes the value its expression computes. Shared
+        share are random, except those the proof reads as their values (splats: a rewrite of ``x * 1``
+        is proved by the value); a folded constant takes the value its expression computes. Shared
         computed values are not free symbols: they are evaluated from these."""
         case = self.case
         if work(case.before_fn, self.dims) + work(case.after_fn, self.dims) > limit:
@@ -525,7 +526,7 @@ class Refuter:
         free: dict[str, np.ndarray] = {}
         for leaf in case.cones.inputs:
             v = leaf.before
-            if leaf.kind == "constant" and v is not None and v.dtype.is_float:
+            if leaf.kind == "constant" and not leaf.concrete and v is not None and v.dtype.is_float:
                 free[v.const_hash] = random_residues(tuple(int(d) for d in v.type.shape), self.rng)
         # a folded leaf is its bytes on both sides: the expression it was matched with, on its side,
         # takes the constant's image instead of its own Z_p value (which oracles such as round()
