@@ -48,8 +48,7 @@ def _vector_norm(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self")
     if not x.dtype.is_float:
         x = ctx.cast(x, out)
-    order = ctx.get("ord", ctx.get("p", 2))
-    order = 2.0 if order is None else float(order)
+    order = float(ctx.get("ord", ctx.get("p", 2)))
     axes = _reduce_axes(ctx, x, ctx.get("dim"))
     keep = bool(ctx.get("keepdim", False))
     b = ctx.b
