@@ -422,6 +422,7 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
         if v in sig_b:
             by_type.setdefault(v.type, []).append(v)
     ctx = z3.Context()
+    lemmas += _layout_chains(cand_b, sig_b, sig_a, fa, table, encoder, fb, timeout, ctx, rtol)
     quick: dict[Value, tuple[np.ndarray, float]] = {}
     by_op = _by_op(fb, table)
     for va in cand_a:
@@ -444,6 +445,43 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
             tries += 1
             if tries >= 2:
                 break
+    return lemmas
+
+
+LAYOUT_OPS = frozenset({"reshape", "transpose", "expand", "slice", "concat", "gather", "tile"})
+"""Ops that only move elements: a chain of them may be the identity on a value both sides read."""
+
+
+def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a: Mapping[Value, np.ndarray],
+                   fa: Function, table: LeafTable, encoder: str, fb: Function, timeout: float, ctx: z3.Context,
+                   rtol: float) -> list[Lemma]:
+    """Cut points where the pass removed a chain of layout ops that is the identity (a reshape, a
+    transpose of a unit axis and the reshape back, as Swin's export writes): the chain's last value pairs
+    with no value of the other side, which reads the value both sides share instead. Each such pair is a
+    lemma (index arithmetic only); proved, the ops that read it meet the same leaf on both sides and are
+    cut by congruence, where otherwise every obligation above compared two reductions over different
+    index expressions."""
+    shared: dict[object, list[Value]] = {}
+    for u in fa.values():
+        leaf = table.leaf_of(u)
+        if leaf is not None and leaf.kind in ("shared", "param") and u in sig_a:
+            shared.setdefault(u.type, []).append(u)
+    lemmas: list[Lemma] = []
+    if not shared:
+        return lemmas
+    users = fb.users()
+    for vb in cand_b:
+        arr = sig_b.get(vb)
+        if vb.op not in LAYOUT_OPS or arr is None or table.leaf_of(vb) is not None:
+            continue
+        if any(o.op in LAYOUT_OPS and table.leaf_of(o) is None for o in users.get(vb, [])):
+            continue  # not the chain's last value
+        for u in shared.get(vb.type, []):
+            if _close(arr, sig_a[u], rtol):
+                lemma = _lemma(vb, u, table, encoder, fb, timeout, ctx)
+                lemmas.append(lemma)
+                if lemma.proved:
+                    break
     return lemmas
 
 
