@@ -46,6 +46,7 @@ from cuvil.codegen.kernels.gemm import (
     KernelFunction,
     choose_tiling,
     epilogue_emitter,
+    even_lanes,
     fgep,
     fma,
     host_isa,
@@ -793,7 +794,6 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
                 lambda: vectors(lo, hi, "cp1m", masked))
 
     def halving() -> None:
-        evens = ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)])
         blocks = b.sdiv(b.sub(b.sub(hi, lo), const(1)), const(lanes))
         blocks = b.select(b.icmp_signed(">", blocks, const(0)), blocks, const(0))
 
@@ -801,7 +801,7 @@ def _copy_row_function(mod: ir.Module) -> ir.Function:
             q = b.add(lo, b.mul(j, const(lanes)))
             at = fgep(b, src, b.add(b.mul(q, const(2)), shift))
             pair = [b.load(fgep(b, at, h * lanes), typ=vt, align=4) for h in (0, 1)]
-            b.store(b.shuffle_vector(pair[0], pair[1], evens), fgep(b, dst, q), align=4)
+            b.store(even_lanes(b, pair[0], pair[1]), fgep(b, dst, q), align=4)
 
         for_range(b, 0, blocks, "cp2", block, hints=NO_UNROLL)
         one_at_a_time(b.add(lo, b.mul(blocks, const(lanes))), const(2))

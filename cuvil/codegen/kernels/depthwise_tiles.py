@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from llvmlite import ir
 
 from cuvil.codegen.kernels.epilogue import EpilogueEmitter
-from cuvil.codegen.kernels.gemm import Ctx, Isa, fgep, fma, masked_load_where, splat, vec_type
-from cuvil.codegen.llvm_types import F32, I1, I32
+from cuvil.codegen.kernels.gemm import Ctx, Isa, even_lanes, fgep, fma, span_inside, splat, vec_type
+from cuvil.codegen.llvm_types import F32
 from cuvil.codegen.loops import NO_UNROLL, const, for_range, plane_row
 from cuvil.codegen.scalar import Val
 
@@ -63,25 +63,15 @@ def emit_plane_tiles(ctx: Ctx, isa: Isa, shape: tuple[int, int], geometry: tuple
     lanes = isa.lanes
     vt = vec_type(lanes)
     zeros = ir.Constant(vt, None)
-    evens = ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)])
     wv = [splat(b, w, lanes) for w in weights]
     buf = ctx.entry_alloca(ir.ArrayType(F32, rows * ow + lanes), "dwtile")
 
-    def span(row: Val, at: int) -> Val:
-        """``row[at : at + lanes]``, lanes outside the row 0 (not read)."""
-        inside = [0 <= at + i < w_in for i in range(lanes)]
-        if all(inside):
-            return b.load(b.gep(row, [const(at)], inbounds=True, source_etype=F32), typ=vt, align=4)
-        if not any(inside):
-            return zeros
-        mask = ir.Constant(ir.VectorType(I1, lanes), inside)
-        return masked_load_where(b, b.gep(row, [const(at)], source_etype=F32), mask, zeros)
-
     def taps_at(row: Val, at: int) -> Val:
-        """The input elements ``at + sw * i`` that lane ``i`` of an output vector reads for one tap."""
+        """The input elements ``at + sw * i`` that lane ``i`` of an output vector reads for one tap (0 outside
+        the row)."""
         if sw == 1:
-            return span(row, at)
-        return b.shuffle_vector(span(row, at), span(row, at + lanes), evens)
+            return span_inside(b, row, at, w_in, zeros)
+        return even_lanes(b, span_inside(b, row, at, w_in, zeros), span_inside(b, row, at + lanes, w_in, zeros))
 
     def block(y0: Val, count: int) -> None:
         """Output rows ``y0 .. y0 + count - 1``: every input row they read, in order, each tap column and

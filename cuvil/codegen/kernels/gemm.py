@@ -232,6 +232,31 @@ def masked_load_where(b: Builder, ptr: Val, mask: Val, otherwise: Val) -> Val:
     return b.call(fn, [ptr, ir.Constant(I32, 4), mask, otherwise])
 
 
+def span_inside(b: Builder, row: Val, at: Val | int, width: int, fill: Val) -> Val:
+    """``row[at : at + lanes]`` (``lanes``: ``fill``'s), the lanes outside ``[0, width)`` reading ``fill``'s
+    and not touching memory (``at`` may lie before the row). With ``at`` known when compiling, a span wholly
+    inside is a plain load and one wholly outside is ``fill``."""
+    vt = fill.type
+    lanes = vt.count  # type: ignore[attr-defined]
+    if isinstance(at, int):
+        inside = [0 <= at + i < width for i in range(lanes)]
+        if all(inside):
+            return b.load(b.gep(row, [const(at)], inbounds=True, source_etype=F32), typ=vt, align=4)
+        if not any(inside):
+            return fill
+        mask: Val = ir.Constant(ir.VectorType(I1, lanes), inside)
+    else:
+        iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+        mask = b.icmp_unsigned("<", b.add(splat(b, at, lanes), iota), splat(b, const(width), lanes))
+    return masked_load_where(b, b.gep(row, [const(at) if isinstance(at, int) else at], source_etype=F32), mask, fill)
+
+
+def even_lanes(b: Builder, first: Val, second: Val) -> Val:
+    """The even elements of two vectors laid end to end: a stride-2 read of ``2 * lanes`` contiguous floats."""
+    lanes = first.type.count  # type: ignore[attr-defined]
+    return b.shuffle_vector(first, second, ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)]))
+
+
 def masked_store(b: Builder, value: Val, ptr: Val, mask: Val) -> None:
     """``ptr[i] = value[i]`` for the lanes where ``mask`` holds; the others are not written."""
     lanes = mask.type.count  # type: ignore[attr-defined]

@@ -25,9 +25,9 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.chunked import STEP_FLOPS
-from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep, host_isa, masked_load_where, splat
+from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, even_lanes, fgep, host_isa, span_inside, splat
 from cuvil.codegen.kernels.pack import embed_array
-from cuvil.codegen.llvm_types import F32, I32, I64
+from cuvil.codegen.llvm_types import F32
 from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_tap, plane_row
 from cuvil.codegen.scalar import ScalarEmitter, Val, identity
 from cuvil.ir import rules as R
@@ -136,8 +136,6 @@ class MaxPoolKernel(ReadsEveryOperand):
         (kh, kw), (sh, _), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
         lanes = host_isa().lanes
         wide = self._row_floats
-        iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-        evens = ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)])
         start = identity("max", DType.f32)
         pad = ir.Constant(F32, float(R.lowest(DType.f32)))
         src = fgep(b, ctx.ins[0], b.mul(plane, const(h * w)))
@@ -148,13 +146,9 @@ class MaxPoolKernel(ReadsEveryOperand):
 
         def columns(row: Val, first: Val) -> Val:
             """Row elements ``first + 2 i`` (-inf outside the row)."""
-            halves = []
-            for half in (0, lanes):
-                at = b.add(first, const(half))
-                inside = b.icmp_unsigned("<", b.add(splat(b, at, lanes), iota), splat(b, const(w), lanes))
-                ptr = b.gep(row, [at], source_etype=F32)  # may point before the row: masked lanes are not read
-                halves.append(masked_load_where(b, ptr, inside, splat(b, pad, lanes)))
-            return b.shuffle_vector(halves[0], halves[1], evens)
+            fill = splat(b, pad, lanes)
+            return even_lanes(b, span_inside(b, row, first, w, fill),
+                              span_inside(b, row, b.add(first, const(lanes)), w, fill))
 
         def along(r: Val) -> None:
             row = fgep(b, src, b.mul(r, const(w)))
