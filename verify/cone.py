@@ -36,6 +36,9 @@ CONCRETE_LIMIT = 16
 FOLD_MATCH_LIMIT = 1 << 22
 """Constant expressions larger than this are not re-evaluated to match folded constants."""
 
+FOLD_MATCH_TOTAL = 1 << 25
+"""Elements of constant expressions one side re-evaluates in all (a bound on the table's own work)."""
+
 # leaf kinds that become inputs of cone functions (one-sided constants stay constants)
 INPUT_KINDS = ("param", "shared", "constant", "folded", "cut")
 
@@ -115,34 +118,79 @@ class LeafTable:
                                        value_range=_finite_range(data), before=v, after=v)
             elif h in table.common:
                 table.leaves[v] = Leaf(f"s_{h}", f"%{v.op}#{h[:6]}", v.type, "shared", before=v, after=v)
-        table._match_folded(vb, va, exprs_before=True)
-        table._match_folded(va, vb, exprs_before=False)
+        memo_b, memo_a = table._constant_values(vb), table._constant_values(va)
+        table._match_folded(vb, memo_b, va, exprs_before=True)
+        table._match_folded(va, memo_a, vb, exprs_before=False)
+        table._match_expressions(vb, memo_b, va, memo_a)
         return table
 
-    def _match_folded(self, exprs_side: list[Value], consts_side: list[Value], *, exprs_before: bool) -> None:
+    def _constant_values(self, values: list[Value]) -> dict[Value, np.ndarray]:
+        """Every constant expression of one side that the reference interpreter evaluates (static
+        shapes, at most :data:`FOLD_MATCH_LIMIT` elements each and :data:`FOLD_MATCH_TOTAL` in all),
+        the constants themselves included."""
+        dependent = param_dependent(values)
+        memo: dict[Value, np.ndarray] = {}
+        total = 0
+        for v in values:
+            if v in dependent or v.is_param:
+                continue
+            if v.is_const:
+                memo[v] = self.constants[v.const_hash]
+                continue
+            if not v.type.is_static or any(o not in memo for o in v.operands):
+                continue
+            size = int(np.prod([int(d) for d in v.type.shape], dtype=np.int64))
+            if size > FOLD_MATCH_LIMIT or total + size > FOLD_MATCH_TOTAL:
+                continue
+            try:
+                memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], v.attr_dict, v.type)
+            except CuvilError:
+                continue
+            total += size
+        return memo
+
+    def _fresh_expressions(self, values: list[Value], memo: Mapping[Value, np.ndarray]) -> list[Value]:
+        """The evaluated constant expressions of one side that are neither shared nor already a leaf."""
+        return [v for v in values if v in memo and not v.is_const and v not in self.leaves
+                and structural_hash(v) not in self.common]
+
+    def _match_expressions(self, before: list[Value], memo_b: Mapping[Value, np.ndarray], after: list[Value],
+                           memo_a: Mapping[Value, np.ndarray]) -> None:
+        """Pair a constant expression of one side with one of the other that evaluates to the same bytes
+        (a pass rewrote an index computation both sides gather with: a relative-position table's indices
+        with their reshapes removed). A constant expression is its value, so the pair is one folded leaf
+        and the ops that read it meet the same tensor on both sides, where otherwise the proof had to
+        relate two index computations through a gather."""
+        by_content: dict[tuple[str, object], list[Value]] = {}
+        for v in self._fresh_expressions(before, memo_b):
+            by_content.setdefault((content_hash(memo_b[v]), v.type), []).append(v)
+        paired: dict[tuple[str, object], Leaf] = {}
+        for va in self._fresh_expressions(after, memo_a):
+            key = (content_hash(memo_a[va]), va.type)
+            if key not in by_content:
+                continue
+            leaf = paired.get(key)
+            if leaf is None:
+                data = memo_a[va]
+                leaf = Leaf(f"f_{key[0]}", f"@{key[0][:9]}", va.type, "folded", data=data,
+                            value_range=_finite_range(data), before=by_content[key][0], after=va)
+                paired[key] = leaf
+                for vb in by_content[key]:
+                    self.leaves[vb] = leaf
+                self.notes.append(f"{by_content[key][0].op}(...) and {va.op}(...) are constant expressions equal "
+                                  f"bit for bit (@{key[0][:9]}, re-evaluated)")
+            self.leaves[va] = leaf
+
+    def _match_folded(self, exprs_side: list[Value], memo: Mapping[Value, np.ndarray], consts_side: list[Value], *,
+                      exprs_before: bool) -> None:
         """Pair constant expressions of one side with constants of the other holding the same bytes
         (a folded result may coincide with a constant both sides read: a bias quantized to the
         very integers it was dequantized from)."""
         targets = {v.const_hash: v for v in consts_side if v.is_const}
         if not targets:
             return
-        dependent = param_dependent(exprs_side)
-        memo: dict[Value, np.ndarray] = {}
         for v in exprs_side:
-            if v in dependent or v.is_param:
-                continue
-            if v.is_const:
-                memo[v] = self.constants[v.const_hash]
-                continue
-            if not v.type.is_static or int(np.prod([int(d) for d in v.type.shape], dtype=np.int64)) > FOLD_MATCH_LIMIT:
-                continue
-            if any(o not in memo for o in v.operands):
-                continue
-            try:
-                memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], v.attr_dict, v.type)
-            except CuvilError:
-                continue
-            if structural_hash(v) in self.common or v in self.leaves:
+            if v not in memo or v.is_const or structural_hash(v) in self.common or v in self.leaves:
                 continue
             key = content_hash(memo[v])
             const = targets.get(key)
