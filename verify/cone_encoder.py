@@ -13,6 +13,7 @@ reduction term (see ``Semantics.named_reduction``).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ UNROLL_LIMIT = 16
 
 ENCODING_BUDGET = 200_000
 """Value-at-index encodings one obligation may create before it is given up as too large."""
+
+DEADLINE_STRIDE = 64
+"""Encodings between two looks at the clock when an attempt's time limit covers its encoding too."""
 
 DIM_LIMIT = 1 << 40
 """The largest value of a symbolic dim without an upper constraint: no tensor has 2^40 elements
@@ -271,8 +275,10 @@ class ConeEncoder:
 
     def __init__(self, encoder: str, leaf_of: Callable[[Value], Leaf | None],
                  constraints: Sequence[DimConstraint] = (), *, unroll_limit: int = UNROLL_LIMIT,
-                 budget: int = ENCODING_BUDGET, ctx: z3.Context | None = None) -> None:
+                 budget: int = ENCODING_BUDGET, ctx: z3.Context | None = None,
+                 deadline: float | None = None) -> None:
         self.ctx = ctx if ctx is not None else z3.Context()
+        self.deadline = deadline
         self.sem: Semantics = ENCODERS[encoder](self.ctx)
         self.space = IndexSpace(self.ctx)
         self.leaf_of = leaf_of
@@ -358,6 +364,8 @@ class ConeEncoder:
         self.count += 1
         if self.count > self.budget:
             raise EncodingError(f"the cone needs more than {self.budget} value encodings")
+        if self.deadline is not None and self.count % DEADLINE_STRIDE == 0 and time.perf_counter() > self.deadline:
+            raise EncodingError(f"encoding the cone ran past the attempt's time limit ({self.count} value encodings)")
         if v.dtype.is_float:
             self.float_seen = True
         leaf = self.leaf_of(v)

@@ -48,7 +48,8 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
     depend on the machine's load)."""
     start = time.perf_counter()
     ctx = ctx if ctx is not None else z3.Context()
-    enc = ConeEncoder(encoder, leaf_of, constraints, ctx=ctx)
+    # the time limit covers the encoding: a large cone's reductions can take minutes to write out
+    enc = ConeEncoder(encoder, leaf_of, constraints, ctx=ctx, deadline=start + timeout)
 
     def encode() -> tuple[Any, Any]:
         idx = enc.output_index(before.type)
