@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -638,17 +638,32 @@ def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Fun
                    ctx: z3.Context | None = None, rlimit: int | None = None) -> Attempt:
     """Prove with the cut as it is; when the encodings can differ, again looking through the
     shared values only one side reads, then through every shared value one and two levels deep."""
-    attempt = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, ctx=ctx, rlimit=rlimit)
+    attempt = prove(vb, va, _roots_read(table.leaf_of, vb, va), encoder, fb.constraints, timeout=timeout, ctx=ctx,
+                    rlimit=rlimit)
     for eager in (0, 1, 2):
         if attempt.status != "sat":
             return attempt
-        retry = prove(vb, va, table.opened(vb, va, eager=eager), encoder, fb.constraints, timeout=timeout, ctx=ctx,
-                      rlimit=rlimit)
+        retry = prove(vb, va, _roots_read(table.opened(vb, va, eager=eager), vb, va), encoder, fb.constraints,
+                      timeout=timeout, ctx=ctx, rlimit=rlimit)
         if retry.status == "proved":
             return retry
         if retry.status == "sat":
             attempt = retry  # its model is over a more precise encoding (fewer opaque shared values)
     return attempt
+
+
+def _roots_read(lookup: Callable[[Value], Leaf | None], vb: Value, va: Value) -> Callable[[Value], Leaf | None]:
+    """``lookup`` with a root that is a cut or shared leaf read by its rule, unless both roots are the
+    same leaf. A root can be a leaf already: an output whose before-value a lemma paired with some other
+    after-value (a mean over a unit axis with the value it averages). Read as that leaf it relates to
+    nothing the other side reads; read by its rule it meets the leaves below both roots."""
+    leaf_b, leaf_a = lookup(vb), lookup(va)
+    if leaf_b is leaf_a:
+        return lookup
+    opened = [v for v, leaf in ((vb, leaf_b), (va, leaf_a)) if leaf is not None and leaf.kind in ("cut", "shared")]
+    if not opened:
+        return lookup
+    return lambda v: None if any(v is u for u in opened) else lookup(v)
 
 
 def _float_only(ce: Counterexample) -> bool:
