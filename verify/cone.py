@@ -177,9 +177,10 @@ class LeafTable:
                 paired[key] = leaf
                 for vb in by_content[key]:
                     self.leaves[vb] = leaf
-                self.notes.append(f"{by_content[key][0].op}(...) and {va.op}(...) are constant expressions equal "
-                                  f"bit for bit (@{key[0][:9]}, re-evaluated)")
             self.leaves[va] = leaf
+        if paired:
+            ops = ", ".join(sorted({leaf.before.op for leaf in paired.values() if leaf.before is not None}))
+            self.notes.append(f"{len(paired)} pairs of constant expressions equal bit for bit, re-evaluated ({ops})")
 
     def _match_folded(self, exprs_side: list[Value], memo: Mapping[Value, np.ndarray], consts_side: list[Value], *,
                       exprs_before: bool) -> None:

@@ -22,6 +22,7 @@ import z3
 from cuvil.errors import BudgetError, UnsupportedOpError
 from cuvil.ir.hashing import constant_conflicts, module_hash, structural_hash
 from cuvil.ir.module import Function, Module, content_hash
+from cuvil.ir.opdef import get_op
 from cuvil.ir.ops.control import open_regions
 from cuvil.ir.unroll import module_has_loops, unroll_module
 from cuvil.ir.values import Value
@@ -653,14 +654,16 @@ def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Fun
 
 
 def _roots_read(lookup: Callable[[Value], Leaf | None], vb: Value, va: Value) -> Callable[[Value], Leaf | None]:
-    """``lookup`` with a root that is a cut or shared leaf read by its rule, unless both roots are the
-    same leaf. A root can be a leaf already: an output whose before-value a lemma paired with some other
-    after-value (a mean over a unit axis with the value it averages). Read as that leaf it relates to
-    nothing the other side reads; read by its rule it meets the leaves below both roots."""
+    """``lookup`` with a root that is a cut-point leaf read by its rule (a loop or cond has none: it is
+    encoded only as a cut), unless both roots are the same leaf. A root can be a cut already: an output
+    whose before-value a lemma paired with some other after-value (a mean over a unit axis with the value
+    it averages). Read as that leaf it relates to nothing the other side reads; read by its rule it meets
+    the leaves below both roots."""
     leaf_b, leaf_a = lookup(vb), lookup(va)
     if leaf_b is leaf_a:
         return lookup
-    opened = [v for v, leaf in ((vb, leaf_b), (va, leaf_a)) if leaf is not None and leaf.kind in ("cut", "shared")]
+    opened = [v for v, leaf in ((vb, leaf_b), (va, leaf_a))
+              if leaf is not None and leaf.kind == "cut" and not get_op(v.op).structured]
     if not opened:
         return lookup
     return lambda v: None if any(v is u for u in opened) else lookup(v)

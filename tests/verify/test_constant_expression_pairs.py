@@ -68,7 +68,7 @@ def test_two_spellings_of_one_index_computation_are_one_leaf() -> None:
     leaf_b, leaf_a = table.leaf_of(gb), table.leaf_of(ga)
     assert leaf_b is not None and leaf_b is leaf_a and leaf_b.kind == "folded"
     assert leaf_b.data is not None and np.array_equal(leaf_b.data.view(np.uint32), TABLE[_flat_index()].view(np.uint32))
-    assert any("constant expressions equal bit for bit" in n for n in table.notes)
+    assert any("pairs of constant expressions equal bit for bit" in n for n in table.notes)
     app = check_application(PASS_REGISTRY["canonicalize"](), before, after)
     assert [o.status for o in app.obligations] == ["proved"]
 
