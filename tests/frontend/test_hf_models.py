@@ -91,9 +91,15 @@ def _wav2vec2() -> tuple[Any, dict[str, Any]]:
     return transformers.Wav2Vec2Model(cfg), {"input_values": audio}
 
 
+def _beit() -> tuple[Any, dict[str, Any]]:
+    """A relative position bias: indices into its table computed from aranges, gathered per layer."""
+    cfg = transformers.BeitConfig(image_size=16, patch_size=4, use_relative_position_bias=True, **TINY)
+    return transformers.BeitModel(cfg), {"pixel_values": _pixels(16)}
+
+
 MODELS: dict[str, Callable[[], tuple[Any, dict[str, Any]]]] = {
     "bert": _bert, "gpt2": _gpt2, "vit": _vit, "t5": _t5, "llama": _llama, "bart": _bart, "swin": _swin,
-    "convnextv2": _convnextv2, "wav2vec2": _wav2vec2}
+    "convnextv2": _convnextv2, "wav2vec2": _wav2vec2, "beit": _beit}
 
 
 def _build(name: str) -> tuple[Any, dict[str, Any]]:
