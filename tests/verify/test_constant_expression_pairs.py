@@ -122,19 +122,13 @@ def test_constant_expressions_one_ulp_apart_are_not_one_leaf(ulps: int) -> None:
 
 def test_a_tiny_beit_canonicalize_is_proved() -> None:
     """The model the class came from: BEiT's relative position bias, through torch.export."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     import cuvil
+    from tests.frontend.test_hf_models import _build
 
-    transformers.logging.set_verbosity_error()
-    cfg = transformers.BeitConfig(image_size=16, patch_size=4, use_relative_position_bias=True, hidden_size=32,
-                                  num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-                                  attn_implementation="eager")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = transformers.BeitModel(cfg).eval()
-    pixels = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    before = cuvil.import_model(model, {"pixel_values": pixels})
+    model, inputs = _build("beit")
+    before = cuvil.import_model(model, inputs)
     canonicalize = PASS_REGISTRY["canonicalize"]()
     after = canonicalize.run(before).module
     app = check_application(canonicalize, before, after)
