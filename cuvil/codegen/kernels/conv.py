@@ -106,11 +106,14 @@ input panels first (measured: +20-30% at 56x56, -5% at 14x14). Below that produc
 and few row tiles use it: MobileNet-v1's 32 -> 64 channels at 112x112 0.505 -> 0.449 ms unpacked, where
 32 -> 128 at 56x56 (0.192 against 0.200) and 64 -> 64 at 112x112 (0.820 against 0.833) keep packing."""
 
-CONV_KC_MAX = 1024
-"""A convolution's reduction (channels x taps) runs in blocks of at most this many steps, four times the
-GEMM's: its A rows are read in place through the offset table and its K is long (4608 for 512 channels
-of 3x3). One thread: 512x512 3x3 at 7x7 1.55 -> 1.34 ms, 64x64 3x3 at 56x56 1.38 -> 1.18 ms; no
-ResNet-18 layer slower."""
+CONV_KC_MAX = 128
+"""A convolution's reduction (channels x taps) runs in blocks of at most this many steps: a block's B panel
+(128 steps of a 64-wide tile, 32 KB) stays in L1 while every row tile of the block reads it, where longer
+blocks stream it from L2 for each one. Measured on a 2-core Xeon (48 KB L1, 2 MB L2), in-process A/B
+against 1024 steps with ONNX Runtime interleaved (150 calls each, two runs): ResNet-18 1.036 -> 1.000-1.004x
+ONNX Runtime on one thread, 1.126 -> 1.060 on two; MobileNet-v1 1.022-1.042 -> 0.964-0.970, two threads
+1.021 -> 0.978; outputs bit for bit the same (the partial sums continue in the same order). 96 and 160
+steps measured no better than 128; 64 worse (more partial sums to store and reload)."""
 
 MAX_SCRATCH_BYTES = 256 << 20
 """A conv whose padded copy would need more than this falls back to the generic lowering."""
