@@ -351,7 +351,9 @@ def cone_function(name: str, root: Value, inputs: list[Leaf], leaf_of: Callable[
                 continue
             leaf = leaf_of(cur)
             if leaf is not None and leaf.key in by_key:
-                mapping[cur] = by_key[leaf.key]
+                p = by_key[leaf.key]  # a value that is the leaf with unit axes squeezed or added: its reshape
+                mapping[cur] = p if tuple(cur.type.shape) == tuple(leaf.type.shape) else \
+                    Value("reshape", (p,), {"shape": tuple(cur.type.shape)}, cur.type)
                 continue
             if cur.is_const or cur.is_param:
                 mapping[cur] = cur

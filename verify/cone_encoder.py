@@ -62,6 +62,26 @@ class Leaf:
     after: Value | None = None
 
 
+def unit_view(shape: tuple[Dim, ...], base: tuple[Dim, ...]) -> bool:
+    """Whether a tensor of ``shape`` is one of ``base`` with axes of extent 1 inserted or dropped: the same
+    extents otherwise, in the same order (a symbolic extent is never taken for 1)."""
+    return tuple(shape) != tuple(base) and _non_unit(shape) == _non_unit(base)
+
+
+def _non_unit(shape: tuple[Dim, ...]) -> list[Dim]:
+    return [d for d in shape if not (isinstance(d, int) and d == 1)]
+
+
+def view_index(idx: tuple[Lin, ...], shape: tuple[Dim, ...], base: tuple[Dim, ...]) -> tuple[Lin, ...] | None:
+    """Element ``idx`` of a tensor of ``shape`` that is a :func:`unit_view` of ``base``, as an index of ``base``
+    (the other axes' indices in order, 0 on its unit axes); None when it is not such a view. A cut pairs
+    two values this way when a pass squeezed or unsqueezed them, so both sides read one leaf."""
+    if not unit_view(shape, base) or len(idx) != len(shape):
+        return None
+    kept = iter([ix for ix, d in zip(idx, shape, strict=True) if not (isinstance(d, int) and d == 1)])
+    return tuple(IndexSpace.const(0) if isinstance(d, int) and d == 1 else next(kept) for d in base)
+
+
 # --------------------------------------------------------------------------------------
 # index expressions: linear forms over atoms with interval bounds
 
@@ -370,7 +390,11 @@ class ConeEncoder:
             self.float_seen = True
         leaf = self.leaf_of(v)
         if leaf is not None:
-            out = self._leaf_at(leaf, idx)
+            at = idx if tuple(leaf.type.shape) == tuple(v.type.shape) else view_index(idx, v.type.shape,
+                                                                                        leaf.type.shape)
+            if at is None:
+                raise EncodingError(f"a {v.type} read as leaf {leaf.label} of type {leaf.type}, not a view of it")
+            out = self._leaf_at(leaf, at)
         else:
             owner, rule = self._rule(v)
             env = _Env({f"i{k}": ix for k, ix in enumerate(idx)})

@@ -29,7 +29,7 @@ from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
 from cuvil.passes.loop_bodies import body_function
 from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, param_dependent
-from verify.cone_encoder import Leaf
+from verify.cone_encoder import Leaf, unit_view
 from verify.errors import VerifierInconsistency
 from verify.prove import Attempt, prove
 from verify.refute import Evaluations, ObligationCase, Refuter, Search
@@ -419,9 +419,11 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
     sig_a, wide_a = _signatures(runs, "after", wide)
     rtol = 1e-9 if wide_b and wide_a else 1e-5
     by_type: dict[object, list[Value]] = {}
+    by_view: dict[object, list[Value]] = {}
     for v in cand_b:
         if v in sig_b:
             by_type.setdefault(v.type, []).append(v)
+            by_view.setdefault(_view_key(v), []).append(v)
     ctx = z3.Context()
     lemmas += _layout_chains(cand_b, sig_b, sig_a, fa, table, encoder, fb, timeout, ctx, rtol)
     quick: dict[Value, tuple[np.ndarray, float]] = {}
@@ -446,6 +448,36 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
             tries += 1
             if tries >= 2:
                 break
+        if table.leaf_of(va) is None:
+            lemmas += _view_lemmas(va, arr, by_view.get(_view_key(va), []), sig_b, table, encoder, fb, timeout,
+                                   ctx, rtol)
+    return lemmas
+
+
+def _view_key(v: Value) -> tuple[object, ...]:
+    """A value's dtype and its extents other than the unit ones: values that are views of one another
+    (:func:`unit_view`) share it."""
+    return (v.dtype, tuple(str(d) for d in v.type.shape if not (isinstance(d, int) and d == 1)))
+
+
+def _view_lemmas(va: Value, arr: np.ndarray, candidates: list[Value], sig_b: Mapping[Value, np.ndarray],
+                 table: LeafTable, encoder: str, fb: Function, timeout: float, ctx: z3.Context,
+                 rtol: float) -> list[Lemma]:
+    """Cut points where a pass squeezed or unsqueezed unit axes (MobileViT's patches, eliminated layout
+    ops): ``va`` and a before-value that is it with unit axes added or dropped, equal element for element on
+    the random inputs, are proved one tensor in two views; the pair then reads one leaf, each side through
+    its own shape (:func:`verify.cone_encoder.view_index`). Without it nothing above the squeeze pairs."""
+    lemmas: list[Lemma] = []
+    for vb in candidates:
+        if table.leaf_of(vb) is not None or not unit_view(va.type.shape, vb.type.shape):
+            continue
+        xb = np.asarray(sig_b[vb])
+        if xb.size != np.asarray(arr).size or not _close(xb.reshape(np.shape(arr)), np.asarray(arr), rtol):
+            continue
+        lemma = _lemma(vb, va, table, encoder, fb, timeout, ctx)
+        lemmas.append(lemma)
+        if lemma.proved or len(lemmas) >= 2:
+            break
     return lemmas
 
 
@@ -548,9 +580,11 @@ def _by_op(fb: Function, table: LeafTable) -> dict[tuple[object, ...], list[Valu
     return by_op
 
 
-def _operand_keys(v: Value, table: LeafTable) -> tuple[str | None, ...]:
+def _operand_keys(v: Value, table: LeafTable) -> tuple[tuple[str, str] | None, ...]:
+    """Each operand's leaf and type: one leaf can be read through views of different shapes."""
     leaves = [table.leaf_of(o) for o in v.operands]
-    return tuple(leaf.key if leaf is not None else None for leaf in leaves)
+    return tuple((leaf.key, str(o.type)) if leaf is not None else None for leaf, o in zip(leaves, v.operands,
+                                                                                        strict=True))
 
 
 def _congruent(va: Value, by_op: dict[tuple[object, ...], list[Value]], table: LeafTable,
@@ -601,7 +635,8 @@ class BodyProofs:
         regions_a, ops_a = open_regions(va)
         keys_b = [table.leaf_of(o) for o in ops_b]
         keys_a = [table.leaf_of(o) for o in ops_a]
-        if None in keys_b or None in keys_a or [k.key for k in keys_b if k] != [k.key for k in keys_a if k]:
+        if None in keys_b or None in keys_a or [k.key for k in keys_b if k] != [k.key for k in keys_a if k] \
+                or [o.type for o in ops_b] != [o.type for o in ops_a]:
             return False
         return all(self._region_equal(rb, ra) for rb, ra in zip(regions_b, regions_a, strict=True))
 

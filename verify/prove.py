@@ -20,7 +20,7 @@ from cuvil.ir.deep import run_deep
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import DimConstraint
 from cuvil.ir.values import Value
-from verify.cone_encoder import ConeEncoder, EncodingError, Leaf, inequality
+from verify.cone_encoder import ConeEncoder, EncodingError, Leaf, inequality, view_index
 from verify.z3_terms import boolean, bv_value, constant_value, int_value, real_value
 
 
@@ -52,8 +52,12 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
     enc = ConeEncoder(encoder, leaf_of, constraints, ctx=ctx, deadline=start + timeout)
 
     def encode() -> tuple[Any, Any]:
-        idx = enc.output_index(before.type)
-        b = enc.value_at(before, idx)
+        idx = enc.output_index(after.type)
+        at = idx if tuple(before.type.shape) == tuple(after.type.shape) else view_index(idx, after.type.shape,
+                                                                                           before.type.shape)
+        if at is None or before.dtype != after.dtype:
+            raise EncodingError(f"a {before.type} and a {after.type} are not one tensor in two views")
+        b = enc.value_at(before, at)
         return b, inequality(enc, b, enc.value_at(after, idx), before.dtype)
 
     try:
@@ -99,7 +103,7 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
         if solver.check() == z3.sat:
             model = solver.model()
         solver.pop()
-    _decode(out, model, enc, before, decode)
+    _decode(out, model, enc, after, decode)
     return out
 
 
