@@ -674,8 +674,14 @@ def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Fun
                    ctx: z3.Context | None = None, rlimit: int | None = None) -> Attempt:
     """Prove with the cut as it is; when the encodings can differ, again looking through the
     shared values only one side reads, then through every shared value one and two levels deep."""
-    attempt = prove(vb, va, _roots_read(table.leaf_of, vb, va), encoder, fb.constraints, timeout=timeout, ctx=ctx,
-                    rlimit=rlimit)
+    roots = _roots_read(table.leaf_of, vb, va)
+    if roots is not table.leaf_of and _reads_root_leaf(table.leaf_of, vb, va):
+        # a root that already joined the cut, whose leaf the other cone reads: first as that leaf (``va`` may
+        # be the value it was paired with plus a zero bias: fold-batchnorm's convolution and its bias add)
+        first = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, ctx=ctx, rlimit=rlimit)
+        if first.status == "proved":
+            return first
+    attempt = prove(vb, va, roots, encoder, fb.constraints, timeout=timeout, ctx=ctx, rlimit=rlimit)
     for eager in (0, 1, 2):
         if attempt.status != "sat":
             return attempt
@@ -686,6 +692,27 @@ def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Fun
         if retry.status == "sat":
             attempt = retry  # its model is over a more precise encoding (fewer opaque shared values)
     return attempt
+
+
+def _reads_root_leaf(lookup: Callable[[Value], Leaf | None], vb: Value, va: Value) -> bool:
+    """Whether one root is a leaf that the other root's cone (down to its leaves) reads."""
+    for root, other in ((vb, va), (va, vb)):
+        leaf = lookup(root)
+        if leaf is None:
+            continue
+        seen: set[Value] = set()
+        stack = [other]
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            found = lookup(v)
+            if found is leaf:
+                return True
+            if found is None:
+                stack.extend(v.operands)
+    return False
 
 
 def _roots_read(lookup: Callable[[Value], Leaf | None], vb: Value, va: Value) -> Callable[[Value], Leaf | None]:

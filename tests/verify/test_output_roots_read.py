@@ -7,6 +7,7 @@ its rule, and the two means meet the same leaf below."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -69,3 +70,40 @@ def test_a_tiny_levit_layout_rewrite_is_proved() -> None:
     app = check_application(layout, module, after)
     assert [o.status for o in app.obligations] == ["proved", "proved"], \
         [(o.output, str(o.verdict)) for o in app.obligations]
+
+
+def test_a_root_paired_already_is_first_read_as_its_leaf(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fold-batchnorm on a tiny MobileViT (bias-free convolutions, batch norms at their initial statistics):
+    the sweep pairs each batch norm with the folded convolution (the folded bias is zero), then with the
+    convolution's bias add. Read by its rule, the paired batch norm expanded into sums the other side
+    reads as that pair's leaf: two of those lemmas ran into the 20 s limit, two more were not proved.
+    Read first as its leaf, every batch norm's lemma is proved."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import cuvil
+    from verify import check_pipeline, obligations
+
+    found: list[tuple[str, str, bool]] = []
+    lemma = obligations._lemma
+
+    def spy(vb: Value, va: Value, *args: Any, **kwargs: Any) -> obligations.Lemma:
+        out = lemma(vb, va, *args, **kwargs)
+        found.append((vb.op, va.op, out.proved))
+        return out
+
+    monkeypatch.setattr(obligations, "_lemma", spy)
+    cfg = transformers.MobileViTConfig(image_size=32, hidden_sizes=[16, 24, 32], num_attention_heads=2,
+                                       neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], patch_size=2, mlp_ratio=2.0,
+                                       expand_ratio=2.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.MobileViTModel(cfg).eval()
+        for m in model.modules():  # the library's 0.02 init shrinks activations to zero within a few layers
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+                m.reset_parameters()  # pyright: ignore[reportCallIssue]
+        pixels = torch.randn(1, 3, 32, 32)
+    module = cuvil.import_model(model, {"pixel_values": pixels})
+    report = check_pipeline(module, ["canonicalize", "cse", "fold-batchnorm"], timeout=20.0)
+    assert [o.status for o in report.obligations] == ["proved"] * len(report.obligations)
+    norms = [proved for before, after, proved in found if before == "batch_norm" and after == "add"]
+    assert len(norms) >= 30 and all(norms)
