@@ -55,7 +55,7 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
         idx = enc.output_index(after.type)
         at = idx if tuple(before.type.shape) == tuple(after.type.shape) else view_index(idx, after.type.shape,
                                                                                            before.type.shape)
-        if at is None or before.dtype != after.dtype:
+        if at is None or (at is not idx and before.dtype != after.dtype):
             raise EncodingError(f"a {before.type} and a {after.type} are not one tensor in two views")
         b = enc.value_at(before, at)
         return b, inequality(enc, b, enc.value_at(after, idx), before.dtype)
