@@ -252,7 +252,7 @@ class LeafTable:
             return None if v in opened else self.leaves.get(v)
 
         for _ in range(rounds):
-            lb, la = self._leaf_values(before, lookup), self._leaf_values(after, lookup)
+            lb, la = self.leaf_values(before, lookup), self.leaf_values(after, lookup)
             useful: list[Value] = []
             for mine, theirs in ((lb, la), (la, lb)):
                 for key, vs in mine.items():
@@ -266,8 +266,8 @@ class LeafTable:
                 break
             opened.update(useful)
         for _ in range(eager):  # open everything one more level on both sides
-            layer = [v for vs in (*self._leaf_values(before, lookup).values(),
-                                  *self._leaf_values(after, lookup).values()) for v in vs if self._openable(v)]
+            layer = [v for vs in (*self.leaf_values(before, lookup).values(),
+                                  *self.leaf_values(after, lookup).values()) for v in vs if self._openable(v)]
             if not layer:
                 break
             opened.update(layer)
@@ -276,10 +276,11 @@ class LeafTable:
     def _exposed(self, v: Value, lookup: Callable[[Value], Leaf | None]) -> set[str]:
         out: set[str] = set()
         for o in v.operands:
-            out.update(self._leaf_values(o, lookup))
+            out.update(self.leaf_values(o, lookup))
         return out
 
-    def _leaf_values(self, root: Value, lookup: Callable[[Value], Leaf | None]) -> dict[str, list[Value]]:
+    def leaf_values(self, root: Value, lookup: Callable[[Value], Leaf | None]) -> dict[str, list[Value]]:
+        """The leaves ``root``'s cone reads (down to them, through ``lookup``), by key, with the values read."""
         out: dict[str, list[Value]] = {}
 
         def step(v: Value) -> tuple[Value, ...]:

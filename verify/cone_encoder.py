@@ -62,14 +62,20 @@ class Leaf:
     after: Value | None = None
 
 
+def is_unit(d: Dim) -> bool:
+    """An extent known to be 1 (a symbolic extent never is)."""
+    return isinstance(d, int) and d == 1
+
+
+def non_unit_extents(shape: tuple[Dim, ...]) -> list[Dim]:
+    """A shape's extents other than the unit ones, in order."""
+    return [d for d in shape if not is_unit(d)]
+
+
 def unit_view(shape: tuple[Dim, ...], base: tuple[Dim, ...]) -> bool:
     """Whether a tensor of ``shape`` is one of ``base`` with axes of extent 1 inserted or dropped: the same
-    extents otherwise, in the same order (a symbolic extent is never taken for 1)."""
-    return tuple(shape) != tuple(base) and _non_unit(shape) == _non_unit(base)
-
-
-def _non_unit(shape: tuple[Dim, ...]) -> list[Dim]:
-    return [d for d in shape if not (isinstance(d, int) and d == 1)]
+    extents otherwise, in the same order."""
+    return tuple(shape) != tuple(base) and non_unit_extents(shape) == non_unit_extents(base)
 
 
 def view_index(idx: tuple[Lin, ...], shape: tuple[Dim, ...], base: tuple[Dim, ...]) -> tuple[Lin, ...] | None:
@@ -78,8 +84,14 @@ def view_index(idx: tuple[Lin, ...], shape: tuple[Dim, ...], base: tuple[Dim, ..
     two values this way when a pass squeezed or unsqueezed them, so both sides read one leaf."""
     if not unit_view(shape, base) or len(idx) != len(shape):
         return None
-    kept = iter([ix for ix, d in zip(idx, shape, strict=True) if not (isinstance(d, int) and d == 1)])
-    return tuple(IndexSpace.const(0) if isinstance(d, int) and d == 1 else next(kept) for d in base)
+    kept = iter([ix for ix, d in zip(idx, shape, strict=True) if not is_unit(d)])
+    return tuple(IndexSpace.const(0) if is_unit(d) else next(kept) for d in base)
+
+
+def read_index(idx: tuple[Lin, ...], shape: tuple[Dim, ...], base: tuple[Dim, ...]) -> tuple[Lin, ...] | None:
+    """``idx`` of a tensor of ``shape`` as an index of one of ``base``: itself where the shapes are the same,
+    else through :func:`view_index`."""
+    return idx if tuple(shape) == tuple(base) else view_index(idx, shape, base)
 
 
 # --------------------------------------------------------------------------------------
@@ -390,8 +402,7 @@ class ConeEncoder:
             self.float_seen = True
         leaf = self.leaf_of(v)
         if leaf is not None:
-            at = idx if tuple(leaf.type.shape) == tuple(v.type.shape) else view_index(idx, v.type.shape,
-                                                                                        leaf.type.shape)
+            at = read_index(idx, v.type.shape, leaf.type.shape)
             if at is None:
                 raise EncodingError(f"a {v.type} read as leaf {leaf.label} of type {leaf.type}, not a view of it")
             out = self._leaf_at(leaf, at)

@@ -29,7 +29,7 @@ from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass
 from cuvil.passes.loop_bodies import body_function
 from verify.cone import INPUT_KINDS, ConeFunctions, LeafTable, cone_function, param_dependent
-from verify.cone_encoder import Leaf, unit_view
+from verify.cone_encoder import Leaf, non_unit_extents, unit_view
 from verify.errors import VerifierInconsistency
 from verify.prove import Attempt, prove
 from verify.refute import Evaluations, ObligationCase, Refuter, Search
@@ -457,7 +457,7 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
 def _view_key(v: Value) -> tuple[object, ...]:
     """A value's dtype and its extents other than the unit ones: values that are views of one another
     (:func:`unit_view`) share it."""
-    return (v.dtype, tuple(str(d) for d in v.type.shape if not (isinstance(d, int) and d == 1)))
+    return (v.dtype, tuple(str(d) for d in non_unit_extents(v.type.shape)))
 
 
 def _view_lemmas(va: Value, arr: np.ndarray, candidates: list[Value], sig_b: Mapping[Value, np.ndarray],
@@ -471,8 +471,7 @@ def _view_lemmas(va: Value, arr: np.ndarray, candidates: list[Value], sig_b: Map
     for vb in candidates:
         if table.leaf_of(vb) is not None or not unit_view(va.type.shape, vb.type.shape):
             continue
-        xb = np.asarray(sig_b[vb])
-        if xb.size != np.asarray(arr).size or not _close(xb.reshape(np.shape(arr)), np.asarray(arr), rtol):
+        if not _close(np.asarray(sig_b[vb]).reshape(np.shape(arr)), np.asarray(arr), rtol):
             continue
         lemma = _lemma(vb, va, table, encoder, fb, timeout, ctx)
         lemmas.append(lemma)
@@ -675,7 +674,7 @@ def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Fun
     """Prove with the cut as it is; when the encodings can differ, again looking through the
     shared values only one side reads, then through every shared value one and two levels deep."""
     roots = _roots_read(table.leaf_of, vb, va)
-    if roots is not table.leaf_of and _reads_root_leaf(table.leaf_of, vb, va):
+    if roots is not table.leaf_of and _reads_root_leaf(table, vb, va):
         # a root that already joined the cut, whose leaf the other cone reads: first as that leaf (``va`` may
         # be the value it was paired with plus a zero bias: fold-batchnorm's convolution and its bias add)
         first = prove(vb, va, table.leaf_of, encoder, fb.constraints, timeout=timeout, ctx=ctx, rlimit=rlimit)
@@ -694,24 +693,12 @@ def _prove_opening(vb: Value, va: Value, table: LeafTable, encoder: str, fb: Fun
     return attempt
 
 
-def _reads_root_leaf(lookup: Callable[[Value], Leaf | None], vb: Value, va: Value) -> bool:
+def _reads_root_leaf(table: LeafTable, vb: Value, va: Value) -> bool:
     """Whether one root is a leaf that the other root's cone (down to its leaves) reads."""
     for root, other in ((vb, va), (va, vb)):
-        leaf = lookup(root)
-        if leaf is None:
-            continue
-        seen: set[Value] = set()
-        stack = [other]
-        while stack:
-            v = stack.pop()
-            if v in seen:
-                continue
-            seen.add(v)
-            found = lookup(v)
-            if found is leaf:
-                return True
-            if found is None:
-                stack.extend(v.operands)
+        leaf = table.leaf_of(root)
+        if leaf is not None and leaf.key in table.leaf_values(other, table.leaf_of):
+            return True
     return False
 
 

@@ -20,7 +20,7 @@ from cuvil.ir.deep import run_deep
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import DimConstraint
 from cuvil.ir.values import Value
-from verify.cone_encoder import ConeEncoder, EncodingError, Leaf, inequality, view_index
+from verify.cone_encoder import ConeEncoder, EncodingError, Leaf, inequality, read_index
 from verify.z3_terms import boolean, bv_value, constant_value, int_value, real_value
 
 
@@ -53,8 +53,7 @@ def prove(before: Value, after: Value, leaf_of: Callable[[Value], Leaf | None], 
 
     def encode() -> tuple[Any, Any]:
         idx = enc.output_index(after.type)
-        at = idx if tuple(before.type.shape) == tuple(after.type.shape) else view_index(idx, after.type.shape,
-                                                                                           before.type.shape)
+        at = read_index(idx, after.type.shape, before.type.shape)
         if at is None or (at is not idx and before.dtype != after.dtype):
             raise EncodingError(f"a {before.type} and a {after.type} are not one tensor in two views")
         b = enc.value_at(before, at)
