@@ -89,6 +89,27 @@ def test_a_squeeze_that_also_reverses_the_rows_is_refuted() -> None:
     assert [o.status for o in app.obligations] == ["refuted"]
 
 
+def test_a_squeeze_that_changes_one_exact_value_is_not_proved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prover-only: the after side also replaces the value wherever it equals one float exactly, which random
+    inputs never hit; every layer below is paired across the views, and the output must still not be
+    proved (the search cannot replay the difference, so the verdict is left open)."""
+    found: list[Lemma] = []
+    view_lemmas = obligations._view_lemmas
+
+    def spy(*args: Any, **kwargs: Any) -> list[Lemma]:
+        out = view_lemmas(*args, **kwargs)
+        found.extend(out)
+        return out
+
+    def one_value(b: Builder, h: Value) -> Value:
+        return b.where(b.equal(h, b.const(np.float32(0.123456789))), b.const(np.float32(0.5)), h)
+
+    monkeypatch.setattr(obligations, "_view_lemmas", spy)
+    app = check_application(_squeeze(), _network(True), _network(False, one_value), timeout=5.0)
+    assert any(lemma.proved for lemma in found)
+    assert [o.status for o in app.obligations] != ["proved"]
+
+
 @pytest.mark.parametrize(("shape", "base", "expected"), [
     ((2, 16, 32), (2, 1, 16, 32), (0, None, 1, 2)),
     ((2, 1, 16, 32), (2, 16, 32), (0, 2, 3)),
