@@ -44,7 +44,22 @@ def _squeeze() -> Pass:
     return type("SqueezeUnitAxis", (Pass,), {"name": "squeeze-unit-axis", "contract": Contract.EXACT})()
 
 
-def test_mobilevit_one_patch_block_is_proved_through_views(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def found(monkeypatch: pytest.MonkeyPatch) -> list[Lemma]:
+    """The view lemmas the sweep tries, as it tries them."""
+    tried: list[Lemma] = []
+    view_lemmas = obligations._view_lemmas
+
+    def spy(*args: Any, **kwargs: Any) -> list[Lemma]:
+        out = view_lemmas(*args, **kwargs)
+        tried.extend(out)
+        return out
+
+    monkeypatch.setattr(obligations, "_view_lemmas", spy)
+    return tried
+
+
+def test_mobilevit_one_patch_block_is_proved_through_views(found: list[Lemma]) -> None:
     """A MobileViT block whose feature map is one patch (4x4 input, stride 2, patches of 2x2), four
     transformer layers, through torch.export and O3: every obligation proved. Without the view pairs the
     eliminate-layout-ops application's output was unknown after 53 s (the sweep paired nothing above the
@@ -56,15 +71,6 @@ def test_mobilevit_one_patch_block_is_proved_through_views(monkeypatch: pytest.M
     import cuvil
     from verify import check_pipeline
 
-    found: list[Lemma] = []
-    view_lemmas = obligations._view_lemmas
-
-    def spy(*args: Any, **kwargs: Any) -> list[Lemma]:
-        out = view_lemmas(*args, **kwargs)
-        found.extend(out)
-        return out
-
-    monkeypatch.setattr(obligations, "_view_lemmas", spy)
     cfg = transformers.MobileViTConfig(num_attention_heads=2, mlp_ratio=2.0, patch_size=2, expand_ratio=2.0,
                                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     with torch.random.fork_rng(devices=[]):
@@ -89,22 +95,13 @@ def test_a_squeeze_that_also_reverses_the_rows_is_refuted() -> None:
     assert [o.status for o in app.obligations] == ["refuted"]
 
 
-def test_a_squeeze_that_changes_one_exact_value_is_not_proved(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_squeeze_that_changes_one_exact_value_is_not_proved(found: list[Lemma]) -> None:
     """Prover-only: the after side also replaces the value wherever it equals one float exactly, which random
     inputs never hit; every layer below is paired across the views, and the output must still not be
     proved (the search cannot replay the difference, so the verdict is left open)."""
-    found: list[Lemma] = []
-    view_lemmas = obligations._view_lemmas
-
-    def spy(*args: Any, **kwargs: Any) -> list[Lemma]:
-        out = view_lemmas(*args, **kwargs)
-        found.extend(out)
-        return out
-
     def one_value(b: Builder, h: Value) -> Value:
         return b.where(b.equal(h, b.const(np.float32(0.123456789))), b.const(np.float32(0.5)), h)
 
-    monkeypatch.setattr(obligations, "_view_lemmas", spy)
     app = check_application(_squeeze(), _network(True), _network(False, one_value), timeout=5.0)
     assert any(lemma.proved for lemma in found)
     assert [o.status for o in app.obligations] != ["proved"]
