@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -391,13 +392,27 @@ class CompileJob:
     def _library_uncached(self, env: Mapping[str, int]) -> NativeLibrary:
         start = time.perf_counter()
         if self.output_dir is None:
-            out = Path(tempfile.mkdtemp(prefix="cuvil-"))
-        elif self.per_shape_folders:
-            out = self.output_dir / "_".join(f"{k}{v}" for k, v in sorted(env.items()))
-        else:
-            out = self.output_dir
+            return self._library_scratch(env, start)
+        out = self.output_dir
+        if self.per_shape_folders:
+            out = out / "_".join(f"{k}{v}" for k, v in sorted(env.items()))
         artifact = self._build(env, out, None)
         with stage("load"):
             lib = open_library(artifact.library_path, artifact.manifest)
+        lib.info = {"cache": "off", "seconds": round(time.perf_counter() - start, 4)}
+        return lib
+
+    def _library_scratch(self, env: Mapping[str, int], start: float) -> NativeLibrary:
+        """No cache and no output folder: the library lives in a temporary folder that goes with it (an
+        emulated or wasm library reads its files on every call, so not before)."""
+        out = Path(tempfile.mkdtemp(prefix="cuvil-"))
+        try:
+            artifact = self._build(env, out, None)
+            with stage("load"):
+                lib = open_library(artifact.library_path, artifact.manifest)
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+        weakref.finalize(lib, shutil.rmtree, out, True)
         lib.info = {"cache": "off", "seconds": round(time.perf_counter() - start, 4)}
         return lib

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import platform
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,3 +199,41 @@ def test_threads_sharing_a_library_each_get_their_own_result(rng):
     for t in threads:
         t.join()
     assert not bad
+
+
+def test_an_uncached_library_without_an_output_folder_leaves_no_folder_behind(rng):
+    """Its temporary folder lives exactly as long as the library: a process compiling many models with the
+    cache off must not fill the disk."""
+    import gc
+
+    model = compile(softmax_module(), cache=False)
+    folder = model.library_path.parent
+    assert folder.is_dir() and model.library_path.is_file()
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(model(x), scaled_softmax(x), rtol=1e-5, atol=1e-7)
+    del model
+    gc.collect()
+    assert not folder.exists()
+
+
+def test_a_failed_uncached_build_removes_its_folder(monkeypatch):
+    import tempfile
+
+    from cuvil.compiler.job import CompileJob
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    def failing(self, env, out_dir, cache_key):
+        (out_dir / "partial.o").write_bytes(b"\0")
+        raise CodegenError("seeded failure", location="@main")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording)
+    monkeypatch.setattr(CompileJob, "_build", failing)
+    with pytest.raises(CodegenError, match="seeded failure"):
+        compile(softmax_module(), cache=False)
+    assert made and not any(Path(p).exists() for p in made)
