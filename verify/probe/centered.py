@@ -8,7 +8,8 @@ each value ``v`` is split into ``ĉ``, what it is at the center of the box (comp
 
 * a convolution maps it by at most ``σ(W)``, a product or quotient by a constant by its largest factor,
   a batch norm by ``max|a|``, an average pool by ``√(overlap / divisor)``, a max pool by ``√(overlap)``
-  (or, after a convolution, by that convolution's norms on the inputs each repeats: its outputs thinned);
+  (or, after a convolution, by that convolution's norms on the inputs each repeats: its outputs thinned,
+  or all of them weighted by the windows each lies in);
   ReLU, clip, max and min with a constant, and a float cast never grow it; a sum adds its operands';
   a residual block by its own norm over every slope pattern of its ReLU;
 * the float program's own rounding is added from the magnitude bounds (it is relative to what the
@@ -42,6 +43,8 @@ from verify.probe.interval import Interval
 from verify.probe.windows import (
     EPS64,
     SLACK,
+    Thinned,
+    Weighted,
     Window,
     WindowNorms,
     acc_type,
@@ -55,13 +58,16 @@ from verify.probe.windows import (
     kernel_taps,
     max_window,
     offset_products,
+    phase_stacked,
     pool_levels,
+    pool_weights,
     relu_block_sigma,
     relu_halving_sigma,
     shape_of,
     sigma_units,
     underflow,
     unit,
+    weighted_kernel,
 )
 
 BLAS_UNIT = 0.1
@@ -185,7 +191,7 @@ class CenteredWindows(WindowNorms):
         self.blocks: dict[Value, tuple[Value, Value, Value, Value, Value, Value | None] | None] = {}
         self.block_norms: dict[Any, float] = {} if block_norms is None else block_norms  # (charged once each)
         self.composed: dict[Any, np.ndarray] = {}
-        self.thinned: dict[tuple[Value, Window, tuple[int, ...]], float | None] = {}
+        self.restricted: dict[tuple[Value, Window, Thinned | Weighted], float | None] = {}
 
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------
     def window(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
@@ -496,85 +502,100 @@ class CenteredWindows(WindowNorms):
         each input's square times the windows it lies in: ``√(overlap)`` times the input's deviation, or, by
         :func:`pool_levels`, the root of the sum over level sets (one per axis) of the input's deviation on
         that set, which a convolution below bounds by its norm restricted to the set's outputs (a 3x3 pool of
-        stride 2 after ResNet's stem: 1.65x the stem's norm instead of 2x)."""
+        stride 2 after ResNet's stem: 1.65x the stem's norm instead of 2x); or the input's deviation weighted
+        by how many windows each place lies in (:func:`pool_weights`), which a convolution below bounds by
+        one norm, of its outputs so weighted (the same stem: 1.56x)."""
         geometry = self._pool_geometry(v, win)
         if geometry is None:
             return None
-        inw, overlap, _, strides, _, dilations = geometry
+        inw, overlap, ks, strides, pads, dilations = geometry
         x = v.operands[0]
         inner = self.deviation(x, inw, values)
         if inner is None:
             return None
         plain = inner * math.sqrt(overlap)
-        levels = pool_levels([int(k) for k in v.attr("kernel")], strides, dilations)
+        levels = pool_levels(ks, strides, dilations)
         if levels is not None:
             total = 0.0
             for thin in itertools.product(*levels):
-                part = self._thinned_deviation(x, inw, tuple(thin), values)
+                part = self._restricted_deviation(x, inw, Thinned(tuple(thin)), values)
                 total += (inner if part is None else min(part, inner)) ** 2
             plain = min(plain, math.sqrt(total * SLACK) * SLACK)
+        weighted = self._restricted_deviation(x, inw, Weighted(pool_weights(ks, strides, pads, dilations)), values)
+        if weighted is not None:
+            plain = min(plain, weighted)
         return plain * SLACK * SLACK
 
-    def _thinned_deviation(self, v: Value, win: Window, thin: tuple[int, ...],
-                           values: Mapping[Value, Interval]) -> float | None:
-        """A bound on the norm of ``v - ĉ`` over the places of any ``win`` window that lie in one residue class
-        modulo ``thin`` per axis (any class): through element-wise ops (ReLU, clip, a cast, a sum) as the
-        whole deviation goes, and at a convolution by its norm with the outputs thinned, the stride times
-        ``thin`` (on a torus that is a multiple of it: a class is the outputs of a shifted input). The
-        rounding terms are the whole window's. None: no such rule (the whole deviation bounds it)."""
+    def _restricted_deviation(self, v: Value, win: Window, how: Thinned | Weighted,
+                              values: Mapping[Value, Interval]) -> float | None:
+        """A bound on the norm of ``v - ĉ`` over any ``win`` window, restricted (:class:`Thinned`) or weighted
+        (:class:`Weighted`) per place: through element-wise ops (ReLU, clip, a cast, a sum) as the whole
+        deviation goes, and at a convolution by the norm of its outputs so restricted or weighted, on a
+        torus that is a multiple of the stride times the period. The rounding terms are the whole window's
+        (times the largest weight). None: no such rule (the whole deviation, times the largest weight,
+        bounds it)."""
         if v not in self.live:
             return 0.0
-        if all(t == 1 for t in thin):
+        if how.trivial:
             return self.deviation(v, win, values)
         clamped = clamp_window(v, win)
-        if clamped is None or len(thin) != len(shape_of(v)) - 2:
+        if clamped is None or len(how.period) != len(shape_of(v)) - 2:
             return None
-        key = (v, clamped, thin)
-        if key in self.thinned:
-            return self.thinned[key]
-        self.thinned[key] = None
+        key = (v, clamped, how)
+        if key in self.restricted:
+            return self.restricted[key]
+        self.restricted[key] = None
         op, found = v.op, None
         live = [o for o in v.operands if o in self.live]
 
-        def thinned(o: Value) -> float | None:
-            return self._thinned_deviation(o, clamped, thin, values)
+        def inner(o: Value) -> float | None:
+            return self._restricted_deviation(o, clamped, how, values)
 
         if op == "conv":
-            terms, sigma = self._conv_terms(v, clamped, values), self._thinned_sigma(v, thin)
+            terms, sigma = self._conv_terms(v, clamped, values), self._restricted_sigma(v, how)
             if terms is not None and sigma is not None:
-                found = (sigma * terms[1] + terms[2]) * SLACK * SLACK
-        elif op in ("relu", "clip") or (op in ("max", "min") and len(v.operands) == 2):
-            found = self._lipschitz(v, clamped, values, thinned)
-        elif op == "cast" and v.operands[0].dtype.is_float:
-            found = self._cast_deviation(v, clamped, values, thinned)
+                found = (sigma * terms[1] + how.largest * terms[2]) * SLACK * SLACK
+        elif op == "relu" or (isinstance(how, Thinned) and (op == "clip" or (op in ("max", "min")
+                                                                             and len(v.operands) == 2))):
+            found = self._lipschitz(v, clamped, values, inner)  # (a clip adds its bounds' move: thinned only)
+        elif op == "cast" and v.operands[0].dtype.is_float and isinstance(how, Thinned):
+            found = self._cast_deviation(v, clamped, values, inner)
         elif op in ("add", "sub") and all(shape_of(o) == shape_of(v) for o in live):
-            parts = [thinned(o) for o in live]
+            parts = [inner(o) for o in live]
             terms = self._sum_terms(v, clamped, values)
             if terms is not None and all(p is not None for p in parts):
-                found = (sum(parts) + terms[1]) * SLACK * SLACK  # type: ignore[arg-type]
-        self.thinned[key] = found
+                found = (sum(parts) + how.largest * terms[1]) * SLACK * SLACK  # type: ignore[arg-type]
+        self.restricted[key] = found
         return found
 
-    def _thinned_sigma(self, v: Value, thin: tuple[int, ...]) -> float | None:
-        """The norm of convolution ``v`` keeping one output in ``thin`` per axis."""
+    def _restricted_sigma(self, v: Value, how: Thinned | Weighted) -> float | None:
+        """The norm of convolution ``v`` keeping one output in ``thin`` per axis, or with its outputs weighted."""
         parts = self._conv_parts(v)
         if parts is None:
             return None
         _, w, s, _, d, groups = parts
-        strides = tuple(sj * t for sj, t in zip(s, thin, strict=True))
+        if isinstance(how, Weighted) and groups != 1:
+            return None
+        strides = tuple(sj * t for sj, t in zip(s, how.period, strict=True))
         torus = tuple(-(-t // st) * st for t, st in zip(self.torus(v), strides, strict=True))
-        key = ("thinned", self.weight_key(v), torus, tuple(d), groups, strides)
+        key = (how.tag, self.weight_key(v), torus, tuple(d), groups, strides, how.weights)
         hit = self.sigmas.get(key)
         if hit is None:  # (charged once per engine, whether or not another engine computed it)
+            kernel, on, dil, step = w, torus, tuple(d), strides
+            if isinstance(how, Weighted):  # one output block per residue, its input read as phases
+                kernel = phase_stacked(weighted_kernel(w, s, d, how.weights), strides)
+                on = tuple(t // st for t, st in zip(torus, strides, strict=True))
+                dil = step = (1,) * len(strides)
+
             def compute() -> tuple[float, float]:
                 with np.errstate(all="ignore"):
                     try:
-                        return conv_sigma(w, torus, tuple(d), groups, strides), 0.0
+                        return conv_sigma(kernel, on, dil, groups, step), 0.0
                     except (np.linalg.LinAlgError, ValueError):
                         return math.inf, 0.0
 
             hit = self.sigmas[key] = cached(("sigma", *key), compute)
-            self.units += sigma_units(w.shape, torus, groups, strides)
+            self.units += sigma_units(kernel.shape, on, groups, step)
         return hit[0] * SLACK if math.isfinite(hit[0]) else None
 
     def _avg_pool_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:

@@ -27,8 +27,10 @@ arithmetic rounds up, so the facts hold for the values the program computes.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -787,6 +789,87 @@ def pool_levels(ks: list[int], strides: list[int], dilations: list[int]) -> list
         counts = [len(range(r, k, s)) for r in range(s)]  # windows per residue of i + pad
         out.append([1 if sum(c >= j for c in counts) != 1 else s for j in range(1, max(counts) + 1)])
     return out
+
+
+def pool_weights(ks: list[int], strides: list[int], pads: list[int],
+                 dilations: list[int]) -> tuple[tuple[int, ...], ...]:
+    """How many windows of a pool each input place lies in, per axis and residue ``r`` of the place modulo
+    the stride: ``#{t < k : t·d ≡ r + pad (mod s)}`` (each tap meets the place in at most one window; fewer
+    at the edges). The count at a place is at most the product over the axes."""
+    return tuple(tuple(sum((t * d - r - p) % s == 0 for t in range(k)) for r in range(s))
+                 for k, s, p, d in zip(ks, strides, pads, dilations, strict=True))
+
+
+def weighted_kernel(w: np.ndarray, strides: list[int], dilations: list[int],
+                    weights: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """The convolution by ``w`` with its output ``p`` scaled by ``√(Π weights[axis][p mod period])``, as one
+    undilated convolution of stride ``stride·period``: an output block per residue (its weights' root times
+    ``w``'s taps, placed ``stride·r`` further along), whose operator norm bounds the weighted outputs' norm."""
+    w = np.asarray(w, dtype=np.float64)
+    o, c = int(w.shape[0]), int(w.shape[1])
+    ks = [int(k) for k in w.shape[2:]]
+    period = [len(p) for p in weights]
+    extent = [(k - 1) * d + 1 + s * (n - 1) for k, d, s, n in zip(ks, dilations, strides, period, strict=True)]
+    residues = list(itertools.product(*(range(n) for n in period)))
+    big = np.zeros((len(residues) * o, c, *extent))
+    for b, res in enumerate(residues):
+        scale = math.sqrt(math.prod(weights[a][r] for a, r in enumerate(res)))
+        at = [slice(s * r, s * r + (k - 1) * d + 1, d) for s, r, k, d in zip(strides, res, ks, dilations, strict=True)]
+        big[(slice(b * o, (b + 1) * o), slice(None), *at)] = scale * w
+    return big
+
+
+def phase_stacked(w: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
+    """An undilated convolution of ``strides`` as the stride-1 one on the torus ``strides`` times coarser that
+    reads every phase of the input as channels of its own (``[O, Π strides · C, *ceil(k / s)]``, phases
+    major): the same operator up to the order of the input's coordinates, so the same norm, whose Gram
+    matrix (:func:`conv_sigma`) can be taken on the input side when it is the smaller."""
+    w = np.asarray(w, dtype=np.float64)
+    o, c = int(w.shape[0]), int(w.shape[1])
+    ks = [int(k) for k in w.shape[2:]]
+    coarse = [-(-k // s) for k, s in zip(ks, strides, strict=True)]
+    phases = list(itertools.product(*(range(s) for s in strides)))
+    out = np.zeros((o, len(phases) * c, *coarse))
+    for p, ph in enumerate(phases):
+        taps = tuple(slice(a, k, s) for a, k, s in zip(ph, ks, strides, strict=True))
+        part = w[(slice(None), slice(None), *taps)]
+        out[(slice(None), slice(p * c, (p + 1) * c), *(slice(0, n) for n in part.shape[2:]))] = part
+    return out
+
+
+@dataclass(frozen=True)
+class Thinned:
+    """One place in ``period`` per axis kept (any residue class), the others dropped."""
+
+    period: tuple[int, ...]
+    tag = "thinned"
+    weights = None
+    largest = 1.0
+
+    @property
+    def trivial(self) -> bool:
+        return all(t == 1 for t in self.period)
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """Every place's square weighted by ``Π weights[axis][place mod period]`` (:func:`pool_weights`)."""
+
+    weights: tuple[tuple[int, ...], ...]
+    tag = "weighted"
+
+    @property
+    def period(self) -> tuple[int, ...]:
+        return tuple(len(p) for p in self.weights)
+
+    @property
+    def largest(self) -> float:
+        """The root of the largest weight: what a term bounded over the whole window becomes."""
+        return math.sqrt(math.prod(max(p) for p in self.weights))
+
+    @property
+    def trivial(self) -> bool:
+        return all(x == 1 for p in self.weights for x in p)
 
 
 def clamp_window(v: Value, win: Window) -> Window | None:

@@ -259,3 +259,48 @@ def test_a_max_pool_after_a_random_convolution_is_tighter_than_its_overlap(betwe
     for x in points:
         run = evaluate_values(checked.main, checked.constants, {"x": x["x"].astype(np.float32)})
         assert _distance(run[v], c_out, whole) <= bound
+
+
+def _stem(seed: int, precision: str) -> Module:
+    """ResNet's stem in small: a 7x7 convolution of stride 2, a bias, ReLU, and a 3x3 max pool of stride 2."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 3, 32, 32])
+    w = (rng.uniform(-1, 1, (16, 3, 7, 7)) / np.sqrt(147)).astype(np.float32)
+    bias = rng.uniform(-0.1, 0.1, (1, 16, 1, 1)).astype(np.float32)
+    y = b.relu(b.add(b.conv(x, b.const(w), strides=(2, 2), pads=(3, 3, 3, 3)), b.const(bias)))
+    module = b.module(b.function("main", [x], [b.max_pool(y, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))]))
+    return module if precision == "fp32" else reduced_program(module, "fp16").module
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_max_pool_after_a_strided_stem_weighs_each_input_by_its_windows(seed: int, precision: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stem's outputs weighted by how many pool windows each lies in have one norm, below the root of the
+    level sets' sum (ResNet-18's stem: 1.56x its norm against 1.65x), and the pool's bound still covers inputs
+    pushed to grow it."""
+    module = _stem(seed, precision)
+    engine = BoundsEngine(module.main, module.constants)
+    inputs = _inputs(engine, module, -1.0, 1.0)
+    v = module.main.results[0]
+    while v.op != "max_pool":  # (the FP16 program casts its result back)
+        v = v.operands[0]
+    whole = tuple(int(d) for d in v.shape[2:])
+    bound = _centered(engine, inputs).deviation(v, whole, inputs)
+    real = CenteredWindows._restricted_sigma
+    monkeypatch.setattr(CenteredWindows, "_restricted_sigma",
+                        lambda self, u, how: None if isinstance(how, W.Weighted) else real(self, u, how))
+    levels = _centered(engine, inputs).deviation(v, whole, inputs)
+    monkeypatch.undo()
+    assert bound is not None and levels is not None and bound < 0.97 * levels
+    float32 = _stem(seed, "fp32")
+    points = pushed_points(float32, BoundsEngine(float32.main, float32.constants),
+                           BoundsEngine(float32.main, float32.constants).run(
+                               {"x": (np.full((1, 3, 32, 32), -1.0), np.full((1, 3, 32, 32), 1.0))}),
+                           1.0, seed, "conv", randoms=4)
+    c_out = _centered(engine, inputs).centers.get(v)
+    assert c_out is not None
+    for x in points:
+        run = evaluate_values(module.main, module.constants, {"x": x["x"].astype(np.float32)})
+        assert _distance(run[v], c_out, whole) <= bound

@@ -223,3 +223,84 @@ def test_a_pools_levels_hold_every_input_as_often_as_its_windows(k: int, s: int)
 
 def test_a_dilated_pool_has_no_levels() -> None:
     assert W.pool_levels([3, 3], [2, 2], [2, 1]) is None
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("s", [1, 2, 3])
+@pytest.mark.parametrize("d", [1, 2])
+def test_a_pools_weights_count_the_windows_of_every_input(k: int, s: int, d: int) -> None:
+    """For every leading pad and grid length, counted window by window: an input lies in at most as many
+    windows as its residue's weight, and in exactly as many away from the edges."""
+    span = (k - 1) * d + 1
+    for pad in range(span):
+        (weights,) = W.pool_weights([k], [s], [pad], [d])
+        assert len(weights) == s
+        for n in range(max(1, span - pad), 3 * span + 2 * s + 1):
+            outputs = (n + pad - span) // s + 1
+            counts = np.zeros(n, dtype=int)
+            for o in range(outputs):
+                for t in range(k):
+                    i = o * s - pad + t * d
+                    if 0 <= i < n:
+                        counts[i] += 1
+            for i in range(n):
+                assert counts[i] <= weights[i % s], (k, s, d, pad, n, i)
+            if n >= 3 * span + s:  # a middle place of each residue: every window about it exists
+                for i in range(n // 2, n // 2 + s):
+                    assert counts[i] == weights[i % s], (k, s, d, pad, n, i)
+
+
+def _conv(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], dilations: tuple[int, int] = (1, 1)) -> np.ndarray:
+    import torch
+
+    return torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=strides,
+                                      dilation=dilations).numpy()
+
+
+@pytest.mark.parametrize(("shape", "strides", "dilations", "weights"), [
+    ((4, 3, 7, 7), (2, 2), (1, 1), ((1, 2), (1, 2))),
+    ((5, 2, 3, 3), (1, 1), (2, 2), ((1, 3), (2, 1, 1))),
+    ((3, 2, 3, 2), (2, 1), (1, 1), ((3, 1, 2), (1, 2))),
+])
+def test_a_weighted_kernel_scales_each_residue_of_the_outputs(shape: tuple[int, ...], strides: tuple[int, int],
+                                                             dilations: tuple[int, int],
+                                                             weights: tuple[tuple[int, ...], ...]) -> None:
+    """The convolution by :func:`weighted_kernel` computes, in the output block of each residue, the original
+    convolution's outputs of that residue times the root of its weight (checked against PyTorch's)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal(shape)
+    x = rng.standard_normal((1, shape[1], 29, 31))
+    plain = _conv(x, w, strides, dilations)
+    big = W.weighted_kernel(w, list(strides), list(dilations), weights)
+    period = [len(p) for p in weights]
+    got = _conv(x, big, tuple(s * n for s, n in zip(strides, period, strict=True)))
+    o = shape[0]
+    for b, (r0, r1) in enumerate(np.ndindex(*period)):
+        want = plain[:, :, r0::period[0], r1::period[1]] * np.sqrt(weights[0][r0] * weights[1][r1])
+        part = got[:, b * o:(b + 1) * o]
+        rows, cols = min(part.shape[2], want.shape[2]), min(part.shape[3], want.shape[3])
+        assert rows > 0 and cols > 0
+        np.testing.assert_allclose(part[:, :, :rows, :cols], want[:, :, :rows, :cols], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("shape", "strides", "torus"), [
+    ((8, 3, 7, 7), (2, 2), (24, 24)), ((16, 4, 3, 3), (2, 2), (12, 12)), ((6, 5, 9, 9), (4, 4), (24, 24)),
+    ((5, 3, 4, 4), (3, 3), (18, 18)), ((4, 6, 5, 3), (2, 1), (10, 9)),
+])
+def test_a_strided_convolution_read_by_phases_is_the_same_operator(shape: tuple[int, ...], strides: tuple[int, int],
+                                                                  torus: tuple[int, int]) -> None:
+    """:func:`phase_stacked` is the strided convolution on the input's phases as channels: the same outputs
+    (against PyTorch's strided convolution), so the same operator norm on the coarse torus."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal(shape)
+    x = rng.standard_normal((1, shape[1], 6 * strides[0] + 8, 5 * strides[1] + 9))
+    stacked = W.phase_stacked(w, strides)
+    rows, cols = x.shape[2] // strides[0], x.shape[3] // strides[1]
+    phases = np.concatenate([x[:, :, a::strides[0], b::strides[1]][:, :, :rows, :cols]
+                             for a in range(strides[0]) for b in range(strides[1])], axis=1)
+    want, got = _conv(x, w, strides), _conv(phases, stacked, (1, 1))
+    h, v = min(want.shape[2], got.shape[2]), min(want.shape[3], got.shape[3])
+    np.testing.assert_allclose(got[:, :, :h, :v], want[:, :, :h, :v], rtol=1e-12, atol=1e-12)
+    a = W.conv_sigma(w, torus, (1, 1), 1, strides)
+    b = W.conv_sigma(stacked, (torus[0] // strides[0], torus[1] // strides[1]), (1, 1), 1, (1, 1))
+    assert b == pytest.approx(a, rel=1e-9)
