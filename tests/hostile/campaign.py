@@ -4,6 +4,7 @@ its files in its own folder and names the command line to run there."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import random
 import shutil
@@ -419,6 +420,7 @@ def _artifact(folder: Path) -> tuple[Path, Path]:
         from cuvil.cli import main
 
         root = Path(tempfile.mkdtemp(prefix="cuvil-hostile-artifact-"))
+        atexit.register(shutil.rmtree, root, True)  # (built once per process, shared by its cases)
         model = _save(mlp(), root)
         assert main(["compile", model, "--shape", "x=2x4", "--no-cache", "--gate",
                      "-o", str(root / "libm.so")]) == 0
