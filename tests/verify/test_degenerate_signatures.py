@@ -6,16 +6,14 @@ the pairs of a chain of dead layers are all proved, where before only the chain'
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
+from lemma_spy import record_lemmas
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from cuvil.passes import Contract
 from cuvil.passes.base import Pass
-from verify import obligations
 from verify.obligations import Lemma, check_application
 
 LAYERS = 8
@@ -40,16 +38,7 @@ def _relu_as_max() -> Pass:
 @pytest.fixture
 def swept(monkeypatch: pytest.MonkeyPatch) -> list[Lemma]:
     """The sweep's lemmas, as it returns them."""
-    found: list[Lemma] = []
-    sweep = obligations._sweep
-
-    def spy(*args: Any, **kwargs: Any) -> list[Lemma]:
-        out = sweep(*args, **kwargs)
-        found.extend(out)
-        return out
-
-    monkeypatch.setattr(obligations, "_sweep", spy)
-    return found
+    return record_lemmas(monkeypatch, "_sweep")
 
 
 def test_every_dead_layer_is_paired_with_its_own(swept: list[Lemma]) -> None:

@@ -7,18 +7,17 @@ through both shapes; the chain then closes level by level."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
 import z3
+from lemma_spy import record_lemmas
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
 from cuvil.ir.values import Value
 from cuvil.passes import Contract
 from cuvil.passes.base import Pass
-from verify import obligations
 from verify.cone_encoder import IndexSpace, unit_view, view_index
 from verify.obligations import Lemma, check_application
 
@@ -47,16 +46,7 @@ def _squeeze() -> Pass:
 @pytest.fixture
 def found(monkeypatch: pytest.MonkeyPatch) -> list[Lemma]:
     """The view lemmas the sweep tries, as it tries them."""
-    tried: list[Lemma] = []
-    view_lemmas = obligations._view_lemmas
-
-    def spy(*args: Any, **kwargs: Any) -> list[Lemma]:
-        out = view_lemmas(*args, **kwargs)
-        tried.extend(out)
-        return out
-
-    monkeypatch.setattr(obligations, "_view_lemmas", spy)
-    return tried
+    return record_lemmas(monkeypatch, "_view_lemmas")
 
 
 def test_mobilevit_one_patch_block_is_proved_through_views(found: list[Lemma]) -> None:
