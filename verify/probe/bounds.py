@@ -751,6 +751,7 @@ class BoundsEngine:
         self.sigmas: dict[str, tuple[float, float]] = {}  # spectral norms of constant matrices (row norms)
         self.conv_sigmas: dict[Any, tuple[float, float]] = {}  # operator norms of convolutions (window norms)
         self.block_norms: dict[Any, float] = {}  # and of residual blocks (centered window norms)
+        self.composed: dict[Any, np.ndarray] = {}  # two kernels' composed filters' norms (centered window norms)
         self.norm_units = 0.0
         """Work units of the operator norms computed and not yet charged (:meth:`take_norm_units`)."""
         self._centers: tuple[Any, Centers] | None = None
@@ -807,7 +808,7 @@ class BoundsEngine:
                           np.broadcast_to(np.asarray(hi, dtype=np.float64), shape).copy())
             values[p] = _snap(iv, p.dtype)
         windows = CenteredWindows(self.constant_value, self.live, self.conv_sigmas, self.centers(values),
-                                  self.block_norms)
+                                  self.block_norms, self.composed)
         for v in self.values:
             if v.is_param:
                 continue

@@ -181,7 +181,8 @@ class CenteredWindows(WindowNorms):
 
     def __init__(self, constant_value: Callable[[Value], np.ndarray], live: set[Value],
                  sigmas: dict[Any, tuple[float, float]], centers: Centers,
-                 block_norms: dict[Any, float] | None = None) -> None:
+                 block_norms: dict[Any, float] | None = None, composed: dict[Any, np.ndarray] | None = None
+                 ) -> None:
         super().__init__(constant_value, live, sigmas)
         self.centers = centers
         self.deviations: dict[tuple[Value, Window], float | None] = {}
@@ -190,7 +191,7 @@ class CenteredWindows(WindowNorms):
         self.clip_moved: dict[Value, np.ndarray | None] = {}
         self.blocks: dict[Value, tuple[Value, Value, Value, Value, Value, Value | None] | None] = {}
         self.block_norms: dict[Any, float] = {} if block_norms is None else block_norms  # (charged once each)
-        self.composed: dict[Any, np.ndarray] = {}
+        self.composed: dict[Any, np.ndarray] = {} if composed is None else composed  # (charged once each)
         self.restricted: dict[tuple[Value, Window, Thinned | Weighted], float | None] = {}
 
     # -- magnitudes: the plain rules' bound or the center's norm plus the deviation's -----------------------

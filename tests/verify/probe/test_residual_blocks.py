@@ -334,3 +334,18 @@ def test_blocks_of_zero_weights_move_only_by_their_skip() -> None:
     eye = np.eye(6).reshape(6, 6, 1, 1)
     bound = W.relu_halving_sigma(np.zeros((6, 6, 3, 3)), np.zeros((6, 6, 3, 3)), eye, (3, 3), (1, 1), (1, 1), 1.0, 1.0)
     assert 1.0 <= bound <= 1.0 + 2 * S.TOP_SLACK
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_operator_norms_are_charged_once_per_engine(precision: str) -> None:
+    """The norms a pass computes (convolutions', blocks', two kernels' composed filters') depend on the weights
+    alone: a second pass of the same engine, at another scale of the box, computes and charges none."""
+    module = cnn(0)
+    checked = module if precision == "fp32" else reduced_program(module, "fp16").module
+    engine = BoundsEngine(checked.main, checked.constants)
+    shape = tuple(int(d) for d in checked.main.params[0].shape)
+    first = engine.run({"x": (np.full(shape, -2.0), np.full(shape, 2.0))})
+    assert engine.take_norm_units() > 0
+    assert any(ob.method == "windows" for ob in first.ops.values())  # the window norms did run
+    engine.run({"x": (np.full(shape, -0.5), np.full(shape, 0.5))})
+    assert engine.take_norm_units() == 0
