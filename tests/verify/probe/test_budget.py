@@ -93,3 +93,53 @@ def test_spending_reaches_every_enclosing_budget() -> None:
     assert phase.exhausted and not root.exhausted and root.left == 50.0
     assert root.until(0.5, "second").left == 0.0 and root.until(1.0, "rest").left == 50.0
     assert not Budget(math.inf).exhausted
+
+
+def _scaled(factor: float) -> Module:
+    """``relu(x) · factor + x``: past FP16's range at the box's scale 1 once ``factor`` passes 65,504."""
+    import numpy as np
+
+    from cuvil.ir.builder import Builder
+    from cuvil.ir.dtypes import DType
+
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 8])
+    y = b.op("add", b.op("mul", b.op("relu", x), b.const(np.full((1, 8), factor, np.float32))), x)
+    return b.module(b.function("main", [x], [y]))
+
+
+def test_the_boundary_does_not_repeat_the_scale_one_pass() -> None:
+    """The bisection's proof at scale 1 starts from the pass the bounds already ran there: one pass fewer,
+    and the same decision as a fresh analysis (same verdict, same excess)."""
+    import verify.probe.probe as _  # noqa: F401  (the module, not the function it exports)
+
+    P = sys.modules["verify.probe.probe"]
+    program = P.reduced_program(_scaled(1e5), "fp16")
+    ranges = {"x": (-1.0, 1.0)}
+
+    def counted(analysis: Any) -> list[float]:
+        passes: list[float] = []
+        run = analysis.run
+
+        def spy(boxes: Any, budget: Budget, scale: float = 1.0, **kw: Any) -> Any:
+            passes.append(scale)
+            return run(boxes, budget, scale, **kw)
+
+        analysis.run = spy
+        return passes
+
+    fresh = P.Analysis(program, ranges, P.ProbeOptions())
+    fresh_passes = counted(fresh)
+    assert not fresh.proved(1.0, Budget(math.inf))
+    analysis = P.Analysis(program, ranges, P.ProbeOptions())
+    passes = counted(analysis)
+    analysis.bounds(1.0, Budget(math.inf))
+    before = len(passes)
+    assert not analysis.proved(1.0, Budget(math.inf))
+    assert len(passes) - before == len(fresh_passes) - 1
+    assert analysis.excess == fresh.excess and fresh.excess is not None and fresh.excess > 1.4
+    assert analysis.proved(0.5, Budget(math.inf)) and passes[-1] == 0.5  # another scale runs its own pass
+    before = len(passes)
+    analysis.bounds(0.5, Budget(math.inf), refine=False)
+    analysis.bounds(0.5, Budget(math.inf), refine=False)
+    assert passes[before:] == [0.5]  # proved's pass may stop early: bounds runs one whole pass, then reuses it
