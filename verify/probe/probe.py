@@ -199,6 +199,11 @@ class Analysis:
                 self.proved_at.setdefault(v, set()).add(scale)
         return b
 
+    def failing_at(self, scale: float, budget: Budget) -> list[Value]:
+        """The sites one whole pass at ``scale`` does not prove."""
+        b = self.run(_boxes(self.program, self.ranges, scale), budget, scale)
+        return [v for v, ob in b.ops.items() if ob.records and not ob.safe]
+
     def site_safe_scale(self, v: Value) -> float | None:
         return max(self.proved_at.get(v, ()), default=None)
 
@@ -445,6 +450,13 @@ def _boundary(analysis: Analysis, options: ProbeOptions, proofs: Budget, rest: B
                     lo_s = s
                     break
                 hi_s = s
+                if steps == 1 and _holds_zero(analysis) and not proofs.exhausted:
+                    failing = analysis.failing_at(0.0, proofs)
+                    if failing:  # a box that holds that point has bounds no tighter: the rest goes to witnesses
+                        hi_s = 0.0
+                        out.note = (f"{len(failing)} site(s) not proved at scale 0 (the box shrunk to the point "
+                                    "0, which every scaled box holds): smaller boxes are not tried")
+                        break
                 s *= _next_factor(analysis.excess)
         while lo_s is not None and hi_s is not None and hi_s / lo_s > 1.05 and not proofs.exhausted:
             mid = math.sqrt(lo_s * hi_s)
@@ -462,6 +474,16 @@ def _boundary(analysis: Analysis, options: ProbeOptions, proofs: Budget, rest: B
         return out
     _witness_scale(analysis, options, rest.share(1.0, "boundary witnesses"), out, confirmed_at_one)
     return out
+
+
+def _holds_zero(analysis: Analysis) -> bool:
+    """Whether every float input's box holds 0, so that scale 0's box (that one point) lies in every scaled box."""
+    for p in analysis.program.function.params:
+        if p.dtype.is_float:
+            lo, hi = (np.asarray(x, dtype=np.float64) for x in analysis.ranges[p.name])
+            if not (bool(np.all(lo <= 0)) and bool(np.all(hi >= 0))):
+                return False
+    return True
 
 
 FIRST_STEP = 0.5
@@ -498,6 +520,11 @@ def _witness_scale(analysis: Analysis, options: ProbeOptions, budget: Budget, ou
                 analysis.witnessed_at.setdefault(v, set()).add(s)
         return bool(res.witnesses)
 
+    if out.unproved_scale == 0.0:  # the bounds fail at one point: is that point a witness?
+        if witness_at(0.0):
+            out.witness_scale = 0.0
+            out.note += "; a witness at that point is confirmed"
+            return
     low = out.safe_scale or 0.0
     high: float | None = 1.0 if confirmed_at_one else None
     s = max(out.unproved_scale or 1.0, 1e-30)
