@@ -36,6 +36,11 @@ def _rand(*shape: int, seed: int = 0) -> Any:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
 
 
+def _index_put(x: Any, indices: list[Any], values: Any, accumulate: bool = False) -> Any:
+    """``index_put`` with whole axes (``None``) among the indices, which ``Tensor.index_put`` does not take."""
+    return torch.ops.aten.index_put.default(x, indices, values, accumulate)
+
+
 def _ints(*shape: int, hi: int = 10, seed: int = 0) -> Any:
     return torch.randint(0, hi, shape, generator=torch.Generator().manual_seed(seed))
 
@@ -131,7 +136,21 @@ CASES: list[tuple[str, Callable[..., Any], tuple]] = [
     ("as_strided", lambda x: (x.as_strided((3, 2), (1, 4)), x.as_strided((2, 2, 2), (6, 1, 2), 1),
                               (x + 1).as_strided((3, 4), (4, 1))), (_rand(3, 4),)),
     ("embedding", lambda i: F.embedding(i, torch.arange(40.0).view(10, 4)), (_ints(2, 3),)),
+    ("index_put", lambda x, v: (x.index_put((torch.tensor([2, 0, -2]),), v[0]),
+                                x.index_put((torch.tensor([1, 1, 0]),), v[0], accumulate=True),
+                                x.index_put((torch.tensor([[0], [2]]), torch.tensor([1, 3])), v[1, 0, 0]),
+                                _index_put(x, [torch.tensor([0, 1, 1]), None, torch.tensor([2, 0, 0])],
+                                           v[0, :, :3].T, True),  # axes apart: the index axes first
+                                _index_put(x, [None, torch.tensor([3, 1]), torch.tensor([[0], [4]])],
+                                           torch.tensor(5.0))),  # axes together after the first: in place
+     (_rand(3, 4, 5), _rand(3, 4, 5, seed=1))),
+    ("fold", lambda x: (F.fold(x, (5, 6), (2, 3), stride=(1, 2), padding=1),  # col2im: overlapping windows add
+                        F.fold(F.unfold(x.flatten()[:60].view(1, 4, 3, 5), 2, dilation=(1, 2)), (3, 5), 2,
+                               dilation=(1, 2))),
+     (_rand(1, 4 * 6, 18),)),
     ("pad", lambda x: F.pad(x, (1, 2, 0, 3), value=-0.5), (_rand(1, 2, 3, 4),)),
+    ("pad_negative", lambda x: (F.pad(x, (0, 0, 1, -1)), F.pad(x, (-1, 2, -2, 0), value=3.0), F.pad(x, (-2, -1))),
+     (_rand(1, 2, 3, 4),)),  # a negative amount crops that side (RWKV's time shift)
     ("creation", lambda x: x + torch.full((2, 3), 2.5) + torch.zeros(3) + torch.ones(2, 1) + torch.arange(3)
      + torch.arange(1.0, 2.5, 0.5) + torch.zeros_like(x) + torch.full_like(x, 7) + torch.tensor(3.0), (_rand(2, 3),)),
     ("tril_triu", lambda x: torch.tril(x) + torch.triu(x, 1), (_rand(4, 5),)),

@@ -10,6 +10,7 @@ import numpy as np
 
 from cuvil.frontend.aten_node import AtenCtx, aten_op
 from cuvil.frontend.torch_ops.helpers import axis_of, clamp_index, python_scalar, reshape_to, slice_axis
+from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim, Sym
 from cuvil.ir.values import Value
@@ -268,6 +269,54 @@ def _index(ctx: AtenCtx) -> Value:
     indices are stacked into one gather_nd, and the result axes go where numpy puts them."""
     x = ctx.tensor("self")
     b = ctx.b
+    axes, idxs = _index_tensors(ctx)
+    if len(idxs) == 1:
+        return b.gather(x, idxs[0], axis=axes[0])
+    bshape, index = _stacked(b, idxs)
+    g = b.gather_nd(_front(b, x, axes), index, batch_dims=0)
+    if _in_place(axes):
+        nb = len(bshape)
+        leading = list(range(nb, nb + axes[0]))
+        perm = leading + list(range(nb)) + list(range(nb + axes[0], g.type.rank))
+        g = b.transpose(g, perm=tuple(perm))
+    return g
+
+
+@aten_op("index_put.default", "_unsafe_index_put.default", emits=("scatter_nd", "transpose", "reshape", "expand",
+                                                                  "concat", "cast"))
+def _index_put(ctx: AtenCtx) -> Value:
+    """``x[i0, i1, ...] = values`` (``accumulate``: ``+=``, repeated indices summed), the inverse of
+    :func:`_index`'s layout: the indexed axes in front, the values broadcast to what ``x[i0, i1, ...]``
+    reads and its broadcast index axes moved first, one scatter_nd, the axes moved back."""
+    x = ctx.tensor("self")
+    b = ctx.b
+    axes, idxs = _index_tensors(ctx)
+    bshape, index = _stacked(b, idxs)
+    rest = [k for k in range(x.type.rank) if k not in axes]
+    nb = len(bshape)
+    if _in_place(axes):  # numpy keeps the broadcast index axes where the indexed ones were
+        read = (*x.shape[:axes[0]], *bshape, *x.shape[axes[-1] + 1:])
+        perm = list(range(axes[0], axes[0] + nb)) + list(range(axes[0])) + list(range(axes[0] + nb, len(read)))
+    else:
+        read = (*bshape, *(x.shape[k] for k in rest))
+        perm = list(range(len(read)))
+    values = ctx.tensor("values", x.dtype)
+    if values.type.rank > len(read):
+        raise ctx.unsupported(f"values of rank {values.type.rank} for an indexed read of rank {len(read)}")
+    if tuple(values.shape) != read:
+        values = b.expand(values, shape=read)
+    if perm != list(range(len(read))):
+        values = b.transpose(values, perm=tuple(perm))
+    reduction = "add" if ctx.get("accumulate", False) else "none"
+    out = b.scatter_nd(_front(b, x, axes), index, values, reduction=reduction)
+    front = axes + rest
+    if front == list(range(x.type.rank)):
+        return out
+    return b.transpose(out, perm=tuple(front.index(k) for k in range(x.type.rank)))
+
+
+def _index_tensors(ctx: AtenCtx) -> tuple[list[int], list[Value]]:
+    """The indexed axes of an ``indices`` list (``None``: a whole axis) and their indices as int64."""
     raw = list(ctx["indices"])
     axes = [k for k, t in enumerate(raw) if t is not None]
     idxs = []
@@ -276,9 +325,11 @@ def _index(ctx: AtenCtx) -> Value:
         if t.dtype is DType.bool:
             raise ctx.unsupported("boolean mask indexing (data-dependent shape)")
         idxs.append(ctx.cast(t, DType.i64))
-    if len(idxs) == 1:
-        out = b.gather(x, idxs[0], axis=axes[0])
-        return out
+    return axes, idxs
+
+
+def _stacked(b: Builder, idxs: list[Value]) -> tuple[tuple[Dim, ...], Value]:
+    """The indices broadcast together and stacked on a last axis (gather_nd's and scatter_nd's form)."""
     from cuvil.ir.opdef import broadcast_shapes
 
     bshape = broadcast_shapes(*(t.shape for t in idxs))
@@ -286,18 +337,19 @@ def _index(ctx: AtenCtx) -> Value:
     for t in idxs:
         t = t if tuple(t.shape) == bshape else b.expand(t, shape=bshape)
         stacked.append(b.reshape(t, shape=(*bshape, 1)))
-    index = b.concat(*stacked, axis=len(bshape))
-    rest = [k for k in range(x.type.rank) if k not in axes]
-    front = axes + rest
-    xt = x if front == list(range(x.type.rank)) else b.transpose(x, perm=tuple(front))
-    g = b.gather_nd(xt, index, batch_dims=0)
-    consecutive = axes == list(range(axes[0], axes[0] + len(axes)))
-    if consecutive and axes[0] > 0:
-        nb = len(bshape)
-        leading = list(range(nb, nb + axes[0]))
-        perm = leading + list(range(nb)) + list(range(nb + axes[0], g.type.rank))
-        g = b.transpose(g, perm=tuple(perm))
-    return g
+    return bshape, stacked[0] if len(stacked) == 1 else b.concat(*stacked, axis=len(bshape))
+
+
+def _front(b: Builder, x: Value, axes: list[int]) -> Value:
+    """``x`` with ``axes`` first, in their order, then the others in theirs."""
+    front = axes + [k for k in range(x.type.rank) if k not in axes]
+    return x if front == list(range(x.type.rank)) else b.transpose(x, perm=tuple(front))
+
+
+def _in_place(axes: list[int]) -> bool:
+    """Whether numpy puts advanced indexing's broadcast axes where the indexed ones were (consecutive axes
+    after the first), not in front."""
+    return axes == list(range(axes[0], axes[0] + len(axes))) and axes[0] > 0
 
 
 @aten_op("flip.default", emits=("slice",))
@@ -377,9 +429,7 @@ def _constant_pad(ctx: AtenCtx) -> Value:
     for k in range(len(pad) // 2):
         axis = r - 1 - k
         begins[axis], ends[axis] = pad[2 * k], pad[2 * k + 1]
-    if any(p < 0 for p in pad):
-        raise ctx.unsupported("negative padding")
-    if not any(pad):
+    if not any(pad):  # (a negative amount crops that side, as the pad op's does)
         return x
     return ctx.b.pad(x, pads=tuple(begins + ends), mode="constant", value=float(ctx.get("value", 0.0)))
 
