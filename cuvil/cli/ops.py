@@ -293,7 +293,8 @@ def op_detail(name: str) -> dict[str, Any]:
         "operands": [{"name": o.lstrip("*"), "variadic": o.startswith("*")} for o in op.operands],
         "attributes": [{"name": a.name, "kind": a.kind, "required": a.default is REQUIRED,
                         "default": None if a.default is REQUIRED else _value(a.default)} for a in op.attrs],
-        "properties": {"commutative": op.commutative, "contraction": op.contraction,
+        "properties": {"commutative": op.commutative and (op.commutative_float or "integers only"),
+                       "contraction": op.contraction,
                        "epilogue_fusible": op.epilogue_fusible, "precision_policy": op.precision_policy},
         "shape_rule": {"name": f"{getattr(shape, '__module__', '?')}.{getattr(shape, '__qualname__', shape)}",
                        "doc": (getattr(shape, "__doc__", None) or "").strip()},
@@ -317,6 +318,10 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _commutative(flag: bool | str) -> str:
+    return flag if isinstance(flag, str) else _yes(flag)
+
+
 def detail_text(d: Mapping[str, Any]) -> str:
     """``op_detail`` for a terminal: the doc first (it states layouts such as pad's begins-then-ends)."""
     attrs = [f"{a['name']}: {a['kind']}" + (", required" if a["required"] else f" = {a['default']!r}")
@@ -327,7 +332,8 @@ def detail_text(d: Mapping[str, Any]) -> str:
     rows = [
         ("operands", [", ".join(("*" if o["variadic"] else "") + o["name"] for o in d["operands"]) or "none"]),
         ("attributes", attrs),
-        ("properties", [f"commutative: {_yes(props['commutative'])}; contraction: {_yes(props['contraction'])}; "
+        ("properties", [f"commutative: {_commutative(props['commutative'])}; "
+                        f"contraction: {_yes(props['contraction'])}; "
                         f"epilogue-fusible: {_yes(props['epilogue_fusible'])}; "
                         f"precision: {props['precision_policy']}"]),
         ("shape rule", [shape]),

@@ -130,6 +130,10 @@ class OpDef:
     their elements) that the tuned GEMM/conv kernels compute (``bf16_matmul``: the GEMM over bfloat16
     pairs): fused epilogues anchor on it and INT8 lowering requantizes it. ``conv_transpose`` and
     ``einsum`` contract too, but nothing treats them so."""
+    commutative_float: bool = True
+    """False: ``commutative`` holds for integer and bool operands only. A float ``min``/``max`` returns its
+    second operand on a tie, so ``max(+0, -0)`` is ``-0`` and ``max(-0, +0)`` is ``+0`` (numpy's and the
+    library's choice): swapping its operands changes the bits. See :meth:`commutes`."""
     epilogue_fusible: bool = False
     """An elementwise op that may join a contraction's fused epilogue: bias and residual adds, scales,
     activations, and the cast / round / clip of an integer product's requantization."""
@@ -143,6 +147,10 @@ class OpDef:
     structured: bool = False
     """Control flow (``loop``): no element rule; its meaning is a region it runs, so its ``numpy``
     reading takes ``use_fast_path`` and runs the region's ops by their rules or their fast paths."""
+
+    def commutes(self, dtype: DType) -> bool:
+        """Whether swapping the two operands of this op on ``dtype`` operands keeps every bit of its result."""
+        return self.commutative and (self.commutative_float or not dtype.is_float)
 
     @property
     def variadic(self) -> bool:
@@ -202,7 +210,7 @@ OPS: dict[str, OpDef] = {}
 def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callable[[RuleCtx], Expr],
            attrs: Sequence[AttrSpec] | Mapping[str, tuple[str, Any]] = (), numpy: NumpyImpl | None = None,
            family: str = "misc", doc: str = "", commutative: bool = False, examples: Examples | None = None,
-           contraction: bool = False, epilogue_fusible: bool = False,
+           contraction: bool = False, epilogue_fusible: bool = False, commutative_float: bool = True,
            precision_policy: PrecisionPolicy = "narrow", structured: bool = False) -> OpDef:
     """Register an op. ``attrs`` may be ``{"axis": ("int", -1)}`` or a list of AttrSpec.
     ``examples`` gives small cases (distinct dims >= 2) the catalogue test checks the
@@ -219,7 +227,8 @@ def define(name: str, operands: Sequence[str], *, shape: ShapeRule, rule: Callab
         raise OpDefinitionError(f"{name}: unknown precision policy {precision_policy!r}", location=name,
                                 hint="one of " + ", ".join(PRECISION_POLICIES))
     op = OpDef(name, tuple(operands), specs, shape, rule, numpy, family, doc, commutative, examples,
-               contraction=contraction, epilogue_fusible=epilogue_fusible, precision_policy=precision_policy,
+               contraction=contraction, commutative_float=commutative_float,
+               epilogue_fusible=epilogue_fusible, precision_policy=precision_policy,
                structured=structured)
     OPS[name] = op
     _NAMES.clear()

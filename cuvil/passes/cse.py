@@ -1,6 +1,7 @@
 """Common-subexpression elimination. Hash-consing already shares structurally equal values;
 this pass adds the one fact IEEE arithmetic allows beyond that: commutative ops are
-reordered by structural hash, so ``a + b`` and ``b + a`` become one value."""
+reordered by structural hash, so ``a + b`` and ``b + a`` become one value. Not a float ``min`` or
+``max``: their ties keep an operand's sign of zero (:meth:`cuvil.ir.opdef.OpDef.commutes`)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class CommonSubexpressionElimination(FunctionPass):
                 mapping[v] = v
                 continue
             ops = tuple(mapping[o] for o in v.operands)
-            if get_op(v.op).commutative and len(ops) == 2 and ops[0].type == ops[1].type:
+            if len(ops) == 2 and ops[0].type == ops[1].type and get_op(v.op).commutes(ops[0].dtype):
                 ops = tuple(sorted(ops, key=structural_hash))
             mapping[v] = rebuild(v, ops, b)
         return Function(fn.name, fn.params, tuple(mapping[r] for r in fn.results), fn.result_names,

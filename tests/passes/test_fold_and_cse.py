@@ -52,3 +52,30 @@ def test_cse_keeps_non_commutative_order():
     y = b.param("y", DType.f32, [3])
     m = b.module(b.function("main", [x, y], [b.mul(b.sub(x, y), b.sub(y, x))]))
     assert CommonSubexpressionElimination().run(m).changed is False
+
+
+def _swapped(op: str, dtype: DType):  # type: ignore[no-untyped-def]
+    b = Builder()
+    x = b.param("x", dtype, [4])
+    y = b.param("y", dtype, [4])
+    return b.module(b.function("main", [x, y], [b.op(op, x, y), b.op(op, y, x)]))
+
+
+def test_cse_keeps_the_order_of_a_float_min_or_max():
+    """A tie gives the second operand, so ``max(+0, -0)`` and ``max(-0, +0)`` differ in their sign bit:
+    merging them would change one output (the verifier's corpus refutes the swap)."""
+    x = np.array([0.0, -0.0, 1.0, np.nan], np.float32)
+    y = np.array([-0.0, 0.0, 2.0, 1.0], np.float32)
+    for op in ("max", "min"):
+        m = _swapped(op, DType.f32)
+        res = CommonSubexpressionElimination().run(m)
+        assert len(res.module.main.ops()) == 2
+        before, after = run_reference(m, [x, y]), run_reference(res.module, [x, y])
+        assert [np.signbit(a).tolist() for a in before] == [np.signbit(a).tolist() for a in after]
+        assert np.signbit(before[0][:2]).tolist() != np.signbit(before[1][:2]).tolist()  # the tie that matters
+
+
+def test_cse_merges_an_integer_min_or_max():
+    for op in ("max", "min"):
+        res = CommonSubexpressionElimination().run(_swapped(op, DType.i32))
+        assert res.changed and len(res.module.main.ops()) == 1

@@ -212,12 +212,12 @@ def _binary_examples(kinds: str, attrs: dict[str, Any] | None = None, *, int_rhs
 
 
 def _binary(name: str, fn: Callable[..., R.Expr], np_fn: Callable[..., np.ndarray] | None, kinds: str, doc: str,
-            *, commutative: bool = False, result: DType | None = None,
+            *, commutative: bool = False, commutative_float: bool = True, result: DType | None = None,
             attrs: dict[str, tuple[str, Any]] | None = None,
             examples: Callable[[np.random.Generator], list[Example]] | None = None,
             epilogue_fusible: bool = False, precision_policy: PrecisionPolicy = "narrow") -> None:
     define(name, ("lhs", "rhs"), attrs=attrs or {}, shape=_typed(kinds, result), rule=R.elementwise(fn),
-           numpy=np_fn, family="elementwise", commutative=commutative, doc=doc,
+           numpy=np_fn, family="elementwise", commutative=commutative, commutative_float=commutative_float, doc=doc,
            examples=examples or _binary_examples(kinds), epilogue_fusible=epilogue_fusible,
            precision_policy=precision_policy)
 
@@ -244,10 +244,12 @@ _binary("mod", lambda a, b, fmod: R.call("fmod" if fmod else "mod", a, b),
         "(fmod=True); integer remainder by zero gives 0",
         attrs={"fmod": ("bool", False)},
         examples=lambda rng: [c for f in (False, True) for c in _binary_examples("num", {"fmod": f})(rng)])
-_binary("min", R.smin, lambda xs, out: np.minimum(xs[0], xs[1]), "num", "min(lhs, rhs); NaN propagates",
-        commutative=True)
-_binary("max", R.smax, lambda xs, out: np.maximum(xs[0], xs[1]), "num", "max(lhs, rhs); NaN propagates",
-        commutative=True)
+_binary("min", R.smin, lambda xs, out: np.minimum(xs[0], xs[1]), "num",
+        "min(lhs, rhs); NaN propagates; a tie gives rhs (min(-0, +0) is +0)", commutative=True,
+        commutative_float=False)
+_binary("max", R.smax, lambda xs, out: np.maximum(xs[0], xs[1]), "num",
+        "max(lhs, rhs); NaN propagates; a tie gives rhs (max(+0, -0) is -0)", commutative=True,
+        commutative_float=False)
 _binary("bitwise_and", lambda a, b: R.call("bit_and", a, b), lambda xs, out: np.bitwise_and(xs[0], xs[1]),
         "int", "lhs & rhs", commutative=True)
 _binary("bitwise_or", lambda a, b: R.call("bit_or", a, b), lambda xs, out: np.bitwise_or(xs[0], xs[1]),
