@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +37,7 @@ from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract
 from verify.axioms import same_bits
-from verify.cone import ConeFunctions, float64_values, to_float64
+from verify.cone import ConeFunctions, Leaf, float64_values, to_float64
 from verify.modular import ModularEvaluator, Trace, random_residues, to_residues, work
 from verify.prove import Attempt
 from verify.verdict import Counterexample, TensorInput
@@ -258,6 +258,9 @@ class ObligationCase:
     cones: ConeFunctions
     contract: Contract
     output: str
+    leaf_of: Callable[[Value], Leaf | None] | None = None
+    """The obligation's leaf lookup, when known: every value it reads as a folded constant's bytes (several
+    expressions can share one folded leaf, of which ``cones.inputs`` names one)."""
 
 
 @dataclass
@@ -535,10 +538,16 @@ class Refuter:
         preset_a: dict[Value, np.ndarray] = {}
         for leaf in case.cones.inputs:
             if leaf.kind == "folded" and leaf.data is not None:
-                image = to_residues(leaf.data) if leaf.type.dtype.is_float else np.asarray(leaf.data)
                 for v, preset in ((leaf.before, preset_b), (leaf.after, preset_a)):
                     if v is not None and not v.is_const:
-                        preset[v] = image
+                        preset[v] = _image(leaf)
+        if case.leaf_of is not None:  # every other expression read as one of those leaves
+            keys = {leaf.key for leaf in case.cones.inputs if leaf.kind == "folded" and leaf.data is not None}
+            for fn, preset in ((case.before_fn, preset_b), (case.after_fn, preset_a)):
+                for v in fn.values():
+                    found = case.leaf_of(v)
+                    if found is not None and found.key in keys and not v.is_const and v not in preset:
+                        preset[v] = _image(found)
         try:
             mb = ev.run(case.before_fn, case.constants, xs, self.dims, preset=preset_b, free_constants=free)
             ma = ev.run(case.after_fn, case.constants, xs, self.dims, preset=preset_a, free_constants=free)
@@ -555,6 +564,12 @@ class Refuter:
         mask = rb != ra
         out.rit_differs = bool(np.any(mask))
         out.rit_index = _first(mask)
+
+
+def _image(leaf: Leaf) -> np.ndarray:
+    """A folded leaf's tensor in the Z_p reading: a float's residue image, an integer or bool as it is."""
+    assert leaf.data is not None  # (callers pass folded leaves with their bytes)
+    return to_residues(leaf.data) if leaf.type.dtype.is_float else np.asarray(leaf.data)
 
 
 def _region_constants(fn: Function) -> frozenset[str]:

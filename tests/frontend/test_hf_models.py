@@ -97,9 +97,17 @@ def _beit() -> tuple[Any, dict[str, Any]]:
     return transformers.BeitModel(cfg), {"pixel_values": _pixels(16)}
 
 
+def _rwkv() -> tuple[Any, dict[str, Any]]:
+    """A recurrence unrolled over the tokens (max-shifted exponentials), its time shift a pad by -1 (a crop),
+    and each layer's initial state folded to one constant."""
+    cfg = transformers.RwkvConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, attention_hidden_size=16,
+                                  intermediate_size=32, context_length=16, use_cache=False)
+    return transformers.RwkvModel(cfg), {"input_ids": _ids(2, 8)}
+
+
 MODELS: dict[str, Callable[[], tuple[Any, dict[str, Any]]]] = {
     "bert": _bert, "gpt2": _gpt2, "vit": _vit, "t5": _t5, "llama": _llama, "bart": _bart, "swin": _swin,
-    "convnextv2": _convnextv2, "wav2vec2": _wav2vec2, "beit": _beit}
+    "convnextv2": _convnextv2, "wav2vec2": _wav2vec2, "beit": _beit, "rwkv": _rwkv}
 
 
 def _build(name: str) -> tuple[Any, dict[str, Any]]:
@@ -136,3 +144,24 @@ def test_hf_decoder_with_dynamic_sequence_length() -> None:
         ids = {"input_ids": _ids(2, s, seed=s)}
         outs = cuvil.run_reference(module, {"input_ids": ids["input_ids"].numpy()})
         assert_agrees(outs, _eager(model, ids))
+
+
+def test_mobilevitv2_folds_and_unfolds_patches() -> None:
+    """Its patches are an unfold and a fold, which decompose to gathers and an accumulating index_put; the
+    norms get non-trivial affine parameters, so the output is not the zeros a fresh model's can be."""
+    cfg = transformers.MobileViTV2Config(image_size=64, width_multiplier=0.25)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.MobileViTV2Model(cfg).eval()
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.GroupNorm)):
+                    m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                    m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+    inputs = {"pixel_values": _pixels(64)}
+    module = cuvil.import_model(model, inputs)
+    assert any(v.op == "scatter_nd" for v in module.main.ops())
+    expected = _eager(model, inputs)
+    assert float(np.max(np.abs(expected[0]))) > 0.1
+    assert_agrees(cuvil.run_reference(module, {"pixel_values": inputs["pixel_values"].numpy()}), expected)

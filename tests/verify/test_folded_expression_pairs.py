@@ -39,3 +39,29 @@ def test_a_reordered_folded_expression_is_proved_without_inconsistency() -> None
     run_pipeline(before, ["cse"], gate=gate)  # raised CUVIL-VERIFY-INCONSISTENT before the fix
     report = gate.report()
     assert report.obligations and report.count("proved") == len(report.obligations), report.summary()
+
+
+def _two_expressions_one_constant():
+    """``-exp(c1)`` and ``-exp(c2 - 1)`` with ``c2 - 1 == c1`` exactly: fold-constants makes both the same
+    constant, which a max then reads twice (a recurrence's initial state, as RWKV's layers each compute it)."""
+    b = Builder()
+    x = b.param("x", DType.f32, [4])
+    c1 = b.const(np.array([1.0, 2.0, 3.0, 4.0], np.float32))
+    c2 = b.const(np.array([2.0, 3.0, 4.0, 5.0], np.float32))
+    e1 = b.neg(b.exp(c1))
+    e2 = b.neg(b.exp(b.sub(c2, b.const(np.ones(4, np.float32)))))
+    y = b.op("max", b.add(x, e1), b.op("max", e2, b.mul(x, x)))
+    return b.module(b.function("main", [x], [y]))
+
+
+def test_every_expression_of_one_folded_constant_reads_its_bytes_in_the_identity_test() -> None:
+    """The randomized identity test reads each expression paired with a folded constant as that constant's
+    image; it took only one of the two here, so the other's exp became a random oracle of random
+    residues, the test differed from the proof, and the verifier reported itself inconsistent."""
+    before = _two_expressions_one_constant()
+    after = run_pipeline(before, ["fold-constants"]).module
+    assert sum(v.op == "exp" for v in before.main.ops()) == 2 and not any(v.op == "exp" for v in after.main.ops())
+    gate = make_gate("strict")
+    run_pipeline(before, ["fold-constants"], gate=gate)
+    report = gate.report()
+    assert [o.status for o in report.obligations] == ["proved"]
