@@ -133,6 +133,7 @@ CASES: list[tuple[str, Callable[..., Any], tuple]] = [
                                        torch.select_scatter(x, z, 1, -1), torch.select_scatter(x, z, 1, 0)),
      (_rand(3, 5, 2), _rand(3, 2, 2, seed=1), _rand(3, 2, seed=2))),
     ("slice_assignment", lambda x, y: _assigned(x, y), (_rand(2, 6), _rand(2, 3, seed=1))),
+    ("masked_assignment", lambda x: _masked(x), (_rand(3, 4),)),
     ("as_strided", lambda x: (x.as_strided((3, 2), (1, 4)), x.as_strided((2, 2, 2), (6, 1, 2), 1),
                               (x + 1).as_strided((3, 4), (4, 1))), (_rand(3, 4),)),
     ("embedding", lambda i: F.embedding(i, torch.arange(40.0).view(10, 4)), (_ints(2, 3),)),
@@ -142,7 +143,9 @@ CASES: list[tuple[str, Callable[..., Any], tuple]] = [
                                 _index_put(x, [torch.tensor([0, 1, 1]), None, torch.tensor([2, 0, 0])],
                                            v[0, :, :3].T, True),  # axes apart: the index axes first
                                 _index_put(x, [None, torch.tensor([3, 1]), torch.tensor([[0], [4]])],
-                                           torch.tensor(5.0))),  # axes together after the first: in place
+                                           torch.tensor(5.0)),  # axes together after the first: in place
+                                _index_put(x, [x[:, :, 0] > 0], torch.tensor(-2.0)),  # x[mask] = v: a where
+                                _index_put(x, [None, v[0] < 0], torch.tensor([0.5]), True)),
      (_rand(3, 4, 5), _rand(3, 4, 5, seed=1))),
     ("fold", lambda x: (F.fold(x, (5, 6), (2, 3), stride=(1, 2), padding=1),  # col2im: overlapping windows add
                         F.fold(F.unfold(x.flatten()[:60].view(1, 4, 3, 5), 2, dilation=(1, 2)), (3, 5), 2,
@@ -180,6 +183,14 @@ def _assigned(x: Any, y: Any) -> Any:
     x[:, 1:4] = y
     x[1] = 0.5
     return x
+
+
+def _masked(x: Any) -> Any:
+    """``x[mask] = v`` with one value (an exported graph's index_put with a boolean index: a where)."""
+    y = x.clone()
+    y[y < 0] = 0.25
+    y[:, 1:][x[:, 1:] > 0.5] = 1.0
+    return y
 
 
 @pytest.mark.parametrize("fn,inputs", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

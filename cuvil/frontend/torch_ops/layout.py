@@ -283,13 +283,16 @@ def _index(ctx: AtenCtx) -> Value:
 
 
 @aten_op("index_put.default", "_unsafe_index_put.default", emits=("scatter_nd", "transpose", "reshape", "expand",
-                                                                  "concat", "cast"))
+                                                                  "concat", "cast", "where", "add"))
 def _index_put(ctx: AtenCtx) -> Value:
     """``x[i0, i1, ...] = values`` (``accumulate``: ``+=``, repeated indices summed), the inverse of
     :func:`_index`'s layout: the indexed axes in front, the values broadcast to what ``x[i0, i1, ...]``
     reads and its broadcast index axes moved first, one scatter_nd, the axes moved back."""
     x = ctx.tensor("self")
     b = ctx.b
+    masked = _masked_put(ctx, x)
+    if masked is not None:
+        return masked
     axes, idxs = _index_tensors(ctx)
     bshape, index = _stacked(b, idxs)
     rest = [k for k in range(x.type.rank) if k not in axes]
@@ -313,6 +316,29 @@ def _index_put(ctx: AtenCtx) -> Value:
     if front == list(range(x.type.rank)):
         return out
     return b.transpose(out, perm=tuple(front.index(k) for k in range(x.type.rank)))
+
+
+def _masked_put(ctx: AtenCtx, x: Value) -> Value | None:
+    """``x[mask] = v`` with one boolean mask and one value: a ``where`` (``accumulate``: ``v`` added where the
+    mask holds), no data-dependent shape. None: not that form."""
+    raw = list(ctx["indices"])
+    at = [k for k, t in enumerate(raw) if t is not None]
+    if len(at) != 1:
+        return None
+    mask = ctx.imp.as_value(raw[at[0]], None, ctx.location)
+    values = ctx.tensor("values", x.dtype)
+    if mask.dtype is not DType.bool or any(d != 1 for d in values.shape):
+        return None
+    k, b = at[0], ctx.b
+    if k + mask.type.rank > x.type.rank:
+        raise ctx.unsupported(f"a mask of rank {mask.type.rank} from axis {k} of a rank-{x.type.rank} tensor")
+    shape = tuple(x.shape)
+    mask = reshape_to(ctx, mask, (1,) * k + tuple(mask.shape) + (1,) * (x.type.rank - k - mask.type.rank))
+    mask = b.expand(mask, shape=shape) if tuple(mask.shape) != shape else mask
+    v = reshape_to(ctx, values, ()) if values.type.rank else values
+    if ctx.get("accumulate", False):
+        return b.add(x, b.where(mask, v, b.scalar(0, x.dtype)))
+    return b.where(mask, v, x)
 
 
 def _index_tensors(ctx: AtenCtx) -> tuple[list[int], list[Value]]:
