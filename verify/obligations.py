@@ -305,7 +305,7 @@ def _output_obligation(pass_: Pass, fb: Function, fa: Function, r: int, table: L
             fallback = prove(vb, va, table.leaf_of, "real", fb.constraints, timeout=timeout, decode=inputs)
     cones = ConeFunctions(inputs, cone_function("before", vb, inputs, table.leaf_of, fb.constraints),
                           cone_function("after", va, inputs, table.leaf_of, fa.constraints))
-    case = ObligationCase(fb, fa, r, constants, cones, contract, name, leaf_of=table.leaf_of)
+    case = ObligationCase(fb, fa, r, constants, cones, contract, name, table.leaf_of)
     proved = attempt.status == "proved"
     model_source = attempt if attempt.model_inputs is not None else fallback
     search = Refuter(case, seed, runs).search(model_source, full=not proved, float_search=search_mode != "prover",

@@ -258,9 +258,9 @@ class ObligationCase:
     cones: ConeFunctions
     contract: Contract
     output: str
-    leaf_of: Callable[[Value], Leaf | None] | None = None
-    """The obligation's leaf lookup, when known: every value it reads as a folded constant's bytes (several
-    expressions can share one folded leaf, of which ``cones.inputs`` names one)."""
+    leaf_of: Callable[[Value], Leaf | None]
+    """The obligation's leaf lookup: every value it reads as a folded constant's bytes (several expressions
+    can share one folded leaf, of which ``cones.inputs`` names one)."""
 
 
 @dataclass
@@ -531,23 +531,10 @@ class Refuter:
             v = leaf.before
             if leaf.kind == "constant" and not leaf.concrete and v is not None and v.dtype.is_float:
                 free[v.const_hash] = random_residues(tuple(int(d) for d in v.type.shape), self.rng)
-        # a folded leaf is its bytes on both sides: the expression it was matched with, on its side,
-        # takes the constant's image instead of its own Z_p value (which oracles such as round()
-        # would make differ from the image of the float result)
-        preset_b: dict[Value, np.ndarray] = {}
-        preset_a: dict[Value, np.ndarray] = {}
-        for leaf in case.cones.inputs:
-            if leaf.kind == "folded" and leaf.data is not None:
-                for v, preset in ((leaf.before, preset_b), (leaf.after, preset_a)):
-                    if v is not None and not v.is_const:
-                        preset[v] = _image(leaf)
-        if case.leaf_of is not None:  # every other expression read as one of those leaves
-            keys = {leaf.key for leaf in case.cones.inputs if leaf.kind == "folded" and leaf.data is not None}
-            for fn, preset in ((case.before_fn, preset_b), (case.after_fn, preset_a)):
-                for v in fn.values():
-                    found = case.leaf_of(v)
-                    if found is not None and found.key in keys and not v.is_const and v not in preset:
-                        preset[v] = _image(found)
+        # a folded leaf is its bytes on both sides: every expression read as one, on its side, takes the
+        # constant's image instead of its own Z_p value (which oracles such as round() would make differ from
+        # the image of the float result)
+        preset_b, preset_a = (_folded_presets(case, fn) for fn in (case.before_fn, case.after_fn))
         try:
             mb = ev.run(case.before_fn, case.constants, xs, self.dims, preset=preset_b, free_constants=free)
             ma = ev.run(case.after_fn, case.constants, xs, self.dims, preset=preset_a, free_constants=free)
@@ -566,10 +553,16 @@ class Refuter:
         out.rit_index = _first(mask)
 
 
-def _image(leaf: Leaf) -> np.ndarray:
-    """A folded leaf's tensor in the Z_p reading: a float's residue image, an integer or bool as it is."""
-    assert leaf.data is not None  # (callers pass folded leaves with their bytes)
-    return to_residues(leaf.data) if leaf.type.dtype.is_float else np.asarray(leaf.data)
+def _folded_presets(case: ObligationCase, fn: Function) -> dict[Value, np.ndarray]:
+    """Each value of ``fn`` (not a constant itself) that the obligation reads as one of its cones' folded
+    leaves, with that leaf's tensor in the Z_p reading: a float's residue image, an integer or bool as it is."""
+    keys = {leaf.key for leaf in case.cones.inputs if leaf.kind == "folded" and leaf.data is not None}
+    out: dict[Value, np.ndarray] = {}
+    for v in fn.values():
+        leaf = None if v.is_const else case.leaf_of(v)
+        if leaf is not None and leaf.key in keys and leaf.data is not None:
+            out[v] = to_residues(leaf.data) if leaf.type.dtype.is_float else np.asarray(leaf.data)
+    return out
 
 
 def _region_constants(fn: Function) -> frozenset[str]:

@@ -201,8 +201,7 @@ class Analysis:
 
     def failing_at(self, scale: float, budget: Budget) -> list[Value]:
         """The sites one whole pass at ``scale`` does not prove."""
-        b = self.run(_boxes(self.program, self.ranges, scale), budget, scale)
-        return [v for v, ob in b.ops.items() if ob.records and not ob.safe]
+        return _unsafe(self.run(_boxes(self.program, self.ranges, scale), budget, scale))
 
     def site_safe_scale(self, v: Value) -> float | None:
         return max(self.proved_at.get(v, ()), default=None)
@@ -213,7 +212,7 @@ class Analysis:
         if self.plain is None or self.plain[0] != scale:
             self.plain = (scale, self.run(boxes, budget, scale))
         b = self.plain[1]
-        unsafe = [v for v, ob in b.ops.items() if ob.records and not ob.safe]
+        unsafe = _unsafe(b)
         if not unsafe or self.refiner is None or not refine:
             return b, set()
         pins = self.refiner.refine(b, unsafe, budget)
@@ -239,7 +238,7 @@ class Analysis:
 
             if not pins and self.plain is not None and self.plain[0] == scale:
                 b = self.plain[1]  # the same pass, run whole: its first failing site is where ``stop`` ends
-                failing.extend(v for v, ob in b.ops.items() if ob.records and not ob.safe)
+                failing.extend(_unsafe(b))
             else:
                 b = self.run(boxes, budget, scale, pinned=pins, stop=stop)
             if not failing:
@@ -255,6 +254,11 @@ class Analysis:
             pins.update(new)
             last = v
         return False
+
+
+def _unsafe(b: Bounds) -> list[Value]:
+    """The sites a pass did not prove, in program order."""
+    return [v for v, ob in b.ops.items() if ob.records and not ob.safe]
 
 
 def _worst(ob: OpBounds) -> NodeRecord:
