@@ -437,9 +437,9 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
             continue
         tries = 0
         sample_a = _sample(arr)
-        # a signature of zeros matches every other one: its pairs are guesses, tried nearest in program order
-        # first (after the same op), each for a short time
-        guess = not np.any(arr)
+        # a signature of one repeated value matches every other one of that value: its pairs are guesses,
+        # tried nearest in program order first (after the same op), each for a short time
+        guess = _uniform(arr)
         budget = timeout * GUESS_SHARE if guess else timeout
         here = place_a[va]
         for vb in sorted(by_type.get(va.type, []),
@@ -462,9 +462,18 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
 
 
 GUESS_SHARE = 0.125
-"""The share of a lemma's time limit given to a pair whose random signatures are all zeros (a model whose
-activations vanish on random inputs: MobileViT at its library's initialization): such pairs are guesses,
-and a wrong one would otherwise spend the whole limit."""
+"""The share of a lemma's time limit given to a pair whose random signature is one value repeated (all zeros:
+a model whose activations vanish on random inputs, MobileViT at its library's initialization; or one
+constant, a path that normalization or a dead branch made independent of the inputs): such pairs are
+guesses, and a wrong one would otherwise spend the whole limit."""
+
+
+def _uniform(arr: np.ndarray) -> bool:
+    """Whether a signature is all zeros, or one value in every element of a tensor of several."""
+    a = np.asarray(arr)
+    if not np.any(a):
+        return True
+    return a.size > 1 and bool(np.all(a == a.flat[0]))
 
 
 def _places(fn: Function) -> dict[Value, float]:
@@ -527,9 +536,10 @@ def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a
             continue
         if any(o.op in LAYOUT_OPS and table.leaf_of(o) is None for o in users.get(vb, [])):
             continue  # not the chain's last value
+        budget = timeout * GUESS_SHARE if _uniform(arr) else timeout
         for u in shared.get(vb.type, []):
             if _close(arr, sig_a[u], rtol):
-                lemma = _lemma(vb, u, table, encoder, fb, timeout, ctx)
+                lemma = _lemma(vb, u, table, encoder, fb, budget, ctx)
                 lemmas.append(lemma)
                 if lemma.proved:
                     break
