@@ -170,6 +170,16 @@ CASES: list[tuple[str, Callable[..., Any], tuple]] = [
                              torch.topk(x, 3, dim=1, largest=False)[0]), (_rand(2, 4, 5),)),
     ("group_norm", lambda x: F.group_norm(x, 2, torch.arange(4.0) - 1, torch.arange(4.0) * 0.3) + F.group_norm(x, 4),
      (_rand(2, 4, 3, 5),)),
+    # instance norm exports as a batch norm over the batch's own statistics (aten._native_batch_norm_legit.no_stats)
+    ("instance_norm", lambda x, y, z: (F.instance_norm(x, weight=torch.arange(4.0) - 1, bias=torch.arange(4.0) * 0.3),
+                                       F.instance_norm(y, eps=1e-3), F.instance_norm(z)),
+     (_rand(2, 4, 3, 5) * 3 + 1, _rand(3, 2, 7), _rand(1, 2, 3, 4, 2))),
+    ("batch_statistics_norm", lambda x, y: (
+        F.batch_norm(x, None, None, torch.arange(3.0) + 0.5, torch.arange(3.0) - 1, training=True, eps=1e-3),
+        F.batch_norm(y, None, None, training=True)), (_rand(4, 3, 5), _rand(6, 5) * 2 - 1)),
+    ("weight_standardization", lambda x, w: F.conv2d(x, F.batch_norm(w.reshape(1, 6, -1), None, None, training=True,
+                                                                      eps=1e-6).reshape_as(w), padding=1),
+     (_rand(2, 3, 6, 6), _rand(6, 3, 3, 3, seed=1))),
     ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v) + F.scaled_dot_product_attention(
         q, k, v, is_causal=True), (_rand(2, 3, 5, 4), _rand(2, 3, 5, 4, seed=1), _rand(2, 3, 5, 4, seed=2))),
     ("sdpa_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m > 0),

@@ -82,6 +82,8 @@ def _ones_or(ctx: AtenCtx, name: str, n: Dim, fill: float, dtype: DType) -> Valu
 def _batch_norm(ctx: AtenCtx) -> tuple[Value, None, None]:
     x = ctx.tensor("input")
     c = x.shape[1]
+    if ctx.args.get("running_mean") is None and ctx.args.get("running_var") is None and ctx.args.get("training"):
+        return _batch_statistics_norm(ctx), None, None
     if ctx.args.get("running_mean") is None or ctx.args.get("running_var") is None:
         raise ctx.unsupported("batch norm without running statistics (training mode)")
     if ctx.args.get("training"):
@@ -95,7 +97,42 @@ def _batch_norm(ctx: AtenCtx) -> tuple[Value, None, None]:
 
 
 aten_op("_native_batch_norm_legit_no_training.default", "native_batch_norm.default",
-        emits=("batch_norm", "const"))(_batch_norm)
+        emits=("batch_norm", "const", "transpose", "reshape", "layer_norm", "mul", "add"))(_batch_norm)
+
+
+@aten_op("_native_batch_norm_legit.no_stats", emits=("transpose", "reshape", "layer_norm", "mul", "add"))
+def _batch_norm_no_stats(ctx: AtenCtx) -> tuple[Value, None, None]:
+    return _batch_statistics_norm(ctx), None, None
+
+
+def _batch_statistics_norm(ctx: AtenCtx) -> Value:
+    """A batch norm over the input's own statistics, with no running ones to update: what ``instance_norm``
+    exports as (its images as the channels of a batch of one) and what weight standardization writes. Per
+    channel, a layer norm over the batch and every spatial axis (the biased variance, ``eps`` inside the
+    root), then the per-channel affine map."""
+    x = ctx.tensor("input")
+    b = ctx.b
+    rank = x.type.rank
+    if rank < 2:
+        raise ctx.unsupported(f"batch norm of a rank-{rank} input (needs N, C, ...)")
+    one, zero = b.scalar(1, x.dtype), b.scalar(0, x.dtype)
+    eps = float(ctx["eps"])
+    if x.shape[0] == 1 and rank > 2:  # one sample: each channel's own elements, in place
+        y = b.layer_norm(x, one, zero, axis=2, epsilon=eps)
+    else:  # channels first, then each channel's batch and positions as one axis
+        perm = (1, 0, *range(2, rank))  # its own inverse
+        front = b.transpose(x, perm=perm)
+        rest: Dim = 1
+        for d in front.shape[1:]:
+            rest = rest * d
+        flat = b.layer_norm(b.reshape(front, shape=(front.shape[0], rest)), one, zero, axis=1, epsilon=eps)
+        y = b.transpose(b.reshape(flat, shape=tuple(front.shape)), perm=perm)
+    per_channel = (x.shape[1],) + (1,) * (rank - 2)
+    if ctx.args.get("weight") is not None:
+        y = b.mul(y, reshape_to(ctx, ctx.tensor("weight"), per_channel))
+    if ctx.args.get("bias") is not None:
+        y = b.add(y, reshape_to(ctx, ctx.tensor("bias"), per_channel))
+    return y
 
 
 @aten_op("native_layer_norm.default", emits=("layer_norm", "const"))
