@@ -425,40 +425,57 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
             by_type.setdefault(v.type, []).append(v)
             by_view.setdefault(_view_key(v), []).append(v)
     ctx = z3.Context()
-    lemmas += _layout_chains(cand_b, sig_b, sig_a, fa, table, encoder, fb, timeout, ctx, rtol)
+    tried: set[tuple[Value, Value]] = set()
     quick: dict[Value, tuple[np.ndarray, float]] = {}
     by_op = _by_op(fb, table)
     place_b, place_a = _places(fb), _places(fa)
-    for va in cand_a:
-        if _congruent(va, by_op, table, bodies):
-            continue
-        arr = sig_a.get(va)
-        if arr is None:
-            continue
-        tries = 0
-        sample_a = _sample(arr)
-        # a signature of one repeated value matches every other one of that value: its pairs are guesses,
-        # tried nearest in program order first (after the same op), each for a short time
-        guess = _uniform(arr)
-        budget = timeout * GUESS_SHARE if guess else timeout
-        here = place_a[va]
-        for vb in sorted(by_type.get(va.type, []),
-                         key=lambda u, here=here: (u.op != va.op, abs(place_b[u] - here) if guess else 0.0)):
-            if vb not in quick:
-                quick[vb] = (_sample(sig_b[vb]), _scale(np.asarray(sig_b[vb])))
-            if not _maybe_close(*quick[vb], sample_a, rtol) or not _close(sig_b[vb], arr, rtol):
+    attempted: dict[Value, tuple[object, ...]] = {}
+    """Per after-value, its operands' leaves when its pairs were last tried: tried again only once they change."""
+    for _ in range(SWEEP_ROUNDS):
+        cut = sum(table.leaf_of(va) is not None for va in cand_a)
+        lemmas += _layout_chains(cand_b, sig_b, sig_a, fa, table, encoder, fb, timeout, ctx, rtol, tried)
+        for va in cand_a:
+            if table.leaf_of(va) is not None or _congruent(va, by_op, table, bodies):
                 continue
-            lemma = _lemma(vb, va, table, encoder, fb, budget, ctx)
-            lemmas.append(lemma)
-            if lemma.proved:
-                break
-            tries += 1
-            if tries >= 2:
-                break
-        if table.leaf_of(va) is None:
-            lemmas += _view_lemmas(va, arr, by_view.get(_view_key(va), []), sig_b, table, encoder, fb, timeout,
-                                   ctx, rtol)
+            arr = sig_a.get(va)
+            keys = _operand_keys(va, table)
+            if arr is None or attempted.get(va) == keys:
+                continue
+            attempted[va] = keys
+            tries = 0
+            sample_a = _sample(arr)
+            # a signature of one repeated value matches every other one of that value: its pairs are guesses,
+            # tried nearest in program order first (after the same op), each for a short time
+            guess = _uniform(arr)
+            budget = timeout * GUESS_SHARE if guess else timeout
+            here = place_a[va]
+            for vb in sorted(by_type.get(va.type, []),
+                             key=lambda u, here=here: (u.op != va.op, abs(place_b[u] - here) if guess else 0.0)):
+                if vb not in quick:
+                    quick[vb] = (_sample(sig_b[vb]), _scale(np.asarray(sig_b[vb])))
+                if not _maybe_close(*quick[vb], sample_a, rtol) or not _close(sig_b[vb], arr, rtol):
+                    continue
+                lemma = _lemma(vb, va, table, encoder, fb, budget, ctx)
+                lemmas.append(lemma)
+                if lemma.proved:
+                    break
+                tries += 1
+                if tries >= 2:
+                    break
+            if table.leaf_of(va) is None:
+                lemmas += _view_lemmas(va, arr, by_view.get(_view_key(va), []), sig_b, table, encoder, fb,
+                                       timeout, ctx, rtol)
+        if sum(table.leaf_of(va) is not None for va in cand_a) == cut:
+            break
     return lemmas
+
+
+SWEEP_ROUNDS = 16
+"""How many times the sweep goes over the after-values while its cut grows. A pair whose cone reached down to
+an uncut region can be proved once the cut grows below it: a value is tried again when its operands' leaves
+changed, and an identity layout chain of the before side once the value it returns to joined the cut. A
+network that runs every block's tokens through a reshape round trip (TimeSformer's divided attention) needs
+about one round per block."""
 
 
 GUESS_SHARE = 0.125
@@ -514,7 +531,7 @@ LAYOUT_OPS = frozenset({"reshape", "transpose", "expand", "slice", "concat", "ga
 
 def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a: Mapping[Value, np.ndarray],
                    fa: Function, table: LeafTable, encoder: str, fb: Function, timeout: float, ctx: z3.Context,
-                   rtol: float) -> list[Lemma]:
+                   rtol: float, tried: set[tuple[Value, Value]]) -> list[Lemma]:
     """Cut points where the pass removed a chain of layout ops that is the identity (a reshape, a
     transpose of a unit axis and the reshape back, as Swin's export writes): the chain's last value pairs
     with no value of the other side, which reads the value both sides share instead. Each such pair is a
@@ -524,7 +541,7 @@ def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a
     shared: dict[object, list[Value]] = {}
     for u in fa.values():
         leaf = table.leaf_of(u)
-        if leaf is not None and leaf.kind in ("shared", "param") and u in sig_a:
+        if leaf is not None and leaf.kind in ("shared", "param", "cut") and u in sig_a:
             shared.setdefault(u.type, []).append(u)
     lemmas: list[Lemma] = []
     if not shared:
@@ -538,7 +555,8 @@ def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a
             continue  # not the chain's last value
         budget = timeout * GUESS_SHARE if _uniform(arr) else timeout
         for u in shared.get(vb.type, []):
-            if _close(arr, sig_a[u], rtol):
+            if (vb, u) not in tried and _close(arr, sig_a[u], rtol):
+                tried.add((vb, u))
                 lemma = _lemma(vb, u, table, encoder, fb, budget, ctx)
                 lemmas.append(lemma)
                 if lemma.proved:

@@ -105,9 +105,25 @@ def _rwkv() -> tuple[Any, dict[str, Any]]:
     return transformers.RwkvModel(cfg), {"input_ids": _ids(2, 8)}
 
 
+def _bit() -> tuple[Any, dict[str, Any]]:
+    """Weight-standardized convolutions: a batch norm of the weights over their own statistics."""
+    cfg = transformers.BitConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_groups=4)
+    return transformers.BitModel(cfg), {"pixel_values": _pixels(32)}
+
+
+def _timesformer() -> tuple[Any, dict[str, Any]]:
+    """Divided space-time attention: every block's tokens go through a reshape round trip between the
+    temporal and the spatial layout (canonicalize removes it; its proof pairs the blocks one after another)."""
+    cfg = transformers.TimesformerConfig(image_size=16, patch_size=8, num_frames=2, **{
+        k: v for k, v in TINY.items() if k != "attn_implementation"})
+    video = torch.randn(1, 2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    return transformers.TimesformerModel(cfg), {"pixel_values": video}
+
+
 MODELS: dict[str, Callable[[], tuple[Any, dict[str, Any]]]] = {
     "bert": _bert, "gpt2": _gpt2, "vit": _vit, "t5": _t5, "llama": _llama, "bart": _bart, "swin": _swin,
-    "convnextv2": _convnextv2, "wav2vec2": _wav2vec2, "beit": _beit, "rwkv": _rwkv}
+    "convnextv2": _convnextv2, "wav2vec2": _wav2vec2, "beit": _beit, "rwkv": _rwkv, "bit": _bit,
+    "timesformer": _timesformer}
 
 
 def _build(name: str) -> tuple[Any, dict[str, Any]]:

@@ -14,8 +14,11 @@ import cuvil
 from tests.frontend.test_hf_models import MODELS, _build
 from verify import check_pipeline
 
+SLOW = {"timesformer"}
+"""About a minute each (TimeSformer: its first pass over the blocks leaves about 120 cut-point guesses unproved)."""
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(MODELS)])
 def test_o3_on_a_tiny_hf_model_is_proved(name: str) -> None:
     model, inputs = _build(name)
     report = check_pipeline(cuvil.import_model(model, inputs), "O3", timeout=60.0)
