@@ -702,6 +702,28 @@ def test_streamed_b_is_read_by_as_few_m_blocks_as_the_caches_allow(m: int, n: in
     assert -(-mt // resident.mb_tiles) >= mblocks
 
 
+def test_a_reduction_just_past_a_k_block_runs_as_one_and_keeps_every_bit(monkeypatch):
+    """A convolution whose reduction is at most a quarter longer than a K block (a 7x7 stem over three channels:
+    147 steps) runs as one block, not as two short ones whose partial sums wait in between; longer ones keep
+    the blocks. The partial sums continue in the same order, so both schedules give identical bits."""
+    from cuvil.codegen.kernels import conv
+
+    assert conv.conv_kc_max(147) == 147 and conv.conv_kc_max(3 * 3 * 64) == conv.CONV_KC_MAX
+    assert conv.conv_kc_max(int(conv.CONV_KC_MAX * conv.ONE_BLOCK_SLACK) + 1) == conv.CONV_KC_MAX
+    c = Cases()
+    for xs, ws, attrs in [((1, 3, 30, 30), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+                          ((1, 17, 9, 9), (20, 17, 3, 3), {"pads": [1, 1, 1, 1]})]:  # 153 steps
+        x = c.input(_f32(*xs))
+        c.add(f"conv {xs} {ws}", c.b.conv(x, c.b.const(_f32(*ws)), **attrs), ws[1] * ws[2] * ws[3])
+    module = c.module()
+    one = compile(module, cache=False)
+    monkeypatch.setattr(conv, "ONE_BLOCK_SLACK", 1.0)
+    split = compile(module, cache=False)
+    assert "rule" not in one.manifest["kernels"]
+    for got, want in zip(one.run(c.inputs), split.run(c.inputs), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_blocking_for_streamed_weights_keeps_every_bit(monkeypatch):
     """How M and N are cut into blocks never changes a sum (each output's K steps run in the same order):
     convolutions and GEMMs blocked for streamed weights and for resident ones give identical bits."""

@@ -115,6 +115,16 @@ ONNX Runtime on one thread, 1.126 -> 1.060 on two; MobileNet-v1 1.022-1.042 -> 0
 1.021 -> 0.978; outputs bit for bit the same (the partial sums continue in the same order). 96 and 160
 steps measured no better than 128; 64 worse (more partial sums to store and reload)."""
 
+ONE_BLOCK_SLACK = 1.25
+"""A reduction at most this many times :data:`CONV_KC_MAX` runs as one block: split, its two short blocks
+store and reload every partial sum for a few dozen steps each (ResNet-18's 7x7 stem, 147 steps as 74 + 73)."""
+
+
+def conv_kc_max(k: int) -> int:
+    """The longest K block of a convolution reducing over ``k`` steps."""
+    return k if k <= CONV_KC_MAX * ONE_BLOCK_SLACK else CONV_KC_MAX
+
+
 MAX_SCRATCH_BYTES = 256 << 20
 """A conv whose padded copy would need more than this falls back to the generic lowering."""
 
@@ -198,12 +208,12 @@ class ConvKernel:
         # output positions in plane coordinates: the flat index of the last one, plus one
         self.positions = sum((o - 1) * st for o, st in zip(g.out_sp, plane_strides, strict=True)) + 1
         k = g.cg * g.taps
-        self.tiling = choose_tiling(isa, g.mg, self.positions, k, kc_max=CONV_KC_MAX,
+        self.tiling = choose_tiling(isa, g.mg, self.positions, k, kc_max=conv_kc_max(k),
                                     b_streams=streams_from_memory(k, self.positions))
         # few output positions (a late, small feature map): positions as GEMM rows, channels as
         # vectors, when that computes clearly fewer padded elements than positions as vectors
         out_plane = math.prod(g.out_sp)
-        across = choose_tiling(isa, out_plane, g.mg, k, kc_max=CONV_KC_MAX, b_streams=streams_from_memory(k, g.mg))
+        across = choose_tiling(isa, out_plane, g.mg, k, kc_max=conv_kc_max(k), b_streams=streams_from_memory(k, g.mg))
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
         self.transposed = g.mg >= isa.lanes and (self.positions_as_rows or area_across * TRANSPOSE_GAIN < area or (
