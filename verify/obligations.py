@@ -534,10 +534,10 @@ def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a
                    rtol: float, tried: set[tuple[Value, Value]]) -> list[Lemma]:
     """Cut points where the pass removed a chain of layout ops that is the identity (a reshape, a
     transpose of a unit axis and the reshape back, as Swin's export writes): the chain's last value pairs
-    with no value of the other side, which reads the value both sides share instead. Each such pair is a
-    lemma (index arithmetic only); proved, the ops that read it meet the same leaf on both sides and are
-    cut by congruence, where otherwise every obligation above compared two reductions over different
-    index expressions."""
+    with no value of the other side, which reads the value both sides share (or one the cut already pairs)
+    instead. Each such pair is a lemma (index arithmetic only); proved, the ops that read it meet the same
+    leaf on both sides and are cut by congruence, where otherwise every obligation above compared two
+    reductions over different index expressions."""
     shared: dict[object, list[Value]] = {}
     for u in fa.values():
         leaf = table.leaf_of(u)
