@@ -229,10 +229,22 @@ def test_batch_norm_training_mode_matches_onnx_runtime():
     compare(c)
 
 
-def test_batch_norm_statistics_outputs_of_old_opsets_are_refused():
-    """Before opset 14 the extra outputs were training-time statistics whose definitions changed."""
+@pytest.mark.parametrize("opset", [9, 11, 13])
+def test_batch_norm_training_outputs_of_old_opsets_match_onnx_runtime(opset: int) -> None:
+    """Before opset 14 training mode is the five outputs (the TorchScript exporter writes weight standardization
+    so): the output by the batch's own statistics, the blended running ones, the batch mean, and the saved
+    "variance" as ONNX Runtime computes it, an inverse standard deviation."""
+    x = f32(3, 4, 5) * 2 + 1
+    c = Case("BatchNormalization", {"x": x}, {"momentum": 0.8, "epsilon": 1e-3},
+             {"s": f32(4), "b": f32(4), "m": f32(4), "v": pos32(4)}, opset=opset, outputs=5, tol=1e-5)
+    compare(c)
+
+
+@pytest.mark.parametrize(("opset", "outputs"), [(9, 3), (13, 2), (15, 3)])
+def test_batch_norm_statistics_outputs_outside_training_mode_are_refused(opset: int, outputs: int) -> None:
+    """Statistics outputs without training mode (fewer than five before opset 14, no ``training_mode`` after)."""
     c = Case("BatchNormalization", {"x": f32(2, 3, 4)}, {}, {"s": f32(3), "b": f32(3), "m": f32(3), "v": pos32(3)},
-             opset=9, outputs=3)
+             opset=opset, outputs=outputs)
     with pytest.raises(UnsupportedOpError, match="running statistics outputs"):
         import_onnx(make_model(c))
 

@@ -194,7 +194,7 @@ def global_lp_pool(ctx: NodeCtx) -> Value:
 # normalization
 
 
-@onnx_op("BatchNormalization", emits=("batch_norm", "reduce_mean", "sub", "mul", "add", "cast"))
+@onnx_op("BatchNormalization", emits=("batch_norm", "reduce_mean", "sub", "mul", "add", "cast", "rsqrt"))
 def batch_norm(ctx: NodeCtx) -> list[Value]:
     if not ctx.attr_int("spatial", 1):
         raise ctx.unsupported("spatial=0 (per-activation statistics)")
@@ -204,16 +204,22 @@ def batch_norm(ctx: NodeCtx) -> list[Value]:
     if ctx.opset >= 14 and ctx.attr_int("training_mode", 0):
         return _batch_norm_training(ctx, x, *rest, epsilon=eps)
     if ctx.num_outputs > 1 and any(ctx.node.output[1:]):
-        raise ctx.unsupported("the running statistics outputs of an inference batch normalization (opset < 14 "
-                              "training outputs)")
+        if ctx.opset < 14 and ctx.num_outputs == 5:
+            # before opset 14 the five outputs are what selects training mode (a batch norm over the batch's own
+            # statistics: the TorchScript exporter writes weight standardization so)
+            return _batch_norm_training(ctx, x, *rest, epsilon=eps, saved=True)
+        raise ctx.unsupported("running statistics outputs of an inference batch normalization (training mode is "
+                              "training_mode=1 from opset 14, before it all five outputs)")
     return [ctx.b.batch_norm(x, *rest, epsilon=eps)]
 
 
 def _batch_norm_training(ctx: NodeCtx, x: Value, scale: Value, bias: Value, mean: Value, var: Value,
-                         epsilon: float) -> list[Value]:
+                         epsilon: float, saved: bool = False) -> list[Value]:
     """Training mode normalizes by the batch's own statistics (mean and population variance over
     every axis but the channels, computed in float32 for half types) and also returns the running
-    statistics blended with them by ``momentum``."""
+    statistics blended with them by ``momentum``; before opset 14 (``saved``) also the batch's mean and,
+    as ONNX Runtime computes it (the operator's text says "saved variance"), its inverse standard deviation
+    ``1 / sqrt(var + epsilon)``."""
     b = ctx.b
     wide = b.cast(x, to=DType.f32) if x.dtype in HALF else x
     axes = [a for a in range(x.type.rank) if a != 1]
@@ -226,7 +232,11 @@ def _batch_norm_training(ctx: NodeCtx, x: Value, scale: Value, bias: Value, mean
     keep = b.const(np.array(momentum, dtype=x.dtype.np))
     blend = b.const(np.array(1.0 - momentum, dtype=x.dtype.np))
     running = [b.add(b.mul(old, keep), b.mul(new, blend)) for old, new in zip((mean, var), stats, strict=True)]
-    return [y, *running][:max(ctx.num_outputs, 1)]
+    outs = [y, *running]
+    if saved:
+        inv_std = b.rsqrt(b.add(batch_var, b.const(np.array(epsilon, dtype=batch_var.dtype.np))))
+        outs += [stats[0], _as_dtype(ctx, inv_std, x.dtype)]
+    return outs[:max(ctx.num_outputs, 1)]
 
 
 def _as_dtype(ctx: NodeCtx, v: Value, dtype: DType) -> Value:
