@@ -429,11 +429,12 @@ def _sweep(fb: Function, fa: Function, table: LeafTable, runs: Evaluations, enco
     quick: dict[Value, tuple[np.ndarray, float]] = {}
     by_op = _by_op(fb, table)
     place_b, place_a = _places(fb), _places(fa)
+    users = fb.users()
     attempted: dict[Value, tuple[object, ...]] = {}
     """Per after-value, its operands' leaves when its pairs were last tried: tried again only once they change."""
     for _ in range(SWEEP_ROUNDS):
         cut = sum(table.leaf_of(va) is not None for va in cand_a)
-        lemmas += _layout_chains(cand_b, sig_b, sig_a, fa, table, encoder, fb, timeout, ctx, rtol, tried)
+        lemmas += _layout_chains(cand_b, users, sig_b, sig_a, fa, table, encoder, fb, timeout, ctx, rtol, tried)
         for va in cand_a:
             if table.leaf_of(va) is not None or _congruent(va, by_op, table, bodies):
                 continue
@@ -529,9 +530,9 @@ LAYOUT_OPS = frozenset({"reshape", "transpose", "expand", "slice", "concat", "ga
 """Ops that only move elements: a chain of them may be the identity on a value both sides read."""
 
 
-def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a: Mapping[Value, np.ndarray],
-                   fa: Function, table: LeafTable, encoder: str, fb: Function, timeout: float, ctx: z3.Context,
-                   rtol: float, tried: set[tuple[Value, Value]]) -> list[Lemma]:
+def _layout_chains(cand_b: list[Value], users: Mapping[Value, list[Value]], sig_b: Mapping[Value, np.ndarray],
+                   sig_a: Mapping[Value, np.ndarray], fa: Function, table: LeafTable, encoder: str, fb: Function,
+                   timeout: float, ctx: z3.Context, rtol: float, tried: set[tuple[Value, Value]]) -> list[Lemma]:
     """Cut points where the pass removed a chain of layout ops that is the identity (a reshape, a
     transpose of a unit axis and the reshape back, as Swin's export writes): the chain's last value pairs
     with no value of the other side, which reads the value both sides share (or one the cut already pairs)
@@ -546,7 +547,6 @@ def _layout_chains(cand_b: list[Value], sig_b: Mapping[Value, np.ndarray], sig_a
     lemmas: list[Lemma] = []
     if not shared:
         return lemmas
-    users = fb.users()
     for vb in cand_b:
         arr = sig_b.get(vb)
         if vb.op not in LAYOUT_OPS or arr is None or table.leaf_of(vb) is not None:

@@ -127,12 +127,7 @@ def _batch_statistics_norm(ctx: AtenCtx) -> Value:
             rest = rest * d
         flat = b.layer_norm(b.reshape(front, shape=(front.shape[0], rest)), one, zero, axis=1, epsilon=eps)
         y = b.transpose(b.reshape(flat, shape=tuple(front.shape)), perm=perm)
-    per_channel = (x.shape[1],) + (1,) * (rank - 2)
-    if ctx.args.get("weight") is not None:
-        y = b.mul(y, reshape_to(ctx, ctx.tensor("weight"), per_channel))
-    if ctx.args.get("bias") is not None:
-        y = b.add(y, reshape_to(ctx, ctx.tensor("bias"), per_channel))
-    return y
+    return _channel_affine(ctx, y)
 
 
 @aten_op("native_layer_norm.default", emits=("layer_norm", "const"))
@@ -168,12 +163,17 @@ def _group_norm(ctx: AtenCtx) -> tuple[Value, None, None]:
     grouped = b.reshape(x, shape=(n, groups, (c // groups) * rest))
     one, zero = b.scalar(1, x.dtype), b.scalar(0, x.dtype)
     y = b.reshape(b.layer_norm(grouped, one, zero, axis=-1, epsilon=float(ctx["eps"])), shape=tuple(x.shape))
-    per_channel = (c,) + (1,) * (x.type.rank - 2)
+    return _channel_affine(ctx, y), None, None
+
+
+def _channel_affine(ctx: AtenCtx, y: Value) -> Value:
+    """``y * weight + bias`` with one weight and bias per channel (axis 1), each where the node gives it."""
+    per_channel = (y.shape[1],) + (1,) * (y.type.rank - 2)
     if ctx.args.get("weight") is not None:
-        y = b.mul(y, reshape_to(ctx, ctx.tensor("weight"), per_channel))
+        y = ctx.b.mul(y, reshape_to(ctx, ctx.tensor("weight"), per_channel))
     if ctx.args.get("bias") is not None:
-        y = b.add(y, reshape_to(ctx, ctx.tensor("bias"), per_channel))
-    return y, None, None
+        y = ctx.b.add(y, reshape_to(ctx, ctx.tensor("bias"), per_channel))
+    return y
 
 
 @aten_op("_softmax.default", "softmax.int", emits=("softmax", "cast"))
