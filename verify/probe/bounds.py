@@ -742,6 +742,7 @@ class BoundsEngine:
         self.watch = watch
         self.tighten = tighten
         self.values = fn.values()
+        self.users = fn.users()
         self.live: set[Value] = set()
         for v in self.values:
             if v.is_param or any(o in self.live for o in v.operands):
@@ -808,7 +809,7 @@ class BoundsEngine:
                           np.broadcast_to(np.asarray(hi, dtype=np.float64), shape).copy())
             values[p] = _snap(iv, p.dtype)
         windows = CenteredWindows(self.constant_value, self.live, self.conv_sigmas, self.centers(values),
-                                  self.block_norms, self.composed)
+                                  self.block_norms, self.composed, self.users)
         for v in self.values:
             if v.is_param:
                 continue

@@ -39,6 +39,7 @@ from cuvil.ir.specialize import bind_attr
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 from verify.probe import interval as I
+from verify.probe.block_pairs import pair_units, relu_pair_sigma
 from verify.probe.interval import Interval
 from verify.probe.windows import (
     EPS64,
@@ -73,6 +74,19 @@ from verify.probe.windows import (
 BLAS_UNIT = 0.1
 """Work units per million multiply-adds of the matrix products composing two kernels (one BLAS call each:
 measured about ten times the element rate the work units are counted in)."""
+
+Block = tuple[Value, Value, Value, Value, Value, Value | None]
+"""A residual block: ``(x, conv₁, conv₁ + b₁, conv₂, conv₂ + b₂, skip)`` (see :meth:`CenteredWindows._block`)."""
+
+PAIR_SHARE = 0.5
+"""Largest share of the product of the two blocks' chains (``‖P‖ + σσ`` each) a pair's bound may be and be used:
+a block's own bound is about 0.7 of its chain (ResNet-18), so two of them about half, which a pair with good
+multipliers beats (ResNet-18: 0.35-0.40); where it does not, they are far from their best (kernels of gains 5
+to 9: 0.9), and the blocks' own bounds are taken instead."""
+
+PAIR_WIDTH_MAX = 1024
+"""Widest matrices (per frequency) of two blocks bounded at once (:func:`relu_pair_sigma`): ResNet-18's last pair,
+2,048 wide on 40 frequencies, takes 27 s (its two blocks' own bounds 16 s), the three before it 3-10 s."""
 
 CENTER64 = 2.0 * EPS64
 """A bound on ``|exact - ĉ| / |ĉ|`` for one float64 operation (a sum, a product, a quotient)."""
@@ -181,9 +195,10 @@ class CenteredWindows(WindowNorms):
 
     def __init__(self, constant_value: Callable[[Value], np.ndarray], live: set[Value],
                  sigmas: dict[Any, tuple[float, float]], centers: Centers,
-                 block_norms: dict[Any, float] | None = None, composed: dict[Any, np.ndarray] | None = None
-                 ) -> None:
+                 block_norms: dict[Any, float] | None = None, composed: dict[Any, np.ndarray] | None = None,
+                 users: Mapping[Value, list[Value]] | None = None) -> None:
         super().__init__(constant_value, live, sigmas)
+        self.users = users or {}
         self.centers = centers
         self.deviations: dict[tuple[Value, Window], float | None] = {}
         self.centered: dict[tuple[Value, Window], float | None] = {}
@@ -350,14 +365,27 @@ class CenteredWindows(WindowNorms):
         slopes (diagonal, each in [0, 1]) and ``ρ`` the rounding (the program's and the center's). The chain of
         per-op bounds pays ``‖P‖ + σ₂σ₁`` for ``‖P + W₂ D W₁‖``; the block bounds it over every ``D`` at once, on
         tori that hold every window read without wrapping: ``D = ½ + E`` (``|E| <= ½``), the part in ``E``
-        coupled with the rest (:func:`relu_block_sigma`, :func:`relu_halving_sigma`)."""
+        coupled with the rest (:func:`relu_block_sigma`, :func:`relu_halving_sigma`). Where ``x`` is the ReLU of
+        another block's sum, both blocks are bounded at once instead (:meth:`_pair_deviation`)."""
+        paired = self._pair_deviation(v, win, values)
+        if paired is not None:
+            return paired
         block = self._block(v)
-        if block is None:
+        if block is not None and self._leads_pair(v):
+            return None  # (its own bound would cost about what the pair's does, and the pair does not need it)
+        terms = None if block is None else self._block_terms(v, block, win, values)
+        comp = None if block is None else self._block_norm(block[1], block[3], block[5])
+        if terms is None or comp is None:
             return None
+        return (comp * terms[0] + terms[1]) * SLACK ** 4
+
+    def _block_terms(self, v: Value, block: Block, win: Window,
+                     values: Mapping[Value, Interval]) -> tuple[float, float, Window] | None:
+        """A block's ``x``'s deviation over the window the block reads for ``win`` (and that window), and the
+        norm over ``win`` of what its rounding adds (``W₂Dρ₁ + ρ₂``, the bias sums' and the projection's)."""
         _, c1, t, c2, s, skip = block
-        comp = self._block_norm(c1, c2, skip)
         w2 = self._conv_parts(c2)
-        if comp is None or w2 is None:
+        if w2 is None:
             return None
         win1 = conv_input_window(w2[1], w2[2], w2[4], win)
         second, first = self._conv_terms(c2, win, values), self._conv_terms(c1, win1, values)
@@ -372,12 +400,97 @@ class CenteredWindows(WindowNorms):
             if own is None or biased is None:
                 return None
             projected = (own[2], biased[1])
-        if second is None or first is None or bias1 is None or bias2 is None or closing is None:
+        w1 = self._conv_parts(c1)
+        if second is None or first is None or bias1 is None or bias2 is None or closing is None or w1 is None:
             return None
-        sigma2, dev_x = second[0], first[1]
-        carried = sigma2 * (first[2] + bias1[1]) * SLACK * SLACK
+        carried = second[0] * (first[2] + bias1[1]) * SLACK * SLACK
         rounding = second[2] + bias2[1] + closing[1] + projected[0] + projected[1]
-        return (comp * dev_x + carried + rounding) * SLACK ** 4
+        return first[1], (carried + rounding) * SLACK, conv_input_window(w1[1], w1[2], w1[4], win1)
+
+    # -- two residual blocks at once -------------------------------------------------------------------------
+    def _pair(self, v: Value) -> tuple[Block, Block] | None:
+        """The blocks ``v`` closes where its input is the ReLU of another block's sum (a stride-1 second
+        block), first block first; None otherwise."""
+        second = self._block(v)
+        if second is None or second[5] is not None or second[0].op != "relu":
+            return None
+        first = self._block(second[0].operands[0])
+        return None if first is None else (first, second)
+
+    def _leads_pair(self, v: Value) -> bool:
+        """Whether ``v`` closes the first of two blocks bounded at once (then its own site takes the sum's rule)."""
+        for r in self.users.get(v, ()):
+            if r.op == "relu":
+                for a in self.users.get(r, ()):
+                    pair = self._pair(a)
+                    if pair is not None and pair[1][0] is r and self._pair_norm(*pair) is not None:
+                        return True
+        return False
+
+    def _pair_width(self, first: Block, second: Block) -> int:
+        """The width of :func:`relu_pair_sigma`'s matrices for two blocks: ``2·C2`` plus the first's input phases."""
+        c1 = first[1]
+        return 2 * int(shape_of(first[3])[1]) + (4 if first[5] is not None else 1) * int(shape_of(c1.operands[0])[1])
+
+    def _pair_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:
+        """``v = B₂(D·(B₁(x - ĉ_x) + r₁)) + r₂`` for blocks ``B₁``, ``B₂`` (their slope patterns), ``D`` the ReLU
+        between them and ``r`` what each block's rounding adds: ``‖B₂DB₁‖`` is bounded at once
+        (:func:`relu_pair_sigma`), ``‖B₂D‖`` by the chain ``1 + σσ`` (it carries only rounding)."""
+        pair = self._pair(v)
+        if pair is None:
+            return None
+        first, second = pair
+        joint = self._pair_norm(first, second)
+        sigmas = [self._sigma(c) for c in (second[1], second[3])]
+        late = None if joint is None else self._block_terms(v, second, win, values)
+        early = None if late is None else self._block_terms(second[0].operands[0], first, late[2], values)
+        if joint is None or late is None or early is None or sigmas[0] is None or sigmas[1] is None:
+            return None
+        chain = 1 + sigmas[0][0] * sigmas[1][0] * SLACK
+        return (joint * early[0] + chain * early[1] + late[1]) * SLACK ** 4
+
+    def _pair_norm(self, first: Block, second: Block) -> float | None:
+        """:func:`relu_pair_sigma` for two blocks (None where it is not certified), on the first block's torus,
+        which must also hold every read of the second."""
+        (_, c11, _, c12, _, skip), (_, c21, _, c22, _, _) = first, second
+        parts = [self._conv_parts(c) for c in (c11, c12, c21, c22)]
+        cd = None if skip is None else self._biased_conv(skip, 2)
+        pd = None if cd is None else self._conv_parts(cd)
+        sigmas = [self._sigma(c) for c in (c11, c12, c21, c22)]
+        if any(p is None for p in parts) or any(s is None for s in sigmas) or (skip is not None and pd is None):
+            return None
+        if self._pair_width(first, second) > PAIR_WIDTH_MAX:
+            return None
+        (_, w11, *_), (_, w12, _, pads12, *_), (_, w21, _, pads21, *_), (_, w22, _, pads22, *_) = parts  # type: ignore[misc]
+        if skip is None:
+            torus = self.torus(c11)
+            if any(self.torus(c) != torus for c in (c12, c21, c22)):
+                return None
+        else:  # the halving block's torus, grown where the second block reads further past the grid
+            reach = [max(q, k - 1 - q) for p in parts[2:] for q, k in zip(p[3], p[1].shape[2:], strict=True)]  # type: ignore[index]
+            torus = tuple(max(t, n + max(reach)) for t, n in zip(self._halving_torus(parts[0], parts[1]),  # type: ignore[arg-type]
+                                                                   shape_of(c21)[2:], strict=True))
+        key = ("pair", *(self.weight_key(c) for c in (c11, c12, c21, c22, *([cd] if cd is not None else []))), torus,
+               *(tuple(p[3]) for p in parts))  # type: ignore[index]
+        projection = 1.0 if pd is None else float(np.linalg.norm(pd[1][:, :, 0, 0], 2))
+        start = (projection + sigmas[0][0] * sigmas[1][0]) * (1 + sigmas[2][0] * sigmas[3][0])  # type: ignore[index]
+        hit = self.block_norms.get(key)
+        if hit is None:
+            wd = None if pd is None else pd[1]
+
+            def compute() -> float:
+                with np.errstate(all="ignore"):
+                    try:
+                        found = relu_pair_sigma((w11, w12, wd), (tuple(parts[0][3]), tuple(pads12)), (w21, w22),  # type: ignore[index]
+                                                (tuple(pads21), tuple(pads22)), torus,  # type: ignore[arg-type]
+                                                tuple(s[0] for s in sigmas), start)  # type: ignore[index,arg-type]
+                    except (np.linalg.LinAlgError, ValueError):
+                        found = None
+                return math.inf if found is None else found
+
+            hit = self.block_norms[key] = cached(key, compute)
+            self.units += pair_units(self._pair_width(first, second), torus)  # type: ignore[arg-type]
+        return hit * SLACK if hit <= PAIR_SHARE * start else None
 
     def _block(self, v: Value) -> tuple[Value, Value, Value, Value, Value, Value | None] | None:
         """``(x, conv₁, conv₁ + b₁, conv₂, conv₂ + b₂, skip)`` where ``v = skip + conv₂(relu(conv₁(x) + b₁)) + b₂``
@@ -451,10 +564,8 @@ class CenteredWindows(WindowNorms):
             s1, s2 = self._sigma(c1), self._sigma(c2)
             if torus != other or s1 is None or s2 is None:
                 return None
-        else:  # no read of either convolution wraps onto the grid: of the first on twice the second's torus
-            torus = tuple(max(m + max(q2, k2 - 1 - q2), -(-max(n + q1, 2 * (m - 1) + k1 - q1) // 2))
-                          for m, n, q1, q2, k1, k2 in zip(shape_of(c2)[2:], shape_of(p1[0])[2:], p1[3], p2[3],
-                                                          p1[1].shape[2:], p2[1].shape[2:], strict=True))
+        else:
+            torus = self._halving_torus(p1, p2)
         key = ("block", *(self.weight_key(c) for c in (c1, c2, *([cd] if cd is not None else []))), torus,
                tuple(p1[3]), tuple(p2[3]))  # the weights' values: a program that rounds them is another block
         hit = self.block_norms.get(key)
@@ -467,6 +578,14 @@ class CenteredWindows(WindowNorms):
                 self.units += sigma_units(p1[1].shape, tuple(2 * t for t in torus), 1, (2, 2)) + \
                     sigma_units(p2[1].shape, torus, 1, (1, 1))
         return hit * SLACK
+
+    @staticmethod
+    def _halving_torus(p1: tuple, p2: tuple) -> tuple[int, ...]:
+        """A halving block's output torus on which no read of either convolution wraps onto the grid: of the
+        second's, and of the first's on twice it."""
+        return tuple(max(m + max(q2, k2 - 1 - q2), -(-max(n + q1, 2 * (m - 1) + k1 - q1) // 2))
+                     for m, n, q1, q2, k1, k2 in zip(shape_of(p2[0])[2:], shape_of(p1[0])[2:], p1[3], p2[3],
+                                                     p1[1].shape[2:], p2[1].shape[2:], strict=True))
 
     @staticmethod
     def _compute_block_norm(p1: tuple, p2: tuple, pd: tuple | None, torus: tuple[int, int],

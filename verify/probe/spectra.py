@@ -51,23 +51,12 @@ def hermitian_top(build: Callable[[np.ndarray], np.ndarray], count: int, size: i
     top, t = -math.inf, eig_err
 
     def factors(h: np.ndarray) -> bool:
-        """Whether ``tI - H`` factors for every matrix of ``h`` (then ``top`` covers them); ``h`` is unchanged."""
+        """Whether ``tI - H`` factors for every matrix of ``h`` (then ``top`` covers them)."""
         nonlocal top
-        n = int(h.shape[-1])
-        gamma, idx = I.gamma(4 * n + 16, EPS64), np.arange(n)
-        diag = h[:, idx, idx].copy()
-        np.negative(h, out=h)
-        h[:, idx, idx] += t  # tI - H in place (undone exactly below)
-        try:
-            np.linalg.cholesky(h)
-        except np.linalg.LinAlgError:
-            np.negative(h, out=h)
-            h[:, idx, idx] = diag
-            return False
-        # ‖R‖_F² = tr(RRᴴ) = tr(tI - H) + tr(Δ), |tr(Δ)| <= γ‖R‖_F²
-        frob = float(np.max(np.sum(np.real(h[:, idx, idx]), axis=1))) / (1 - gamma) * (1 + 1e-9)
-        top = max(top, t + gamma * frob + EPS64 * (t + norm_bound))  # (and forming tI - H)
-        return True
+        found = cholesky_top(h, t, norm_bound)
+        if found is not None:
+            top = max(top, found)
+        return found is not None
 
     def certify(h: np.ndarray) -> None:
         nonlocal top, t
@@ -99,18 +88,39 @@ def hermitian_top(build: Callable[[np.ndarray], np.ndarray], count: int, size: i
     return top
 
 
+def cholesky_top(h: np.ndarray, t: float, norm_bound: float) -> float | None:
+    """A certified upper bound, just above ``t``, on the largest eigenvalue of each Hermitian matrix of ``h``
+    (``[F, n, n]``, each of norm at most ``norm_bound``) where a Cholesky factorization of ``tI - H`` succeeds for
+    all of them, else None (``h`` restored exactly; after a success it holds ``tI - H``). The factorization is
+    exact for ``tI - H + Δ``, ``‖Δ‖ <= γ‖R‖_F²`` (its backward error, ``R`` the factor)."""
+    n = int(h.shape[-1])
+    gamma, idx = I.gamma(4 * n + 16, EPS64), np.arange(n)
+    diag = h[:, idx, idx].copy()
+    np.negative(h, out=h)
+    h[:, idx, idx] += t  # tI - H in place (undone exactly below)
+    try:
+        np.linalg.cholesky(h)
+    except np.linalg.LinAlgError:
+        np.negative(h, out=h)
+        h[:, idx, idx] = diag
+        return None
+    # ‖R‖_F² = tr(RRᴴ) = tr(tI - H) + tr(Δ), |tr(Δ)| <= γ‖R‖_F²
+    frob = float(np.max(np.sum(np.real(h[:, idx, idx]), axis=1))) / (1 - gamma) * (1 + 1e-9)
+    return t + gamma * frob + EPS64 * (t + norm_bound)  # (and forming tI - H)
+
+
 LANCZOS_STEPS = 32
 """Lanczos steps :func:`lanczos_top` takes: its largest Ritz value then lands within the slack of the largest
 eigenvalue on the matrices measured, so Cholesky rarely fails at ``t``."""
 
 
-def lanczos_top(h: np.ndarray) -> np.ndarray:
+def lanczos_top(h: np.ndarray, steps: int = LANCZOS_STEPS) -> np.ndarray:
     """An estimate (from below) of each Hermitian matrix's largest eigenvalue: the largest Ritz value of
-    :data:`LANCZOS_STEPS` Lanczos steps from a fixed start (without reorthogonalization: lost orthogonality
+    ``steps`` Lanczos steps from a fixed start (without reorthogonalization: lost orthogonality
     repeats eigenvalues, it does not move the largest), so the same matrices give the same estimate. It only
     chooses where Cholesky certifies; it bounds nothing."""
     f, n = int(h.shape[0]), int(h.shape[-1])
-    k = min(n, LANCZOS_STEPS)
+    k = min(n, steps)
     alpha, beta = np.zeros((f, k)), np.zeros((f, k))
     v = (np.ones(n) + np.linspace(0.0, 1.0, n)).astype(h.dtype)[None, :].repeat(f, axis=0)
     v /= np.linalg.norm(v, axis=1, keepdims=True)

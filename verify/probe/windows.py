@@ -260,51 +260,69 @@ def residual_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1
     return (math.sqrt(max(lam, 0.0) + d_g) + d_m) * (1 + 1e-12)
 
 
-class _BlockMatrices:
-    """``Ĥ(ω) = [[¼βK̂₂K̂₂ᴴ, ½M̂], [½M̂ᴴ, ¼β⁻¹K̂₁ᴴK̂₁]]`` at any frequencies of the output's torus, ``M̂ = [Pₚ +
-    ½K̂₂K̂₁ₚ]ₚ`` over the phases of the input (one for a stride-1 block, ``P₀ = I``; four for a halving block,
-    ``P₀`` its 1x1 projection), each block summed from the products of taps grouped by offset (formed once: per
-    frequency a block then costs its offsets times its entries, not a product of symbols), and the bounds on
-    ``‖Ĥ(ω)‖`` and on the float64 error of forming it (entrywise, through the sums ``B = Σ_t |w_t|``)."""
+class TapForm:
+    """A Hermitian matrix at any frequency of a torus, ``Ĥ(ω) = Σ scale·L̂(ω)R̂(ω) + Σ K``, summed block by block from
+    products of two kernels' taps (``L``, ``R``: :data:`Taps`; their products grouped by offset once, so per
+    frequency a part costs its offsets times its entries, not a product of symbols) and constant matrices ``K``,
+    each at ``(row, column)`` of the upper triangle of blocks (a diagonal block's parts Hermitian themselves) and
+    mirrored below; with bounds on ``‖Ĥ(ω)‖`` at every frequency and on the float64 error of forming it
+    (entrywise, through the sums ``B = Σ_t |w_t|``)."""
 
-    def __init__(self, w1: np.ndarray, w2: np.ndarray, pads1: tuple[int, int], pads2: tuple[int, int],
-                 stride: int, skip: np.ndarray, beta: float):
-        t2 = kernel_taps(w2, pads2)
-        phases = _phase_taps(w1, pads1, stride)
-        self.c2, c0 = int(w2.shape[0]), int(w1.shape[1])
-        self.skip, self.c0 = skip, c0
-        self.width = self.c2 + len(phases) * c0
-        at = [self.c2 + p * c0 for p in range(len(phases))]  # where each phase's columns start
-        b2 = np.sum(np.abs(w2), axis=(2, 3))
-        b1 = [sum((np.abs(m) for _, m in ph), np.zeros((w1.shape[0], c0))) for ph in phases]
-        # (rows, cols, scale, products, |w| product): the upper blocks; every off-diagonal one mirrored below
-        self.parts = [(0, 0, 0.25 * beta, offset_products(t2, _adjoint(t2)), b2 @ b2.T)]
-        self.parts += [(0, at[p], 0.25, offset_products(t2, ph), b2 @ b1[p]) for p, ph in enumerate(phases) if ph]
-        self.parts += [(at[p], at[q], 0.25 / beta, offset_products(_adjoint(phases[p]), phases[q]), b1[p].T @ b1[q])
-                       for p in range(len(phases)) for q in range(p, len(phases)) if phases[p] and phases[q]]
-        magnitude = np.zeros((self.width, self.width))
-        error = 0.0
-        for r, c, scale, (offsets, _, terms), mag in self.parts:
-            magnitude[r:r + mag.shape[0], c:c + mag.shape[1]] = scale * mag
+    def __init__(self, width: int, parts: list[tuple[int, int, float, Taps, Taps]],
+                 constants: list[tuple[int, int, np.ndarray]]):
+        self.width = width
+        self.parts = [(r, c, scale, offset_products(left, right)) for r, c, scale, left, right in parts]
+        self.constants = constants
+        self.blocks: dict[tuple[int, int], tuple[int, int]] = {}
+        magnitude, error = np.zeros((width, width)), np.zeros((width, width))
+        for (r, c, scale, (offsets, mats, terms)), (*_, left, right) in zip(self.parts, parts, strict=True):
+            mag = abs(scale) * (_tap_sum(left) @ _tap_sum(right))
+            magnitude[r:r + mag.shape[0], c:c + mag.shape[1]] += mag
             # each entry within 2γ(terms + offsets + 8) of the |w| product: the tap products' sums, then the
             # phases' sum over the offsets, each phase within a few ulps
-            error += (1 if r == c else 2) * (scale * 2 * I.gamma(terms + len(offsets) + 8, EPS64)
-                                             * float(np.linalg.norm(mag))) ** 2
-        magnitude[:self.c2, self.c2:self.c2 + c0] += 0.5 * np.abs(skip)
-        magnitude = np.maximum(magnitude, magnitude.T)
+            error[r:r + mag.shape[0], c:c + mag.shape[1]] += 2 * I.gamma(terms + len(offsets) + 8, EPS64) * mag
+            self.blocks[(r, c)] = mats.shape[1:]
+        for r, c, k in constants:
+            magnitude[r:r + k.shape[0], c:c + k.shape[1]] += np.abs(k)
+            error[r:r + k.shape[0], c:c + k.shape[1]] += 2 * EPS64 * np.abs(k)  # (its sum into the parts')
+            self.blocks[(r, c)] = k.shape
+        upper = np.triu(np.ones((width, width), dtype=bool))
+        magnitude, error = np.where(upper, magnitude, magnitude.T), np.where(upper, error, error.T)
         self.norm = float(np.linalg.norm(magnitude)) * (1 + 1e-9)  # >= ‖Ĥ(ω)‖ at every frequency
-        self.error = (math.sqrt(error) + 4 * EPS64 * self.norm) * (1 + 1e-9)  # (and the scalings and ½P₀)
+        self.error = (float(np.linalg.norm(error)) + 4 * EPS64 * self.norm) * (1 + 1e-9)  # (and the scalings)
 
     def __call__(self, omega: np.ndarray) -> np.ndarray:
         h = np.zeros((len(omega), self.width, self.width), dtype=np.complex128)
-        for r, c, scale, (offsets, mats, _), _ in self.parts:
-            _real_symbol(omega, offsets, mats, h[:, r:r + mats.shape[1], c:c + mats.shape[2]], scale)
-        h[:, :self.c2, self.c2:self.c2 + self.c0] += 0.5 * self.skip  # ½M̂ = ½P + ¼K̂₂K̂₁
-        for r, c, _, (_, mats, _), _ in self.parts:
+        for r, c, scale, (offsets, mats, _) in self.parts:
+            out = np.empty((len(omega), *mats.shape[1:]), dtype=np.complex128)
+            _real_symbol(omega, offsets, mats, out, scale)
+            h[:, r:r + mats.shape[1], c:c + mats.shape[2]] += out
+        for r, c, k in self.constants:
+            h[:, r:r + k.shape[0], c:c + k.shape[1]] += k
+        for (r, c), (m, n) in self.blocks.items():
             if r != c:
-                h[:, c:c + mats.shape[2], r:r + mats.shape[1]] = np.conj(
-                    np.swapaxes(h[:, r:r + mats.shape[1], c:c + mats.shape[2]], 1, 2))
+                h[:, c:c + n, r:r + m] = np.conj(np.swapaxes(h[:, r:r + m, c:c + n], 1, 2))
         return h
+
+
+def _tap_sum(taps: Taps) -> np.ndarray:
+    """``Σ_t |m_t|`` over a kernel's taps: entrywise at least ``|K̂(ω)|`` at every frequency."""
+    return sum((np.abs(m) for _, m in taps), np.zeros(taps[0][1].shape))
+
+
+def _block_form(w1: np.ndarray, w2: np.ndarray, pads1: tuple[int, int], pads2: tuple[int, int], stride: int,
+                skip: np.ndarray, beta: float) -> TapForm:
+    """``Ĥ(ω) = [[¼βK̂₂K̂₂ᴴ, ½M̂], [½M̂ᴴ, ¼β⁻¹K̂₁ᴴK̂₁]]``, ``M̂ = [Pₚ + ½K̂₂K̂₁ₚ]ₚ`` over the phases of the input (one
+    for a stride-1 block, ``P₀ = I``; four for a halving block, ``P₀`` its 1x1 projection)."""
+    t2 = kernel_taps(w2, pads2)
+    phases = _phase_taps(w1, pads1, stride)
+    c2, c0 = int(w2.shape[0]), int(w1.shape[1])
+    at = [c2 + p * c0 for p in range(len(phases))]  # where each phase's columns start
+    parts = [(0, 0, 0.25 * beta, t2, _adjoint(t2))]
+    parts += [(0, at[p], 0.25, t2, ph) for p, ph in enumerate(phases) if ph]
+    parts += [(at[p], at[q], 0.25 / beta, _adjoint(phases[p]), phases[q])
+              for p in range(len(phases)) for q in range(p, len(phases)) if phases[p] and phases[q]]
+    return TapForm(c2 + len(phases) * c0, parts, [(0, c2, 0.5 * skip)])  # ½M̂ = ½P + ¼K̂₂K̂₁
 
 
 def relu_block_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pads1: tuple[int, int],
@@ -317,16 +335,16 @@ def relu_block_sigma(w1: np.ndarray, w2: np.ndarray, torus: tuple[int, int], pad
     ``H = [[¼βC₂C₂ᵀ, ½M], [½Mᵀ, ¼β⁻¹C₁ᵀC₁]]`` at ``(y, x)``, whose norm is √2: so the norm is at most ``2λ_max(H)``.
     Unlike bounding ``‖Mx‖`` and ``½σ₂‖C₁x‖`` apart, the second term pays ``‖C₂ᵀy‖`` for the direction ``y`` the
     first one uses, not ``σ₂`` (ResNet-18's stride-1 blocks: 1.76-1.85 against 1.92-2.06). ``H`` is
-    block-circulant: its eigenvalues are those of ``Ĥ(ω)`` (:class:`_BlockMatrices`, which also bounds the float64
+    block-circulant: its eigenvalues are those of ``Ĥ(ω)`` (:class:`TapForm`, which also bounds the float64
     error of forming them) over the frequencies, whose largest :func:`hermitian_top` bounds."""
     w1, w2 = _block_kernels(w1, w2, None, "relu_block_sigma")
     c0 = int(w1.shape[1])
     if not (math.isfinite(sigma1) and math.isfinite(sigma2) and sigma1 > 0 and sigma2 > 0):
         return residual_sigma(w1, w2, torus, pads1, pads2) + 0.5 * sigma1 * sigma2
-    return _relu_block_bound(_BlockMatrices(w1, w2, pads1, pads2, 1, np.eye(c0), sigma1 / sigma2), torus)
+    return _relu_block_bound(_block_form(w1, w2, pads1, pads2, 1, np.eye(c0), sigma1 / sigma2), torus)
 
 
-def _relu_block_bound(blocks: _BlockMatrices, torus: tuple[int, int]) -> float:
+def _relu_block_bound(blocks: TapForm, torus: tuple[int, int]) -> float:
     """``2λ_max(H)`` over the frequencies of ``torus``, the float64 errors included."""
     omega = half_frequencies(torus)
     top = hermitian_top(lambda rows: blocks(omega[rows]), len(omega), blocks.width ** 2, blocks.norm)
@@ -379,7 +397,7 @@ def relu_halving_sigma(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: tu
     w1, w2, wd = _block_kernels(w1, w2, wd, "relu_halving_sigma")
     if not (math.isfinite(sigma1) and math.isfinite(sigma2) and sigma1 > 0 and sigma2 > 0):
         return projection_sigma(w1, w2, wd, torus, pads1, pads2) + 0.5 * sigma1 * sigma2
-    return _relu_block_bound(_BlockMatrices(w1, w2, pads1, pads2, 2, wd[:, :, 0, 0], sigma1 / sigma2), torus)
+    return _relu_block_bound(_block_form(w1, w2, pads1, pads2, 2, wd[:, :, 0, 0], sigma1 / sigma2), torus)
 
 
 def block_units(width: int, torus: tuple[int, int]) -> float:

@@ -83,3 +83,25 @@ def test_a_box_that_does_not_hold_zero_is_bisected_as_before() -> None:
     b = rep.boundary
     assert b.safe_scale is None and b.unproved_scale is not None and 0 < b.unproved_scale < 1e-3
     assert b.bisection_steps > 1 and "scale 0" not in b.note
+
+
+def test_the_first_step_above_one_uses_the_closest_sites_room() -> None:
+    """Every site proved at 1, the closest within 1/1.5 of its limit: the first step up is just under 1.5 (where
+    that site's bound, growing with the scale, meets its limit), which proves; a step to 2 would not, and the
+    bisection then ends between the two."""
+    module = _scaled(65504 / 1.5 - 1)
+    program = P.reduced_program(module, "fp16")
+    analysis = P.Analysis(program, {"x": (-1.0, 1.0)}, ProbeOptions())
+    tried: list[float] = []
+    proved = analysis.proved
+
+    def spy(scale: float, budget: Budget, rounds: int = 4) -> bool:
+        tried.append(scale)
+        return proved(scale, budget, rounds)
+
+    analysis.proved = spy  # type: ignore[method-assign]
+    analysis.bounds(1.0, Budget(1e6))
+    out = P._boundary(analysis, ProbeOptions(), Budget(1e6), Budget(1e6), False)
+    assert tried[:2] == [1.0, tried[1]] and 1.35 < tried[1] < 1.5
+    assert out.safe_scale is not None and tried[1] <= out.safe_scale < 1.5
+    assert out.unproved_scale is not None and out.unproved_scale <= 1.5 * 1.05

@@ -119,3 +119,13 @@ def test_fp16_build_of_zoo_models_is_finite_on_1000_inputs(name: str) -> None:
         values = evaluate_values(built.main, built.constants, _inputs(module, ranges, rng))
         assert all(np.all(np.isfinite(np.asarray(a, dtype=np.float64))) for v, a in values.items()
                    if v.dtype.is_float)
+
+
+@pytest.mark.slow
+def test_resnet18_is_proved_safe_beyond_its_box() -> None:
+    """The full ResNet-18 in [-1, 1] with the default budget: every site proved (its last residual sums bounded
+    two blocks at a time), and the boundary proves a larger box too (about a minute)."""
+    module = _module("resnet18", False)
+    rep = probe(module, _ranges(module, False))
+    assert rep.sites and rep.count(SAFE) == len(rep.sites)
+    assert rep.boundary.safe_scale is not None and rep.boundary.safe_scale > 1
