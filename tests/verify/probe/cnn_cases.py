@@ -9,6 +9,7 @@ import numpy as np
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.module import Module
+from verify.probe.windows import max_window
 
 
 def cnn(seed: int, blocks: int = 3, width: int = 16, size: int = 12, gain: float = 1.0, batch: int = 1) -> Module:
@@ -90,3 +91,20 @@ TIGHT = {  # a rule's factor is reached on an input that fills one channel with 
                                             epsilon=0.0),
 }
 
+
+
+def strided_conv(w: np.ndarray, x: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """``y[o, i, j] = Σ w[o, c, a, b] x[c, s·i + a - pad, s·j + b - pad]`` on the torus (outputs: 1/s of it)."""
+    size = x.shape[1] // stride
+    y = np.zeros((w.shape[0], size, size))
+    for a in range(w.shape[2]):
+        for b in range(w.shape[3]):
+            shifted = np.roll(x, (pad - a, pad - b), axis=(1, 2))[:, ::stride, ::stride]
+            y += np.einsum("oc,cij->oij", w[:, :, a, b], shifted)
+    return y
+
+
+def window_distance(a: np.ndarray, c: Any, win: tuple[int, ...]) -> float:
+    """The largest ℓ2 norm of ``a - c`` over a ``win`` window (all channels)."""
+    d = np.asarray(a, dtype=np.float64) - c
+    return max_window(np.sum(d * d, axis=1), win)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cnn_cases import strided_conv, window_distance
 from sampling import pushed_points
 
 from cuvil.interp import evaluate_values
@@ -27,17 +28,6 @@ def _dense(f: Any, shape: tuple[int, ...]) -> np.ndarray:
     return np.stack([f(np.eye(n)[j].reshape(shape)).reshape(-1) for j in range(n)], axis=1)
 
 
-def _conv(w: np.ndarray, x: np.ndarray, stride: int, pad: int) -> np.ndarray:
-    """``y[o, i, j] = Σ w[o, c, a, b] x[c, s·i + a - pad, s·j + b - pad]``, indices wrapping around the torus."""
-    size = x.shape[1] // stride
-    y = np.zeros((w.shape[0], size, size))
-    for a in range(w.shape[2]):
-        for b in range(w.shape[3]):
-            shifted = np.roll(x, (pad - a, pad - b), axis=(1, 2))[:, ::stride, ::stride]
-            y += np.einsum("oc,cij->oij", w[:, :, a, b], shifted)
-    return y
-
-
 def _kernel(rng: np.random.Generator, cout: int, cin: int, k: int = 3) -> np.ndarray:
     return rng.standard_normal((cout, cin, k, k)) * np.sqrt(2 / (k * k * cin))
 
@@ -50,11 +40,11 @@ class _Pair:
         c0, c2 = w11.shape[1], w12.shape[0]
         stride = 1 if wd is None else 2
         big, small = (c0, stride * torus, stride * torus), (c2, torus, torus)
-        self.a11 = _dense(lambda x: _conv(w11, x, stride, 1), big)
-        self.a12 = _dense(lambda h: _conv(w12, h, 1, 1), (w12.shape[1], torus, torus))
-        self.p = np.eye(self.a11.shape[1]) if wd is None else _dense(lambda x: _conv(wd, x, 2, 0), big)
-        self.a21 = _dense(lambda h: _conv(w21, h, 1, 1), small)
-        self.a22 = _dense(lambda h: _conv(w22, h, 1, 1), (w21.shape[0], torus, torus))
+        self.a11 = _dense(lambda x: strided_conv(w11, x, stride, 1), big)
+        self.a12 = _dense(lambda h: strided_conv(w12, h, 1, 1), (w12.shape[1], torus, torus))
+        self.p = np.eye(self.a11.shape[1]) if wd is None else _dense(lambda x: strided_conv(wd, x, 2, 0), big)
+        self.a21 = _dense(lambda h: strided_conv(w21, h, 1, 1), small)
+        self.a22 = _dense(lambda h: strided_conv(w22, h, 1, 1), (w21.shape[0], torus, torus))
         self.sizes = (self.a11.shape[0], self.a12.shape[0], self.a21.shape[0])
 
     def matrices(self, d1: np.ndarray, da: np.ndarray, d2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -196,15 +186,10 @@ def test_the_second_block_of_a_pair_is_bounded_with_the_first_and_the_bound_hold
         for win in ((1, 1), (3, 3), tuple(int(d) for d in v.shape[2:])):
             c = paired.centers.get(v)
             assert c is not None
-            seen = max(_window_distance(np.asarray(run[v]), c, win) for run in runs)
+            seen = max(window_distance(np.asarray(run[v]), c, win) for run in runs)
             found = [w.deviation(v, win, inputs) for w in (paired, alone, leading)]
             assert all(f is not None and seen <= f for f in found)
             if v in seconds:
                 assert found[0] < found[1]  # the pair's bound, not the chain of the blocks' own
             elif v in (sums[0], sums[2]) and gain < 1:
                 assert leading._residual_deviation(v, win, inputs) is None
-
-
-def _window_distance(a: np.ndarray, c: Any, win: tuple[int, ...]) -> float:
-    d = np.asarray(a, dtype=np.float64) - c
-    return W.max_window(np.sum(d * d, axis=1), win)

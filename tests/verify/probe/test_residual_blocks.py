@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cnn_cases import cnn
+from cnn_cases import cnn, strided_conv, window_distance
 from sampling import pushed_points
 
 from cuvil.interp import evaluate_values
@@ -47,17 +47,6 @@ def test_the_block_norm_is_the_operators_norm(c0: int, c1: int, k: int, torus: i
         assert abs(W.residual_sigma(w1, w2, (torus, torus)) - exact) > 1e-6 * exact
 
 
-def _strided(w: np.ndarray, x: np.ndarray, stride: int, pad: int) -> np.ndarray:
-    """``y[o, i, j] = Σ w[o, c, a, b] x[c, s·i + a - pad, s·j + b - pad]`` on the torus (outputs: 1/s of it)."""
-    size = x.shape[1] // stride
-    y = np.zeros((w.shape[0], size, size))
-    for a in range(w.shape[2]):
-        for b in range(w.shape[3]):
-            shifted = np.roll(x, (pad - a, pad - b), axis=(1, 2))[:, ::stride, ::stride]
-            y += np.einsum("oc,cij->oij", w[:, :, a, b], shifted)
-    return y
-
-
 @pytest.mark.parametrize("c0,c1,c2,torus", [(2, 3, 2, 3), (3, 2, 4, 4), (2, 2, 3, 5), (4, 5, 18, 3)])
 def test_the_halving_block_norm_is_the_operators_norm(c0: int, c1: int, c2: int, torus: int) -> None:
     rng = np.random.default_rng(c0 + 10 * c1 + 100 * c2)
@@ -69,7 +58,7 @@ def test_the_halving_block_norm_is_the_operators_norm(c0: int, c1: int, c2: int,
         x = np.zeros(n)
         x[j] = 1.0
         x = x.reshape(c0, 2 * torus, 2 * torus)
-        dense[:, j] = (_strided(wd, x, 2, 0) + 0.5 * _strided(w2, _strided(w1, x, 2, 1), 1, 1)).reshape(-1)
+        dense[:, j] = (strided_conv(wd, x, 2, 0) + 0.5 * strided_conv(w2, strided_conv(w1, x, 2, 1), 1, 1)).reshape(-1)
     exact = float(np.linalg.norm(dense, 2))
     tolerance = 1e-6 if c2 <= S.SMALL_SIDE else S.TOP_SLACK  # (on the squared norm where certified)
     assert exact <= W.projection_sigma(w1, w2, wd, (torus, torus), (1, 1), (1, 1)) <= exact * (1 + tolerance)
@@ -105,13 +94,8 @@ def test_every_block_is_bounded_on_its_own_and_the_bound_holds(precision: str) -
             assert own < sum(terms)  # the block's own bound is the smaller one
             c = windows.centers.get(v)
             assert c is not None
-            seen = max(_window_distance(np.asarray(run[v]), c, win) for run in runs)
+            seen = max(window_distance(np.asarray(run[v]), c, win) for run in runs)
             assert seen <= own
-
-
-def _window_distance(a: np.ndarray, c: Any, win: tuple[int, ...]) -> float:
-    d = np.asarray(a, dtype=np.float64) - c
-    return W.max_window(np.sum(d * d, axis=1), win)
 
 
 def test_a_block_whose_relu_passes_everything_reaches_the_bound() -> None:
@@ -182,7 +166,7 @@ def test_a_halving_block_is_bounded_on_its_own_and_the_bound_holds(precision: st
             assert own is not None and terms is not None and own < sum(terms)
             c = windows.centers.get(v)
             assert c is not None
-            assert max(_window_distance(np.asarray(run[v]), c, win) for run in runs) <= own
+            assert max(window_distance(np.asarray(run[v]), c, win) for run in runs) <= own
 
 
 def test_a_convolution_after_a_relu_that_passes_everything_reaches_its_element_bound() -> None:
@@ -280,8 +264,8 @@ def _halving_dense(w1: np.ndarray, w2: np.ndarray, wd: np.ndarray, torus: int) -
 
     c0, c1 = w1.shape[1], w1.shape[0]
     big, small = (c0, 2 * torus, 2 * torus), (c1, torus, torus)
-    return (dense(lambda x: _strided(w1, x, 2, 1), big), dense(lambda h: _strided(w2, h, 1, 1), small),
-            dense(lambda x: _strided(wd, x, 2, 0), big))
+    return (dense(lambda x: strided_conv(w1, x, 2, 1), big), dense(lambda h: strided_conv(w2, h, 1, 1), small),
+            dense(lambda x: strided_conv(wd, x, 2, 0), big))
 
 
 @pytest.mark.parametrize("c0,c1,c2,torus,seed", [(2, 3, 3, 3, 0), (3, 4, 6, 3, 1), (4, 6, 8, 2, 2)])
