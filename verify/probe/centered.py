@@ -368,16 +368,17 @@ class CenteredWindows(WindowNorms):
         coupled with the rest (:func:`relu_block_sigma`, :func:`relu_halving_sigma`). Where ``x`` is the ReLU of
         another block's sum, both blocks are bounded at once instead (:meth:`_pair_deviation`)."""
         paired = self._pair_deviation(v, win, values)
-        if paired is not None:
-            return paired
         block = self._block(v)
-        if block is not None and self._leads_pair(v):
+        if paired is not None and not self._overlaps(v):
+            return paired
+        if paired is None and block is not None and self._leads_pair(v):
             return None  # (its own bound would cost about what the pair's does, and the pair does not need it)
         terms = None if block is None else self._block_terms(v, block, win, values)
         comp = None if block is None else self._block_norm(block[1], block[3], block[5])
         if terms is None or comp is None:
-            return None
-        return (comp * terms[0] + terms[1]) * SLACK ** 4
+            return paired
+        own = (comp * terms[0] + terms[1]) * SLACK ** 4
+        return own if paired is None else min(own, paired)
 
     def _block_terms(self, v: Value, block: Block, win: Window,
                      values: Mapping[Value, Interval]) -> tuple[float, float, Window] | None:
@@ -426,6 +427,13 @@ class CenteredWindows(WindowNorms):
                     if pair is not None and pair[1][0] is r and self._pair_norm(*pair) is not None:
                         return True
         return False
+
+    def _overlaps(self, v: Value) -> bool:
+        """Whether the pair ``v`` closes starts with the second block of another pair (three or more blocks in a
+        row): its first block's input then took the sum's rule, and the block's own bound after the other pair
+        may be the tighter one."""
+        pair = self._pair(v)
+        return pair is not None and self._pair(pair[1][0].operands[0]) is not None
 
     def _pair_width(self, first: Block, second: Block) -> int:
         """The width of :func:`relu_pair_sigma`'s matrices for two blocks: ``2·C2`` plus the first's input phases."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cnn_cases import strided_conv, window_distance
+from cnn_cases import cnn, strided_conv, window_distance
 from sampling import pushed_points
 
 from cuvil.interp import evaluate_values
@@ -193,3 +193,28 @@ def test_the_second_block_of_a_pair_is_bounded_with_the_first_and_the_bound_hold
                 assert found[0] < found[1]  # the pair's bound, not the chain of the blocks' own
             elif v in (sums[0], sums[2]) and gain < 1:
                 assert leading._residual_deviation(v, win, inputs) is None
+
+
+def test_three_blocks_in_a_row_take_the_tighter_of_the_pair_and_the_block() -> None:
+    """Blocks 1 and 2 form a pair that starts with the second block of the pair (0, 1): the first of them took
+    the sum's rule (it leads a pair), so the third sum also tries its own block's bound after the pair (0, 1),
+    and takes the smaller; both hold on inputs pushed to grow the convolutions."""
+    r = 1.0
+    module = cnn(2, blocks=3, width=6, size=10, gain=0.5)
+    engine = BoundsEngine(module.main, module.constants)
+    shape = tuple(int(d) for d in module.main.params[0].shape)
+    box = {"x": (np.full(shape, -r), np.full(shape, r))}
+    inputs = {p: engine.run(box).values[p] for p in module.main.params}
+    windows = CenteredWindows(engine.constant_value, engine.live, {}, engine.centers(inputs),
+                              users=module.main.users())
+    sums = [v for v in module.main.ops() if windows._block(v) is not None]
+    assert len(sums) == 3 and windows._overlaps(sums[2]) and not windows._overlaps(sums[1])
+    plain = BoundsEngine(module.main, module.constants)
+    points = pushed_points(module, plain, plain.run(box), r, 1, "conv", center=0.0, randoms=3)
+    runs = [evaluate_values(module.main, module.constants, {"x": x["x"]}) for x in points]
+    win = tuple(int(d) for d in sums[2].shape[2:])
+    paired = windows._pair_deviation(sums[2], win, inputs)
+    taken = windows._residual_deviation(sums[2], win, inputs)
+    assert paired is not None and taken is not None and taken < paired  # the block after the pair (0, 1)
+    c = windows.centers.get(sums[2])
+    assert max(window_distance(np.asarray(run[sums[2]]), c, win) for run in runs) <= taken
