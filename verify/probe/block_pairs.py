@@ -42,8 +42,8 @@ branches' gains, ``λ = ((1 + b)/(1 + a))^r``, ``λ₁ = λ(1 + a)^p·σ(W₁₂
 positive values give a sound bound; a choice is skipped where ``Q̂``'s last block is not surely negative (its
 norm bound ``¼λ₂σ(W₂₁)² + λ²σ(W₁₂)²/(4λ₁) >= λ``) and where its bound is not below ``start``. The first are within
 1 % of the best a search found on ResNet-18's first two pairs (gains about 1.5: 2.568 and 2.252 against 2.555
-and 2.245; the blocks' products 3.250 and 3.033); the second the best of a grid on random kernels of gains 5 to 8
-(4-15 % below the blocks' products), where the first are infeasible; the third the best where every kernel is
+and 2.245; the blocks' products 3.250 and 3.033); the second the best of a grid on random kernels of gains 5 to 8,
+where the first are infeasible; the third the best where every kernel is
 a scalar multiple of the identity (the bound is then ``(1 + a)(1 + b)``, reached)."""
 
 FIXED_POINT_STEPS = 12

@@ -80,9 +80,9 @@ Block = tuple[Value, Value, Value, Value, Value, Value | None]
 
 PAIR_SHARE = 0.5
 """Largest share of the product of the two blocks' chains (``‖P‖ + σσ`` each) a pair's bound may be and be used:
-a block's own bound is about 0.7 of its chain (ResNet-18), so two of them about half, which a pair with good
-multipliers beats (ResNet-18: 0.35-0.40); where it does not, they are far from their best (kernels of gains 5
-to 9: 0.9), and the blocks' own bounds are taken instead."""
+a block's own bound is about 0.7 of its chain (ResNet-18), so two of them about half; a pair's certificate
+with its multipliers lands at 0.30-0.39 (ResNet-18's pairs, and kernels of gains 6 to 10), and one above half
+is taken for multipliers far from their best, the blocks' own bounds being used instead."""
 
 PAIR_WIDTH_MAX = 1024
 """Widest matrices (per frequency) of two blocks bounded at once (:func:`relu_pair_sigma`): ResNet-18's last pair,
