@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,7 +47,7 @@ and 2.245; the blocks' products 3.250 and 3.033); the second the best of a grid 
 where the first are infeasible; the third the best where every kernel is
 a scalar multiple of the identity (the bound is then ``(1 + a)(1 + b)``, reached)."""
 
-FIXED_POINT_STEPS = 12
+FIXED_POINT_STEPS = 8
 """Fixed-point steps of the estimate of ``t`` (on ResNet-18 each leaves about half of the distance)."""
 
 TOLERANCE = 1e-3
@@ -60,8 +61,13 @@ GUESS = 0.35
 """Where the estimate starts, as a share of ``start`` (the blocks' chains): ResNet-18's pairs end at 0.30-0.39 of
 theirs. The fixed point is the same from any start; a close one takes fewer steps."""
 
-CHUNK_STEPS = 64
+CHUNK_STEPS = 32
 """Lanczos steps of the estimate on a chunk whose certificate failed."""
+
+PAIR_UNITS_MAX = 80_000.0
+"""Work units (:func:`pair_units`) the pairs of one analysis may take, in program order; later pairs are left to
+their blocks' own bounds. ResNet-18's three take 72,100 (about 20 s here); a deeper network's would otherwise
+grow with its depth (ResNet-34 at 64x64: 13 pairs, over 200 s)."""
 
 CERTIFY_SLACK = 2.0 ** -7
 """How far above its estimate ``t`` is certified: the estimate comes from below and from a sample of the
@@ -211,6 +217,20 @@ def _estimate(build: Callable[[np.ndarray, float], np.ndarray], count: int, widt
     samples = max(1, min(TOP_SAMPLES, KEPT_ENTRIES // (width * width)))
     rows = np.arange(0, count, max(1, count // samples))[:samples]
     return _fixed_point(lambda t: build(rows, t), shifted_width, start, LANCZOS_STEPS)
+
+
+@dataclass
+class PairAllowance:
+    """What is left of :data:`PAIR_UNITS_MAX` for one analysis (shared by its passes)."""
+
+    left: float = PAIR_UNITS_MAX
+
+    def take(self, units: float) -> bool:
+        """Whether ``units`` more fit (then they are taken)."""
+        if units > self.left:
+            return False
+        self.left -= units
+        return True
 
 
 def pair_units(width: int, torus: tuple[int, int]) -> float:

@@ -44,6 +44,7 @@ from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 from cuvil.passes.decompose import normalized_ratio
 from verify.probe import interval as I
+from verify.probe.block_pairs import PairAllowance
 from verify.probe.centered import CenteredWindows, Centers
 from verify.probe.interval import Interval
 from verify.probe.normalized import guarded_ratio, ratio_bound
@@ -753,6 +754,7 @@ class BoundsEngine:
         self.conv_sigmas: dict[Any, tuple[float, float]] = {}  # operator norms of convolutions (window norms)
         self.block_norms: dict[Any, float] = {}  # and of residual blocks (centered window norms)
         self.composed: dict[Any, np.ndarray] = {}  # two kernels' composed filters' norms (centered window norms)
+        self.pairs = PairAllowance()  # what pairs of residual blocks may still take (centered window norms)
         self.norm_units = 0.0
         """Work units of the operator norms computed and not yet charged (:meth:`take_norm_units`)."""
         self._centers: tuple[Any, Centers] | None = None
@@ -809,7 +811,7 @@ class BoundsEngine:
                           np.broadcast_to(np.asarray(hi, dtype=np.float64), shape).copy())
             values[p] = _snap(iv, p.dtype)
         windows = CenteredWindows(self.constant_value, self.live, self.conv_sigmas, self.centers(values),
-                                  self.block_norms, self.composed, self.users)
+                                  self.block_norms, self.composed, self.users, self.pairs)
         for v in self.values:
             if v.is_param:
                 continue

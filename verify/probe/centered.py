@@ -39,7 +39,7 @@ from cuvil.ir.specialize import bind_attr
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
 from verify.probe import interval as I
-from verify.probe.block_pairs import pair_units, relu_pair_sigma
+from verify.probe.block_pairs import PairAllowance, pair_units, relu_pair_sigma
 from verify.probe.interval import Interval
 from verify.probe.windows import (
     EPS64,
@@ -196,9 +196,10 @@ class CenteredWindows(WindowNorms):
     def __init__(self, constant_value: Callable[[Value], np.ndarray], live: set[Value],
                  sigmas: dict[Any, tuple[float, float]], centers: Centers,
                  block_norms: dict[Any, float] | None = None, composed: dict[Any, np.ndarray] | None = None,
-                 users: Mapping[Value, list[Value]] | None = None) -> None:
+                 users: Mapping[Value, list[Value]] | None = None, pairs: PairAllowance | None = None) -> None:
         super().__init__(constant_value, live, sigmas)
         self.users = users or {}
+        self.pairs = PairAllowance() if pairs is None else pairs
         self.centers = centers
         self.deviations: dict[tuple[Value, Window], float | None] = {}
         self.centered: dict[tuple[Value, Window], float | None] = {}
@@ -484,6 +485,9 @@ class CenteredWindows(WindowNorms):
         start = (projection + sigmas[0][0] * sigmas[1][0]) * (1 + sigmas[2][0] * sigmas[3][0])  # type: ignore[index]
         hit = self.block_norms.get(key)
         if hit is None:
+            units = pair_units(self._pair_width(first, second), torus)  # type: ignore[arg-type]
+            if not self.pairs.take(units):
+                return None
             wd = None if pd is None else pd[1]
 
             def compute() -> float:
@@ -497,7 +501,7 @@ class CenteredWindows(WindowNorms):
                 return math.inf if found is None else found
 
             hit = self.block_norms[key] = cached(key, compute)
-            self.units += pair_units(self._pair_width(first, second), torus)  # type: ignore[arg-type]
+            self.units += units
         return hit * SLACK if hit <= PAIR_SHARE * start else None
 
     def _block(self, v: Value) -> tuple[Value, Value, Value, Value, Value, Value | None] | None:

@@ -159,7 +159,8 @@ def test_the_second_block_of_a_pair_is_bounded_with_the_first_and_the_bound_hold
     """Each pair's second sum takes the pair's bound, below what the two blocks' own bounds give in a chain, and
     every sum's deviation over a window stays within its bound on inputs pushed to grow the convolutions. With the
     function's users known, a first block's sum takes the sum's rule (its own bound would cost as much as the
-    pair's), which still holds. Kernels at half and at He's scale (gains about 2, and 6 to 10 on 4 to 6
+    pair's), which still holds; where the analysis has no units left for pairs, every block takes its own bound.
+    Kernels at half and at He's scale (gains about 2, and 6 to 10 on 4 to 6
     channels)."""
     r = 2.0
     module = _two_pairs(5, gain)
@@ -169,10 +170,12 @@ def test_the_second_block_of_a_pair_is_bounded_with_the_first_and_the_bound_hold
     box = {"x": (np.full(shape, -r), np.full(shape, r))}
     inputs = {p: engine.run(box).values[p] for p in checked.main.params}
 
-    def windows(users: Any = None) -> CenteredWindows:
-        return CenteredWindows(engine.constant_value, engine.live, {}, engine.centers(inputs), users=users)
+    def windows(users: Any = None, allowance: float = P.PAIR_UNITS_MAX) -> CenteredWindows:
+        return CenteredWindows(engine.constant_value, engine.live, {}, engine.centers(inputs), users=users,
+                               pairs=P.PairAllowance(allowance))
 
     paired, alone, leading = windows(), windows(), windows(checked.main.users())
+    capped = windows(checked.main.users(), 0.0)  # no units left for pairs: every block takes its own bound
     alone._pair = lambda v: None  # type: ignore[method-assign]
     plain = BoundsEngine(module.main, module.constants)
     points = pushed_points(module, plain, plain.run(box), r, 1, "conv", center=0.0, randoms=3)
@@ -189,6 +192,7 @@ def test_the_second_block_of_a_pair_is_bounded_with_the_first_and_the_bound_hold
             seen = max(window_distance(np.asarray(run[v]), c, win) for run in runs)
             found = [w.deviation(v, win, inputs) for w in (paired, alone, leading)]
             assert all(f is not None and seen <= f for f in found)
+            assert capped.deviation(v, win, inputs) == found[1]
             if v in seconds:
                 assert found[0] < found[1]  # the pair's bound, not the chain of the blocks' own
             else:
