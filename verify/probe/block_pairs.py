@@ -19,9 +19,10 @@ and the largest the right side can be over free ``z₁`` and ``z₂`` is
 
 a quadratic form in ``(y, x, z)`` of a block-circulant ``Q``. Where ``Q - ½t·diag(I, I, 0) ≼ 0`` the form is at
 most ``½t(‖y‖² + ‖x‖²) = t``: the pair moves by at most ``t``. Per frequency of the torus that is
-``λ_max(Q̂(ω) + ½t·diag(0, 0, I)) <= ½t`` (:func:`hermitian_top`, float64 errors included), and since the left
-side grows at most as fast as the right with ``t``, a certified ``2λ_max <= t`` at one ``t`` proves the smaller
-``2λ_max`` too. With one multiplier per ReLU the bound for one block is :func:`relu_block_sigma`'s (``λ = β⁻¹``).
+``λ_max(Q̂(ω) + ½t·diag(0, 0, I)) <= ½t``, certified by Cholesky a chunk of frequencies at a time with the
+float64 errors of forming and factoring included (:func:`_certify`); the left side grows by at most half of
+what ``t`` grows, so a chunk certified at one ``t`` stays certified at any larger one, and ``t`` only rises.
+With one multiplier per ReLU the bound for one block is :func:`relu_block_sigma`'s (``λ = β⁻¹``).
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def relu_pair_sigma(first: tuple[np.ndarray, np.ndarray, np.ndarray | None], pad
     fails. ``first``: ``(w₁₁, w₁₂, w_d)`` ([C1, C0, kh, kw], [C2, C1, kh, kw], the halving block's 1x1 [C2, C0, 1,
     1] or None for a stride-1 block with ``C2 = C0``); ``second``: ``(w₂₁, w₂₂)`` mapping C2 -> C3 -> C2, stride 1;
     each block's pads; ``torus`` the output's (a halving block's input on twice it); ``sigmas`` the four
-    convolutions' norms (they choose the multipliers); ``start`` an upper bound on the pair's norm (the
-    blocks' product) where the estimates start."""
+    convolutions' norms (they choose the multipliers); ``start`` a bound the pair's must beat to be returned
+    (the blocks' chains' or own bounds' product; the estimates start at :data:`GUESS` of it)."""
     (w11, w12, wd), (w21, w22) = first, second
     w11, w12, w21, w22 = (np.asarray(w, dtype=np.float64) for w in (w11, w12, w21, w22))
     c2, c0 = int(w12.shape[0]), int(w11.shape[1])
