@@ -100,9 +100,13 @@ def relu_pair_sigma(first: tuple[np.ndarray, np.ndarray, np.ndarray | None], pad
     skip = np.eye(c0) if wd is None else np.asarray(wd, dtype=np.float64)[:, :, 0, 0]
     omega = half_frequencies(torus)
     for exponents in EXPONENTS:
-        lams = _multipliers(sigmas, exponents)
-        lam1, lam, lam2 = lams
-        if 0.25 * lam2 * s21 ** 2 + lam * lam * s12 ** 2 / (4 * lam1) >= lam:
+        try:
+            lams = _multipliers(sigmas, exponents)
+            lam1, lam, lam2 = lams
+            negative = 0.25 * lam2 * s21 * s21 + lam * lam * s12 * s12 / (4 * lam1) < lam
+        except ArithmeticError:  # (weights so large or small the multipliers leave the float range)
+            continue
+        if not (negative and all(math.isfinite(x) and x > 0 for x in lams)):
             continue
         form = _pair_form(w11, w12, skip, w21, w22, pads_first, pads_second, stride, lams)
         found = _bound(form, omega, c2, start)

@@ -496,7 +496,7 @@ class CenteredWindows(WindowNorms):
                         found = relu_pair_sigma((w11, w12, wd), (tuple(parts[0][3]), tuple(pads12)), (w21, w22),  # type: ignore[index]
                                                 (tuple(pads21), tuple(pads22)), torus,  # type: ignore[arg-type]
                                                 tuple(s[0] for s in sigmas), start)  # type: ignore[index,arg-type]
-                    except (np.linalg.LinAlgError, ValueError):
+                    except (np.linalg.LinAlgError, ValueError, ArithmeticError):
                         found = None
                 return math.inf if found is None else found
 
@@ -613,7 +613,7 @@ class CenteredWindows(WindowNorms):
                 s1 = conv_sigma(p1[1], big, (1, 1), 1, (2, 2))
                 s2 = conv_sigma(p2[1], torus, (1, 1), 1, (1, 1))
                 return relu_halving_sigma(p1[1], p2[1], pd[1], torus, tuple(p1[3]), tuple(p2[3]), s1, s2)  # type: ignore[arg-type]
-            except (np.linalg.LinAlgError, ValueError):
+            except (np.linalg.LinAlgError, ValueError, ArithmeticError):
                 return math.inf
 
     def _scaled_deviation(self, v: Value, win: Window, values: Mapping[Value, Interval]) -> float | None:

@@ -222,3 +222,15 @@ def test_three_blocks_in_a_row_take_the_tighter_of_the_pair_and_the_block() -> N
     assert paired is not None and taken is not None and taken < paired  # the block after the pair (0, 1)
     c = windows.centers.get(sums[2])
     assert max(window_distance(np.asarray(run[sums[2]]), c, win) for run in runs) <= taken
+
+
+@pytest.mark.parametrize("scale,sigma", [(1e150, 1e160), (1e-170, None)])
+def test_weights_at_the_ends_of_the_float_range_give_a_bound_or_none(scale: float, sigma: float | None) -> None:
+    """Kernels so large their gains' squares overflow (norms given as 1e160), or so small they underflow: no
+    exception, and any bound is sound (at least the operator's norm with every slope on)."""
+    w = np.ones((2, 2, 3, 3)) * scale
+    sig = W.conv_sigma(w, (4, 4), (1, 1), 1) if sigma is None else sigma
+    found = P.relu_pair_sigma((w, w, None), ((1, 1), (1, 1)), (w, w), ((1, 1), (1, 1)), (4, 4), (sig,) * 4, 1e300)
+    pair = _Pair(w, w, None, w, w, 4)
+    ones = tuple(np.ones(n) for n in pair.sizes)
+    assert found is None or pair.norm(ones) <= found
