@@ -244,5 +244,5 @@ def pair_units(width: int, torus: tuple[int, int]) -> float:
     again on the samples."""
     freqs = torus[0] * (torus[1] // 2 + 1)
     samples = min(freqs, TOP_SAMPLES)
-    return NORM_FACTOR * (freqs * width * width * (width + 1760) + samples * FIXED_POINT_STEPS * 32 * width * width * 8
-                          ) / 5e6
+    estimate = samples * FIXED_POINT_STEPS * LANCZOS_STEPS * width * width * 8
+    return NORM_FACTOR * (freqs * width * width * (width + 1760) + estimate) / 5e6

@@ -199,6 +199,7 @@ class CenteredWindows(WindowNorms):
                  users: Mapping[Value, list[Value]] | None = None, pairs: PairAllowance | None = None) -> None:
         super().__init__(constant_value, live, sigmas)
         self.users = users or {}
+        self.leading: dict[Value, bool] = {}  # per block sum: whether it leads a pair (:meth:`_leads_pair`)
         self.pairs = PairAllowance() if pairs is None else pairs
         self.centers = centers
         self.deviations: dict[tuple[Value, Window], float | None] = {}
@@ -421,13 +422,11 @@ class CenteredWindows(WindowNorms):
 
     def _leads_pair(self, v: Value) -> bool:
         """Whether ``v`` closes the first of two blocks bounded at once (then its own site takes the sum's rule)."""
-        for r in self.users.get(v, ()):
-            if r.op == "relu":
-                for a in self.users.get(r, ()):
-                    pair = self._pair(a)
-                    if pair is not None and pair[1][0] is r and self._pair_norm(*pair) is not None:
-                        return True
-        return False
+        if v not in self.leading:
+            self.leading[v] = any(pair is not None and pair[1][0] is r and self._pair_norm(*pair) is not None
+                                  for r in self.users.get(v, ()) if r.op == "relu"
+                                  for pair in map(self._pair, self.users.get(r, ())))
+        return self.leading[v]
 
     def _overlaps(self, v: Value) -> bool:
         """Whether the pair ``v`` closes starts with the second block of another pair (three or more blocks in a
@@ -468,7 +467,8 @@ class CenteredWindows(WindowNorms):
         sigmas = [self._sigma(c) for c in (c11, c12, c21, c22)]
         if any(p is None for p in parts) or any(s is None for s in sigmas) or (skip is not None and pd is None):
             return None
-        if self._pair_width(first, second) > PAIR_WIDTH_MAX:
+        width = self._pair_width(first, second)
+        if width > PAIR_WIDTH_MAX:
             return None
         (_, w11, *_), (_, w12, _, pads12, *_), (_, w21, _, pads21, *_), (_, w22, _, pads22, *_) = parts  # type: ignore[misc]
         if skip is None:
@@ -485,7 +485,7 @@ class CenteredWindows(WindowNorms):
         start = (projection + sigmas[0][0] * sigmas[1][0]) * (1 + sigmas[2][0] * sigmas[3][0])  # type: ignore[index]
         hit = self.block_norms.get(key)
         if hit is None:
-            units = pair_units(self._pair_width(first, second), torus)  # type: ignore[arg-type]
+            units = pair_units(width, torus)  # type: ignore[arg-type]
             if not self.pairs.take(units):
                 return None
             wd = None if pd is None else pd[1]
