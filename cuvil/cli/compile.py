@@ -144,6 +144,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             raise UsageError("--precision bf16 and --enable-fp16 choose two precisions for the same ops",
                              location="--precision", hint="keep one of them")
         options["bf16"] = True
+    if args.profile:
+        options["profile"] = True
     gate = _make_gate(args)
     passes: Any = args.passes
     from cuvil.passes.plugins import resolve_pipeline
@@ -366,6 +368,9 @@ def register(sub: Any) -> None:
                    help="compile a QDQ model's float graph as it is; by default (O3) its quantized matmuls and "
                         "convs run in int8 x int8 -> int32 (QLinear semantics, possibly one quantization step from "
                         "the float graph) when the prober proves no int32 accumulator wraps")
+    p.add_argument("--profile", action="store_true",
+                   help="build a library that times every op of each run (the monotonic clock read around each, "
+                        "about 20 ns a read; Linux targets); `cuvil run --profile N` prints where the time goes")
     p.add_argument("--failsafe", metavar="POLICY.json", default=None,
                    help="build the fail-safe policy's guard into the library: inputs finite and inside the "
                         "policy's boxes, outputs finite, checked before and after each run (a violation returns "

@@ -62,6 +62,20 @@ def _require_proof(library: Path, manifest: Mapping[str, Any]) -> None:
                      f"({cert.get('summary', {}).get('proved', 0)} obligations)\n")
 
 
+def _profile(model: Any, inputs: Mapping[str, np.ndarray] | list[np.ndarray], runs: int) -> None:
+    """Run ``runs`` more times after the first (warm) run and print where the time went, per op."""
+    from cuvil.runtime.profile import render_profile
+
+    model.profile(reset=True)  # raises a clear error for a library built without --profile
+    start = time.perf_counter()
+    for _ in range(runs):
+        model.run(inputs)
+    wall = (time.perf_counter() - start) / runs
+    sys.stdout.write(render_profile(model.profile(), top=20) + "\n")
+    sys.stdout.write(f"{wall * 1e3:.3f} ms a call from Python (the argument checks and the output arrays "
+                     "included)\n")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cuvil.runtime.loader import load
 
@@ -80,9 +94,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         positional = [v.astype(s.dtype.np) for v, s in zip(positional, model.inputs, strict=False)] + \
             positional[len(model.inputs):]
     inputs: Mapping[str, np.ndarray] | list[np.ndarray] = named if named or not positional else positional
+    if args.profile is not None and args.profile < 1:
+        raise InputError(f"--profile takes a number of runs of at least 1, got {args.profile}", location="--profile")
     start = time.perf_counter()
     outputs = model.run(inputs)
     seconds = time.perf_counter() - start
+    if args.profile is not None:
+        _profile(model, inputs, args.profile)
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,4 +133,7 @@ def register(sub: Any) -> None:
                    help="run only if the library's sealed certificate proves every pass application it kept "
                         "(exit 1 when one was refuted, 3 when one is unproved or there is no certificate)")
     p.add_argument("--first", type=int, default=8, metavar="K", help="how many leading values to print")
+    p.add_argument("--profile", type=int, default=None, metavar="N",
+                   help="after the first run, run N more times and print the time each op took (a library "
+                        "compiled with `cuvil compile --profile`)")
     p.set_defaults(handler=cmd_run)

@@ -59,20 +59,23 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
                   name: str | None = None, opt_level: int = 3, keep_ir: bool = False,
                   extra_manifest: Mapping[str, Any] | None = None, threads: int | None = None,
                   provenance: Mapping[str, str] | None = None, guard: GuardChecks | None = None,
-                  shape_class: ShapeClass | None = None, target: Target | None = None) -> Artifact:
+                  shape_class: ShapeClass | None = None, target: Target | None = None,
+                  profile: bool = False) -> Artifact:
     """Compile ``fn`` into a shared library with its header and manifest in ``out_dir``: at its static
     shapes, or once for its whole ``shape_class`` (see :mod:`cuvil.codegen.shape_class`).
     ``threads`` is the library's default thread count (None: the CPUs it may use when it runs);
     ``provenance``: fields embedded in the library besides its function hash (a certificate digest);
     ``guard``: the value checks of a fail-safe policy (listed in the manifest's ``guard``);
-    ``target``: the CPU the library is for (default: this machine)."""
+    ``target``: the CPU the library is for (default: this machine); ``profile``: time every op of a run
+    (:mod:`cuvil.codegen.profile`; the manifest's ``profile.steps`` names them in run order)."""
     from cuvil.version import __version__
 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     target = target if target is not None else host_target()
     with compiling_for(target):
-        lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class)
+        lowered = lower_function(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class,
+                                 profile=profile)
     p = lowered.prefix
     lib = Path(out_dir) / f"lib{p}{target.library_suffix}"
     manifest: dict[str, Any] = {
@@ -97,6 +100,8 @@ def build_library(fn: Function, constants: Mapping[str, np.ndarray], out_dir: st
         "function_hash": lowered.function_hash,
         "error_codes": {abi.ERROR_NAMES[c]: c for c in sorted(abi.ERROR_NAMES)},
         **({"guard": guard.to_json(p, lowered.inputs, lowered.outputs)} if guard is not None else {}),
+        **({"profile": {"steps": [{"op": op, "kernel": kernel, "type": ty} for op, kernel, ty in
+                                  zip(lowered.ops, lowered.kernels, lowered.types, strict=True)]}} if profile else {}),
         **(extra_manifest or {}),
     }
     embed_provenance(lowered.module, p, {"function": lowered.function_hash, **(provenance or {}),

@@ -87,6 +87,20 @@ const char* {p}_guard_fault(int32_t code);
 """
 
 
+def _profile_section(lf: LoweredFunction) -> str:
+    """The declaration of ``P_profile`` (empty for a library compiled without per-step profiling)."""
+    if not lf.profiled:
+        return ""
+    p = lf.prefix
+    return f"""
+/* Per-step profiling: {p}_run times each of its {len(lf.ops)} steps. Copies up to `capacity` step totals in
+ * nanoseconds (run order; the manifest's profile.steps names them) into `ns` and returns the number of
+ * runs counted; a non-zero `reset` zeroes the totals after reading them. */
+#define {p.upper()}_NUM_STEPS {len(lf.ops)}
+int64_t {p}_profile(int64_t* ns, int64_t capacity, int32_t reset);
+"""
+
+
 def render_header(lf: LoweredFunction, manifest_hash: str) -> str:
     p = lf.prefix
     macro = p.upper()
@@ -144,7 +158,7 @@ void {p}_destroy(void* ctx);
  * without touching any buffer when they do not match the signature. */
 int32_t {p}_run_checked(void* ctx, const cuvil_tensor* inputs, int64_t n_inputs,
                         const cuvil_tensor* outputs, int64_t n_outputs);
-{_guard_section(lf)}
+{_guard_section(lf)}{_profile_section(lf)}
 #ifdef __cplusplus
 }}
 #endif

@@ -15,7 +15,9 @@ Exported symbols (``P`` is ``cuvil_<function name>``; see :mod:`cuvil.codegen.he
   memory when anything differs;
 - ``const char* P_guard_fault(int32_t code)``, in a library compiled with a fail-safe policy only:
   the policy's fault a guard code stands for (see :mod:`cuvil.codegen.guard`; ``P_run`` then checks
-  the input and output values too).
+  the input and output values too);
+- ``int64_t P_profile(int64_t* ns, int64_t capacity, int32_t reset)``, in a library compiled with
+  ``profile`` only: the time each op took over the runs so far (:mod:`cuvil.codegen.profile`).
 
 Every entry point returns 0 or one of the codes in :mod:`cuvil.codegen.abi`. One context
 must not run on two threads at once; separate contexts are independent.
@@ -41,6 +43,7 @@ from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, op_rule, static_shape
 from cuvil.codegen.manifest import PROVENANCE_PREFIX
 from cuvil.codegen.plan import MemoryPlan, ordered_steps, plan_memory
+from cuvil.codegen.profile import StepClock, check_profile_target
 from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.codegen.sizing import Sizing, numel
@@ -74,6 +77,8 @@ class LoweredFunction:
     kernels: tuple[str, ...] = ()  # per step: the tuned kernel's name, or "rule" (generic lowering)
     guard: GuardChecks | None = None  # the value checks of a fail-safe policy
     shape_class: ShapeClass | None = None  # the dims it takes at run time (None: static shapes)
+    types: tuple[str, ...] = ()  # per step: its result's type, as CIR prints it
+    profiled: bool = False  # whether its run times every step (cuvil.codegen.profile)
 
     @property
     def arena_bytes(self) -> int:
@@ -93,12 +98,12 @@ def embed_provenance(mod: ir.Module, prefix: str, fields: Mapping[str, str]) -> 
 
 def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None = None,
                    threads: int | None = None, guard: GuardChecks | None = None,
-                   shape_class: ShapeClass | None = None) -> LoweredFunction:
+                   shape_class: ShapeClass | None = None, profile: bool = False) -> LoweredFunction:
     """Build the LLVM module of ``fn``: at its static shapes, or, given its ``shape_class``, once for
     every size its symbolic dims may take (kernels read the dims at run time; the arena is planned at
     the maxima). ``threads`` is the default size of the thread pool tuned kernels run on (None: the
     CPUs the process may use); ``guard``: the value checks the run entry point makes before and after
-    the ops."""
+    the ops; ``profile``: time every op of a run (:mod:`cuvil.codegen.profile`)."""
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
     _check_storage(fn)
@@ -164,13 +169,16 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     if guard is not None:
         checks = emit_checks(mod, prefix, guard.plan(inputs, outputs))
         emit_fault_names(mod, prefix, guard)
-    entry = EntryPoints(mod, prefix, plan, const_globals, inputs, outputs, scratch, sizing)
+    if profile:
+        check_profile_target(codegen_target())
+    entry = EntryPoints(mod, prefix, plan, const_globals, inputs, outputs, scratch, sizing, profile)
     run = entry.emit_run(kernels, tuned, loops, checks)
     entry.emit_run_checked(run)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
                            tuple(tuned[v].name if v in tuned else "view" if v in plan.views else "rule"
-                                 for v in plan.steps), guard, shape_class)
+                                 for v in plan.steps), guard, shape_class, tuple(str(v.type) for v in plan.steps),
+                           profile)
 
 
 def _check_shape_class(fn: Function, shape_class: ShapeClass, guard: GuardChecks | None) -> None:
@@ -247,8 +255,9 @@ class EntryPoints:
 
     def __init__(self, mod: ir.Module, prefix: str, plan: MemoryPlan, const_globals: Mapping[str, ir.GlobalVariable],
                  inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], scratch: int,
-                 sizing: Sizing) -> None:
+                 sizing: Sizing, profile: bool = False) -> None:
         self.mod, self.prefix, self.plan, self.const_globals = mod, prefix, plan, const_globals
+        self.clock = StepClock(mod, prefix, len(plan.steps)) if profile else None  # per-step timing (profile)
         self.inputs, self.outputs, self.scratch, self.sizing = inputs, outputs, scratch, sizing
         self.shape_class = sizing.shape_class
         # tuned kernels share one scratch area after the arena (they run one at a time)
@@ -288,7 +297,7 @@ class EntryPoints:
             return b.gep(ctx, [ir.Constant(I64, self.scratch_at)], inbounds=True, source_etype=I8) if self.scratch \
                 else ir.Constant(PTR, None)
 
-        for v, kernel in zip(plan.steps, kernels, strict=True):
+        for k, (v, kernel) in enumerate(zip(plan.steps, kernels, strict=True)):
             if kernel is None:  # a loop or cond result its group's first result writes, or a view
                 continue
             if v in loops:
@@ -308,7 +317,10 @@ class EntryPoints:
                     args.append(scratch_ptr())
                 if dims_ptr is not None and (v not in tuned or takes_dims(tuned[v])):  # sizes read at run time
                     args.append(dims_ptr)
+            start = self.clock.now(b) if self.clock is not None else None
             rc = b.call(kernel, args)
+            if self.clock is not None and start is not None:
+                self.clock.add(b, k, start)
             fail_unless(b, b.icmp_signed("==", rc, ir.Constant(I32, abi.OK)), rc)
         if plan.copies:  # results that are inputs or constants: copied
             memcpy = declare(self.mod, "llvm.memcpy.p0.p0.i64", ir.VoidType(), [PTR, PTR, I64, I1])
@@ -317,6 +329,9 @@ class EntryPoints:
                 size = self.sizing.runtime(b, dims, v.type)
                 b.call(memcpy, [dst, slot_ptr(v), size, ir.Constant(I1, 0)])
         _guard(b, checks, "output", out_arr)
+        if self.clock is not None:
+            self.clock.count_run(b)
+            self.clock.emit_reader()
         b.ret(ir.Constant(I32, abi.OK))
         exported = ir.Function(self.mod, fnty, name=name)
         eb = Builder(exported.append_basic_block("entry"))

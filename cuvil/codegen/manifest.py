@@ -77,6 +77,12 @@ def entry_symbols(prefix: str, shape_class: bool = False) -> dict[str, str]:
             "run_checked": f"{prefix}_run_checked"}
 
 
+def profile_symbol(prefix: str) -> str:
+    """The profile reader a library compiled with ``profile=True`` exports (:mod:`cuvil.codegen.profile`);
+    a loader derives it from the prefix, as the entry points."""
+    return f"{prefix}_profile"
+
+
 def manifest_digest(manifest: Mapping[str, Any]) -> str:
     """The digest of a manifest's sealed fields, as they read back from JSON."""
     sealed = {k: v for k, v in json.loads(json.dumps(manifest)).items() if k not in UNSEALED_FIELDS}

@@ -43,7 +43,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
             ranges: Mapping[str, tuple[float, float]] | None = None, fp16_strict: bool | None = None,
             lora: Any = None, merge: bool = True, lora_base: Any = None, failsafe: Any = None,
             shape_class: bool = False, dim_max: Mapping[str, int] | None = None, int8: bool | None = None,
-            bf16: bool = False, **import_options: Any) -> CompiledModel:
+            bf16: bool = False, profile: bool = False, **import_options: Any) -> CompiledModel:
     """Compile ``model`` (anything :func:`cuvil.import_model` accepts) to a shared library and load it.
 
     The optimization pipeline is ``O<opt_level>`` unless ``passes`` names one (``"O2"``,
@@ -85,6 +85,10 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
     pipeline (:mod:`cuvil.compiler.bf16_plan`); the manifest's ``precision`` entry counts the products and
     lists those kept float32 with the reason. It excludes ``fp16``.
 
+    ``profile=True`` builds a library that times every op of each run (the monotonic clock read around
+    each, about 20 ns a read; Linux targets): :meth:`CompiledModel.profile` reads the times, and
+    ``cuvil run --profile`` prints them. The computation is the same as without it.
+
     ``failsafe`` (a fail-safe policy: its JSON file or the parsed document) builds the policy's guard
     into the library: every input element finite and inside the policy's box for it, every output
     element finite, checked in native code; a violation raises :class:`cuvil.runtime.GuardFault`
@@ -116,7 +120,8 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
                       name=name, keep_ir=keep_ir, threads=threads, target=host, store=store,
                       output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request,
                       guard=guard, dim_max=dim_max if shape_class else None,
-                      int8=opt_level == 3 and not fp16 if int8 is None else bool(int8), bf16=bool(bf16))
+                      int8=opt_level == 3 and not fp16 if int8 is None else bool(int8), bf16=bool(bf16),
+                     profile=bool(profile))
     sig = job.signature()
     if guard is not None:
         guard.check_model(sig.inputs)

@@ -70,8 +70,9 @@ class CompileJob:
                  threads: int | None, target: Target, store: ArtifactCache | None,
                  output_dir: Path | None, fp16: Mapping[str, Any] | None = None,
                  guard: GuardSpec | None = None, dim_max: Mapping[str, int] | None = None,
-                 int8: bool = False, bf16: bool = False) -> None:
+                 int8: bool = False, bf16: bool = False, profile: bool = False) -> None:
         self.model = model
+        self.profile = profile  # time every op of a run (cuvil.codegen.profile)
         self.dim_max = dict(dim_max) if dim_max is not None else None  # a shape-class library's largest dims
         self.guard = guard  # a fail-safe policy's guard, built into every library of this job
         self.fp16 = fp16  # {"ranges": ..., "strict": ...}: lower to float16 where proved (see _fp16_plan)
@@ -128,6 +129,7 @@ class CompileJob:
                 **({"fp16": dict(self.fp16)} if self.fp16 is not None else {}),
                 **({"int8": True} if self.int8 else {}),
                 **({"bf16": True} if self.bf16 else {}),
+                **({"profile": True} if self.profile else {}),
                 **({"failsafe": self.guard.cache_key()} if self.guard is not None else {}),
                 **({"dim_max": dict(sorted(self.dim_max.items()))} if self.dim_max is not None else {})}
 
@@ -315,7 +317,7 @@ class CompileJob:
                                      opt_level=self.opt_level, keep_ir=self.keep_ir, extra_manifest=extra,
                                      provenance=provenance, threads=self.threads,
                                      guard=self.guard.checks() if self.guard is not None else None,
-                                     shape_class=shape_class, target=self.target)
+                                     shape_class=shape_class, target=self.target, profile=self.profile)
         for step, seconds in artifact.manifest.get("compile_times", {}).items():
             logger.debug("  codegen %s: %.3f s", step.removesuffix("_s").replace("optimize", "llvm-optimize"),
                          seconds)
@@ -326,10 +328,11 @@ class CompileJob:
         """The PTX module and launch plan (cuvil.codegen.gpu): static shapes, no fail-safe guard yet."""
         from cuvil.codegen.gpu.artifact import build_cuda_module
 
-        if shape_class is not None or self.guard is not None:
-            raise CodegenError("a CUDA module is compiled at concrete shapes and without a fail-safe guard",
-                               location=optimized.main.name,
-                               hint="give the input shapes (--shape NAME=1x3x224x224) and drop --failsafe")
+        if shape_class is not None or self.guard is not None or self.profile:
+            raise CodegenError("a CUDA module is compiled at concrete shapes, without a fail-safe guard and "
+                               "without per-step profiling", location=optimized.main.name,
+                               hint="give the input shapes (--shape NAME=1x3x224x224) and drop --failsafe "
+                                    "and --profile")
         with stage("codegen (cuda)"):
             return build_cuda_module(optimized.main, optimized.constants, out_dir, target=self.target,
                                      name=self.name, opt_level=self.opt_level, extra_manifest=extra,

@@ -28,9 +28,11 @@ from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.manifest import (
     MANIFEST_FORMAT,
     IntegrityError,
+    ManifestError,
     check_manifest,
     entry_symbols,
     manifest_problems,
+    profile_symbol,
 )
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.errors import BudgetError, CodegenError, ConstraintError, InputError, RuntimeEvalError
@@ -39,6 +41,7 @@ from cuvil.ir.module import Function, Module
 from cuvil.ir.symbolic import evaluate_dim
 from cuvil.ir.types import DimConstraint, bind_symbols
 from cuvil.runtime.guard import GuardFault, guard_fault
+from cuvil.runtime.profile import Profile, profile_steps, read_profile
 
 
 def _address(a: np.ndarray) -> int:
@@ -253,6 +256,22 @@ class NativeLibrary:
                         for axis, n in enumerate(a.shape):
                             shape[axis] = n
             return native(self._ctx, tin, len(arrays), tout, len(outputs))
+
+    def profile(self, reset: bool = False) -> Profile:
+        """The time each step of the runs so far took (a library compiled with ``profile=True``); ``reset``
+        zeroes the counters after reading them."""
+        steps = profile_steps(self.manifest, self.path.name)
+        reader = getattr(self._lib, profile_symbol(self.manifest["symbol_prefix"]), None)
+        if reader is None:
+            raise ManifestError(f"{self.path.name}: its manifest lists profiled steps but the library does not "
+                                "export the profile reader", location=str(self.path),
+                                hint="recompile the model: the library and its manifest do not belong together")
+        reader.restype = ctypes.c_int64
+        reader.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int32]
+        with self._lock:
+            if not self._ctx:
+                raise self.closed_error()
+            return read_profile(reader, steps, reset)
 
     def closed_error(self) -> InputError:
         return InputError(f"{self.path.name} was closed", location=str(self.path),
@@ -493,6 +512,15 @@ class CompiledModel:
         self._last = lib
         outs = lib.run(arrays, None if self.is_dynamic else self._run_checked)
         return [to_torch(o) for o in outs] if torch_out else outs
+
+    def profile(self, reset: bool = False) -> Profile:
+        """Where the runs so far spent their time, per op (a model compiled with ``profile=True``; for a
+        dynamic model, the most recently run specialization's)."""
+        lib = self._last if self._last is not None else next(iter(self._variants.values()), None)
+        if lib is None:
+            raise InputError(f"@{self.signature.function} has not been specialized for any shape yet",
+                             location=f"@{self.signature.function}", hint="run it once before reading its profile")
+        return lib.profile(reset)
 
     # -- the optimized IR -----------------------------------------------------------------
     def export_ir(self, path: str | Path, dims: Mapping[str, int] | None = None) -> Path:
