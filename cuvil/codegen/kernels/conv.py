@@ -97,6 +97,14 @@ TRANSPOSE_K = 256
 3x3 stride-2 convolution at 56x56 0.71 -> 0.63 ms, MobileNet-v1's 256-channel 1x1 at 28x28 0.551 ->
 0.536; with K = 128 (0.26 -> 0.29) or 3,136 positions (64-channel 3x3 at 56x56: even) it does not pay."""
 
+TRANSPOSE_PLANE_1X1 = 256
+"""... and a 1x1 convolution only at up to this many output positions: there its input is read in place, each
+reduction step a channel plane further on, where the channels-as-rows schedule copies its input panels
+first. Measured one thread on a 2-core Xeon (caches evicted between calls, two profiled builds
+interleaved): positions as rows 0.94-0.96x at 14x14 and 16x16, but 1.05-1.27x at 20x20 to 32x32 (MobileNet-v1's
+256-channel 1x1 at 28x28 0.72 -> 0.63 ms in the network, where the Zen 5 machine measured 0.97x for it); the
+3x3 convolutions at 28x28 keep positions as rows (0.90-0.94x)."""
+
 PACK_MIN_ROWS = 32
 PACK_MIN_PLANE = 1024
 PACK_MIN_USES = 4096
@@ -217,7 +225,7 @@ class ConvKernel:
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
         self.transposed = g.mg >= isa.lanes and (self.positions_as_rows or area_across * TRANSPOSE_GAIN < area or (
-            out_plane <= TRANSPOSE_PLANE and k >= TRANSPOSE_K))
+            out_plane <= (TRANSPOSE_PLANE_1X1 if g.direct else TRANSPOSE_PLANE) and k >= TRANSPOSE_K))
         if self.transposed:
             self.tiling = across
         # reduction step k = (c, tap) -> offset of its input in the (padded) buffer, per group
