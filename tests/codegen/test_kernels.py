@@ -746,3 +746,35 @@ def test_blocking_for_streamed_weights_keeps_every_bit(monkeypatch):
     assert "rule" not in streamed.manifest["kernels"]
     for got, want in zip(streamed.run(c.inputs), resident.run(c.inputs), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_conv_store_ahead_changes_no_bit(monkeypatch):
+    """The output lines a convolution fetches for writing ahead of its stores (large outputs only; forced on
+    here, down to one-tile planes) are hints: the results are those of the build without them, bit for bit,
+    at tile and plane edges, padded and strided planes, several K blocks, groups and two images, and both
+    match the rule."""
+    import cuvil.codegen.kernels.conv as conv
+
+    c = Cases()
+    for xs, ws, attrs in [((2, 5, 13, 11), (12, 5, 3, 3), {"pads": (1, 1, 1, 1)}),
+                          ((1, 3, 23, 21), (9, 3, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}),
+                          ((1, 40, 17, 9), (13, 40, 3, 3), {"pads": (0, 1, 2, 1)}),  # K = 360: K blocks
+                          ((2, 8, 19, 19), (17, 8, 1, 1), {}),
+                          ((1, 6, 15, 14), (10, 3, 3, 3), {"groups": 2, "pads": (1, 1, 1, 1)})]:
+        x = c.input(_f32(*xs))
+        c.add(f"conv x{xs} w{ws} {attrs}", c.b.relu(c.b.conv(x, c.b.const(_f32(*ws)), **attrs)),
+              ws[1] * math.prod(ws[2:]))
+    module = c.module()
+    monkeypatch.setattr(conv, "TRANSPOSE_PLANE", 0)
+    monkeypatch.setattr(conv, "TRANSPOSE_PLANE_1X1", 0)
+    monkeypatch.setattr(conv, "TRANSPOSE_GAIN", 1e9)
+    monkeypatch.setattr(conv, "STORE_AHEAD_MIN_BYTES", 0)
+    ahead = compile(module, cache=False, threads=2)
+    monkeypatch.setattr(conv, "STORE_AHEAD_PANELS", 0)
+    plain = compile(module, cache=False, threads=2)
+    assert ahead.manifest is not None and all(k.startswith("conv.") and ".t." not in k
+                                              for k in ahead.manifest["kernels"] if k != "view")
+    got, base = ahead.run(c.inputs), plain.run(c.inputs)
+    for g, p, w, label, k in zip(got, base, rule_reference(module, c.inputs), c.labels, c.reductions, strict=True):
+        assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), label
+        assert_close(g, w, k, label)

@@ -435,6 +435,12 @@ def prefetch(b: Builder, p: Val) -> None:
            [p, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
 
 
+def write_prefetch(b: Builder, p: Val) -> None:
+    """A prefetch of ``p``'s line for writing (owned, into L2 and L1): a store to it later finds it there."""
+    b.call(declare(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32]),
+           [p, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def ahead_every(tiling: Tiling) -> int:
     """Steps per line fetched ahead (1, 2 or 4), so that a block's tile rows cover ``AHEAD_PANELS``."""
     lines_per_row = AHEAD_PANELS * tiling.nr / LINE_FLOATS / max(1, tiling.mb_tiles)  # lines per tile row and step
@@ -765,6 +771,10 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
     return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
 
 
+StoreAhead = Callable[[Ctx, Any, Val, Val], None]
+"""``store_ahead(ctx, problem, m0, n0)``: what to fetch for the stores of a tile to come, issued before the tile
+at ``(m0, n0)`` is computed."""
+
 StoreTile = Callable[[Ctx, Any, Val, Val, Val, Val, Val, int], None]
 """``store(ctx, problem, m0, n0, rows, cols, tile_ptr, tile_row_stride)``: write the valid part of a tile."""
 
@@ -824,6 +834,7 @@ class GemmCore:
         self.b_at = b_at  # (ctx, problem, n0, k0, cols, packed_buffer) -> vectors of the tile at n0
         self.store = store
         self.b_pack = b_pack  # (ctx, problem, n0, k0, buffer): fill a [kc][NR] panel at run time
+        self.store_ahead: StoreAhead | None = None  # (ctx, problem, m0, n0): before each micro-kernel call
         self.ahead_every = ahead_every(tiling)
         t = tiling
         self.mt = ceil_div(m, t.mr)
@@ -921,6 +932,12 @@ class GemmCore:
                             assert not isinstance(a.ptr, list)
                             a_arg = a.ptr
                         null = ir.Constant(PTR, None)
+                        if self.store_ahead is not None:  # in the K block that stores
+                            fetch = self.store_ahead
+                            if blocked:
+                                if_then(b, last, "store.ahead", lambda: fetch(ctx, problem, m0, n0))
+                            else:
+                                fetch(ctx, problem, m0, n0)
                         acc = b.not_(first) if blocked else ir.Constant(I1, 0)
                         table = a.table if a.kind == "rowtable" else bb.table
                         b.call(fn, [a_arg, i64(a.kstride), bb.ptr, i64(bb.kstride), table or null, kn, tile, acc,
