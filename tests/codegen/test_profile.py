@@ -4,6 +4,7 @@ library has no profile."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import numpy as np
@@ -12,12 +13,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil import cli
+from cuvil.codegen.manifest import ManifestError
 from cuvil.codegen.profile import check_profile_target
 from cuvil.codegen.target import Target
 from cuvil.compiler import compile
 from cuvil.errors import CodegenError, InputError
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.runtime.loader import load
 from cuvil.runtime.profile import render_profile
 from tests.cross_targets import c_toolchain
 
@@ -191,12 +194,7 @@ def test_cli_profile_of_an_unprofiled_library_is_an_input_error(capsys, onnx_mod
 
 
 def test_a_manifest_promising_a_profile_the_library_lacks_is_refused(builds, tmp_path):
-    import shutil
-
-    from cuvil.codegen.manifest import ManifestError
-    from cuvil.runtime.loader import load
-
-    profiled, plain, inputs, root = builds
+    _, plain, inputs, root = builds
     shutil.copy(plain.library_path, tmp_path / plain.library_path.name)
     shutil.copy(root / "on" / "cuvil_pair.json", tmp_path / "cuvil_pair.json")
     mixed = load(tmp_path / plain.library_path.name, verify_hash=False)

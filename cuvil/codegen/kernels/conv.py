@@ -38,10 +38,10 @@ from llvmlite import ir
 from cuvil.codegen.kernels.depthwise_tiles import emit_plane_tiles, tile_shape
 from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
 from cuvil.codegen.kernels.gemm import (
+    LINE_FLOATS,
     AOperand,
     BOperand,
     Ctx,
-    LINE_FLOATS,
     GemmCore,
     Isa,
     KernelFunction,
@@ -50,7 +50,6 @@ from cuvil.codegen.kernels.gemm import (
     even_lanes,
     fgep,
     fma,
-    write_prefetch,
     host_isa,
     masked_load_where,
     masked_store,
@@ -60,6 +59,7 @@ from cuvil.codegen.kernels.gemm import (
     store_rows,
     streams_from_memory,
     vec_type,
+    write_prefetch,
 )
 from cuvil.codegen.kernels.pack import embed_array, pack_a_tiles, pack_b_panels
 from cuvil.codegen.llvm_types import F32, I32, I64, PTR
