@@ -748,11 +748,12 @@ def test_blocking_for_streamed_weights_keeps_every_bit(monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
-def test_conv_store_ahead_changes_no_bit(monkeypatch):
-    """The output lines a convolution fetches for writing ahead of its stores (large outputs only; forced on
-    here, down to one-tile planes) are hints: the results are those of the build without them, bit for bit,
-    at tile and plane edges, padded and strided planes, several K blocks, groups and two images, and both
-    match the rule."""
+def test_conv_large_output_schedule_changes_no_bit(monkeypatch):
+    """A large output's schedule (tile rows outside the column tiles, output lines fetched for writing ahead of
+    the stores; forced on here, down to one-tile planes) reorders the tiles and adds hints only: the results
+    are those of the build without either, bit for bit, at tile and plane edges, padded and strided planes,
+    several K blocks (partial sums kept per tile across the reordered sweep), groups and two images, on two
+    threads, and they match the rule."""
     import cuvil.codegen.kernels.conv as conv
 
     c = Cases()
@@ -768,13 +769,28 @@ def test_conv_store_ahead_changes_no_bit(monkeypatch):
     monkeypatch.setattr(conv, "TRANSPOSE_PLANE", 0)
     monkeypatch.setattr(conv, "TRANSPOSE_PLANE_1X1", 0)
     monkeypatch.setattr(conv, "TRANSPOSE_GAIN", 1e9)
-    monkeypatch.setattr(conv, "STORE_AHEAD_MIN_BYTES", 0)
-    ahead = compile(module, cache=False, threads=2)
-    monkeypatch.setattr(conv, "STORE_AHEAD_PANELS", 0)
-    plain = compile(module, cache=False, threads=2)
-    assert ahead.manifest is not None and all(k.startswith("conv.") and ".t." not in k
-                                              for k in ahead.manifest["kernels"] if k != "view")
-    got, base = ahead.run(c.inputs), plain.run(c.inputs)
-    for g, p, w, label, k in zip(got, base, rule_reference(module, c.inputs), c.labels, c.reductions, strict=True):
-        assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), label
-        assert_close(g, w, k, label)
+    monkeypatch.setattr(conv, "LARGE_OUTPUT_BYTES", 0)
+    monkeypatch.setattr(gemm.GemmCore, "emit_block", _recording(gemm.GemmCore.emit_block, seen := []))
+    builds = {}
+    for rows_outer, ahead in ((True, 2), (False, 2), (True, 0), (False, 0)):
+        monkeypatch.setattr(conv, "ROWS_OUTER", rows_outer)
+        monkeypatch.setattr(conv, "STORE_AHEAD_PANELS", ahead)
+        builds[rows_outer, ahead] = compile(module, cache=False, threads=2)
+    assert {(r, a is not None) for r, a in seen} == {(True, True), (False, True), (True, False), (False, False)}
+    plain = builds[False, 0].run(c.inputs)
+    want = rule_reference(module, c.inputs)
+    for key, model in builds.items():
+        assert model.manifest is not None and all(k.startswith("conv.") and ".t." not in k
+                                                  for k in model.manifest["kernels"] if k != "view")
+        for g, p, w, label, k in zip(model.run(c.inputs), plain, want, c.labels, c.reductions, strict=True):
+            assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), (key, label)
+            assert_close(g, w, k, label)
+
+
+def _recording(emit: Callable[..., Any], seen: list[tuple[bool, Any]]) -> Callable[..., Any]:
+    """``GemmCore.emit_block`` that notes each core's loop order and store-ahead hook first."""
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((self.rows_outer, self.store_ahead))
+        return emit(self, *args, **kwargs)
+
+    return wrapped

@@ -116,16 +116,26 @@ input panels first (measured: +20-30% at 56x56, -5% at 14x14). Below that produc
 and few row tiles use it: MobileNet-v1's 32 -> 64 channels at 112x112 0.505 -> 0.449 ms unpacked, where
 32 -> 128 at 56x56 (0.192 against 0.200) and 64 -> 64 at 112x112 (0.820 against 0.833) keep packing."""
 
+LARGE_OUTPUT_BYTES = 2 << 20
+"""An image's output of at least this much (more than a core's L2) is written in few streams, and ahead of its
+stores, where positions are the vector dimension:
+
+- ``ROWS_OUTER``: each register tile row (``mr`` output channels) sweeps the block's column tiles before the
+  next row starts, so the stores run along ``mr`` channel planes at a time, where columns outside rows wrote
+  a block's every channel plane at once, one store stream per plane (64 for ResNet-18's stem), more than the
+  hardware prefetchers follow. The B tiles (the input, read in place) are read again per tile row, from L1/L2.
+- ``STORE_AHEAD_PANELS``: each tile first fetches for writing the output lines of the tile that many column
+  tiles on in its rows, so a call that finds its output cold (another library ran in between) does not wait on
+  memory at every store.
+
+Measured one thread on the Xeon, two profiled builds interleaved (a call each in turn), with both against
+neither: ResNet-18's 7x7 stem (3.2 MB out) 2.08-2.10 -> 1.61-1.75 ms and the max pool after it 0.40 -> 0.36,
+MobileNet-v1's 32 -> 64 1x1 at 112x112 (3.2 MB) 0.80 -> 0.46-0.49; either alone gave a smaller or no gain on
+the stem. With an output of 1.6 MB (MobileNet-v1's stem, its 64 -> 128 1x1 at 56x56) fetching ahead cost
+0.02-0.07 ms; at 0.8 MB (ResNet-18's 56x56 layers) it gained nothing."""
+
+ROWS_OUTER = True
 STORE_AHEAD_PANELS = 2
-STORE_AHEAD_MIN_BYTES = 2 << 20
-"""Where positions are the vector dimension and an image's output takes at least ``STORE_AHEAD_MIN_BYTES``
-(more than a core's L2), each register tile first fetches for writing the output lines of the tile
-``STORE_AHEAD_PANELS`` column tiles on, in its own channels: every channel plane is a store stream of its
-own, more than the hardware prefetchers follow, and a call that finds the output cold (another library ran
-in between) otherwise waits on memory at every tile's store. Measured one thread on the Xeon, two profiled
-builds interleaved: ResNet-18's 7x7 stem (3.2 MB out) 2.06-2.12 -> 1.67-1.68 ms, MobileNet-v1's 32 -> 64 1x1 at
-112x112 0.865 -> 0.825; at 1.6 MB (MobileNet-v1's 64 -> 128 1x1 at 56x56, its stem) it cost 0.02-0.07 ms,
-and at 0.8 MB (ResNet-18's 56x56 layers) it gained nothing."""
 
 CONV_KC_MAX = 128
 """A convolution's reduction (channels x taps) runs in blocks of at most this many steps: a block's B panel
@@ -344,8 +354,10 @@ class ConvKernel:
         else:
             core = GemmCore(g.mg, self.positions, k, t, a_at, b_at, self._store, b_pack if pack_b else None,
                             b_masked_edge=g.direct and not pack_b)
-            if STORE_AHEAD_PANELS and 4 * g.c_out * math.prod(g.out_sp) >= STORE_AHEAD_MIN_BYTES:
-                core.store_ahead = self._store_ahead
+            if 4 * g.c_out * math.prod(g.out_sp) >= LARGE_OUTPUT_BYTES:
+                core.rows_outer = ROWS_OUTER and not pack_b
+                if STORE_AHEAD_PANELS:
+                    core.store_ahead = self._store_ahead
         flops = 2.0 * g.batch * g.c_out * k * math.prod(g.out_sp)
         kf.phase(g.batch * g.groups * int(core.blocks), flops, chunk)
         return kf.finish()
@@ -467,7 +479,8 @@ class ConvKernel:
 
     def _store_ahead(self, ctx: Ctx, prob: Any, m0: Val, n0: Val) -> None:
         """Fetch for writing the output lines that the tile :data:`STORE_AHEAD_PANELS` column tiles on will
-        store, in this tile's channels (a hint: past the plane's end it fetches the next channel's lines)."""
+        store, in this tile's channels (a hint: past the plane's end it fetches the next channel's lines; see
+        :data:`LARGE_OUTPUT_BYTES`)."""
         g = self.g
         b = ctx.b
         t = self.tiling

@@ -835,6 +835,7 @@ class GemmCore:
         self.store = store
         self.b_pack = b_pack  # (ctx, problem, n0, k0, buffer): fill a [kc][NR] panel at run time
         self.store_ahead: StoreAhead | None = None  # (ctx, problem, m0, n0): before each micro-kernel call
+        self.rows_outer = False  # tile rows outside the column tiles in a block (B read in place, or by a table)
         self.ahead_every = ahead_every(tiling)
         t = tiling
         self.mt = ceil_div(m, t.mr)
@@ -901,68 +902,71 @@ class GemmCore:
             last = b.icmp_signed("==", kb, size(self.kblocks - 1))
 
             def n_tile(nt: Val) -> None:
-                n0 = b.mul(nt, const(nr))
-                cols = imin(b, const(nr), b.sub(size(self.n), n0))
                 if self.b_pack is not None:
                     assert panel is not None
-                    self.b_pack(ctx, problem, n0, k0, panel)
+                    self.b_pack(ctx, problem, b.mul(nt, const(nr)), k0, panel)
+                for_range(b, mt0, mt1, "mt", lambda mtv: tile_at(nt, mtv))
 
-                def m_tile(mtv: Val) -> None:
-                    m0 = b.mul(mtv, const(t.mr))
-                    rows = imin(b, const(t.mr), b.sub(m_rows, m0))
-                    slot = b.add(b.mul(b.sub(mtv, mt0), const(t.nb_tiles)), b.sub(nt, nt0)) if blocked else const(0)
-                    tile = fgep(b, cbuf, b.mul(slot, const(tile_floats)))
+            def tile_at(nt: Val, mtv: Val) -> None:
+                n0 = b.mul(nt, const(nr))
+                cols = imin(b, const(nr), b.sub(size(self.n), n0))
+                m0 = b.mul(mtv, const(t.mr))
+                rows = imin(b, const(t.mr), b.sub(m_rows, m0))
+                slot = b.add(b.mul(b.sub(mtv, mt0), const(t.nb_tiles)), b.sub(nt, nt0)) if blocked else const(0)
+                tile = fgep(b, cbuf, b.mul(slot, const(tile_floats)))
 
-                    def compute(width: int, height: int) -> None:
-                        nv = -(-width // lanes)
-                        a = self.a_at(ctx, problem, m0, k0)
-                        bb = self.b_at(ctx, problem, n0, k0, width, panel)
-                        valid = width % lanes if bb.kind not in PACKED_B and width % lanes else None
-                        ahead = self._next_panel(ctx, problem, mtv, mt0, nt, nt0, nt1, k0, last, size(self.nt)) \
-                            if bb.kind == "packed" and self.b_pack is None else None
-                        fn = micro_function(ctx.fn.module, a.kind, bb.kind, height, nv, lanes, nr, valid,
-                                            self.ahead_every if ahead is not None else 0, a_stride=t.mr)
-                        if a.kind in ("rows", "rowtable"):
-                            rows = a.ptr
-                            assert isinstance(rows, list)
-                            a_arg = row_ptrs
-                            for i, p in enumerate(rows):
-                                b.store(p, b.gep(row_ptrs, [const(i)], inbounds=True, source_etype=PTR))
-                        else:
-                            assert not isinstance(a.ptr, list)
-                            a_arg = a.ptr
-                        null = ir.Constant(PTR, None)
-                        if self.store_ahead is not None:  # in the K block that stores
-                            fetch = self.store_ahead
-                            if blocked:
-                                if_then(b, last, "store.ahead", lambda: fetch(ctx, problem, m0, n0))
-                            else:
-                                fetch(ctx, problem, m0, n0)
-                        acc = b.not_(first) if blocked else ir.Constant(I1, 0)
-                        table = a.table if a.kind == "rowtable" else bb.table
-                        b.call(fn, [a_arg, i64(a.kstride), bb.ptr, i64(bb.kstride), table or null, kn, tile, acc,
-                                    ahead or null])
-
-                    def across(height: int) -> None:
-                        if self.b_masked_edge:
-                            if_else(b, b.icmp_signed("==", nt, size(self.nt - 1)), "tile.edge",
-                                   lambda: compute(self.n_edge, height), lambda: compute(nr, height))
-                        else:
-                            compute(nr, height)
-
-                    if self.m_edge != t.mr:  # the last tile row has fewer rows: a shorter micro-kernel
-                        if_else(b, b.icmp_signed("==", mtv, const(int(self.mt) - 1)), "tile.bottom",
-                               lambda: across(self.m_edge), lambda: across(t.mr))
+                def compute(width: int, height: int) -> None:
+                    nv = -(-width // lanes)
+                    a = self.a_at(ctx, problem, m0, k0)
+                    bb = self.b_at(ctx, problem, n0, k0, width, panel)
+                    valid = width % lanes if bb.kind not in PACKED_B and width % lanes else None
+                    ahead = self._next_panel(ctx, problem, mtv, mt0, nt, nt0, nt1, k0, last, size(self.nt)) \
+                        if bb.kind == "packed" and self.b_pack is None else None
+                    fn = micro_function(ctx.fn.module, a.kind, bb.kind, height, nv, lanes, nr, valid,
+                                        self.ahead_every if ahead is not None else 0, a_stride=t.mr)
+                    if a.kind in ("rows", "rowtable"):
+                        rows = a.ptr
+                        assert isinstance(rows, list)
+                        a_arg = row_ptrs
+                        for i, p in enumerate(rows):
+                            b.store(p, b.gep(row_ptrs, [const(i)], inbounds=True, source_etype=PTR))
                     else:
-                        across(t.mr)
-                    if blocked:
-                        if_then(b, last, "store", lambda: self.store(ctx, problem, m0, n0, rows, cols, tile, nr))
+                        assert not isinstance(a.ptr, list)
+                        a_arg = a.ptr
+                    null = ir.Constant(PTR, None)
+                    if self.store_ahead is not None:  # in the K block that stores
+                        fetch = self.store_ahead
+                        if blocked:
+                            if_then(b, last, "store.ahead", lambda: fetch(ctx, problem, m0, n0))
+                        else:
+                            fetch(ctx, problem, m0, n0)
+                    acc = b.not_(first) if blocked else ir.Constant(I1, 0)
+                    table = a.table if a.kind == "rowtable" else bb.table
+                    b.call(fn, [a_arg, i64(a.kstride), bb.ptr, i64(bb.kstride), table or null, kn, tile, acc,
+                                ahead or null])
+
+                def across(height: int) -> None:
+                    if self.b_masked_edge:
+                        if_else(b, b.icmp_signed("==", nt, size(self.nt - 1)), "tile.edge",
+                               lambda: compute(self.n_edge, height), lambda: compute(nr, height))
                     else:
-                        self.store(ctx, problem, m0, n0, rows, cols, tile, nr)
+                        compute(nr, height)
 
-                for_range(b, mt0, mt1, "mt", m_tile)
+                if self.m_edge != t.mr:  # the last tile row has fewer rows: a shorter micro-kernel
+                    if_else(b, b.icmp_signed("==", mtv, const(int(self.mt) - 1)), "tile.bottom",
+                           lambda: across(self.m_edge), lambda: across(t.mr))
+                else:
+                    across(t.mr)
+                if blocked:
+                    if_then(b, last, "store", lambda: self.store(ctx, problem, m0, n0, rows, cols, tile, nr))
+                else:
+                    self.store(ctx, problem, m0, n0, rows, cols, tile, nr)
 
-            for_range(b, nt0, nt1, "nt", n_tile)
+            if self.rows_outer:  # each tile row sweeps the block's columns: its stores are a few streams
+                assert self.b_pack is None, "a panel packed at run time is shared by the tile rows: columns outer"
+                for_range(b, mt0, mt1, "mt", lambda mtv: for_range(b, nt0, nt1, "nt", lambda nt: tile_at(nt, mtv)))
+            else:
+                for_range(b, nt0, nt1, "nt", n_tile)
 
         for_range(b, 0, self.kblocks if isinstance(self.kblocks, int) else size(self.kblocks), "kb", k_block)
 
