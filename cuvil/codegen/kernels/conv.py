@@ -116,23 +116,26 @@ input panels first (measured: +20-30% at 56x56, -5% at 14x14). Below that produc
 and few row tiles use it: MobileNet-v1's 32 -> 64 channels at 112x112 0.505 -> 0.449 ms unpacked, where
 32 -> 128 at 56x56 (0.192 against 0.200) and 64 -> 64 at 112x112 (0.820 against 0.833) keep packing."""
 
-LARGE_OUTPUT_BYTES = 2 << 20
-"""An image's output of at least this much (more than a core's L2) is written in few streams, and ahead of its
-stores, where positions are the vector dimension:
+LARGE_OUTPUT_BYTES = 1 << 20
+"""An image's output of at least this much (half a core's L2 and more) is written in few streams, and ahead of
+its stores, where positions are the vector dimension and the input is read in place (or through the padded
+copy's table; a 1x1 convolution whose input panels are copied at run time shares each panel among the tile
+rows, so it keeps the column tiles outside):
 
 - ``ROWS_OUTER``: each register tile row (``mr`` output channels) sweeps the block's column tiles before the
   next row starts, so the stores run along ``mr`` channel planes at a time, where columns outside rows wrote
   a block's every channel plane at once, one store stream per plane (64 for ResNet-18's stem), more than the
-  hardware prefetchers follow. The B tiles (the input, read in place) are read again per tile row, from L1/L2.
+  hardware prefetchers follow. The B tiles (the input) are read again per tile row, from L1/L2.
 - ``STORE_AHEAD_PANELS``: each tile first fetches for writing the output lines of the tile that many column
   tiles on in its rows, so a call that finds its output cold (another library ran in between) does not wait on
   memory at every store.
 
 Measured one thread on the Xeon, two profiled builds interleaved (a call each in turn), with both against
 neither: ResNet-18's 7x7 stem (3.2 MB out) 2.08-2.10 -> 1.61-1.75 ms and the max pool after it 0.40 -> 0.36,
-MobileNet-v1's 32 -> 64 1x1 at 112x112 (3.2 MB) 0.80 -> 0.46-0.49; either alone gave a smaller or no gain on
-the stem. With an output of 1.6 MB (MobileNet-v1's stem, its 64 -> 128 1x1 at 56x56) fetching ahead cost
-0.02-0.07 ms; at 0.8 MB (ResNet-18's 56x56 layers) it gained nothing."""
+MobileNet-v1's 32 -> 64 1x1 at 112x112 (3.2 MB) 0.80 -> 0.46-0.49, its stem (1.6 MB) 0.35-0.37 -> 0.30-0.34;
+either alone gave a smaller or no gain on ResNet-18's stem. Fetching ahead alone where the input panels are
+copied (MobileNet-v1's 1x1 layers at 56x56, 1.6 MB) cost 0.03-0.05 ms; at 0.8 MB (ResNet-18's 56x56 layers)
+nothing changes."""
 
 ROWS_OUTER = True
 STORE_AHEAD_PANELS = 2
@@ -354,8 +357,8 @@ class ConvKernel:
         else:
             core = GemmCore(g.mg, self.positions, k, t, a_at, b_at, self._store, b_pack if pack_b else None,
                             b_masked_edge=g.direct and not pack_b)
-            if 4 * g.c_out * math.prod(g.out_sp) >= LARGE_OUTPUT_BYTES:
-                core.rows_outer = ROWS_OUTER and not pack_b
+            if 4 * g.c_out * math.prod(g.out_sp) >= LARGE_OUTPUT_BYTES and not pack_b:
+                core.rows_outer = ROWS_OUTER
                 if STORE_AHEAD_PANELS:
                     core.store_ahead = self._store_ahead
         flops = 2.0 * g.batch * g.c_out * k * math.prod(g.out_sp)
