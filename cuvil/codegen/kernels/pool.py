@@ -25,7 +25,16 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.chunked import STEP_FLOPS
-from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, even_lanes, fgep, host_isa, span_inside, splat
+from cuvil.codegen.kernels.gemm import (
+    Ctx,
+    KernelFunction,
+    even_lanes,
+    fgep,
+    host_isa,
+    prefetch,
+    span_inside,
+    splat,
+)
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import F32
 from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_tap, plane_row
@@ -35,6 +44,12 @@ from cuvil.ir.dtypes import DType
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
 from cuvil.ir.values import Value
+
+ROWS_AHEAD = 8
+"""At a stride of 2 across, each input row's pass first fetches the row this many rows on: the plane comes
+from L3 or memory (ResNet-18's stem writes 3.2 MB just before), and the row maxima's masked loads left the
+hardware prefetchers behind. One thread, two profiled ResNet-18 builds interleaved: the stem's max pool
+0.355 -> 0.272 ms (4 rows: 0.263 against 0.275 for 8 in the same run; 16: 0.306 against 0.289)."""
 
 ROWS_MAX_BYTES = 64 * 1024
 """Bound on the stack a chunk's row maxima take (:meth:`MaxPoolKernel._rows_then_columns`)."""
@@ -152,6 +167,10 @@ class MaxPoolKernel(ReadsEveryOperand):
 
         def along(r: Val) -> None:
             row = fgep(b, src, b.mul(r, const(w)))
+            if ROWS_AHEAD:  # the row that many rows on (past the plane: the next plane's; a hint either way)
+                ahead = b.gep(row, [const(ROWS_AHEAD * w)], source_etype=F32)
+                for line in range(0, w, 16):
+                    prefetch(b, b.gep(ahead, [const(line)], source_etype=F32))
 
             def block(j: Val) -> None:
                 x0 = b.mul(j, const(lanes))
