@@ -768,7 +768,39 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
                 nb_tiles = -(-nb_tiles // 2)
             else:
                 mb_tiles = -(-mb_tiles // 2)
+    if EVEN_BLOCKS and product_work(m, n, k) >= PARALLEL_MIN_FLOPS:
+        nb_tiles = _even_split(nt, nb_tiles, _sizes(mt, mb_tiles))
     return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
+
+
+EVEN_BLOCKS = True
+"""Whether column blocks are resized so that two threads finish together (:func:`_even_split`). Two threads,
+two profiled builds interleaved: ResNet-18's stem 1.03 -> 0.99 ms (15 blocks -> 18), MobileNet-v1's 128-channel
+1x1 at 56x56 0.39 -> 0.37 (11 -> 17); one thread unchanged."""
+
+
+def _sizes(tiles: int, per_block: int) -> list[int]:
+    return [per_block] * (tiles // per_block) + ([tiles % per_block] if tiles % per_block else [])
+
+
+def _two_thread_span(row_sizes: list[int], col_sizes: list[int]) -> int:
+    """When the later of two threads finishes, each taking the next block (row blocks outer) when it is free."""
+    free = [0, 0]
+    for size in (r * c for r in row_sizes for c in col_sizes):
+        free[free.index(min(free))] += size
+    return max(free)
+
+
+def _even_split(tiles: int, per_block: int, row_sizes: list[int]) -> int:
+    """Column tiles per block, at most ``per_block`` and at least three quarters of it, that share the blocks
+    out most evenly between two threads claiming them as they become free (the pool's usual size), where
+    that is at least 3 % better than ``per_block``: an odd count of blocks of a size leaves one thread a
+    whole block longer (ResNet-18's stem had 15 blocks of 18 column tiles)."""
+    def span(cols: int) -> tuple[int, int]:
+        return _two_thread_span(row_sizes, _sizes(tiles, cols)), -cols
+
+    best = min(range(max(1, (3 * per_block) // 4), per_block + 1), key=span)
+    return best if span(best)[0] * 1.03 <= span(per_block)[0] else per_block
 
 
 StoreAhead = Callable[[Ctx, Any, Val, Val], None]
