@@ -114,10 +114,11 @@ def _cuvil_engine(zm: Any, threads: int, frontend: str, onnx_model: Any,
     return (lambda: model(*inputs)), info
 
 
-def _ort_engine(zm: Any, threads: int, onnx_model: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+def ort_options(threads: int) -> Any:
+    """ONNX Runtime's session options in every benchmark: ``threads`` intra-op threads, all graph
+    optimizations, no spinning on two or more threads (the engines take turns on the same cores)."""
     import onnxruntime as ort
 
-    start = time.perf_counter()
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -125,7 +126,15 @@ def _ort_engine(zm: Any, threads: int, onnx_model: Any) -> tuple[Callable[[], An
     so.log_severity_level = 3
     if threads > 1:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(onnx_model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return so
+
+
+def _ort_engine(zm: Any, threads: int, onnx_model: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+    import onnxruntime as ort
+
+    start = time.perf_counter()
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), ort_options(threads),
+                                providers=["CPUExecutionProvider"])
     feed = {i.name: a for i, a in zip(sess.get_inputs(), zm.example_inputs_numpy(), strict=True)}
     return (lambda: sess.run(None, feed)[0]), {"setup_s": time.perf_counter() - start}
 

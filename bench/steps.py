@@ -20,19 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import ort_options
 from bench.models import ZOO
 
 
 def _ort_session(onnx_model: Any, threads: int, prefix: str) -> Any:
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    if threads > 1:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so = ort_options(threads)
     so.enable_profiling = True
     so.profile_file_prefix = prefix
     return ort.InferenceSession(onnx_model.SerializeToString(), so, providers=["CPUExecutionProvider"])

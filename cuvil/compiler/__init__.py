@@ -121,7 +121,7 @@ def compile(model: Any, *, backend: str = "llvm", target: str | None = None, opt
                       output_dir=Path(output_dir) if output_dir is not None else None, fp16=fp16_request,
                       guard=guard, dim_max=dim_max if shape_class else None,
                       int8=opt_level == 3 and not fp16 if int8 is None else bool(int8), bf16=bool(bf16),
-                     profile=bool(profile))
+                      profile=bool(profile))
     sig = job.signature()
     if guard is not None:
         guard.check_model(sig.inputs)

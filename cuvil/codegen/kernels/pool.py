@@ -49,7 +49,7 @@ ROWS_AHEAD = 8
 """At a stride of 2 across, each input row's pass first fetches the row this many rows on: the plane comes
 from L3 or memory (ResNet-18's stem writes 3.2 MB just before), and the row maxima's masked loads left the
 hardware prefetchers behind. One thread, two profiled ResNet-18 builds interleaved: the stem's max pool
-0.355 -> 0.272 ms (4 rows: 0.263 against 0.275 for 8 in the same run; 16: 0.306 against 0.289)."""
+0.355 -> 0.272 ms (4 rows ahead: 0.275 against 0.263 for 8 in the same run; 16: 0.306 against 0.289)."""
 
 ROWS_MAX_BYTES = 64 * 1024
 """Bound on the stack a chunk's row maxima take (:meth:`MaxPoolKernel._rows_then_columns`)."""
