@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,17 @@ def c_toolchain(target: str | None) -> tuple[str | None, list[str]]:
         return shutil.which("cc"), []
     assert target == AARCH64, target
     return shutil.which("aarch64-linux-gnu-gcc"), [str(shutil.which("qemu-aarch64")), "-L", str(AARCH64_SYSROOT)]
+
+
+def run_c_program(cc: str, run_prefix: list[str], program: str, include: Path, exe: Path, *args: object) -> str:
+    """Build ``program`` (C11 with GNU extensions, warnings as errors, the generated header under ``include``)
+    into ``exe``, run it with ``args`` and return its standard output; a failed build or run fails the test."""
+    build = subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(include), "-o", str(exe), "-x", "c", "-",
+                            "-ldl"], input=program, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    res = subprocess.run([*run_prefix, str(exe), *map(str, args)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
 
 
 # the C consumer tests run for the host and, where the toolchain is, for aarch64 under qemu

@@ -80,7 +80,7 @@ class StepClock:
         out, capacity, reset = fn.args
         out.name, capacity.name, reset.name = "ns", "capacity", "reset"
         b = Builder(fn.append_basic_block("entry"))
-        runs = b.load(self.runs, typ=I64)
+        runs = b.load_atomic(self.runs, "monotonic", 8, typ=I64)
         ty = self.ns.value_type
         zeroing = b.icmp_signed("!=", reset, ir.Constant(I32, 0))
         has_out = b.icmp_unsigned("!=", out, ir.Constant(PTR, None))

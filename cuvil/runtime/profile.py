@@ -81,13 +81,17 @@ def render_profile(profile: Profile, top: int = 20) -> str:
     """A plain-text table: the slowest steps, then the time per op and kernel."""
     runs = max(profile.runs, 1)
     total = profile.total_ns / runs / 1e6
+
+    def share(ms: float) -> float:
+        return ms / total if total else 0.0
+
     lines = [f"{profile.runs} run(s), {total:.3f} ms a run in the ops", "",
              f"{'step':>5}  {'ms/run':>9}  {'share':>6}  {'op':<18}{'kernel':<34}type"]
     for s in sorted(profile.steps, key=lambda s: -s.total_ns)[:top]:
         ms = profile.per_run_ms(s)
-        lines.append(f"{s.step:>5}  {ms:>9.4f}  {ms / total if total else 0:>6.1%}  {s.op:<18}{s.kernel:<34}{s.type}")
+        lines.append(f"{s.step:>5}  {ms:>9.4f}  {share(ms):>6.1%}  {s.op:<18}{s.kernel:<34}{s.type}")
     lines += ["", f"{'ms/run':>9}  {'share':>6}  {'steps':>5}  {'op':<18}kernel"]
     for op, kernel, count, ns in profile.by_kernel():
         ms = ns / runs / 1e6
-        lines.append(f"{ms:>9.4f}  {ms / total if total else 0:>6.1%}  {count:>5}  {op:<18}{kernel}")
+        lines.append(f"{ms:>9.4f}  {share(ms):>6.1%}  {count:>5}  {op:<18}{kernel}")
     return "\n".join(lines)

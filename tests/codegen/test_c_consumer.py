@@ -4,8 +4,6 @@ host and for aarch64 (cross-compiled program and library, run under qemu-aarch64
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 
@@ -13,7 +11,7 @@ from cuvil.compiler import compile
 from cuvil.interp import run_reference
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from tests.cross_targets import C_TARGETS, c_toolchain
+from tests.cross_targets import C_TARGETS, c_toolchain, run_c_program
 
 PROGRAM = r"""
 #include <dlfcn.h>
@@ -99,14 +97,9 @@ def test_c_program_runs_the_library_through_the_header(tmp_path, target):
     (tmp_path / "x.bin").write_bytes(xv.tobytes())
     (tmp_path / "ids.bin").write_bytes(iv.tobytes())
     exe = tmp_path / "consumer"
-    build = subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(tmp_path / "lib"), "-o", str(exe),
-                            "-x", "c", "-", "-ldl"], input=PROGRAM, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    res = subprocess.run([*run_prefix, str(exe), str(model.library_path), str(tmp_path / "x.bin"),
-                          str(tmp_path / "ids.bin"), str(tmp_path / "y.bin")], capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0, res.stderr
-    rc, rc_shape, rc_dtype, rc_arity, rc_plain, same = map(int, res.stdout.split())
+    out = run_c_program(cc, run_prefix, PROGRAM, tmp_path / "lib", exe, model.library_path, tmp_path / "x.bin",
+                        tmp_path / "ids.bin", tmp_path / "y.bin")
+    rc, rc_shape, rc_dtype, rc_arity, rc_plain, same = map(int, out.split())
     header = (tmp_path / "lib" / "cuvil_tiny.h").read_text()
     codes = {line.split()[1]: int(line.split()[2]) for line in header.splitlines()
              if line.startswith("#define CUVIL_ERR_") or line.startswith("#define CUVIL_OK")}
@@ -177,14 +170,10 @@ def test_c_program_runs_one_library_at_every_size_of_its_shape_class(tmp_path, t
     m = b.module(b.function("seq", [x], [y], ["y"]))
     compile(m, output_dir=tmp_path / "lib", shape_class=True, dim_max={"N": 40}, target=target)
     exe = tmp_path / "consumer"
-    build = subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(tmp_path / "lib"), "-o", str(exe),
-                            "-x", "c", "-", "-ldl"], input=CLASS_PROGRAM, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
     sizes = [1, 7, 40, 41, 0]
-    res = subprocess.run([*run_prefix, str(exe), str(tmp_path / "lib" / "libcuvil_seq.so"), *map(str, sizes)],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    rows = [line.split() for line in res.stdout.splitlines()]
+    out = run_c_program(cc, run_prefix, CLASS_PROGRAM, tmp_path / "lib", exe, tmp_path / "lib" / "libcuvil_seq.so",
+                        *sizes)
+    rows = [line.split() for line in out.splitlines()]
     assert [int(r[0]) for r in rows] == sizes
     for n, rc, rc_dims, same, total in rows:
         n = int(n)

@@ -5,7 +5,6 @@ library has no profile."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import onnx
@@ -22,7 +21,7 @@ from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.runtime.loader import load
 from cuvil.runtime.profile import render_profile
-from tests.cross_targets import c_toolchain
+from tests.cross_targets import c_toolchain, run_c_program
 
 BIG, SMALL = 384, 4
 
@@ -144,13 +143,8 @@ def test_a_c_program_reads_the_profile_through_the_header(builds, tmp_path):
         pytest.skip("no C compiler on this machine")
     profiled, _, _, root = builds
     exe = tmp_path / "reader"
-    build = subprocess.run([cc, "-std=gnu11", "-Wall", "-Werror", "-I", str(root / "on"), "-o", str(exe),
-                            "-x", "c", "-", "-ldl"], input=PROGRAM, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    res = subprocess.run([*run_prefix, str(exe), str(profiled.library_path)], capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0, res.stderr
-    runs, positive, negative, untouched, again = map(int, res.stdout.split())
+    out = run_c_program(cc, run_prefix, PROGRAM, root / "on", exe, profiled.library_path)
+    runs, positive, negative, untouched, again = map(int, out.split())
     # its own process: three runs; the capacity bounds the copy; the reset leaves nothing counted
     assert (runs, positive, negative, untouched, again) == (3, 1, 0, -1, 0)
 

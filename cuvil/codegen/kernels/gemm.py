@@ -796,11 +796,10 @@ def _even_split(tiles: int, per_block: int, row_sizes: list[int]) -> int:
     out most evenly between two threads claiming them as they become free (the pool's usual size), where
     that is at least 3 % better than ``per_block``: an odd count of blocks of a size leaves one thread a
     whole block longer (ResNet-18's stem had 15 blocks of 18 column tiles)."""
-    def span(cols: int) -> tuple[int, int]:
-        return _two_thread_span(row_sizes, _sizes(tiles, cols)), -cols
-
-    best = min(range(max(1, (3 * per_block) // 4), per_block + 1), key=span)
-    return best if span(best)[0] * 1.03 <= span(per_block)[0] else per_block
+    spans = {cols: _two_thread_span(row_sizes, _sizes(tiles, cols))
+             for cols in range(max(1, (3 * per_block) // 4), per_block + 1)}
+    best = min(spans, key=lambda cols: (spans[cols], -cols))
+    return best if spans[best] * 1.03 <= spans[per_block] else per_block
 
 
 StoreAhead = Callable[[Ctx, Any, Val, Val], None]
