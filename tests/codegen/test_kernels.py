@@ -703,17 +703,19 @@ def test_streamed_b_is_read_by_as_few_m_blocks_as_the_caches_allow(m: int, n: in
 
 
 def test_blocks_are_cut_so_two_threads_finish_together():
-    """Column blocks are made up to a quarter smaller where that lets two threads (taking blocks as they become
-    free) finish at least 3 % sooner: ResNet-18's stem, 269 column tiles of one row block, went in 15 blocks
-    of 18 (one thread 143 tiles, the other 126); a count that already shares out evenly stays."""
+    """Column blocks are made up to a quarter smaller or up to twice as wide where that lets two threads (taking
+    blocks as they become free) finish at least 3 % sooner: ResNet-18's stem, 269 column tiles of one row block,
+    went in 15 blocks of 18 (one thread 143 tiles, the other 126), its 56x56 layers' 68 tiles in 9 blocks of 8
+    (36 against 32); a count that already shares out evenly stays."""
     from cuvil.codegen.kernels import gemm
 
     assert gemm._two_thread_span([1], [18] * 14 + [17]) == 143
     cols = gemm._even_split(269, 18, [1])
     span = gemm._two_thread_span([1], gemm._sizes(269, cols))
-    assert 13 <= cols < 18 and span * 1.03 <= 143 and span <= 269 / 2 + cols
+    assert 13 <= cols <= 2 * 18 + 1 and cols != 18 and span * 1.03 <= 143 and span <= 269 / 2 + cols
     assert gemm._even_split(64, 8, [1]) == 8  # eight blocks of eight: already even
-    assert gemm._even_split(68, 8, [1]) == 8  # 9 blocks (the last half): 36 against 35 at best, under 3 %
+    assert gemm._even_split(68, 8, [1]) == 17  # 9 blocks (the last half): 36 against 34 in four blocks of 17
+    assert gemm._even_split(65, 8, [1]) == 8  # 9 blocks (the last of one tile): 33, as even as 65 tiles go
     # row blocks of unequal sizes count: two row blocks of 16 tiles and one of 3, 10 column tiles of one block
     assert gemm._two_thread_span([16, 16, 3], [10]) == 190
     isa = gemm.ISAS["avx512"]
