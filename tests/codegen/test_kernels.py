@@ -811,6 +811,50 @@ def test_conv_large_output_schedule_changes_no_bit(monkeypatch):
             assert_close(g, w, k, label)
 
 
+def test_rows_read_ahead_changes_no_bit(monkeypatch):
+    """Positions as GEMM rows read in place (a 1x1 convolution's input, a padded copy through the offset table)
+    may fetch a later tile row's elements at every step: a hint only, so the results are those of the build
+    without it, bit for bit, at plane and tile edges (a bottom tile of fewer rows, whose fetches run past the
+    plane), strided and grouped convolutions, two images, on two threads, and they match the rule."""
+    import cuvil.codegen.kernels.conv as conv
+
+    c = Cases()
+    for xs, ws, attrs in [((2, 20, 15, 14), (32, 20, 1, 1), {}),
+                          ((1, 24, 16, 16), (17, 24, 3, 3), {"pads": (1, 1, 1, 1)}),
+                          ((1, 12, 29, 27), (20, 12, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+                          ((1, 16, 14, 14), (32, 8, 3, 3), {"groups": 2, "pads": (1, 0, 1, 2)})]:
+        x = c.input(_f32(*xs))
+        c.add(f"conv x{xs} w{ws} {attrs}", c.b.relu(c.b.conv(x, c.b.const(_f32(*ws)), **attrs)),
+              ws[1] * math.prod(ws[2:]))
+    module = c.module()
+    monkeypatch.setattr(conv.ConvKernel, "positions_as_rows", True)
+    monkeypatch.setattr(conv, "ROWS_AHEAD_MIN_PLANE", 1)
+    flags: list[bool] = []
+    monkeypatch.setattr(gemm, "micro_function", _noting_read_ahead(gemm.micro_function, flags))
+    builds = {}
+    for ahead in (gemm.LINE_FLOATS, 0):
+        monkeypatch.setattr(conv, "ROWS_AHEAD_FLOATS", ahead)
+        flags.clear()
+        builds[ahead] = compile(module, cache=False, threads=2)
+        assert flags and all(flags) == bool(ahead) and any(flags) == bool(ahead), (ahead, flags)
+    plain = builds[0].run(c.inputs)
+    want = rule_reference(module, c.inputs)
+    for ahead, model in builds.items():
+        assert model.manifest is not None and all(".t." in k for k in model.manifest["kernels"] if k != "view")
+        for g, p, w, label, k in zip(model.run(c.inputs), plain, want, c.labels, c.reductions, strict=True):
+            assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), (ahead, label)
+            assert_close(g, w, k, label)
+
+
+def _noting_read_ahead(make: Callable[..., Any], flags: list[bool]) -> Callable[..., Any]:
+    """``gemm.micro_function`` that notes whether each micro-kernel it makes reads rows ahead."""
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        flags.append(bool(kwargs.get("read_ahead", False)))
+        return make(*args, **kwargs)
+
+    return wrapped
+
+
 def _recording(emit: Callable[..., Any], seen: list[tuple[bool, Any]]) -> Callable[..., Any]:
     """``GemmCore.emit_block`` that notes each core's loop order and store-ahead hook first."""
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:

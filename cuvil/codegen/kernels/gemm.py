@@ -300,8 +300,12 @@ class RowsA:
     row_ptrs: list[Val]
     kstride: Val
 
+    def offset(self, b: Builder, k: Val) -> Val:
+        """Where step ``k`` lies from each row's pointer."""
+        return b.mul(k, self.kstride, flags=("nsw",))
+
     def rows(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
-        off = b.mul(k, self.kstride, flags=("nsw",))
+        off = self.offset(b, k)
         return [splat(b, b.load(fgep(b, self.row_ptrs[i], off), typ=F32, align=4), lanes) for i in range(count)]
 
 
@@ -313,8 +317,12 @@ class RowsTableA:
     row_ptrs: list[Val]
     table: Val
 
+    def offset(self, b: Builder, k: Val) -> Val:
+        """Where step ``k`` lies from each row's pointer."""
+        return b.sext(b.load(b.gep(self.table, [k], inbounds=True, source_etype=I32), typ=I32, align=4), I64)
+
     def rows(self, b: Builder, k: Val, count: int, lanes: int) -> list[Val]:
-        off = b.sext(b.load(b.gep(self.table, [k], inbounds=True, source_etype=I32), typ=I32, align=4), I64)
+        off = self.offset(b, k)
         return [splat(b, b.load(fgep(b, self.row_ptrs[i], off), typ=F32, align=4), lanes) for i in range(count)]
 
 
@@ -367,10 +375,13 @@ class DirectB:
 
 
 def micro_kernel(b: Builder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes: int, count: Val,
-                 init: list[Val], ahead: Val | None = None, ahead_every: int = 1) -> list[Val]:
+                 init: list[Val], ahead: Val | None = None, ahead_every: int = 1,
+                 read_ahead: Val | None = None) -> list[Val]:
     """``acc[i*nv + j] += a[i, k] * b[k, j-th vector]`` for ``k < count``; accumulators stay in registers.
     ``ahead``: memory to pull into the caches meanwhile, one line every ``ahead_every`` steps (every step
-    asks for its share, so a line is asked for ``ahead_every`` times).
+    asks for its share, so a line is asked for ``ahead_every`` times). ``read_ahead`` (A's rows read in place):
+    a pointer whose step-``k`` element is fetched at every step, at the offset the rows read step ``k`` at (a
+    later tile row's, which another core may have written last).
 
     The loop is not unrolled: unrolled, LLVM schedules the next step's B loads and broadcasts ahead of
     this step's multiply-adds, and a tile of 24 accumulators plus twice its B vectors outgrows AVX-512's
@@ -380,6 +391,9 @@ def micro_kernel(b: Builder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes:
     def step(k: Val, acc: list[Val]) -> list[Val]:
         if ahead is not None:
             prefetch(b, fgep(b, ahead, b.mul(k, const(LINE_FLOATS // ahead_every), flags=("nsw",))))
+        if read_ahead is not None:
+            assert isinstance(a, (RowsA, RowsTableA))
+            prefetch(b, fgep(b, read_ahead, a.offset(b, k)))
         bv = bb.vectors(b, k, nv, lanes)
         av = a.rows(b, k, rows, lanes)
         return [fma(b, av[i], bv[j], acc[i * nv + j]) for i in range(rows) for j in range(nv)]
@@ -416,8 +430,8 @@ class BOperand:
 PACKED_B = ("packed", "packed16")
 """B operands packed as zero-padded ``[k][nr]`` panels: of float32, or of float16 widened as they are read."""
 
-MICRO_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, PTR, I1, PTR])
-"""``micro(a, a_kstride, b, b_kstride, b_table, count, tile, accumulate, ahead)``."""
+MICRO_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, PTR, I1, PTR, PTR])
+"""``micro(a, a_kstride, b, b_kstride, b_table, count, tile, accumulate, ahead, read_ahead)``."""
 
 LINE_FLOATS = 16
 """Floats per cache line (64 bytes)."""
@@ -451,7 +465,8 @@ def ahead_every(tiling: Tiling) -> int:
 
 
 def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, lanes: int, tile_stride: int,
-                   valid_last: int | None, ahead_every: int = 0, a_stride: int | None = None) -> ir.Function:
+                   valid_last: int | None, ahead_every: int = 0, a_stride: int | None = None,
+                   read_ahead: bool = False) -> ir.Function:
     """The micro-kernel as a function, one per tile shape and operand kind in a module (every
     kernel of a model shares it, so LLVM optimizes and compiles it once). It adds
     ``count`` steps of A x B to the ``mr x nv`` vectors at ``tile`` (or starts from zero).
@@ -460,6 +475,7 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
     name = f"cuvil.micro.{a_kind}.{b_kind}.{mr}x{nv}x{lanes}.s{tile_stride}" + \
         (f".a{a_stride}" if a_kind == "packed" and a_stride != mr else "") + \
         (f".v{valid_last}" if valid_last is not None else "") + (f".ahead{ahead_every}" if ahead_every else "") + \
+        (".ra" if read_ahead else "") + \
         (".bf16x2" if paired() else "" if fused() else ".unfused")
     found = mod.globals.get(name)
     if isinstance(found, ir.Function):
@@ -467,9 +483,9 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
     fn = ir.Function(mod, MICRO_TYPE, name=name)
     fn.linkage = "internal"
     fn.attributes.add("noinline")
-    a_ptr, a_kstride, b_ptr, b_kstride, table, count, tile, accumulate, ahead_ptr = fn.args
+    a_ptr, a_kstride, b_ptr, b_kstride, table, count, tile, accumulate, ahead_ptr, read_ahead_ptr = fn.args
     for arg, nm in zip(fn.args, ("a", "a_kstride", "b", "b_kstride", "table", "count", "tile", "accumulate",
-                                 "ahead"), strict=True):
+                                 "ahead", "read_ahead"), strict=True):
         arg.name = nm
     for arg in (a_ptr, b_ptr, table, tile):
         arg.add_attribute("noalias")
@@ -494,8 +510,9 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
         for j in range(nv):
             old = b.load(fgep(b, tile, i * tile_stride + j * lanes), typ=vt, align=64)
             init.append(b.select(accumulate, old, zero))
+    assert not read_ahead or a_kind in ("rows", "rowtable"), "only rows read in place read ahead"
     acc = micro_kernel(b, a, bb, mr, nv, lanes, count, init, ahead=ahead_ptr if ahead_every else None,
-                       ahead_every=max(1, ahead_every))
+                       ahead_every=max(1, ahead_every), read_ahead=read_ahead_ptr if read_ahead else None)
     for i in range(mr):
         for j in range(nv):
             b.store(acc[i * nv + j], fgep(b, tile, i * tile_stride + j * lanes), align=64)
@@ -872,6 +889,7 @@ class GemmCore:
         self.b_pack = b_pack  # (ctx, problem, n0, k0, buffer): fill a [kc][NR] panel at run time
         self.store_ahead: StoreAhead | None = None  # (ctx, problem, m0, n0): before each micro-kernel call
         self.rows_outer = False  # tile rows outside the column tiles in a block (B read in place, or by a table)
+        self.read_ahead = 0  # A rows read in place: fetch, step by step, the element this many floats past row 0's
         self.ahead_every = ahead_every(tiling)
         t = tiling
         self.mt = ceil_div(m, t.mr)
@@ -958,18 +976,23 @@ class GemmCore:
                     valid = width % lanes if bb.kind not in PACKED_B and width % lanes else None
                     ahead = self._next_panel(ctx, problem, mtv, mt0, nt, nt0, nt1, k0, last, size(self.nt)) \
                         if bb.kind == "packed" and self.b_pack is None else None
+                    a_in_place = a.kind in ("rows", "rowtable")
+                    reads_ahead = self.read_ahead > 0 and a_in_place
                     fn = micro_function(ctx.fn.module, a.kind, bb.kind, height, nv, lanes, nr, valid,
-                                        self.ahead_every if ahead is not None else 0, a_stride=t.mr)
-                    if a.kind in ("rows", "rowtable"):
+                                        self.ahead_every if ahead is not None else 0, a_stride=t.mr,
+                                        read_ahead=reads_ahead)
+                    null = ir.Constant(PTR, None)
+                    if a_in_place:
                         rows = a.ptr
                         assert isinstance(rows, list)
                         a_arg = row_ptrs
                         for i, p in enumerate(rows):
                             b.store(p, b.gep(row_ptrs, [const(i)], inbounds=True, source_etype=PTR))
+                        read_at = fgep(b, rows[0], self.read_ahead) if reads_ahead else null
                     else:
                         assert not isinstance(a.ptr, list)
                         a_arg = a.ptr
-                    null = ir.Constant(PTR, None)
+                        read_at = null
                     if self.store_ahead is not None:  # in the K block that stores
                         fetch = self.store_ahead
                         if blocked:
@@ -979,7 +1002,7 @@ class GemmCore:
                     acc = b.not_(first) if blocked else ir.Constant(I1, 0)
                     table = a.table if a.kind == "rowtable" else bb.table
                     b.call(fn, [a_arg, i64(a.kstride), bb.ptr, i64(bb.kstride), table or null, kn, tile, acc,
-                                ahead or null])
+                                ahead or null, read_at])
 
                 def across(height: int) -> None:
                     if self.b_masked_edge:
