@@ -323,7 +323,9 @@ def register(sub: Any) -> None:
     p.add_argument("--opt-level", default="O3", metavar="O0..O3", help="optimization level (default O3)")
     p.add_argument("--passes", default=None, metavar="SPEC",
                    help="a pass pipeline instead of the opt level's (e.g. 'O2' or 'fold-batchnorm,dce')")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="threads the library may use")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="the library's thread pool size (default: $CUVIL_NUM_THREADS, else the CPUs it may run on); "
+                        "its kernels' blocks are cut for that many threads")
     p.add_argument("--shape", "--specialize", dest="shape", action="append", default=[], metavar="NAME=2x3x224x224",
                    help="specialize the library to this shape of an input with symbolic dims; repeatable. Without "
                         "it, a model with symbolic dims compiles to one library for its whole shape class, which "

@@ -36,8 +36,9 @@ from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
 from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
+from cuvil.codegen.kernels.gemm import pool_threads
 from cuvil.codegen.kernels.pack import embed_array
-from cuvil.codegen.kernels.threads import in_run, set_default_threads
+from cuvil.codegen.kernels.threads import default_pool_size, in_run, set_default_threads
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, op_rule, static_shape
@@ -103,7 +104,15 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
     every size its symbolic dims may take (kernels read the dims at run time; the arena is planned at
     the maxima). ``threads`` is the default size of the thread pool tuned kernels run on (None: the
     CPUs the process may use); ``guard``: the value checks the run entry point makes before and after
-    the ops; ``profile``: time every op of a run (:mod:`cuvil.codegen.profile`)."""
+    the ops; ``profile``: time every op of a run (:mod:`cuvil.codegen.profile`). Kernels cut their blocks
+    for a pool of ``threads``, or of the size a pool started here would take."""
+    with pool_threads(threads or default_pool_size()):
+        return _lower(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class,
+                      profile=profile)
+
+
+def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | None, threads: int | None,
+           guard: GuardChecks | None, shape_class: ShapeClass | None, profile: bool) -> LoweredFunction:
     name = name or fn.name
     prefix = abi.symbol_prefix(name)
     _check_storage(fn)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.artifact import Artifact, build_library
+from cuvil.codegen.kernels.threads import default_pool_size
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.codegen.target import Target, certificate_target
 from cuvil.compiler.bf16_plan import plan_bf16
@@ -126,6 +127,7 @@ class CompileJob:
         return {"backend": "llvm", "opt_level": self.opt_level, "pipeline_spec": pipeline,
                 "pipeline": pipeline_key(self.passes), "gate": callable_key(self.gate), "name": self.name,
                 "keep_ir": self.keep_ir, "threads": self.threads,
+                **({"pool_size": default_pool_size()} if self.threads is None else {}),  # the blocks are cut for them
                 **({"fp16": dict(self.fp16)} if self.fp16 is not None else {}),
                 **({"int8": True} if self.int8 else {}),
                 **({"bf16": True} if self.bf16 else {}),

@@ -707,23 +707,54 @@ def test_blocks_are_cut_so_two_threads_finish_together():
     blocks as they become free) finish at least 3 % sooner: ResNet-18's stem, 269 column tiles of one row block,
     went in 15 blocks of 18 (one thread 143 tiles, the other 126), its 56x56 layers' 68 tiles in 9 blocks of 8
     (36 against 32); a count that already shares out evenly stays."""
-    from cuvil.codegen.kernels import gemm
-
-    assert gemm._two_thread_span([1], [18] * 14 + [17]) == 143
+    assert gemm._span([1], [18] * 14 + [17]) == 143
     cols = gemm._even_split(269, 18, [1])
-    span = gemm._two_thread_span([1], gemm._sizes(269, cols))
+    span = gemm._span([1], gemm._sizes(269, cols))
     assert 13 <= cols <= 2 * 18 + 1 and cols != 18 and span * 1.03 <= 143 and span <= 269 / 2 + cols
     assert gemm._even_split(64, 8, [1]) == 8  # eight blocks of eight: already even
     assert gemm._even_split(68, 8, [1]) == 17  # 9 blocks (the last half): 36 against 34 in four blocks of 17
     assert gemm._even_split(65, 8, [1]) == 8  # 9 blocks (the last of one tile): 33, as even as 65 tiles go
     # row blocks of unequal sizes count: two row blocks of 16 tiles and one of 3, 10 column tiles of one block
-    assert gemm._two_thread_span([16, 16, 3], [10]) == 190
+    assert gemm._span([16, 16, 3], [10]) == 190
     isa = gemm.ISAS["avx512"]
     for m, n, k in [(64, 12900, 147), (64, 3248, 576), (128, 3136, 128)]:
         t = gemm.choose_tiling(isa, m, n, k, b_streams=True)
-        even = gemm._two_thread_span(gemm._sizes(-(-m // t.mr), t.mb_tiles), gemm._sizes(-(-n // t.nr), t.nb_tiles))
+        even = gemm._span(gemm._sizes(-(-m // t.mr), t.mb_tiles), gemm._sizes(-(-n // t.nr), t.nb_tiles))
         total = -(-m // t.mr) * -(-n // t.nr)
         assert even <= total / 2 + t.mb_tiles * t.nb_tiles  # at most one block over the even share
+
+
+def test_blocks_are_cut_for_the_pool_the_library_is_built_for(monkeypatch):
+    """The blocks are shared out among the threads a library is compiled for (``threads``, else the CPUs the
+    compiling process may use), not always two: on eight threads the 56x56 layers' 68 column tiles go in eight
+    blocks of 9 (four of 17 would leave four threads idle), on one thread the cache-sized blocks stay."""
+    assert gemm._span([1], [17] * 4, 8) == 17 and gemm._span([1], [9] * 7 + [5], 8) == 9
+    assert gemm._even_split(68, 8, [1], 8) == 9
+    assert gemm._even_split(68, 8, [1], 1) == 8
+    isa = gemm.ISAS["avx512"]
+    for threads in (2, 3, 8, 16):
+        with gemm.pool_threads(threads):
+            t = gemm.choose_tiling(isa, 64, 3248, 576, b_streams=True)
+        blocks = gemm._sizes(-(-3248 // t.nr), t.nb_tiles)
+        assert len(blocks) >= min(threads, 8), (threads, blocks)  # every thread has a block where there are tiles
+        assert gemm._span([1], blocks, threads) <= sum(blocks) / threads + max(blocks)  # one block over the share
+    seen: list[int] = []
+    even = gemm._even_split
+    monkeypatch.setattr(gemm, "_even_split", lambda *a: seen.append(a[3]) or even(*a))
+    c = Cases()
+    x = c.input(_f32(1, 16, 40, 40))
+    c.add("conv", c.b.conv(x, c.b.const(_f32(64, 16, 3, 3)), pads=(1, 1, 1, 1)), 16 * 9)
+    for threads in (3, 1):
+        seen.clear()
+        compile(c.module(), cache=False, threads=threads)
+        assert seen and set(seen) == {threads}, (threads, seen)
+    from cuvil.codegen.kernels.threads import MAX_THREADS, default_pool_size
+    for env, want in (("5", 5), ("0", None), ("many", None)):  # as the pool resolves its size at run time
+        monkeypatch.setenv("CUVIL_NUM_THREADS", env)
+        assert default_pool_size() == (want or min(len(os.sched_getaffinity(0)), MAX_THREADS))
+        seen.clear()
+        compile(c.module(), cache=False)
+        assert seen and set(seen) == {default_pool_size()}
 
 
 def test_a_reduction_just_past_a_k_block_runs_as_one_and_keeps_every_bit(monkeypatch):

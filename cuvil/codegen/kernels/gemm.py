@@ -177,6 +177,21 @@ def products_rounded() -> Iterator[None]:
         _products_rounded.reset(token)
 
 
+_pool_threads: ContextVar[int] = ContextVar("pool_threads", default=2)
+
+
+@contextlib.contextmanager
+def pool_threads(n: int) -> Iterator[None]:
+    """Kernels written inside cut their blocks for a pool of ``n`` threads (:func:`_even_split`): the size
+    a library is compiled with, else the CPUs the compiling process may run on (the pool's size at run time
+    when the library runs where it was built). Outside, two."""
+    token = _pool_threads.set(max(1, int(n)))
+    try:
+        yield
+    finally:
+        _pool_threads.reset(token)
+
+
 _bf16_pairs: ContextVar[bool] = ContextVar("bf16_pairs", default=False)
 
 
@@ -793,12 +808,12 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
             else:
                 mb_tiles = -(-mb_tiles // 2)
     if EVEN_BLOCKS and product_work(m, n, k) >= PARALLEL_MIN_FLOPS:
-        nb_tiles = _even_split(nt, nb_tiles, _sizes(mt, mb_tiles))
+        nb_tiles = _even_split(nt, nb_tiles, _sizes(mt, mb_tiles), _pool_threads.get())
     return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
 
 
 EVEN_BLOCKS = True
-"""Whether column blocks are resized so that two threads finish together (:func:`_even_split`). Two threads,
+"""Whether column blocks are resized so that the pool's threads finish together (:func:`_even_split`). Two threads,
 two profiled builds interleaved: ResNet-18's stem 1.03 -> 0.99 ms (15 blocks -> 18), MobileNet-v1's 128-channel
 1x1 at 56x56 0.39 -> 0.37 (11 -> 17); one thread unchanged. Letting blocks grow to twice ``per_block`` as
 well (ONNX Runtime run between calls, as in the bench): ResNet-18's 56x56 layers 0.77-0.86 -> 0.71-0.76 ms
@@ -810,22 +825,25 @@ def _sizes(tiles: int, per_block: int) -> list[int]:
     return [per_block] * (tiles // per_block) + ([tiles % per_block] if tiles % per_block else [])
 
 
-def _two_thread_span(row_sizes: list[int], col_sizes: list[int]) -> int:
-    """When the later of two threads finishes, each taking the next block (row blocks outer) when it is free."""
-    free = [0, 0]
+def _span(row_sizes: list[int], col_sizes: list[int], threads: int = 2) -> int:
+    """When the last of ``threads`` threads finishes, each taking the next block (row blocks outer) when it is
+    free."""
+    free = [0] * threads
     for size in (r * c for r in row_sizes for c in col_sizes):
         free[free.index(min(free))] += size
     return max(free)
 
 
-def _even_split(tiles: int, per_block: int, row_sizes: list[int]) -> int:
+def _even_split(tiles: int, per_block: int, row_sizes: list[int], threads: int = 2) -> int:
     """Column tiles per block, from three quarters of ``per_block`` to a little over twice it, that share the
-    blocks out most evenly between two threads claiming them as they become free (the pool's usual size), where
-    that is at least 3 % better than ``per_block``: an odd count of blocks of a size leaves one thread a whole
+    blocks out most evenly among ``threads`` threads claiming them as they become free, where that is at least
+    3 % better than ``per_block``: on two threads an odd count of blocks of a size leaves one thread a whole
     block longer (ResNet-18's stem had 15 blocks of 18 column tiles; its 56x56 layers 9 blocks of 8 for 68
-    column tiles, one thread 36 tiles and the other 32, where four blocks of 17 share them evenly). Blocks
-    twice as wide hold twice the B panel: measured no slower on one thread."""
-    spans = {cols: _two_thread_span(row_sizes, _sizes(tiles, cols))
+    column tiles, one thread 36 tiles and the other 32, where four blocks of 17 share them evenly; on eight
+    threads, eight blocks of 9). Blocks twice as wide hold twice the B panel: measured no slower on one thread."""
+    if threads <= 1:
+        return per_block
+    spans = {cols: _span(row_sizes, _sizes(tiles, cols), threads)
              for cols in range(max(1, (3 * per_block) // 4), 2 * per_block + 2)}
     best = min(spans, key=lambda cols: (spans[cols], -cols))
     return best if spans[best] * 1.03 <= spans[per_block] else per_block

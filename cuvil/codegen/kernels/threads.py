@@ -23,6 +23,8 @@ fresh one.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,6 +97,19 @@ def in_run(mod: ir.Module, b: Builder, call: Callable[[], Val]) -> Val:
     rc = call()
     b.atomic_rmw("sub", runs, ir.Constant(I32, 1), _SEQ)
     return rc
+
+
+def default_pool_size() -> int:
+    """The size a pool started in this process without a compiled-in size takes: ``$CUVIL_NUM_THREADS`` when
+    it is a positive integer, else the CPUs this process may run on (what ``cuvil.pool.resolve`` does)."""
+    lead = re.match(r"\s*[+-]?\d+", os.environ.get("CUVIL_NUM_THREADS", ""))  # read as atoi reads it
+    if lead is not None and int(lead.group()) > 0:
+        return min(int(lead.group()), MAX_THREADS)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_THREADS))
 
 
 def set_default_threads(mod: ir.Module, threads: int | None) -> None:
