@@ -102,10 +102,11 @@ def lower_function(fn: Function, constants: Mapping[str, np.ndarray], *, name: s
                    shape_class: ShapeClass | None = None, profile: bool = False) -> LoweredFunction:
     """Build the LLVM module of ``fn``: at its static shapes, or, given its ``shape_class``, once for
     every size its symbolic dims may take (kernels read the dims at run time; the arena is planned at
-    the maxima). ``threads`` is the default size of the thread pool tuned kernels run on (None: the
-    CPUs the process may use); ``guard``: the value checks the run entry point makes before and after
-    the ops; ``profile``: time every op of a run (:mod:`cuvil.codegen.profile`). Kernels cut their blocks
-    for a pool of ``threads``, or of the size a pool started here would take."""
+    the maxima). ``threads`` is the default size of the thread pool tuned kernels run on (None: what the
+    pool finds where it runs, ``$CUVIL_NUM_THREADS`` or the CPUs the process may use); ``guard``: the
+    value checks the run entry point makes before and after the ops; ``profile``: time every op of a run
+    (:mod:`cuvil.codegen.profile`). Kernels cut their blocks for a pool of ``threads``, or of the size a
+    pool started here would take."""
     with pool_threads(threads or default_pool_size()):
         return _lower(fn, constants, name=name, threads=threads, guard=guard, shape_class=shape_class,
                       profile=profile)
