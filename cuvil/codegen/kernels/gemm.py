@@ -131,17 +131,11 @@ def force_isa(name: str | None) -> None:
 # small IR helpers
 
 
-def fgep(b: Builder, ptr: Val, offset: Val | int) -> Val:
-    """``&((float*)ptr)[offset]``."""
+def fgep(b: Builder, ptr: Val, offset: Val | int, inbounds: bool = True) -> Val:
+    """``&((float*)ptr)[offset]``; ``inbounds=False`` for an address only fetched ahead, which may lie past
+    the object (a prefetch never faults; an ``inbounds`` address past the object would be poison)."""
     off = const(offset) if isinstance(offset, int) else offset
-    return b.gep(ptr, [off], inbounds=True, source_etype=F32)
-
-
-def hint_gep(b: Builder, ptr: Val, offset: Val | int) -> Val:
-    """``&((float*)ptr)[offset]`` without ``inbounds``: an address only fetched ahead, which may lie past the
-    object (a prefetch never faults; an ``inbounds`` address past the object would be poison)."""
-    off = const(offset) if isinstance(offset, int) else offset
-    return b.gep(ptr, [off], inbounds=False, source_etype=F32)
+    return b.gep(ptr, [off], inbounds=inbounds, source_etype=F32)
 
 
 def hgep(b: Builder, ptr: Val, offset: Val | int) -> Val:
@@ -415,7 +409,7 @@ def micro_kernel(b: Builder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes:
             prefetch(b, fgep(b, ahead, b.mul(k, const(LINE_FLOATS // ahead_every), flags=("nsw",))))
         if read_ahead is not None:
             assert isinstance(a, (RowsA, RowsTableA))
-            prefetch(b, hint_gep(b, read_ahead, a.offset(b, k)))
+            prefetch(b, fgep(b, read_ahead, a.offset(b, k), inbounds=False))
         bv = bb.vectors(b, k, nv, lanes)
         av = a.rows(b, k, rows, lanes)
         return [fma(b, av[i], bv[j], acc[i * nv + j]) for i in range(rows) for j in range(nv)]
@@ -1013,7 +1007,7 @@ class GemmCore:
                         a_arg = row_ptrs
                         for i, p in enumerate(rows):
                             b.store(p, b.gep(row_ptrs, [const(i)], inbounds=True, source_etype=PTR))
-                        read_at = hint_gep(b, rows[0], self.read_ahead) if reads_ahead else null
+                        read_at = fgep(b, rows[0], self.read_ahead, inbounds=False) if reads_ahead else null
                     else:
                         assert not isinstance(a.ptr, list)
                         a_arg = a.ptr
