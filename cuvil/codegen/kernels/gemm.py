@@ -177,8 +177,8 @@ _pool_threads: ContextVar[int] = ContextVar("pool_threads", default=2)
 @contextlib.contextmanager
 def pool_threads(n: int) -> Iterator[None]:
     """Kernels written inside cut their blocks for a pool of ``n`` threads (:func:`_even_split`): the size
-    a library is compiled with, else the CPUs the compiling process may run on (the pool's size at run time
-    when the library runs where it was built). Outside, two."""
+    a library is compiled with, else the size a pool started in the compiling process takes
+    (:func:`.threads.default_pool_size`: the pool's size at run time where the library was built). Outside, two."""
     token = _pool_threads.set(max(1, int(n)))
     try:
         yield
