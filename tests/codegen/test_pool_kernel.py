@@ -26,6 +26,9 @@ GEOMETRIES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
     ((1, 3, 40, 37), {"kernel": (3, 3), "strides": (3, 3), "pads": (0, 1, 2, 1)}),
     # stride 2 across with a dilated, wide kernel and pads on both sides: rows longer than two vectors
     ((1, 2, 10, 75), {"kernel": (2, 3), "strides": (1, 2), "dilations": (1, 2), "pads": (0, 2, 1, 3)}),
+    # stride 2 across: edge blocks on both sides of plain ones, and more edge blocks than are unrolled
+    ((1, 2, 5, 150), {"kernel": (2, 3), "strides": (2, 2), "pads": (0, 1, 1, 1)}),
+    ((1, 1, 3, 400), {"kernel": (1, 3), "strides": (1, 2), "dilations": (1, 80), "pads": (0, 160, 0, 160)}),
 ]
 
 
@@ -65,6 +68,20 @@ def test_max_pool_kernel_is_the_rule_bit_for_bit(case: int, by_rows: bool, monke
         (want,) = rule_reference(module, [x])
         got = np.asarray(model(x))
         assert _same(got, want), (shape, attrs)
+
+
+def test_row_pass_reads_plain_vectors_between_its_edge_blocks() -> None:
+    """The blocks of a stride-2 row pass whose taps all lie inside the row, for the geometries above."""
+    def blocks(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, int, int]:
+        v = _module(shape, attrs).functions[0].results[0]
+        kernel = pool.max_pool_kernel(v)
+        assert kernel is not None
+        return (*kernel._inside_blocks(16), kernel._row_floats // 16)
+
+    assert blocks(*GEOMETRIES[0]) == (1, 3, 4)  # ResNet's stem: 56 outputs, the first and last blocks masked
+    assert blocks(*GEOMETRIES[-2]) == (1, 4, 5)
+    lo, hi, count = blocks(*GEOMETRIES[-1])
+    assert lo == 5 and count - (hi - lo) > pool.EDGE_BLOCKS_MAX  # the masked loop instead of unrolled blocks
 
 
 def test_max_pool_kernel_keeps_the_later_of_tied_zeros() -> None:
