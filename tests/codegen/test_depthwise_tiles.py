@@ -1,7 +1,7 @@
 """The register-tile schedule of 2-D depthwise convolutions (cuvil.codegen.kernels.depthwise_tiles): where
 it applies, and that it computes every output bit for bit as the row loop does (each output's taps are the
 same fused steps in the same order), on geometries that reach each of its edges (masked and all-padding
-loads, stride 2's even elements, rows read by several output rows, a last block of fewer rows, a row's
+loads, stride 2's even and odd elements, rows read by several output rows, a last block of fewer rows, a row's
 last vector running into the next row) and on values where the order and the padding show (NaNs,
 infinities, signed zeros)."""
 
@@ -38,6 +38,9 @@ GEOMETRIES = [
     ((1, 2, 8, 24), (1, 7), (1, 1), (1, 1), (0, 3, 0, 3)),  # one kernel row
     ((1, 2, 30, 8), (7, 1), (1, 1), (1, 1), (3, 0, 3, 0)),  # one kernel column, many rows per block
     ((1, 2, 10, 19), (3, 3), (3, 2), (1, 1), (0, 0, 0, 0)),  # stride 3 down, no padding
+    # stride 2 across, a column dilation of 33: a tap's odd elements are the ones the next vector's
+    # first tap loaded (its lanes past the row's end 0)
+    ((1, 2, 4, 110), (1, 2), (1, 2), (1, 33), (0, 0, 0, 0)),
 ]
 
 

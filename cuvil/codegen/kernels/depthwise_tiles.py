@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels.epilogue import EpilogueEmitter
 from cuvil.codegen.kernels.gemm import Ctx, Isa, even_lanes, fgep, fma, span_inside, splat, vec_type
-from cuvil.codegen.llvm_types import F32
+from cuvil.codegen.llvm_types import F32, I32
 from cuvil.codegen.loops import NO_UNROLL, const, for_range, plane_row
 from cuvil.codegen.scalar import Val
 
@@ -66,12 +66,18 @@ def emit_plane_tiles(ctx: Ctx, isa: Isa, shape: tuple[int, int], geometry: tuple
     wv = [splat(b, w, lanes) for w in weights]
     buf = ctx.entry_alloca(ir.ArrayType(F32, rows * ow + lanes), "dwtile")
 
-    def taps_at(row: Val, at: int) -> Val:
+    def taps_at(row: Val, at: int, pairs: dict[int, tuple[Val, Val]]) -> Val:
         """The input elements ``at + sw * i`` that lane ``i`` of an output vector reads for one tap (0 outside
-        the row)."""
+        the row). At a stride of 2 they are the even elements of the two vectors from ``at`` on, or the odd
+        ones of the two from ``at - 1`` where that tap loaded them (``pairs``, per input row): a 3-wide
+        kernel loads four vectors instead of six."""
         if sw == 1:
             return span_inside(b, row, at, w_in, zeros)
-        return even_lanes(b, span_inside(b, row, at, w_in, zeros), span_inside(b, row, at + lanes, w_in, zeros))
+        if at - 1 in pairs:
+            return b.shuffle_vector(*pairs[at - 1], ir.Constant(ir.VectorType(I32, lanes),
+                                                                [2 * i + 1 for i in range(lanes)]))
+        pair = pairs[at] = (span_inside(b, row, at, w_in, zeros), span_inside(b, row, at + lanes, w_in, zeros))
+        return even_lanes(b, *pair)
 
     def block(y0: Val, count: int) -> None:
         """Output rows ``y0 .. y0 + count - 1``: every input row they read, in order, each tap column and
@@ -83,9 +89,10 @@ def emit_plane_tiles(ctx: Ctx, isa: Isa, shape: tuple[int, int], geometry: tuple
         accs: dict[tuple[int, int], Val] = {(r, j): zeros for r in range(count) for j in range(vectors)}
         for o in sorted(users):
             row = plane_row(b, src, b.add(b.mul(y0, const(sh)), const(o)), h, w_in, zero_row, F32)
+            pairs: dict[int, tuple[Val, Val]] = {}
             for kx in range(kw):
                 for j in range(vectors):
-                    v = taps_at(row, j * lanes * sw + kx * dw - pw)
+                    v = taps_at(row, j * lanes * sw + kx * dw - pw, pairs)
                     for r, ky in users[o]:
                         accs[r, j] = fma(b, wv[ky * kw + kx], v, accs[r, j])
         # row by row, a row's last vector running into the next row's start, which that row then writes
