@@ -43,6 +43,7 @@ from cuvil.codegen.kernels.gemm import (
 from cuvil.codegen.kernels.paired import paired_conv_kernel, paired_matmul_kernel
 from cuvil.codegen.kernels.pool import max_pool_kernel
 from cuvil.codegen.kernels.rows import row_kernel
+from cuvil.codegen.kernels.transpose import transpose_kernel
 from cuvil.codegen.kernels.vnni import vnni_conv, vnni_matmul
 from cuvil.codegen.kernels.widen import HALVES, widened, widened_contraction, widened_types
 from cuvil.codegen.shape_class import ShapeClass
@@ -106,6 +107,7 @@ def tuned_kernels() -> dict[str, str]:
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
     out["max_pool"] = "2-D windows along each row (vectorized, masked at the edges), float32"
+    out["transpose"] = "16x16 blocks turned in registers where the last axis moves, float32"
     out["bf16_matmul"] = "tuned GEMM over bfloat16 pairs with its fused epilogue (vdpbf16ps; AVX512-BF16, constant " \
                          "right operand, even K)"
     out["bf16_conv"] = "tuned convolution over bfloat16 channel pairs with its fused epilogue (vdpbf16ps; " \
@@ -208,7 +210,7 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None) or \
         (_widened_rows(v) if _enabled and shape_class is None else None)
     if kernel is None and shape_class is None and _enabled:
-        kernel = max_pool_kernel(v)
+        kernel = max_pool_kernel(v) or transpose_kernel(v)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
