@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 from llvmlite import ir
@@ -1148,6 +1148,8 @@ def transpose(b: Builder, rows: Sequence[Val], width: int) -> list[Val]:
     row_t = rows[0].type
     assert isinstance(row_t, ir.VectorType)
     n = row_t.count
+    if n == width == len(rows) == 16:
+        return _transpose16(b, rows)
     vectors = [*rows, *[ir.Constant(row_t, None)] * (width - len(rows))]
     size = n
     while len(vectors) > 1:  # concatenate pairs: element i * n + j is rows[i][j]
@@ -1158,6 +1160,39 @@ def transpose(b: Builder, rows: Sequence[Val], width: int) -> list[Val]:
     spare = ir.Constant(every.type, None)
     return [b.shuffle_vector(every, spare, ir.Constant(ir.VectorType(I32, width), [i * n + j for i in range(width)]))
             for j in range(n)]
+
+
+def _transpose16(b: Builder, rows: Sequence[Val]) -> list[Val]:
+    """A 16x16 transpose in four rounds of sixteen two-source shuffles (32-bit and 64-bit interleaves within
+    128-bit lanes, then two rounds moving whole lanes), each one instruction, where the generic tree of
+    :func:`transpose` left LLVM some 165 shuffles per transpose."""
+    def shuffle(x: Val, y: Val, mask: Sequence[int]) -> Val:
+        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 16), list(mask)))
+
+    def within_lanes(pick: Sequence[int]) -> list[int]:  # ``pick`` indexes a lane of x (0-3) or of y (4-7)
+        return [(16 if p >= 4 else 0) + 4 * lane + p % 4 for lane in range(4) for p in pick]
+
+    def lanes_of(pick: Sequence[int]) -> list[int]:  # ``pick``: four 128-bit lanes of x (0-3) or of y (4-7)
+        return [4 * p + i for p in pick for i in range(4)]
+
+    # rounds 1 and 2: per four rows, vector q holds in lane L the four rows' elements 4L + q
+    quads: list[list[Val]] = []
+    for g in range(4):
+        r = rows[4 * g:4 * g + 4]
+        lo01, hi01 = shuffle(r[0], r[1], within_lanes([0, 4, 1, 5])), shuffle(r[0], r[1], within_lanes([2, 6, 3, 7]))
+        lo23, hi23 = shuffle(r[2], r[3], within_lanes([0, 4, 1, 5])), shuffle(r[2], r[3], within_lanes([2, 6, 3, 7]))
+        quads.append([shuffle(lo01, lo23, within_lanes([0, 1, 4, 5])), shuffle(lo01, lo23, within_lanes([2, 3, 6, 7])),
+                      shuffle(hi01, hi23, within_lanes([0, 1, 4, 5])), shuffle(hi01, hi23, within_lanes([2, 3, 6, 7]))])
+    columns: list[Val | None] = [None] * 16
+    for q in range(4):  # rounds 3 and 4: column 4L + q gathers lane L of the four groups' vector q
+        g0, g1, g2, g3 = (quads[g][q] for g in range(4))
+        a, c = shuffle(g0, g1, lanes_of([0, 2, 4, 6])), shuffle(g2, g3, lanes_of([0, 2, 4, 6]))
+        bb, d = shuffle(g0, g1, lanes_of([1, 3, 5, 7])), shuffle(g2, g3, lanes_of([1, 3, 5, 7]))
+        columns[q] = shuffle(a, c, lanes_of([0, 2, 4, 6]))
+        columns[8 + q] = shuffle(a, c, lanes_of([1, 3, 5, 7]))
+        columns[4 + q] = shuffle(bb, d, lanes_of([0, 2, 4, 6]))
+        columns[12 + q] = shuffle(bb, d, lanes_of([1, 3, 5, 7]))
+    return [cast(Val, col) for col in columns]
 
 
 def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: int | Val, cols: int | Val,
