@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from cuvil.codegen.kernels.epilogue import EpilogueEmitter
 from cuvil.codegen.kernels.gemm import Ctx, Isa, even_lanes, fgep, fma, span_inside, splat, vec_type
-from cuvil.codegen.llvm_types import F32, I32
+from cuvil.codegen.llvm_types import F32
 from cuvil.codegen.loops import NO_UNROLL, const, for_range, plane_row
 from cuvil.codegen.scalar import Val
 
@@ -74,8 +74,7 @@ def emit_plane_tiles(ctx: Ctx, isa: Isa, shape: tuple[int, int], geometry: tuple
         if sw == 1:
             return span_inside(b, row, at, w_in, zeros)
         if at - 1 in pairs:
-            return b.shuffle_vector(*pairs[at - 1], ir.Constant(ir.VectorType(I32, lanes),
-                                                                [2 * i + 1 for i in range(lanes)]))
+            return even_lanes(b, *pairs[at - 1], odd=True)
         pair = pairs[at] = (span_inside(b, row, at, w_in, zeros), span_inside(b, row, at + lanes, w_in, zeros))
         return even_lanes(b, *pair)
 

@@ -267,10 +267,12 @@ def span_inside(b: Builder, row: Val, at: Val | int, width: int, fill: Val) -> V
     return masked_load_where(b, b.gep(row, [const(at) if isinstance(at, int) else at], source_etype=F32), mask, fill)
 
 
-def even_lanes(b: Builder, first: Val, second: Val) -> Val:
-    """The even elements of two vectors laid end to end: a stride-2 read of ``2 * lanes`` contiguous floats."""
+def even_lanes(b: Builder, first: Val, second: Val, odd: bool = False) -> Val:
+    """The even (``odd``: odd) elements of two vectors laid end to end: a stride-2 read of ``2 * lanes``
+    contiguous floats (from the second of them, for the odd ones)."""
     lanes = first.type.count  # type: ignore[attr-defined]
-    return b.shuffle_vector(first, second, ir.Constant(ir.VectorType(I32, lanes), [2 * i for i in range(lanes)]))
+    return b.shuffle_vector(first, second, ir.Constant(ir.VectorType(I32, lanes),
+                                                       [2 * i + int(odd) for i in range(lanes)]))
 
 
 def masked_store(b: Builder, value: Val, ptr: Val, mask: Val) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 from llvmlite import ir
@@ -35,7 +34,6 @@ from cuvil.codegen.kernels.gemm import (
     prefetch,
     span_inside,
     splat,
-    vec_type,
 )
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import F32
@@ -177,10 +175,14 @@ class MaxPoolKernel(ReadsEveryOperand):
         def vmax(acc: Val, v: Val) -> Val:
             return s.call("max", [acc, v], [DType.f32, DType.f32], DType.f32, {})
 
-        def columns(row: Val, first: Val | int) -> Val:
-            """Row elements ``first + 2 i`` (-inf outside the row)."""
+        def columns(row: Val, first: Val | int, inside: bool = False) -> Val:
+            """Row elements ``first + 2 i`` (-inf outside the row); ``inside``: all of them are in it (plain
+            loads)."""
             fill = splat(b, pad, lanes)
             second = first + lanes if isinstance(first, int) else b.add(first, const(lanes))
+            if inside:
+                return even_lanes(b, b.load(fgep(b, row, first), typ=fill.type, align=4),
+                                  b.load(fgep(b, row, second), typ=fill.type, align=4))
             return even_lanes(b, span_inside(b, row, first, w, fill), span_inside(b, row, second, w, fill))
 
         def along(r: Val) -> None:
@@ -199,11 +201,7 @@ class MaxPoolKernel(ReadsEveryOperand):
                         first: Val | int = 2 * j * lanes + kx * dw - pw
                     else:
                         first = b.add(b.mul(x0, const(2)), const(kx * dw - pw))
-                    if inside:
-                        acc = vmax(acc, even_lanes(b, *(b.load(fgep(b, row, b.add(cast(Val, first), const(o))),
-                                                              typ=vec_type(lanes), align=4) for o in (0, lanes))))
-                    else:
-                        acc = vmax(acc, columns(row, first))
+                    acc = vmax(acc, columns(row, first, inside))
                 b.store(acc, fgep(b, maxima, b.add(b.mul(r, const(wide)), x0)), align=4)
 
             blocks = wide // lanes

@@ -79,6 +79,10 @@ class Block:
     def load(self, array: Val, j: Val) -> Val:
         return self.b.load(self.lane(array, j), typ=F32)
 
+    def lanes(self, array: Val) -> Val:
+        """A per-row array's sixteen values as one vector."""
+        return self.b.load(array, typ=vec_type(LANES), align=4)
+
     def cell(self, k: Val, j: Val) -> Val:
         b = self.b
         return b.gep(self.tile, [b.add(b.mul(k, ir.Constant(I64, LANES)), j)], source_etype=F32, inbounds=True)
@@ -262,17 +266,14 @@ class SoftmaxKernel(RowKernel):
                                          blk.element(out, j, k))
             return lambda k: b.store(b.fdiv(b.load(blk.cell(k, j), typ=F32), t), blk.element(out, j, k))
 
-        def lanes(array: Val) -> Val:
-            return b.load(array, typ=vec_type(LANES), align=4)
-
         if self.op == "log_softmax":
             logs = blk.acc["log_total"]
             for_range(b, 0, LANES, "log", lambda j: b.store(s.call("log", [blk.load(total, j)], F32_ARGS, DType.f32,
                                                                     {}), blk.lane(logs, j)))
-            tops, log_totals = lanes(top), lanes(logs)
+            tops, log_totals = blk.lanes(top), blk.lanes(logs)
             blk.rows_out(per_row, lambda k, cells: b.fsub(b.fsub(cells, tops), log_totals), out)
             return
-        totals = lanes(total)
+        totals = blk.lanes(total)
         blk.rows_out(per_row, lambda k, cells: b.fdiv(cells, totals), out)
 
 
@@ -324,7 +325,7 @@ class LayerNormKernel(RowKernel):
             m, d = blk.load(mean, j), blk.load(denom, j)
             return lambda k: b.store(normalized(b.load(blk.cell(k, j), typ=F32), m, d, k), blk.element(out, j, k))
 
-        means, denoms = (b.load(a, typ=vec_type(LANES), align=4) for a in (mean, denom))
+        means, denoms = blk.lanes(mean), blk.lanes(denom)
         blk.rows_out(per_row, lambda k, cells: normalized(cells, means, denoms, k), out)
 
 
