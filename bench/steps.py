@@ -48,13 +48,19 @@ def _ort_nodes(session: Any, skip: int) -> list[tuple[str, float]]:
     return [(name, float(np.mean(ts[skip:] or ts))) for name, ts in times.items()]
 
 
-def measure(name: str, threads: int, repeat: int, warmup: int = 10) -> dict[str, Any]:
+def measure(name: str, threads: int, repeat: int, warmup: int = 10, frontend: str = "torch") -> dict[str, Any]:
+    """``frontend``: what Cuvil compiles, the PyTorch module (as ``python -m bench`` does by default) or the
+    ONNX export ONNX Runtime runs (whose decomposed activations may fuse differently)."""
     import cuvil
 
     zm = ZOO[name]
     proto = zm.to_onnx()
     inputs = zm.example_inputs_numpy()
-    model = cuvil.compile(proto, threads=threads, cache=False, profile=True)
+    if frontend == "torch" and zm.has_torch_reference:
+        model = cuvil.compile(zm.build(), example_inputs=zm.example_inputs(), threads=threads, cache=False,
+                              profile=True)
+    else:
+        model = cuvil.compile(proto, threads=threads, cache=False, profile=True)
     with tempfile.TemporaryDirectory(prefix="cuvil-steps-") as tmp:
         session = _ort_session(proto, threads, os.path.join(tmp, "ort"))
         feed = {i.name: a for i, a in zip(session.get_inputs(), inputs, strict=True)}
@@ -71,13 +77,14 @@ def measure(name: str, threads: int, repeat: int, warmup: int = 10) -> dict[str,
         nodes = _ort_nodes(session, warmup)
     profile = model.profile()
     steps = [(f"{s.kernel} {s.type}", profile.per_run_ms(s)) for s in profile.steps if s.total_ns > 0]
-    return {"model": name, "threads": threads, "runs": profile.runs, "cuvil": steps, "ort": nodes,
+    return {"model": name, "threads": threads, "frontend": frontend, "runs": profile.runs, "cuvil": steps, "ort": nodes,
             "cuvil_ms": sum(ms for _, ms in steps), "ort_ms": sum(ms for _, ms in nodes)}
 
 
 def render(result: dict[str, Any]) -> str:
     cv, ox = result["cuvil"], result["ort"]
-    lines = [f"{result['model']}, {result['threads']} thread(s), {result['runs']} interleaved runs: Cuvil "
+    lines = [f"{result['model']} (Cuvil from {result['frontend']}), {result['threads']} thread(s), "
+             f"{result['runs']} interleaved runs: Cuvil "
              f"{result['cuvil_ms']:.3f} ms in its ops, ONNX Runtime {result['ort_ms']:.3f} ms in its nodes "
              f"({result['cuvil_ms'] / max(result['ort_ms'], 1e-9):.2f}x)",
              f"{'cuvil step':<52}{'ms':>8}   {'onnxruntime node':<52}{'ms':>8}"]
@@ -95,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--models", default="resnet18,mobilenet_v1", help="comma-separated zoo names")
     ap.add_argument("--threads", type=int, default=1, help="threads of both engines (default 1)")
     ap.add_argument("--repeat", type=int, default=60, help="interleaved runs of each engine (default 60)")
+    ap.add_argument("--frontend", choices=("torch", "onnx"), default="torch",
+                    help="what Cuvil compiles: the PyTorch module, as python -m bench does (default), or the "
+                         "ONNX export that ONNX Runtime runs")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.repeat < 1:
@@ -104,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"unknown models {unknown}; the zoo has {', '.join(ZOO)}")
     results = []
     for name in args.models.split(","):
-        result = measure(name, args.threads, args.repeat)
+        result = measure(name, args.threads, args.repeat, frontend=args.frontend)
         results.append(result)
         print(render(result), flush=True)
     if args.json:

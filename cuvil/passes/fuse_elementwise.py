@@ -3,13 +3,15 @@ epilogues (bias add, residual add, activation) join the matmul / conv they follo
 
 A fused op's meaning is the composition of its body's rules, so fusion performs the very
 same scalar operations on the very same elements: it is exact. A value is only pulled into
-a fused body when its single user is in that body too; a value with other users (or that
+a fused body when every user it has is in that body too (a GELU or SiLU written out, where
+the activation's operand is read twice, fuses whole); a value with a user elsewhere (or that
 is a function result) stays materialized, so nothing is computed twice.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cuvil.ir.builder import Builder
@@ -18,7 +20,7 @@ from cuvil.ir.opdef import contraction_ops, epilogue_fusible_ops, get_op
 from cuvil.ir.region import Region
 from cuvil.ir.values import Value
 from cuvil.passes.base import Contract, Pass, PassResult, register
-from cuvil.passes.rewrite import rebuild, use_counts
+from cuvil.passes.rewrite import rebuild
 
 EPILOGUE_ANCHORS = tuple(sorted(contraction_ops()))
 """Ops an epilogue follows: the contractions (:attr:`cuvil.ir.opdef.OpDef.contraction`)."""
@@ -30,6 +32,16 @@ residual adds, scales, activations, and the cast / round / clip of an integer pr
 QUANT_ELEMENTWISE = ("quantize_linear", "dequantize_linear")
 """Quantization ops that are elementwise in ``x`` when their scale and zero point are per tensor or per axis
 (no blocks): a QDQ model's residual path (dequantize, add, quantize) fuses into one pass."""
+
+
+INLINED_PATHS_MAX = 8
+"""How many times a value may be read inside one fused body (counting the paths to the body's result): a
+kernel lowers the body as one expression tree, in which a value read along several paths appears once per
+path (the lowering computes it once, but builds and keys every copy), so a stack of diamonds would double
+the tree at each level."""
+
+EPILOGUE_NODES_MAX = 256
+"""The largest expression tree an epilogue's body may inline into its matmul / conv kernel."""
 
 
 def is_elementwise(v: Value) -> bool:
@@ -87,27 +99,17 @@ class FuseElementwise(Pass):
     # -- partition ----------------------------------------------------------------
     def _groups(self, fn: Function) -> list[_Group]:
         values = fn.values()
-        uses = use_counts(fn)
         users = fn.users()
         results = set(fn.results)
         claimed: set[Value] = set()
         groups: list[_Group] = []
 
-        def sole_user(v: Value) -> Value | None:
-            if uses[v] != 1 or v in results:
-                return None
-            return users[v][0]
-
         if self.epilogues:
+            position = {v: k for k, v in enumerate(values)}
             for v in values:
                 if v.op not in self.anchors or v in claimed:
                     continue
-                chain = [v]
-                nxt = sole_user(v)
-                while nxt is not None and nxt.op in self.epilogue_ops and nxt.type.shape == v.type.shape \
-                        and nxt not in claimed:
-                    chain.append(nxt)
-                    nxt = sole_user(nxt)
+                chain = self._epilogue(v, users, results, claimed, position)
                 if len(chain) < 2:
                     continue
                 group = _Group("epilogue", chain)
@@ -117,27 +119,64 @@ class FuseElementwise(Pass):
                 groups.append(group)
 
         if self.chains:
-            parent: dict[Value, Value] = {}
-            for v in values:
-                if not is_elementwise(v) or v in claimed:
-                    continue
-                user = sole_user(v)
-                if user is not None and is_elementwise(user) and user not in claimed:
-                    parent[v] = user
+            root_of = self._chain_roots(values, users, results, claimed)
             members: dict[Value, list[Value]] = defaultdict(list)
             for v in values:
-                if not is_elementwise(v) or v in claimed:
-                    continue
-                root = v
-                while root in parent:
-                    root = parent[root]
-                members[root].append(v)
+                if v in root_of:
+                    members[root_of[v]].append(v)
             for chain in members.values():
                 group = _Group("elementwise", chain)
                 if len(chain) < 2 or all(e.is_const for e in group.externals()):
                     continue
                 groups.append(group)
         return groups
+
+    def _epilogue(self, anchor: Value, users: dict[Value, list[Value]], results: set[Value],
+                  claimed: set[Value], position: dict[Value, int]) -> list[Value]:
+        """The longest epilogue of ``anchor``: members added in program order, each the first value that reads
+        one of them, while that is an epilogue op of the anchor's shape; kept up to the last member such that
+        every member before it has no reader outside (an empty list: none). Taking the first reader each time
+        keeps the body acyclic: a value outside that depended on a member would read one, earlier still."""
+        chain, inside = [anchor], {anchor}
+        nodes = {anchor: 1}
+        best: list[Value] = []
+        while True:
+            outside = {u for m in chain for u in users.get(m, ()) if u not in inside}
+            if all(m is chain[-1] or not any(u not in inside for u in users.get(m, ())) for m in chain):
+                best = list(chain)
+            if chain[-1] in results or not outside:
+                return best
+            nxt = min(outside, key=position.__getitem__)
+            if nxt.op not in self.epilogue_ops or nxt.type.shape != anchor.type.shape or nxt in claimed \
+                    or any(m in results for m in chain):
+                return best
+            nodes[nxt] = 1 + sum(nodes.get(o, 1) for o in nxt.operands)
+            if nodes[nxt] > EPILOGUE_NODES_MAX:
+                return best
+            chain.append(nxt)
+            inside.add(nxt)
+
+    @staticmethod
+    def _chain_roots(values: Sequence[Value], users: dict[Value, list[Value]], results: set[Value],
+                     claimed: set[Value]) -> dict[Value, Value]:
+        """Each unclaimed elementwise value's group, named by its root: a value joins the group of its readers
+        when they are all elementwise, unclaimed and in one group, and it is read there at most
+        :data:`INLINED_PATHS_MAX` times; otherwise (or as a function result) it is a root. In reverse program
+        order, so a value's readers are placed before it is."""
+        root_of: dict[Value, Value] = {}
+        paths: dict[Value, int] = {}
+        for v in reversed(values):
+            if not is_elementwise(v) or v in claimed:
+                continue
+            root_of[v], paths[v] = v, 1
+            readers = users.get(v, [])
+            if v in results or not readers or any(u not in root_of for u in readers):
+                continue
+            roots = {root_of[u] for u in readers}
+            count = sum(paths[u] for u in readers)
+            if len(roots) == 1 and count <= INLINED_PATHS_MAX:
+                root_of[v], paths[v] = roots.pop(), count
+        return root_of
 
     # -- rebuild ------------------------------------------------------------------
     def _fuse(self, fn: Function, b: Builder, notes: list[str]) -> Function:

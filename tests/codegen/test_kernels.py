@@ -185,7 +185,15 @@ EPILOGUES: dict[str, Callable[[Builder, Value, Value, Value], Value]] = {
     "hardswish": lambda b, y, bias, res: b.hardswish(b.add(y, bias)),
     "scale": lambda b, y, bias, res: b.mul(y, bias),
     "div": lambda b, y, bias, res: b.div(y, res),
+    # written out, as exporters without the op write them: the product (with its bias) is read twice
+    "gelu_written_out": lambda b, y, bias, res: _written_out_gelu(b, b.add(y, bias)),
+    "silu_written_out": lambda b, y, bias, res: (lambda p: b.mul(p, b.sigmoid(p)))(b.add(y, bias)),
 }
+
+
+def _written_out_gelu(b: Builder, p: Value) -> Value:
+    e = b.erf(b.div(p, b.scalar(float(np.sqrt(2.0)), DType.f32)))
+    return b.mul(b.mul(b.add(e, b.scalar(1.0, DType.f32)), p), b.scalar(0.5, DType.f32))
 
 
 def test_matmul_epilogues():

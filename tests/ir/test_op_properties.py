@@ -10,7 +10,7 @@ from cuvil.ir.opdef import contraction_ops, define, epilogue_fusible_ops, get_op
 
 CONTRACTIONS = {"matmul", "conv", "bf16_matmul", "bf16_conv"}  # (the bf16 ones: their paired kernels take epilogues)
 EPILOGUE = {"add", "sub", "mul", "div", "relu", "clip", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "hardswish",
-            "hardsigmoid", "elu", "cast", "round"}
+            "hardsigmoid", "elu", "cast", "round", "erf"}  # erf: a GELU written out joins its product
 KEEP_FP32 = {"softmax", "log_softmax", "exp", "log", "pow", "layer_norm", "batch_norm", "reduce_sum", "reduce_mean",
              "reduce_prod", "erf", "cumsum", "lrn", "lp_pool", "softplus", "mish", "sinh", "cosh", "cast", "loop",
              "bitcast", "cond", "bf16_matmul", "bf16_conv"}

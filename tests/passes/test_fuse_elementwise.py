@@ -1,6 +1,6 @@
-"""fuse-elementwise: maximal single-user elementwise chains become one fused op, elementwise
-epilogues join their matmul / conv; nothing fuses across a value with other users; results
-are bit-identical."""
+"""fuse-elementwise: maximal elementwise chains become one fused op, elementwise epilogues join
+their matmul / conv; a value joins a body only when every reader it has is in it; results are
+bit-identical."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from pass_testing import assert_same_results, assert_unchanged, ops
 
 from cuvil.ir import Builder, DType
 from cuvil.ir.parser import parse_module
-from cuvil.passes.fuse_elementwise import FuseElementwise
+from cuvil.passes.fuse_elementwise import INLINED_PATHS_MAX, FuseElementwise
 
 RNG = np.random.default_rng(3)
 
@@ -107,21 +107,99 @@ def test_epilogue_stops_at_a_non_epilogue_op_which_starts_a_chain():
     assert_same_results(before, res.module)
 
 
-def test_multi_use_value_is_not_fused_across():
+def test_value_read_twice_inside_one_body_joins_it():
     b = Builder()
     x = b.param("x", DType.f32, [3, 4])
-    t = b.add(b.mul(x, x), x)  # used twice below
+    t = b.add(b.mul(x, x), x)  # read twice below, both times by the consumer tree
     out1 = b.relu(b.neg(t))
     out2 = b.exp(b.abs(t))
     before = b.module(b.function("main", [x], [b.add(out1, out2)]))
     res = FuseElementwise().run(before)
-    groups = _fused(res.module)
-    # t's chain, and the consumer tree (neg, relu, abs, exp, add) that reads t twice
-    assert len(groups) == 2
-    first, second = groups
-    assert _body_ops(first) == ["mul", "add"]
+    (f,) = _fused(res.module)
+    assert ops(res.module) == ["fused"] and list(f.operands) == [x]
+    assert sorted(_body_ops(f)) == ["abs", "add", "add", "exp", "mul", "neg", "relu"]
+    assert_same_results(before, res.module)
+
+
+def test_value_read_outside_the_body_stays_materialized():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 4])
+    t = b.add(b.mul(x, x), x)
+    inside = b.relu(b.neg(t))
+    elsewhere = b.matmul(t, b.const(_f(4, 2)))  # not elementwise: t is computed once, for both
+    before = b.module(b.function("main", [x], [inside, elsewhere]))
+    res = FuseElementwise(epilogues=False).run(before)
+    first, second = _fused(res.module)
+    assert _body_ops(first) == ["mul", "add"] and _body_ops(second) == ["neg", "relu"]
     assert list(second.operands) == [first]
-    assert sorted(_body_ops(second)) == ["abs", "add", "exp", "neg", "relu"]
+    assert_same_results(before, res.module)
+
+
+def _written_out_gelu(b: Builder, y):
+    """GELU as exporters without a Gelu op write it: ((erf(y / sqrt 2) + 1) * y) * 0.5 (y read twice)."""
+    e = b.op("erf", b.div(y, b.scalar(float(np.sqrt(2.0)), DType.f32)))
+    return b.mul(b.mul(b.add(e, b.scalar(1.0, DType.f32)), y), b.scalar(0.5, DType.f32))
+
+
+def test_written_out_gelu_joins_the_matmul_epilogue():
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 5])
+    y = b.add(b.matmul(x, b.const(_f(5, 4))), b.const(_f(4)))
+    before = b.module(b.function("main", [x], [_written_out_gelu(b, y)]))
+    res = FuseElementwise().run(before)
+    (f,) = _fused(res.module)
+    assert ops(res.module) == ["fused"] and f.attr("kind") == "epilogue"
+    assert _body_ops(f) == ["matmul", "add", "div", "erf", "add", "mul", "mul"]
+    assert_same_results(before, res.module)
+
+
+def test_product_read_twice_by_its_epilogue_joins_it():
+    b = Builder()
+    x = b.param("x", DType.f32, [2, 4, 5, 6])
+    p = b.conv(x, b.const(_f(3, 4, 3, 3)), pads=[1, 1, 1, 1])
+    before = b.module(b.function("main", [x], [b.mul(p, b.sigmoid(p))]))  # SiLU written out
+    res = FuseElementwise().run(before)
+    (f,) = _fused(res.module)
+    assert ops(res.module) == ["fused"] and _body_ops(f) == ["conv", "sigmoid", "mul"]
+    assert_same_results(before, res.module)
+
+
+def test_epilogue_stops_before_a_value_that_also_feeds_a_non_epilogue_op():
+    # p feeds a reduction whose result the subtraction reads: pulling the subtraction into p's epilogue
+    # would make the fused op read a value computed from its own result
+    b = Builder()
+    x = b.param("x", DType.f32, [3, 5])
+    p = b.relu(b.add(b.matmul(x, b.const(_f(5, 4))), b.const(_f(4))))
+    s = b.reduce_sum(p, axes=[1], keepdims=True)
+    before = b.module(b.function("main", [x], [b.sub(p, s)]))
+    res = FuseElementwise().run(before)
+    epilogue = [f for f in _fused(res.module) if f.attr("kind") == "epilogue"]
+    assert [_body_ops(f) for f in epilogue] == [["matmul", "add", "relu"]]
+    assert "sub" in ops(res.module)
+    assert_same_results(before, res.module)
+
+
+def test_stacked_diamonds_stay_within_the_inlining_bound():
+    # each level reads the one below twice: fused whole, the body's expression tree would double per level
+    b = Builder()
+    x = b.param("x", DType.f32, [4, 3])
+    t = x
+    for _ in range(24):
+        t = b.add(b.mul(t, t), b.scalar(0.25, DType.f32))
+        t = b.tanh(t)
+    before = b.module(b.function("main", [x], [t]))
+    res = FuseElementwise().run(before)
+    groups = _fused(res.module)
+    assert len(groups) > 1
+    for f in groups:
+        body = f.attr("body")
+        members = list(body.ops())
+        paths = {body.result: 1}
+        for u in reversed(members):
+            for o in u.operands:
+                paths[o] = paths.get(o, 0) + paths[u]
+        assert max(paths[u] for u in members) <= INLINED_PATHS_MAX  # the values it computes; the loads of
+        # its operands are leaves, at most an op's arity times as many
     assert_same_results(before, res.module)
 
 

@@ -46,7 +46,8 @@ def test_user_pass_runs_by_name_in_a_pipeline_with_built_in_passes():
     assert [r.name for r in res.records] == ["canonicalize", "test-double-to-add", "fuse-elementwise"]
     assert res.records[1].changed and res.records[1].contract is Contract.EXACT
     assert ops(res.records[1].after) == ["relu", "add", "exp"]
-    assert ops(res.module) == ["relu", "fused"]  # relu is read twice by the add: it stays outside
+    assert ops(res.module) == ["fused"]  # relu is read twice, by the add alone: it joins the body
+    assert [u.op for u in res.module.main.results[0].attr("body").ops()] == ["relu", "add", "exp"]
     assert_same_results(before, res.module)
 
 

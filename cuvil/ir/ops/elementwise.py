@@ -332,12 +332,13 @@ _unary("rsqrt", _wide(R.rsqrt), _wide_np(lambda x: 1 / np.sqrt(x)), "float", "1 
 _PLAIN: dict[str, Any] = {}
 _SENSITIVE: dict[str, Any] = {"precision_policy": "keep-fp32"}  # range-sensitive in float16
 _EPILOGUE: dict[str, Any] = {"epilogue_fusible": True}
+_SENSITIVE_EPILOGUE: dict[str, Any] = {**_SENSITIVE, **_EPILOGUE}  # erf: GELU written out in a matmul's epilogue
 
 for _name, _np_fn, _doc, _props in [
         ("exp", np.exp, "e ** x", _SENSITIVE),
         ("log", np.log, "natural log; log(0) = -inf, log(x < 0) = NaN", _SENSITIVE),
         ("sqrt", np.sqrt, "square root; NaN for x < 0", _PLAIN), ("tanh", np.tanh, "hyperbolic tangent", _EPILOGUE),
-        ("erf", numpy_prims.erf, "Gauss error function", _SENSITIVE),
+        ("erf", numpy_prims.erf, "Gauss error function", _SENSITIVE_EPILOGUE),
         ("sin", np.sin, "sine", _PLAIN), ("cos", np.cos, "cosine", _PLAIN), ("tan", np.tan, "tangent", _PLAIN),
         ("asin", np.arcsin, "arc sine; NaN outside [-1, 1]", _PLAIN),
         ("acos", np.arccos, "arc cosine; NaN outside [-1, 1]", _PLAIN),
