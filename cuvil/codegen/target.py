@@ -57,8 +57,20 @@ class Target:
         """Whether every one of ``features`` (names without the ``+``) is enabled."""
         return all(f"+{f}" in self.feature_set for f in features)
 
+    @property
+    def l1_data_bytes(self) -> int:
+        """The L1 data cache of one core of the CPU, from its name (:data:`L1_DATA_32K`); 48 KB where the
+        name is not listed (what the kernels' blocks were first measured on)."""
+        return 32 * 1024 if self.cpu in L1_DATA_32K else 48 * 1024
+
     def to_json(self) -> dict[str, str]:
         return {"triple": self.triple, "cpu": self.cpu, "features": self.features}
+
+
+L1_DATA_32K = frozenset({"haswell", "broadwell", "skylake", "skylake-avx512", "cascadelake", "cooperlake",
+                         "cannonlake", "znver1", "znver2", "znver3", "znver4"})
+"""LLVM's names of the x86 CPUs whose cores have 32 KB of L1 data cache (Ice Lake and later Intel cores and
+Zen 5 have 48 KB). Read from the name, as the build's key holds it, so a cached library's blocks match it."""
 
 
 def normalize_arch(arch: str) -> str:

@@ -787,6 +787,46 @@ def test_a_reduction_just_past_a_k_block_runs_as_one_and_keeps_every_bit(monkeyp
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_reduction_runs_as_one_block_where_l1_cannot_hold_a_block_and_keeps_every_bit(monkeypatch):
+    """Where a 128-step block's panel fills most of L1 (AVX-512's tiles on a 32 KB L1), a reduction whose whole
+    B panel is small, or mid-sized and read by many row tiles, runs as one block; a large panel read by few
+    tiles, narrow tiles, and every reduction on a core with a 48 KB L1, keep the blocks. The L1 comes from
+    the CPU's name (the build key holds it). The sums continue in the same order: identical bits."""
+    from cuvil.codegen import target as target_mod
+    from cuvil.codegen.kernels import conv
+    from cuvil.codegen.target import Target
+
+    assert Target("x86_64-unknown-linux-gnu", "znver4", "").l1_data_bytes == 32 * 1024
+    assert Target("x86_64-unknown-linux-gnu", "sapphirerapids", "").l1_data_bytes == 48 * 1024
+    assert Target("aarch64-unknown-linux-gnu", "generic", "").l1_data_bytes == 48 * 1024  # unlisted: as measured first
+    cpu = target_mod.host_target().cpu
+    monkeypatch.setattr(target_mod, "L1_DATA_32K", frozenset())
+    assert conv.conv_kc_max(576, 48, 8) == conv.CONV_KC_MAX
+    monkeypatch.setattr(target_mod, "L1_DATA_32K", frozenset({cpu}))
+    assert conv.conv_kc_max(576, 48, 8) == 576  # a 110 KB panel
+    assert conv.conv_kc_max(2304, 64, 33) == 2304  # 590 KB read by 33 row tiles
+    assert conv.conv_kc_max(2304, 64, 9) == conv.CONV_KC_MAX  # ... by 9
+    assert conv.conv_kc_max(4608, 64, 99) == conv.CONV_KC_MAX  # 1.2 MB
+    assert conv.conv_kc_max(576) == conv.CONV_KC_MAX  # the tile not known yet
+    assert conv.conv_kc_max(576, 16, 99) == conv.CONV_KC_MAX  # AVX2's 16-wide panel: its block fits beside
+    isa = gemm.host_isa()
+    blocked = gemm.choose_tiling(isa, 32, 440, 576, kc_max=conv.CONV_KC_MAX, b_streams=False)
+    one = conv.conv_tiling(isa, 32, 440, 576, b_streams=False)
+    assert one.kc == 576 and (one.mr, one.nv, one.mb_tiles, one.nb_tiles) == \
+        (blocked.mr, blocked.nv, blocked.mb_tiles, blocked.nb_tiles)  # the pool's blocks as the split one's
+    c = Cases()
+    for xs, ws in [((1, 64, 20, 20), (32, 64, 3, 3)), ((2, 128, 7, 7), (40, 128, 3, 3))]:  # 576 and 1152 steps
+        x = c.input(_f32(*xs))
+        c.add(f"conv {xs} {ws}", c.b.conv(x, c.b.const(_f32(*ws)), pads=[1, 1, 1, 1]), ws[1] * 9)
+    module = c.module()
+    whole = compile(module, cache=False)
+    monkeypatch.setattr(target_mod, "L1_DATA_32K", frozenset())
+    split = compile(module, cache=False)
+    assert all(k.startswith("conv.direct") for k in whole.manifest["kernels"])
+    for got, want in zip(whole.run(c.inputs), split.run(c.inputs), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_blocking_for_streamed_weights_keeps_every_bit(monkeypatch):
     """How M and N are cut into blocks never changes a sum (each output's K steps run in the same order):
     convolutions and GEMMs blocked for streamed weights and for resident ones give identical bits."""
