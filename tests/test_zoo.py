@@ -249,14 +249,14 @@ def test_encoder_exported_to_onnx_keeps_gelu_in_its_product() -> None:
     over the activation of its own), and the compiled library agrees with PyTorch eager."""
     from cuvil.passes.manager import run_pipeline
 
-    entry, model, inputs = _model("bert", True)
+    _, model, inputs = _model("bert", True)
     module = cuvil.import_model(_onnx("bert", True))
     optimized = run_pipeline(module, "O3").module
     erf_homes = [v for v in optimized.main.ops() if v.op == "erf" or (v.op == "fused" and any(
         u.op == "erf" for u in v.attr("body").ops()))]
     layers = sum(isinstance(m, torch.nn.GELU) for m in model.modules())
     assert layers >= 2 and len(erf_homes) == layers
-    assert all(v.attr("kind") == "epilogue" and [u.op for u in v.attr("body").ops()][0] == "matmul"
+    assert all(v.attr("kind") == "epilogue" and next(iter(v.attr("body").ops())).op == "matmul"
                for v in erf_homes)
     compiled = cuvil.compile(module, cache=False)
     assert_agrees(compiled.run([t.numpy() for t in inputs]), _eager(model, inputs))

@@ -25,8 +25,8 @@ def test_the_command_lists_both_engines_steps(tmp_path, capsys) -> None:
 
 
 def test_rows_pair_by_position_and_the_longer_list_is_kept() -> None:
-    text = render({"model": "m", "threads": 2, "frontend": "onnx", "runs": 3, "cuvil": [("a", 1.0)], "ort": [("x", 0.5), ("y", 0.25)],
-                   "cuvil_ms": 1.0, "ort_ms": 0.75})
+    text = render({"model": "m", "threads": 2, "frontend": "onnx", "runs": 3, "cuvil": [("a", 1.0)],
+                   "ort": [("x", 0.5), ("y", 0.25)], "cuvil_ms": 1.0, "ort_ms": 0.75})
     lines = text.splitlines()
     assert "(1.33x)" in lines[0] and "(Cuvil from onnx)" in lines[0] and len(lines) == 4
     assert lines[2].startswith("a") and "x" in lines[2] and lines[3].strip().startswith("y")

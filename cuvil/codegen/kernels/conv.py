@@ -207,7 +207,6 @@ def conv_tiling(isa: Isa, m: int, n: int, k: int, *, b_streams: bool) -> Tiling:
     # the blocks the pool shares out stay those of the split reduction: re-chosen for one long block they
     # were fewer and larger, and two threads ran ResNet-18 3.6 % slower
     return dataclasses.replace(tiling, kc=one_block) if one_block != tiling.kc else tiling
-    return tiling
 
 
 MAX_SCRATCH_BYTES = 256 << 20
