@@ -303,6 +303,45 @@ def test_conv_geometries():
         assert any(n.startswith(schedule) for n in manifest["kernels"]), (schedule, manifest["kernels"])
 
 
+def _conv_kernel(xs: tuple[int, ...], ws: tuple[int, ...], **attrs: Any) -> Any:
+    from cuvil.codegen.kernels.conv import select_conv
+    from cuvil.codegen.kernels.epilogue import contraction_of
+
+    b = Builder()
+    w = _f32(*ws)
+    v = b.conv(b.param("x", DType.f32, xs), b.const(w), **attrs)
+    c = contraction_of(v)
+    assert c is not None
+    return select_conv("conv", c, [o.type for o in v.operands], v.type, w, gemm.host_isa())
+
+
+def test_padded_rows_share_their_padding_columns(monkeypatch):
+    """A padded copy's row ends where the next row's left padding can stand for its right padding: a 3x3
+    convolution padded by one over 56 columns computes 57 positions a row, not 58; a stride-2 7x7 stem padded
+    by three, whose two column phases lead with two and one zeros, shares one; a row with no left padding in
+    some phase shares none. Every geometry gives the bits of the unshared copy."""
+    import cuvil.codegen.kernels.conv as conv
+
+    assert _conv_kernel((1, 4, 56, 56), (8, 4, 3, 3), pads=(1, 1, 1, 1)).plane[-1] == 57
+    assert _conv_kernel((1, 3, 224, 224), (8, 3, 7, 7), strides=(2, 2), pads=(3, 3, 3, 3)).plane[-1] == 114
+    assert _conv_kernel((1, 3, 224, 224), (8, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1)).plane[-1] == 113
+    monkeypatch.setattr(conv, "SHARED_PAD_COLUMNS", False)
+    assert _conv_kernel((1, 4, 56, 56), (8, 4, 3, 3), pads=(1, 1, 1, 1)).plane[-1] == 58
+    c = Cases()
+    extra = [((1, 4, 5, 5), (6, 4, 3, 3), {"pads": (4, 4, 4, 4)}),  # padding wider than the kernel
+             ((1, 3, 9, 31), (5, 3, 5, 5), {"dilations": (1, 2), "pads": (2, 4, 2, 4)}),
+             ((2, 5, 11, 19), (7, 5, 3, 3), {"strides": (1, 3), "pads": (1, 2, 1, 2)})]
+    for xs, ws, attrs in CONVS + extra:
+        x = c.input(_f32(*xs))
+        c.add(f"conv x{xs} w{ws} {attrs}", c.b.conv(x, c.b.const(_f32(*ws)), **attrs), ws[1] * math.prod(ws[2:]))
+    module = c.module()
+    unshared = compile(module, cache=False).run(c.inputs)
+    monkeypatch.setattr(conv, "SHARED_PAD_COLUMNS", True)
+    c.check("conv.")
+    for got, want in zip(compile(module, cache=False).run(c.inputs), unshared, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_depthwise_conv():
     c = Cases()
     for xs, s, d, p in [((1, 8, 9, 9), 1, 1, 1), ((2, 12, 14, 11), 2, 1, 1), ((1, 5, 10, 10), 1, 2, 2),
