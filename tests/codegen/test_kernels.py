@@ -841,6 +841,10 @@ def test_a_reduction_runs_as_one_block_where_l1_cannot_hold_a_block_and_keeps_ev
     cpu = target_mod.host_target().cpu
     monkeypatch.setattr(target_mod, "L1_DATA_32K", frozenset())
     assert conv.conv_kc_max(576, 48, 8) == conv.CONV_KC_MAX
+    isa = gemm.host_isa()
+    blocked = gemm.choose_tiling(isa, 32, 440, 576, kc_max=conv.CONV_KC_MAX, b_streams=False)
+    assert blocked.kc < conv.CONV_KC_MAX  # 576 steps as five even blocks of 116
+    assert conv.conv_tiling(isa, 32, 440, 576, b_streams=False) == blocked  # where one block does not apply
     monkeypatch.setattr(target_mod, "L1_DATA_32K", frozenset({cpu}))
     assert conv.conv_kc_max(576, 48, 8) == 576  # a 110 KB panel
     assert conv.conv_kc_max(2304, 64, 33) == 2304  # 590 KB read by 33 row tiles
@@ -848,8 +852,6 @@ def test_a_reduction_runs_as_one_block_where_l1_cannot_hold_a_block_and_keeps_ev
     assert conv.conv_kc_max(4608, 64, 99) == conv.CONV_KC_MAX  # 1.2 MB
     assert conv.conv_kc_max(576) == conv.CONV_KC_MAX  # the tile not known yet
     assert conv.conv_kc_max(576, 16, 99) == conv.CONV_KC_MAX  # AVX2's 16-wide panel: its block fits beside
-    isa = gemm.host_isa()
-    blocked = gemm.choose_tiling(isa, 32, 440, 576, kc_max=conv.CONV_KC_MAX, b_streams=False)
     one = conv.conv_tiling(isa, 32, 440, 576, b_streams=False)
     assert one.kc == 576 and (one.mr, one.nv, one.mb_tiles, one.nb_tiles) == \
         (blocked.mr, blocked.nv, blocked.mb_tiles, blocked.nb_tiles)  # the pool's blocks as the split one's

@@ -186,9 +186,9 @@ is at most ``ONE_BLOCK_PANEL_BYTES``, or at most ``ONE_BLOCK_SHARED_PANEL_BYTES`
 ``ONE_BLOCK_SHARED_ROW_TILES`` row tiles: the panel streams from L2 either way, and blocks only add the partial
 sums' stores and reloads (the sums continue in the same order: the same bits). Measured on a Zen 4 (32 KB L1,
 1 MB L2; two profiled builds interleaved, ONNX Runtime run between calls), ms with blocks -> as one, one
-thread: ResNet-18's 3x3 layers at 56x56 (110 KB panels, 8 row tiles) 2.22-2.32 -> 2.19-2.29, at 28x28
-(295 KB, 131 tiles) 2.13-2.18 -> 2.07-2.10, at 14x14 (590 KB, 33 tiles) 2.11-2.16 -> 2.06-2.09; the network
-35.16 -> 34.56, MobileNet-v1 11.73 -> 11.56; two threads 18.92 -> 18.65 and 6.75 -> 6.62. The layer into 7x7
+thread: ResNet-18's 3x3 layers at 56x56 (110 KB panels, 8 row tiles) 2.17-2.24 -> 2.13-2.21, at 28x28
+(295 KB, 131 tiles) 2.10-2.16 -> 2.05-2.08, at 14x14 (590 KB, 33 tiles) 2.11-2.15 -> 2.05-2.08; the network
+34.73 -> 34.24, MobileNet-v1 11.73 -> 11.56; two threads 18.92 -> 18.65 and 6.75 -> 6.62. The layer into 7x7
 (590 KB, 9 tiles) and the 7x7 layers (1.2 MB, streamed from L3) measured within 1 % either way and keep their
 blocks. Where L1 is 48 KB the blocks stay (measured faster there, above)."""
 
@@ -212,7 +212,7 @@ def conv_tiling(isa: Isa, m: int, n: int, k: int, *, b_streams: bool) -> Tiling:
     one_block = conv_kc_max(k, tiling.nr, -(-m // tiling.mr))
     # the blocks the pool shares out stay those of the split reduction: re-chosen for one long block they
     # were fewer and larger, and two threads ran ResNet-18 3.6 % slower
-    return dataclasses.replace(tiling, kc=one_block) if one_block != tiling.kc else tiling
+    return dataclasses.replace(tiling, kc=k) if one_block == k != tiling.kc else tiling
 
 
 MAX_SCRATCH_BYTES = 256 << 20
