@@ -147,9 +147,8 @@ class FuseElementwise(Pass):
             if chain[-1] in results or not outside:
                 return best
             nxt = min(outside, key=position.__getitem__)
-            if nxt.op not in self.epilogue_ops or nxt.type.shape != anchor.type.shape or nxt in claimed \
-                    or any(m in results for m in chain):
-                return best
+            if nxt.op not in self.epilogue_ops or nxt.type.shape != anchor.type.shape or nxt in claimed:
+                return best  # (no member is a result: the chain stops at the first one)
             nodes[nxt] = 1 + sum(nodes.get(o, 1) for o in nxt.operands)
             if nodes[nxt] > EPILOGUE_NODES_MAX:
                 return best

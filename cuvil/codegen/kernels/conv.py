@@ -339,11 +339,18 @@ class ConvKernel:
         56 outputs instead of 58 for a 3x3 convolution padded by one."""
         if not SHARED_PAD_COLUMNS:
             return width
+        spans = [self._row_span(r, width) for r in phases]
+        lead, data_end = min(lo for lo, _ in spans), max(hi for _, hi in spans)
+        return min(width, max(data_end, width - lead, (self.g.out_sp[-1] - 1) * self.step[-1] + 1))
+
+    def _row_span(self, r: int, width: int) -> tuple[int, int]:
+        """The columns ``lo <= q < hi`` of a plane row ``width`` long in phase ``r`` (of the last axis) that hold
+        input: those with ``0 <= q * split + r - pad < n``; the others are padding."""
         g = self.g
         s, pad, n = self.split[-1], g.pads[-1], g.in_sp[-1]
-        lead = min(max(0, -(-(pad - r) // s)) for r in phases)  # each phase's left padding, as in _fill
-        data_end = max(min(width, (n - 1 + pad - r) // s + 1) for r in phases)
-        return min(width, max(data_end, width - lead, (g.out_sp[-1] - 1) * self.step[-1] + 1))
+        lo = max(0, -(-(pad - r) // s))
+        hi = min(width, (n - 1 + pad - r) // s + 1) if n - 1 + pad - r >= 0 else 0
+        return lo, max(hi, lo)
 
     def _split(self) -> tuple[int, ...]:
         """Phase-split the padded input by the strides: a tap then reads consecutive outputs' inputs
@@ -503,11 +510,8 @@ class ConvKernel:
             outer = self.plane[:-1]
             w = self.plane[-1]
             r_last = phase[-1]
-            s_last, p_last, n_last = self.split[-1], g.pads[-1], g.in_sp[-1]
-            # valid q along the last axis: 0 <= q*s + r - pad < n
-            lo = max(0, -(-(p_last - r_last) // s_last))
-            hi = min(w, (n_last - 1 + p_last - r_last) // s_last + 1) if n_last - 1 + p_last - r_last >= 0 else 0
-            hi = max(hi, lo)
+            s_last, p_last = self.split[-1], g.pads[-1]
+            lo, hi = self._row_span(r_last, w)
 
             def row(rv: Val, phase: tuple[int, ...] = phase, plane: Val = plane,
                     outer: tuple[int, ...] = outer, w: int = w, r_last: int = r_last, s_last: int = s_last,

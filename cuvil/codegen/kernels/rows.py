@@ -258,23 +258,22 @@ class SoftmaxKernel(RowKernel):
 
         blk.sweep(accumulate)
 
-        def per_row(j: Val) -> Callable[[Val], object]:
-            t = blk.load(total, j)
-            if self.op == "log_softmax":
-                m, log_total = blk.load(top, j), s.call("log", [t], F32_ARGS, DType.f32, {})
-                return lambda k: b.store(b.fsub(b.fsub(b.load(blk.cell(k, j), typ=F32), m), log_total),
-                                         blk.element(out, j, k))
-            return lambda k: b.store(b.fdiv(b.load(blk.cell(k, j), typ=F32), t), blk.element(out, j, k))
-
-        if self.op == "log_softmax":
-            logs = blk.acc["log_total"]
+        norm = total
+        if self.op == "log_softmax":  # each row's log(total), once
+            norm = blk.acc["log_total"]
             for_range(b, 0, LANES, "log", lambda j: b.store(s.call("log", [blk.load(total, j)], F32_ARGS, DType.f32,
-                                                                    {}), blk.lane(logs, j)))
-            tops, log_totals = blk.lanes(top), blk.lanes(logs)
-            blk.rows_out(per_row, lambda k, cells: b.fsub(b.fsub(cells, tops), log_totals), out)
-            return
-        totals = blk.lanes(total)
-        blk.rows_out(per_row, lambda k, cells: b.fdiv(cells, totals), out)
+                                                                    {}), blk.lane(norm, j)))
+
+        def output(cell: Val, m: Val, n: Val) -> Val:
+            """A row's output element, or sixteen rows' as vectors: ``x - max - log(total)``, or ``e / total``."""
+            return b.fsub(b.fsub(cell, m), n) if self.op == "log_softmax" else b.fdiv(cell, n)
+
+        def per_row(j: Val) -> Callable[[Val], object]:
+            m, n = blk.load(top, j), blk.load(norm, j)
+            return lambda k: b.store(output(b.load(blk.cell(k, j), typ=F32), m, n), blk.element(out, j, k))
+
+        tops, norms = blk.lanes(top), blk.lanes(norm)
+        blk.rows_out(per_row, lambda k, cells: output(cells, tops, norms), out)
 
 
 @dataclass(frozen=True)
