@@ -163,14 +163,15 @@ One thread, a GELU over 128x1024: 0.117 ms at 128 against 0.120 at 64 and 0.131 
 
 class ErfBlocks:
     """A loop whose body computes float32 erf, run in two passes over a block of at most ``length``
-    elements: the first computes the erf operands into a buffer on the stack and notes whether any reaches
-    the far polynomial (|x| >= ``vmath.ERF_SPLIT``; NaN does not), the second computes the block from them,
-    with erf's near form when none does, else in full. Every element is the same function either way
-    (:func:`cuvil.codegen.vmath.erf_f32`); the near form does half the work."""
+    elements: the first computes the erf operands into a buffer on the stack and notes which of
+    ``vmath.ERF_BOUNDS`` some operand reaches (NaN reaches none), the second computes the block from them
+    with the cheapest form of erf that every operand lies below (the shorter polynomial below
+    ``vmath.ERF_SMALL``, the near one below ``vmath.ERF_SPLIT``), else in full. Every element is the same
+    function either way (:func:`cuvil.codegen.vmath.erf_f32`); the near form does half the work."""
 
     def __init__(self, b: Builder, alloca: Builder, emitter: ScalarEmitter, count: int, length: int, name: str) -> None:
         self.b, self.emitter, self.name = b, emitter, name
-        self.far = alloca.alloca(I1, name=f"{name}.far")
+        self.reached = [alloca.alloca(I1, name=f"{name}.reach{n}") for n in range(len(vmath.ERF_BOUNDS))]
         self.buffers = [alloca.alloca(ir.ArrayType(F32, length), name=f"{name}.erf{n}") for n in range(count)]
 
     def run(self, start: Val, stop: Val, operands: Callable[[Val], Sequence[Val]],
@@ -178,7 +179,6 @@ class ErfBlocks:
         """``body(i, operands(i))`` for ``start <= i < stop``, ``operands`` giving the erf operands of element
         ``i`` (computed once, in the first pass, and read back for ``body``)."""
         b = self.b
-        split = ir.Constant(F32, vmath.ERF_SPLIT)
         fabs = declare(b.module, "llvm.fabs.f32", F32, [F32])
 
         def slots(i: Val) -> list[Val]:
@@ -188,23 +188,37 @@ class ErfBlocks:
         def scan(i: Val) -> None:
             for v, slot in zip(operands(i), slots(i), strict=True):
                 b.store(v, slot)
-                b.store(b.or_(b.load(self.far, typ=I1), b.fcmp_ordered(">=", b.call(fabs, [v]), split)), self.far)
+                size = b.call(fabs, [v])
+                for bound, reached in zip(vmath.ERF_BOUNDS, self.reached, strict=True):
+                    beyond = b.fcmp_ordered(">=", size, ir.Constant(F32, bound))
+                    b.store(b.or_(b.load(reached, typ=I1), beyond), reached)
 
         def reread(i: Val) -> None:
             body(i, [b.load(slot, typ=F32) for slot in slots(i)])
 
-        def near(i: Val) -> None:
-            self.emitter.erf_near = True
-            try:
-                reread(i)
-            finally:
-                self.emitter.erf_near = False
+        def below(bound: float | None) -> Callable[[], object]:
+            def loop(i: Val) -> None:
+                self.emitter.erf_below = bound
+                try:
+                    reread(i)
+                finally:
+                    self.emitter.erf_below = None
 
-        b.store(ir.Constant(I1, 0), self.far)
+            tag = "full" if bound is None else "small" if bound == vmath.ERF_SMALL else "near"
+            return lambda: for_range(b, start, stop, f"{self.name}.{tag}", loop)
+
+        def choose(level: int) -> None:
+            """Operands reach none of the bounds before ``level``: the form below that bound, or a test."""
+            if level == len(self.reached):
+                below(None)()
+                return
+            if_else(b, b.load(self.reached[level], typ=I1), f"{self.name}.reach{level}",
+                    lambda: choose(level + 1), below(vmath.ERF_BOUNDS[level]))
+
+        for reached in self.reached:
+            b.store(ir.Constant(I1, 0), reached)
         for_range(b, start, stop, f"{self.name}.scan", scan)
-        if_else(b, b.load(self.far, typ=I1), f"{self.name}.far",
-                lambda: for_range(b, start, stop, f"{self.name}.full", reread),
-                lambda: for_range(b, start, stop, f"{self.name}.near", near))
+        choose(0)
 
 
 class RuleKernel:

@@ -160,9 +160,9 @@ class ScalarEmitter:
         """Half-precision registers (by id) whose exact storage bits are known, with those bits: a
         register holds f16/bf16 widened to f32, and the hardware quiets a signaling NaN on the way,
         so a value read from memory or bit-cast keeps its own bits for a store or a bitcast."""
-        self.erf_near = False
-        """Set while a loop whose every float32 erf operand is below ``vmath.ERF_SPLIT`` is emitted
-        (:class:`cuvil.codegen.lower_rule.ErfBlocks`): erf is then its near form alone."""
+        self.erf_below: float | None = None
+        """Set while a loop whose every float32 erf operand is below this bound (one of ``vmath.ERF_BOUNDS``)
+        is emitted (:class:`cuvil.codegen.lower_rule.ErfBlocks`): erf is then the form for that bound alone."""
 
     @property
     def module(self) -> ir.Module:
@@ -307,8 +307,8 @@ class ScalarEmitter:
             return _FLOAT_BINARY[fn](b, x, args[1])
         if fn in _FLOAT_INTRINSIC:
             return b.call(self._intrinsic(_FLOAT_INTRINSIC[fn], ty), [x])
-        if ty == F32 and fn == "erf" and self.erf_near:
-            return vmath.erf_f32(b, x, near=True)
+        if ty == F32 and fn == "erf" and self.erf_below is not None:
+            return vmath.erf_f32(b, x, self.erf_below)
         if ty == F32 and fn in vmath.FLOAT32_INLINE:
             return vmath.FLOAT32_INLINE[fn](b, x)
         if fn in _LIBM_UNARY:

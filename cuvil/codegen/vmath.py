@@ -72,6 +72,24 @@ ERF_TAIL = _doubles(
 """erf(x) as a polynomial in ``x - ERF_TAIL_CENTER`` for ERF_SPLIT <= x <= 4 (19 coefficients, error below
 3e-16 evaluated in double)."""
 
+ERF_SMALL = 1.5
+"""Below it erf(x) is also ``x`` times a shorter polynomial in ``x^2``: a block of operands all below it (a
+GELU's, mostly) evaluates 14 fused steps instead of 19, with the same bits."""
+
+ERF_SMALL_CENTER = ERF_SMALL * ERF_SMALL / 2
+ERF_SMALL_ODD = _doubles(
+    "-0x1.526381f4424a9p-39", "0x1.2b86fe20ea640p-35", "-0x1.e1b0ac9bbceccp-32", "0x1.6dc06bd091b84p-28",
+    "-0x1.fe8e2582bdd4ep-25", "0x1.44f07fb203ba7p-21", "-0x1.75ed45b0ffaf1p-18", "0x1.80f0eec6ee9e9p-15",
+    "-0x1.5e0ed92b61d7ap-12", "0x1.14fddf5ecb325p-9", "-0x1.76d74fee296e2p-7", "0x1.aa9b76b754436p-5",
+    "-0x1.9a0f4ba28a7a7p-3", "0x1.a23859e1c5fa1p-1")
+"""erf(x) / x as a polynomial in ``x^2 - ERF_SMALL_CENTER`` for |x| < ERF_SMALL (14 coefficients, error below
+1.1e-16). Its float32 results are those of :data:`ERF_ODD` on every float32 below the bound (an exhaustive
+check, ``tests/codegen/test_vmath.py``); 13 coefficients differ on 7 of them."""
+
+ERF_BOUNDS = (ERF_SMALL, ERF_SPLIT)
+"""The forms of erf a caller may choose for operands it knows to lie below the bound, cheapest first:
+:func:`erf_f32`'s ``below``."""
+
 ERF_SATURATES = 4.0
 """|erf(x)| rounds to 1 in float32 from |x| of about 3.92 on: larger inputs are clamped to it."""
 
@@ -136,19 +154,21 @@ def tanh_f32(b: Builder, x: Val) -> Val:
     return b.select(nan, b.fadd(x, x), y)
 
 
-def erf_f32(b: Builder, x: Val, near: bool = False) -> Val:
+def erf_f32(b: Builder, x: Val, below: float | None = None) -> Val:
     """float32 erf(x): odd, NaN stays NaN (quieted), ±inf gives ±1. Below :data:`ERF_SPLIT`, ``x`` times a
     polynomial in ``x^2`` (relative accuracy down to the subnormals); from there to 4, a polynomial in ``x``.
     Both are evaluated and one chosen per element (a select, so lanes stay independent): two chains of 19
     fused multiply-adds and no per-coefficient selects.
 
-    ``near``: only the first polynomial, for a caller that knows |x| < :data:`ERF_SPLIT` or x is NaN
-    (:class:`cuvil.codegen.lower_rule.ErfBlocks`): there it is the same bits at half the cost."""
+    ``below`` (one of :data:`ERF_BOUNDS`): the form for a caller that knows |x| < ``below`` or x is NaN
+    (:class:`cuvil.codegen.lower_rule.ErfBlocks`): below :data:`ERF_SPLIT` the first polynomial alone, below
+    :data:`ERF_SMALL` the shorter one; there each is the same bits at less cost."""
     wide = b.fpext(x, F64)
     nan, a = _nan_guarded(b, x, _call(b, "fabs", [wide]))
     a = b.select(b.fcmp_ordered(">", a, _f64(ERF_SATURATES)), _f64(ERF_SATURATES), a)
-    odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-ERF_ODD_CENTER)]), ERF_ODD))
-    r = odd if near else \
+    center, coefficients = (ERF_SMALL_CENTER, ERF_SMALL_ODD) if below == ERF_SMALL else (ERF_ODD_CENTER, ERF_ODD)
+    odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-center)]), coefficients))
+    r = odd if below is not None else \
         b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd, _horner(b, b.fsub(a, _f64(ERF_TAIL_CENTER)), ERF_TAIL))
     y = b.fptrunc(_call(b, "copysign", [r, wide]), F32)
     return b.select(nan, b.fadd(x, x), y)

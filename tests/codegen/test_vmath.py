@@ -129,23 +129,30 @@ def test_tuned_epilogue_computes_the_same_bits(fn: str) -> None:
 
 def _erf_block_inputs(scale: float) -> np.ndarray:
     """Blocks of :data:`ERF_BLOCK` erf operands (``x * scale``) laid out so that each kind of block occurs:
-    all near the origin (up to the float below the split, zeros, tiny values, a NaN), near but for one far
-    element (exactly at the split, or past it, first or last), all far (up to inf), and a short last block
-    whose only far element is its last."""
+    all below the small bound (up to the float below it, zeros, tiny values, a NaN), below the split but for
+    one element at or past the small bound, all near the origin (up to the float below the split), near but
+    for one far element (exactly at the split, or past it, first or last), all far (up to inf), and a short
+    last block whose only far element is its last."""
     rng = np.random.default_rng(11)
-    split = np.float32(vmath.ERF_SPLIT)
-    below = np.nextafter(split, np.float32(0))
+    split, small = np.float32(vmath.ERF_SPLIT), np.float32(vmath.ERF_SMALL)
+    below, below_small = np.nextafter(split, np.float32(0)), np.nextafter(small, np.float32(0))
+
+    def within(bound: np.float32) -> np.ndarray:
+        return rng.uniform(-float(bound), float(bound), ERF_BLOCK).astype(np.float32)
 
     def near() -> np.ndarray:
-        return rng.uniform(-float(below), float(below), ERF_BLOCK).astype(np.float32)
+        return within(below)
 
-    blocks = [near() for _ in range(6)]
-    blocks[0][:6] = [below, -below, 0.0, -0.0, 1e-40, np.nan]
+    blocks = [near() for _ in range(6)] + [within(below_small) for _ in range(3)]
+    blocks[0][:2] = [below, -below]
     blocks[1][-1] = split
     blocks[2][0] = -split
     blocks[3][ERF_BLOCK // 2] = 3.0
     blocks[4] = rng.uniform(float(split), 6.0, ERF_BLOCK).astype(np.float32) * rng.choice([-1, 1], ERF_BLOCK)
     blocks[4][:2] = [np.inf, -np.inf]
+    blocks[6][:6] = [below_small, -below_small, 0.0, -0.0, 1e-40, np.nan]
+    blocks[7][-1] = -small
+    blocks[8][3] = np.nextafter(small, np.float32(2))
     tail = near()[:37]
     tail[-1] = np.float32(-2.5)
     return np.concatenate([*blocks, tail]).astype(np.float32) / np.float32(scale)
@@ -153,10 +160,10 @@ def _erf_block_inputs(scale: float) -> np.ndarray:
 
 @pytest.mark.parametrize("fn, scale", [("erf", 1.0), ("gelu", float(np.float32(1 / math.sqrt(2.0))))])
 def test_erf_in_blocks_computes_the_same_bits_as_alone(fn: str, scale: float) -> None:
-    """A loop long enough to run in blocks (erf's near form where no operand of the block reaches the far
-    polynomial, both forms where one does) gives, element for element, the bits of a one-element library,
-    which has no blocks. With GELU the erf operand (``x / sqrt 2``) is computed before the block is chosen
-    and read back by the second pass."""
+    """A loop long enough to run in blocks (erf's shorter form where every operand of the block is below the
+    small bound, its near form where none reaches the far polynomial, both where one does) gives, element
+    for element, the bits of a one-element library, which has no blocks. With GELU the erf operand
+    (``x / sqrt 2``) is computed before the block is chosen and read back by the second pass."""
     x = _erf_block_inputs(scale)
     assert x.size % ERF_BLOCK and x.size > 5 * ERF_BLOCK
     got = np.asarray(_library(fn, x.size)(x))
@@ -170,7 +177,7 @@ def test_erf_in_blocks_computes_the_same_bits_as_alone(fn: str, scale: float) ->
 
 
 def test_a_long_erf_loop_has_both_forms() -> None:
-    """The kernel of a long erf loop holds a near and a full pass per block; a short one only the full
+    """The kernel of a long erf loop holds a small, a near and a full pass per block; a short one only the full
     loop (the test above then compares two different loops, not one with itself)."""
     from llvmlite import ir as llvm_ir
 
@@ -184,15 +191,16 @@ def test_a_long_erf_loop_has_both_forms() -> None:
         fn = RuleKernel(module, "k", get_op("erf").make_rule([t], {}, t), [t], t, "erf").emit()
         return {part for blk in fn.blocks for part in blk.name.split(".")}
 
-    assert {"near", "full", "scan"} <= blocks(3 * ERF_BLOCK + 5)
-    assert not {"near", "scan"} & blocks(ERF_BLOCK)
+    assert {"small", "near", "full", "scan"} <= blocks(3 * ERF_BLOCK + 5)
+    assert not {"small", "near", "scan"} & blocks(ERF_BLOCK)
 
 
 def test_erf_in_a_gemm_epilogue_chooses_its_form_per_tile_row() -> None:
-    """A matmul whose epilogue is erf computes each tile row in two passes (the near form where no operand of
-    the row reaches the far polynomial): with an identity rhs the operands are the lhs itself, laid out so
-    that rows are all near, near but for one element at or past the split (first, last, in an edge tile),
-    or all far; the bits are erf's on the same values, computed alone."""
+    """A matmul whose epilogue is erf computes each tile row in two passes (the shorter form where every
+    operand of the row is below the small bound, the near form where none reaches the far polynomial): with
+    an identity rhs the operands are the lhs itself, laid out so that rows are all small, small but for one
+    element at the bound or past it (in an edge tile), all near, near but for one element at or past the
+    split (first, last, in an edge tile), or all far; the bits are erf's on the same values, computed alone."""
     rng = np.random.default_rng(13)
     split = np.float32(vmath.ERF_SPLIT)
     below = np.nextafter(split, np.float32(0))
@@ -204,6 +212,12 @@ def test_erf_in_a_gemm_epilogue_chooses_its_form_per_tile_row() -> None:
     x[3, 140] = 3.0  # in the edge tile
     x[4] = rng.uniform(float(split), 5.0, n).astype(np.float32)
     x[5, 70] = -2.5
+    small = np.float32(vmath.ERF_SMALL)
+    below_small = np.nextafter(small, np.float32(0))
+    x[6:] = rng.uniform(-float(below_small), float(below_small), (m - 6, n)).astype(np.float32)
+    x[6, :2] = [below_small, -below_small]
+    x[7, 100] = small
+    x[8, 145] = -below  # in the edge tile
     b = Builder()
     xp = b.param("x", DType.f32, [m, n])
     y = b.erf(b.matmul(xp, b.const(np.eye(n, dtype=np.float32))))
@@ -213,3 +227,36 @@ def test_erf_in_a_gemm_epilogue_chooses_its_form_per_tile_row() -> None:
     single = _library("erf", 1, opt_level=0)  # no loop, so no blocks
     alone = np.concatenate([np.asarray(single(v.reshape(1))) for v in x.ravel()]).reshape(x.shape)
     assert np.array_equal(got.view(np.uint32), alone.view(np.uint32))
+
+
+def test_erf_small_form_gives_the_near_forms_bits_on_every_float_below_its_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks whose operands all lie below ``vmath.ERF_SMALL`` take a shorter polynomial than the near form.
+    That must not change the function: on every float32 from 0 to the bound (1,069,547,520 of them; a
+    negative operand is evaluated as its magnitude, then signed), the library with the small form gives the
+    bits of the library without it. A copy whose shorter polynomial is off in its last coefficient by one
+    part in a billion differs, so the layout does run the small form."""
+    rows = 1 << 12
+    n = rows * 1024
+
+    def erf_library():
+        b = Builder()
+        x = b.param("x", DType.f32, [rows, 1024])  # rows: the innermost loop runs in blocks
+        return compile(b.module(b.function("main", [x], [b.erf(x)])), cache=False, passes="O0")
+
+    with_small = erf_library()
+    last = vmath.ERF_SMALL_ODD
+    monkeypatch.setattr(vmath, "ERF_SMALL_ODD", (*last[:-1], last[-1] * (1 + 1e-9)))
+    perturbed = erf_library()
+    monkeypatch.setattr(vmath, "ERF_SMALL_ODD", last)
+    monkeypatch.setattr(vmath, "ERF_BOUNDS", tuple(b for b in vmath.ERF_BOUNDS if b != vmath.ERF_SMALL))
+    without = erf_library()
+    end = int(np.float32(vmath.ERF_SMALL).view(np.uint32))
+    assert end % n == 0
+    for lo in range(0, end, n):
+        x = np.arange(lo, lo + n, dtype=np.uint32).view(np.float32).reshape(rows, 1024)
+        got, want = np.asarray(with_small(x)), np.asarray(without(x))
+        differ = got.view(np.uint32) != want.view(np.uint32)
+        assert not differ.any(), (x[differ][:4], got[differ][:4], want[differ][:4])
+        if lo == n:
+            assert (np.asarray(perturbed(x)).view(np.uint32) != want.view(np.uint32)).any()
