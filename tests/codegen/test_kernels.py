@@ -342,6 +342,29 @@ def test_padded_rows_share_their_padding_columns(monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
+def test_one_thread_takes_positions_as_rows_up_to_a_larger_plane():
+    """A 3x3 convolution over a plane of 1,600 positions with a reduction of 288 steps: a library for one
+    thread computes it with positions as the GEMM rows (a ``.t`` schedule), one for two threads with positions
+    as vectors (each position tile would read channels of the padded copy the other core wrote). The two
+    schedules sum the same products in the same order: the same bits, and the rule's values."""
+    from cuvil.codegen.kernels.conv import TRANSPOSE_PLANE, TRANSPOSE_PLANE_ONE_THREAD
+
+    assert TRANSPOSE_PLANE < 40 * 40 <= TRANSPOSE_PLANE_ONE_THREAD
+    c = Cases()
+    x = c.input(_f32(1, 32, 40, 40))
+    c.add("conv", c.b.relu(c.b.conv(x, c.b.const(_f32(24, 32, 3, 3)), pads=(1, 1, 1, 1))), 32 * 9)
+    module = c.module()
+    runs = {}
+    for threads in (1, 2):
+        model = compile(module, cache=False, threads=threads)
+        assert model.manifest is not None
+        kernels = [k for k in model.manifest["kernels"] if k.startswith("conv.")]
+        assert len(kernels) == 1 and (".t." in kernels[0]) == (threads == 1), (threads, kernels)
+        runs[threads] = model.run(c.inputs)[0]
+    np.testing.assert_array_equal(runs[1].view(np.uint32), runs[2].view(np.uint32))
+    assert_close(runs[1], rule_reference(module, c.inputs)[0], 32 * 9, "conv")
+
+
 def test_depthwise_conv():
     c = Cases()
     for xs, s, d, p in [((1, 8, 9, 9), 1, 1, 1), ((2, 12, 14, 11), 2, 1, 1), ((1, 5, 10, 10), 1, 2, 2),

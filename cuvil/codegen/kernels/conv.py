@@ -57,6 +57,7 @@ from cuvil.codegen.kernels.gemm import (
     masked_load_where,
     masked_store,
     pack_panel,
+    pool_size,
     reads_by_row,
     splat,
     store_rows,
@@ -102,6 +103,13 @@ TRANSPOSE_K = 256
 ``TRANSPOSE_K`` steps, whatever the padding. Measured one thread, interleaved: ResNet-18's 64 -> 128
 3x3 stride-2 convolution at 56x56 0.71 -> 0.63 ms, MobileNet-v1's 256-channel 1x1 at 28x28 0.551 ->
 0.536; with K = 128 (0.26 -> 0.29) or 3,136 positions (64-channel 3x3 at 56x56: even) it does not pay."""
+
+TRANSPOSE_PLANE_ONE_THREAD = 4096
+"""... up to this many positions in a library for one thread. ResNet-18's 64-channel 3x3 layers at 56x56 (a
+plane of 3,136, 576 steps), two profiled builds interleaved with ONNX Runtime between calls, on a Zen 4: one
+thread 2.12-2.18 -> 2.09-2.14 ms each (the network 33.81 -> 33.59), two threads 1.15-1.18 -> 1.17-1.23 (the
+network 18.22 -> 18.58: each tile of positions reads every channel of the padded copy, half of them written by
+the other core)."""
 
 TRANSPOSE_PLANE_1X1 = 256
 """... and a 1x1 convolution only at up to this many output positions: there its input is read in place, each
@@ -307,7 +315,7 @@ class ConvKernel:
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
         self.transposed = g.mg >= isa.lanes and (self.positions_as_rows or area_across * TRANSPOSE_GAIN < area or (
-            out_plane <= (TRANSPOSE_PLANE_1X1 if g.direct else TRANSPOSE_PLANE) and k >= TRANSPOSE_K))
+            out_plane <= self._transpose_plane() and k >= TRANSPOSE_K))
         if self.transposed:
             self.tiling = across
         # reduction step k = (c, tap) -> offset of its input in the (padded) buffer, per group
@@ -330,6 +338,12 @@ class ConvKernel:
             self.packed = pack_b_panels(np.ascontiguousarray(mats.swapaxes(-1, -2)), self.tiling.nr)
         else:  # weights as A tiles: [G, MT, K, MR]
             self.packed = pack_a_tiles(mats, self.tiling.mr)
+
+    def _transpose_plane(self) -> int:
+        """The largest output plane that takes positions as rows for its long reduction alone."""
+        if self.g.direct:
+            return TRANSPOSE_PLANE_1X1
+        return TRANSPOSE_PLANE_ONE_THREAD if pool_size() == 1 else TRANSPOSE_PLANE
 
     def _row_pitch(self, width: int, phases: Sequence[int]) -> int:
         """The distance between a phase plane's rows: ``width`` (every column a tap reads) less the columns past

@@ -186,6 +186,11 @@ def pool_threads(n: int) -> Iterator[None]:
         _pool_threads.reset(token)
 
 
+def pool_size() -> int:
+    """The pool size kernels are being written for (:func:`pool_threads`)."""
+    return _pool_threads.get()
+
+
 _bf16_pairs: ContextVar[bool] = ContextVar("bf16_pairs", default=False)
 
 
@@ -804,7 +809,7 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
             else:
                 mb_tiles = -(-mb_tiles // 2)
     if EVEN_BLOCKS and product_work(m, n, k) >= PARALLEL_MIN_FLOPS:
-        nb_tiles = _even_split(nt, nb_tiles, _sizes(mt, mb_tiles), _pool_threads.get())
+        nb_tiles = _even_split(nt, nb_tiles, _sizes(mt, mb_tiles), pool_size())
     return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
 
 
