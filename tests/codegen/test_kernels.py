@@ -788,6 +788,12 @@ def test_blocks_are_cut_so_two_threads_finish_together():
     assert gemm._even_split(65, 8, [1]) == 8  # 9 blocks (the last of one tile): 33, as even as 65 tiles go
     assert gemm._even_split(67, 8, [1]) == 17
     assert gemm._span([1], gemm._sizes(67, 17)) == 34 < gemm._span([1], gemm._sizes(67, 8)) == 35
+    # with one column block only the rows share out: 532 row tiles in blocks of 47 (11 and a short one) -> 38
+    assert gemm._span(gemm._sizes(532, 47), [1]) == 282
+    assert gemm._even_split(532, 47, [1], rows=True) == 38 and gemm._span(gemm._sizes(532, 38), [1]) == 266
+    assert gemm._even_split(131, 16, [2], rows=True) == 16  # 134 against a share of 131: within 3 %
+    assert gemm._even_split(532, 47, [1], 1, rows=True) == 47  # one thread: nothing to share
+    assert gemm.choose_tiling(gemm.ISAS["avx512"], 3192, 64, 576, b_streams=False).mb_tiles <= 47
     # row blocks of unequal sizes count: two row blocks of 16 tiles and one of 3, 10 column tiles of one block
     assert gemm._span([16, 16, 3], [10]) == 190
     isa = gemm.ISAS["avx512"]
@@ -814,7 +820,7 @@ def test_blocks_are_cut_for_the_pool_the_library_is_built_for(monkeypatch):
         assert gemm._span([1], blocks, threads) <= sum(blocks) / threads + max(blocks)  # one block over the share
     seen: list[int] = []
     even = gemm._even_split
-    monkeypatch.setattr(gemm, "_even_split", lambda *a: seen.append(a[3]) or even(*a))
+    monkeypatch.setattr(gemm, "_even_split", lambda *a, **k: seen.append(a[3]) or even(*a, **k))
     c = Cases()
     x = c.input(_f32(1, 16, 40, 40))
     c.add("conv", c.b.conv(x, c.b.const(_f32(64, 16, 3, 3)), pads=(1, 1, 1, 1)), 16 * 9)

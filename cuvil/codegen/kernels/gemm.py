@@ -810,6 +810,7 @@ def choose_tiling(isa: Isa, m: int, n: int, k: int, *, mr: int | None = None, nv
                 mb_tiles = -(-mb_tiles // 2)
     if EVEN_BLOCKS and product_work(m, n, k) >= PARALLEL_MIN_FLOPS:
         nb_tiles = _even_split(nt, nb_tiles, _sizes(mt, mb_tiles), pool_size())
+        mb_tiles = _even_split(mt, mb_tiles, _sizes(nt, nb_tiles), pool_size(), rows=True)
     return Tiling(mr, nv, lanes, kc, mb_tiles, nb_tiles)
 
 
@@ -840,21 +841,33 @@ EVEN_SHARE_SLACK = 1.03
 before :func:`_even_split` resizes the blocks."""
 
 
-def _even_split(tiles: int, per_block: int, row_sizes: list[int], threads: int = 2) -> int:
-    """Column tiles per block, from three quarters of ``per_block`` to a little over twice it, that share the
+def _even_split(tiles: int, per_block: int, other: list[int], threads: int = 2, rows: bool = False) -> int:
+    """Column tiles per block (``other``: the row blocks' sizes), from three quarters of ``per_block`` to a little
+    over twice it, that share the
     blocks out most evenly among ``threads`` threads claiming them as they become free, where ``per_block``
     leaves the last thread more than :data:`EVEN_SHARE_SLACK` past its even share: on two threads an odd count
     of blocks of a size leaves one thread a whole block longer (ResNet-18's stem had 15 blocks of 18 column
     tiles; its 56x56 layers 9 blocks of 8 for 67 column tiles, one thread 35 tiles and the other 32, where
     four blocks of 17 and 16 give 34 and 33; on eight threads, eight blocks of 9). Blocks twice as wide hold
     twice the B panel: measured no slower on one thread. (Until the 56x56 layers had 67 column tiles, the
-    blocks were resized only where that shortened the last thread by 3 %: 35 -> 34 is 2.9 %. Two threads, the
-    layer alone with the caches flushed between calls, five runs: 1.17-1.18 -> 1.13-1.15 ms in four.)"""
+    blocks were resized only where that shortened the last thread by 3 %. Two threads, the layer alone with the
+    caches flushed between calls, five runs: 1.17-1.18 -> 1.13-1.15 ms in four.)
+
+    ``rows``: row tiles per block instead (``other``: the column blocks' sizes), from three quarters of
+    ``per_block`` to ``per_block`` (the A block's bound in L2), once the column blocks are chosen: a schedule with
+    one column block has only its rows to share (a 64-channel 3x3 convolution at 56x56 with positions as rows:
+    532 row tiles in eleven blocks of 47 and one of 15 leave one thread 282 tiles and the other 250, fourteen
+    blocks of 38 give 266 each; ResNet-18's 1x1 stride-2 layer into 14x14, 33 row tiles by three column tiles,
+    69 against 66 -> 67 against 66)."""
     if threads <= 1:
         return per_block
-    spans = {cols: _span(row_sizes, _sizes(tiles, cols), threads)
-             for cols in range(max(1, (3 * per_block) // 4), 2 * per_block + 2)}
-    if spans[per_block] <= EVEN_SHARE_SLACK * sum(row_sizes) * tiles / threads:
+    widest = per_block if rows else 2 * per_block + 1
+
+    def span(size: int) -> int:
+        return _span(_sizes(tiles, size), other, threads) if rows else _span(other, _sizes(tiles, size), threads)
+
+    spans = {size: span(size) for size in range(max(1, (3 * per_block) // 4), widest + 1)}
+    if spans[per_block] <= EVEN_SHARE_SLACK * sum(other) * tiles / threads:
         return per_block
     best = min(spans, key=lambda cols: (spans[cols], -cols))
     return best if spans[best] < spans[per_block] else per_block
