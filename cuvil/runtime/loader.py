@@ -43,12 +43,15 @@ from cuvil.ir.types import DimConstraint, bind_symbols
 from cuvil.runtime.guard import GuardFault, guard_fault
 from cuvil.runtime.profile import Profile, profile_steps, read_profile
 
+_addressof = ctypes.addressof
+_from_buffer = cast(Callable[[Any], Any], ctypes.c_char.from_buffer)
+
 
 def _address(a: np.ndarray) -> int:
     """The data pointer of a C-contiguous array: through the buffer protocol (a third of the time of
     ``a.ctypes.data``), or numpy's own view of it for read-only and empty arrays."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(cast(Any, a)))  # an ndarray exports its buffer
+        return _addressof(_from_buffer(a))  # an ndarray exports its buffer
     except (TypeError, ValueError, BufferError):
         return a.ctypes.data
 
@@ -154,7 +157,7 @@ class NativeLibrary:
                                    self.shape_class.constraints if self.shape_class is not None else ())
         self.info: dict[str, Any] = {}  # how it was obtained (cache hit/miss, timings), set by the compiler
         self._lock = threading.Lock()
-        self._expect = tuple((spec.name, spec.dtype.np, tuple(spec.shape)) for spec in self.inputs)
+        self._expect = tuple((spec.name, np.dtype(spec.dtype.np), tuple(spec.shape)) for spec in self.inputs)
         self._made = tuple((tuple(spec.shape), spec.dtype.np) for spec in self.outputs)
         self._bind(path, m)
 
@@ -173,6 +176,13 @@ class NativeLibrary:
         self._run_checked.argtypes = [ctypes.c_void_p, ctypes.POINTER(CTensor), ctypes.c_int64,
                                       ctypes.POINTER(CTensor), ctypes.c_int64]
         self._tables = (self._table(self.inputs), self._table(self.outputs))
+        (tin, _), (tout, _) = self._tables
+        # the per-call path: each descriptor's view kept (indexing a ctypes array makes a new one), the
+        # entry point called with the tables' addresses as plain pointers (ctypes converts them fastest)
+        self._views = ([tin[k] for k in range(len(self.inputs))], [tout[k] for k in range(len(self.outputs))])
+        raw = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                               ctypes.c_int64)(ctypes.cast(self._run_checked, ctypes.c_void_p).value)
+        self._raw_run = (raw, ctypes.addressof(tin), len(self.inputs), ctypes.addressof(tout), len(self.outputs))
         self._ctx = self._create()
         if not self._ctx:
             raise BudgetError(f"{path.name}: could not allocate {m.get('arena_bytes')} bytes of working memory",
@@ -193,8 +203,11 @@ class NativeLibrary:
         return table, shapes
 
     def check(self, arrays: Sequence[np.ndarray]) -> None:
-        for (name, dtype, shape), a in zip(self._expect, arrays, strict=True):
-            if a.dtype != dtype:
+        if len(arrays) != len(self._expect):
+            raise InputError(f"{self.manifest['function']} takes {len(self._expect)} inputs, got {len(arrays)}",
+                             hint="inputs: " + ", ".join(map(str, self.inputs)))
+        for (name, dtype, shape), a in zip(self._expect, arrays):  # noqa: B905 (counted above)
+            if a.dtype is not dtype and a.dtype != dtype:  # numpy's built-in dtypes are one object each
                 raise InputError(f"input {name!r} has dtype {a.dtype}, expected {DType.from_numpy(dtype)}",
                                  location=name, hint=f"convert with .astype({dtype.name!r})")
             if self.shape_class is None and a.shape != shape:
@@ -242,20 +255,29 @@ class NativeLibrary:
               run_checked: Callable[..., int] | None) -> int:
         """One call of the checked entry point, writing ``outputs``; its return code."""
         (tin, in_shapes), (tout, out_shapes) = self._tables
-        native = run_checked or self._run_checked
+        in_views, out_views = self._views
         with self._lock:
             if not self._ctx:
                 raise self.closed_error()
-            for k, a in enumerate(arrays):
-                tin[k].data = _address(a)
-            for k, a in enumerate(outputs):
-                tout[k].data = _address(a)
+            try:  # as _address does, without its call for each tensor
+                for view, a in zip(in_views, arrays):  # noqa: B905 (counted by check(); a keyword makes zip slower)
+                    view.data = _addressof(_from_buffer(a))
+                for view, a in zip(out_views, outputs):  # noqa: B905
+                    view.data = _addressof(_from_buffer(a))
+            except (TypeError, ValueError, BufferError):
+                for view, a in zip(in_views, arrays):  # noqa: B905
+                    view.data = _address(a)
+                for view, a in zip(out_views, outputs):  # noqa: B905
+                    view.data = _address(a)
             if self.shape_class is not None:
                 for tensors, shapes in ((arrays, in_shapes), (outputs, out_shapes)):
                     for a, shape in zip(tensors, shapes, strict=True):
                         for axis, n in enumerate(a.shape):
                             shape[axis] = n
-            return native(self._ctx, tin, len(arrays), tout, len(outputs))
+            if run_checked is None or run_checked is self._run_checked:
+                raw, tin_at, n_in, tout_at, n_out = self._raw_run
+                return raw(self._ctx, tin_at, n_in, tout_at, n_out)
+            return run_checked(self._ctx, tin, len(arrays), tout, len(outputs))
 
     def profile(self, reset: bool = False) -> Profile:
         """The time each step of the runs so far took (a library compiled with ``profile=True``); ``reset``
@@ -510,7 +532,7 @@ class CompiledModel:
         lib = self.library_for(arrays)
         lib.check(arrays)
         self._last = lib
-        outs = lib.run(arrays, None if self.is_dynamic else self._run_checked)
+        outs = lib.run(arrays, None if self._specialize is not None else self._run_checked)
         return [to_torch(o) for o in outs] if torch_out else outs
 
     def profile(self, reset: bool = False) -> Profile:

@@ -180,6 +180,18 @@ def test_every_kind_of_input_buffer_reaches_the_library(rng):
                                    rtol=1e-6, atol=1e-7)
 
 
+def test_a_library_checks_the_count_of_its_inputs_itself(rng):
+    """The per-call path sets one descriptor per input and output without re-counting them: the library's own
+    check refuses a wrong count, so no descriptor can keep a pointer from an earlier call."""
+    model = compile(softmax_module(), cache=False)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    lib = model.library_for([x])
+    lib.check([x])
+    for arrays in ([], [x, x]):
+        with pytest.raises(InputError, match="takes 1 inputs"):
+            lib.check(arrays)
+
+
 def test_threads_sharing_a_library_each_get_their_own_result(rng):
     import threading
 
