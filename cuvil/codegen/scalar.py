@@ -161,8 +161,9 @@ class ScalarEmitter:
         register holds f16/bf16 widened to f32, and the hardware quiets a signaling NaN on the way,
         so a value read from memory or bit-cast keeps its own bits for a store or a bitcast."""
         self.erf_below: float | None = None
-        """Set while a loop whose every float32 erf operand is below this bound (one of ``vmath.ERF_BOUNDS``)
-        is emitted (:class:`cuvil.codegen.lower_rule.ErfBlocks`): erf is then the form for that bound alone."""
+        """Set while a loop whose every float32 erf operand is below this bound (one of ``vmath.ERF_BOUNDS``;
+        none is NaN) is emitted (:class:`cuvil.codegen.lower_rule.ErfBlocks`): erf is then the form for that
+        bound alone."""
 
     @property
     def module(self) -> ir.Module:

@@ -160,17 +160,21 @@ def erf_f32(b: Builder, x: Val, below: float | None = None) -> Val:
     Both are evaluated and one chosen per element (a select, so lanes stay independent): two chains of 19
     fused multiply-adds and no per-coefficient selects.
 
-    ``below`` (one of :data:`ERF_BOUNDS`): the form for a caller that knows |x| < ``below`` or x is NaN
-    (:class:`cuvil.codegen.lower_rule.ErfBlocks`): below :data:`ERF_SPLIT` the first polynomial alone, below
-    :data:`ERF_SMALL` the shorter one; there each is the same bits at less cost."""
+    ``below`` (one of :data:`ERF_BOUNDS`): the form for a caller that knows |x| < ``below`` (so x is not NaN;
+    :class:`cuvil.codegen.lower_rule.ErfBlocks`): below :data:`ERF_SPLIT` the first polynomial alone, below
+    :data:`ERF_SMALL` the shorter one, neither with the NaN test nor the clamp, which cannot apply there;
+    each is the same bits at less cost."""
     wide = b.fpext(x, F64)
+    if below is not None:
+        center, coefficients = (ERF_SMALL_CENTER, ERF_SMALL_ODD) if below == ERF_SMALL else (ERF_ODD_CENTER, ERF_ODD)
+        a = _call(b, "fabs", [wide])
+        odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-center)]), coefficients))
+        return b.fptrunc(_call(b, "copysign", [odd, wide]), F32)
     nan, a = _nan_guarded(b, x, _call(b, "fabs", [wide]))
     a = b.select(b.fcmp_ordered(">", a, _f64(ERF_SATURATES)), _f64(ERF_SATURATES), a)
-    center, coefficients = (ERF_SMALL_CENTER, ERF_SMALL_ODD) if below == ERF_SMALL else (ERF_ODD_CENTER, ERF_ODD)
-    odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-center)]), coefficients))
-    r = odd if below is not None else \
-        b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd, _horner(b, b.fsub(a, _f64(ERF_TAIL_CENTER)), ERF_TAIL))
-    y = b.fptrunc(_call(b, "copysign", [r, wide]), F32)
+    odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-ERF_ODD_CENTER)]), ERF_ODD))
+    far = _horner(b, b.fsub(a, _f64(ERF_TAIL_CENTER)), ERF_TAIL)
+    y = b.fptrunc(_call(b, "copysign", [b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd, far), wide]), F32)
     return b.select(nan, b.fadd(x, x), y)
 
 

@@ -229,13 +229,14 @@ def test_erf_in_a_gemm_epilogue_chooses_its_form_per_tile_row() -> None:
     assert np.array_equal(got.view(np.uint32), alone.view(np.uint32))
 
 
-def test_erf_small_form_gives_the_near_forms_bits_on_every_float_below_its_bound(
+def test_erf_forms_give_the_full_forms_bits_on_every_float_below_their_bounds(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks whose operands all lie below ``vmath.ERF_SMALL`` take a shorter polynomial than the near form.
-    That must not change the function: on every float32 from 0 to the bound (1,069,547,520 of them; a
-    negative operand is evaluated as its magnitude, then signed), the library with the small form gives the
-    bits of the library without it. A copy whose shorter polynomial is off in its last coefficient by one
-    part in a billion differs, so the layout does run the small form."""
+    """Blocks whose operands all lie below ``vmath.ERF_SMALL`` take a shorter polynomial than the near form,
+    and the near and short forms skip the NaN test and the clamp. That must not change the function: on every
+    float32 from 0 to ``vmath.ERF_SPLIT`` (1,074,790,400 of them; a negative operand is evaluated as its
+    magnitude, then signed), the library with the forms gives the bits of the library with the full form
+    alone. A copy whose shorter polynomial is off in its last coefficient by one part in a billion differs, so
+    the layout does run the short form."""
     rows = 1 << 12
     n = rows * 1024
 
@@ -244,18 +245,18 @@ def test_erf_small_form_gives_the_near_forms_bits_on_every_float_below_its_bound
         x = b.param("x", DType.f32, [rows, 1024])  # rows: the innermost loop runs in blocks
         return compile(b.module(b.function("main", [x], [b.erf(x)])), cache=False, passes="O0")
 
-    with_small = erf_library()
+    with_forms = erf_library()
     last = vmath.ERF_SMALL_ODD
     monkeypatch.setattr(vmath, "ERF_SMALL_ODD", (*last[:-1], last[-1] * (1 + 1e-9)))
     perturbed = erf_library()
     monkeypatch.setattr(vmath, "ERF_SMALL_ODD", last)
-    monkeypatch.setattr(vmath, "ERF_BOUNDS", tuple(b for b in vmath.ERF_BOUNDS if b != vmath.ERF_SMALL))
-    without = erf_library()
-    end = int(np.float32(vmath.ERF_SMALL).view(np.uint32))
-    assert end % n == 0
+    monkeypatch.setattr(vmath, "ERF_BOUNDS", ())
+    full = erf_library()
+    end = int(np.float32(vmath.ERF_SPLIT).view(np.uint32))
     for lo in range(0, end, n):
-        x = np.arange(lo, lo + n, dtype=np.uint32).view(np.float32).reshape(rows, 1024)
-        got, want = np.asarray(with_small(x)), np.asarray(without(x))
+        bits = np.arange(lo, lo + n, dtype=np.uint32)
+        x = np.where(bits < end, bits, 0).view(np.float32).reshape(rows, 1024)
+        got, want = np.asarray(with_forms(x)), np.asarray(full(x))
         differ = got.view(np.uint32) != want.view(np.uint32)
         assert not differ.any(), (x[differ][:4], got[differ][:4], want[differ][:4])
         if lo == n:
