@@ -180,8 +180,12 @@ class NativeLibrary:
         # the per-call path: each descriptor's view kept (indexing a ctypes array makes a new one), the
         # entry point called with the tables' addresses as plain pointers (ctypes converts them fastest)
         self._views = ([tin[k] for k in range(len(self.inputs))], [tout[k] for k in range(len(self.outputs))])
+        entry = ctypes.cast(self._run_checked, ctypes.c_void_p).value
+        if not entry:
+            raise ManifestError(f"{path.name}: its entry point resolved to NULL", location=str(path),
+                                hint="recompile the model: the library is damaged")
         raw = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                               ctypes.c_int64)(ctypes.cast(self._run_checked, ctypes.c_void_p).value)
+                               ctypes.c_int64)(entry)
         self._raw_run = (raw, ctypes.addressof(tin), len(self.inputs), ctypes.addressof(tout), len(self.outputs))
         self._ctx = self._create()
         if not self._ctx:

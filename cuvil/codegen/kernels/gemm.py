@@ -843,15 +843,14 @@ before :func:`_even_split` resizes the blocks."""
 
 def _even_split(tiles: int, per_block: int, other: list[int], threads: int = 2, rows: bool = False) -> int:
     """Column tiles per block (``other``: the row blocks' sizes), from three quarters of ``per_block`` to a little
-    over twice it, that share the
-    blocks out most evenly among ``threads`` threads claiming them as they become free, where ``per_block``
-    leaves the last thread more than :data:`EVEN_SHARE_SLACK` past its even share: on two threads an odd count
-    of blocks of a size leaves one thread a whole block longer (ResNet-18's stem had 15 blocks of 18 column
-    tiles; its 56x56 layers 9 blocks of 8 for 67 column tiles, one thread 35 tiles and the other 32, where
-    four blocks of 17 and 16 give 34 and 33; on eight threads, eight blocks of 9). Blocks twice as wide hold
-    twice the B panel: measured no slower on one thread. (Until the 56x56 layers had 67 column tiles, the
-    blocks were resized only where that shortened the last thread by 3 %. Two threads, the layer alone with the
-    caches flushed between calls, five runs: 1.17-1.18 -> 1.13-1.15 ms in four.)
+    over twice it, that share the blocks out most evenly among ``threads`` threads claiming them as they become
+    free, where ``per_block`` leaves the last thread more than :data:`EVEN_SHARE_SLACK` past its even share. On
+    two threads an odd count of blocks of a size leaves one thread a whole block longer: ResNet-18's stem had
+    15 blocks of 18 column tiles; its 56x56 layers have 67 column tiles, in 9 blocks of 8 one thread 35 tiles
+    and the other 32, in four blocks of 17 and 16 34 and 33; on eight threads, eight blocks of 9. Blocks twice
+    as wide hold twice the B panel: measured no slower on one thread. (The blocks were resized only where that
+    shortened the last thread by 3 %, which 35 -> 34 is not; the 56x56 layers alone on two threads, caches
+    flushed between calls: 1.17-1.18 -> 1.13-1.15 ms in four runs of five.)
 
     ``rows``: row tiles per block instead (``other``: the column blocks' sizes), from three quarters of
     ``per_block`` to ``per_block`` (the A block's bound in L2), once the column blocks are chosen: a schedule with
