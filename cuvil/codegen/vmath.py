@@ -134,8 +134,13 @@ def _nan_guarded(b: Builder, x: Val, wide: Val) -> tuple[Val, Val]:
     return nan, b.select(nan, _f64(0.0), wide)
 
 
-def exp_f32(b: Builder, x: Val) -> Val:
-    """float32 exp(x): NaN stays NaN (quieted), -inf gives 0, +inf and overflow give +inf."""
+def exp_f32(b: Builder, x: Val, inside: bool = False) -> Val:
+    """float32 exp(x): NaN stays NaN (quieted), -inf gives 0, +inf and overflow give +inf.
+
+    ``inside``: for a caller that knows x lies in :data:`EXP_DOMAIN` (so is not NaN; softmax's rows,
+    :class:`cuvil.codegen.kernels.rows.SoftmaxKernel`): the same bits without the NaN test and the clamp."""
+    if inside:
+        return b.fptrunc(exp_f64_core(b, b.fpext(x, F64)), F32)
     nan, wide = _nan_guarded(b, x, b.fpext(x, F64))
     y = b.fptrunc(exp_f64_core(b, _clamp(b, wide, *EXP_DOMAIN)), F32)
     return b.select(nan, b.fadd(x, x), y)

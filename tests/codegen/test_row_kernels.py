@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuvil.codegen import kernels
+from cuvil.codegen import kernels, vmath
 from cuvil.codegen.artifact import build_library
 from cuvil.codegen.kernels.rows import LANES, TILE_LIMIT, row_kernel
 from cuvil.codegen.shape_class import ShapeClass
@@ -63,6 +63,34 @@ def test_kernel_matches_the_rule_lowering_bit_for_bit(op: str, shape: tuple[int,
         finite_rows = np.isfinite(x).all(axis=axis, keepdims=True) & np.ones_like(x, dtype=bool)
         if op == "softmax" and finite_rows.any():  # and it is a softmax
             assert np.allclose(got[finite_rows], ref[finite_rows], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_blocks_inside_exps_domain_take_the_short_exp_with_the_same_bits(op: str, monkeypatch) -> None:
+    """A block of sixteen rows whose exp operands (x - max) all lie in exp's domain computes exp without its
+    NaN test and clamp; one special value in one row sends its block to the full exp. Blocks: all ordinary,
+    a row whose min - max is exactly the domain's end (-104) or just past it, and a row holding one NaN,
+    infinity or huge value (-3e38 would give exp an operand far past the clamp). Every block gives the
+    generic lowering's bits."""
+    rng = np.random.default_rng(5)
+    specials = [None, None, "edge", "past", np.nan, np.inf, -np.inf, -3e38, 3e38]
+    x = (rng.standard_normal((16 * len(specials), 40)) * 3).astype(np.float32)
+    for block, special in enumerate(specials):
+        row = x[16 * block + int(rng.integers(16))]
+        if special in ("edge", "past"):
+            row[:] = np.clip(row, -40, 40)
+            row[3], row[17] = 54.0, -50.0 if special == "edge" else np.nextafter(np.float32(-50.0), np.float32(-51))
+        elif special is not None:
+            row[int(rng.integers(40))] = special
+    module = _build(op, x.shape, -1)
+    forms: list[bool] = []
+    exp = vmath.exp_f32
+    monkeypatch.setattr(vmath, "exp_f32", lambda b, v, inside=False: forms.append(inside) or exp(b, v, inside))
+    fast, generic = _both(module, "softmax rows")
+    assert True in forms  # the kernel holds the short form beside the full one, chosen per block at run time
+    got, want = np.asarray(fast(x)), np.asarray(generic(x))
+    assert _same_bits(got, want), op
+    assert np.float32(54.0) - np.float32(-50.0) == 104.0
 
 
 def _both(module, kernel: str):

@@ -23,12 +23,12 @@ from typing import ClassVar, cast
 
 from llvmlite import ir
 
-from cuvil.codegen import abi
+from cuvil.codegen import abi, vmath
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, splat, transpose, vec_type
 from cuvil.codegen.kernels.widen import HALVES
 from cuvil.codegen.llvm_types import F32, I1, I32, I64
-from cuvil.codegen.loops import for_range, opaque_alloca
+from cuvil.codegen.loops import for_range, if_else, opaque_alloca
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
 from cuvil.codegen.shape_class import ShapeClass
 from cuvil.ir.dtypes import DType
@@ -72,6 +72,7 @@ class Block:
         self.base = opaque_alloca(alloca, ir.ArrayType(I64, LANES), "base")
         self.valid = opaque_alloca(alloca, ir.ArrayType(I1, LANES), "valid")
         self.acc = {name: opaque_alloca(alloca, ir.ArrayType(F32, LANES), name) for name in kernel.accumulators}
+        self.flag = alloca.alloca(I1, name="flag")  # a block-wide condition a kernel folds over its elements
 
     def lane(self, array: Val, j: Val, ty: ir.Type = F32) -> Val:
         return self.b.gep(array, [j], source_etype=ty, inbounds=True)
@@ -233,7 +234,7 @@ class RowKernel:
 @dataclass(frozen=True)
 class SoftmaxKernel(RowKernel):
     op: str = "softmax"  # or "log_softmax"
-    accumulators = ("top", "total", "log_total")
+    accumulators = ("top", "bottom", "total", "log_total")
 
     @property
     def name(self) -> str:
@@ -241,22 +242,53 @@ class SoftmaxKernel(RowKernel):
 
     def block(self, blk: Block, r0: Val, out: Val, ins: Sequence[Val]) -> None:
         b, s = blk.b, blk.s
-        top, total = blk.acc["top"], blk.acc["total"]
-        blk.locate(r0, {"top": (top, identity("max", DType.f32)), "total": (total, ir.Constant(F32, -0.0))})
+        top, bottom, total = blk.acc["top"], blk.acc["bottom"], blk.acc["total"]
+        blk.locate(r0, {"top": (top, identity("max", DType.f32)), "bottom": (bottom, identity("min", DType.f32)),
+                        "total": (total, ir.Constant(F32, -0.0))})
         blk.gather(ins[0])
 
         def maximum(acc: Val, v: Val) -> Val:  # as the generic lowering folds a max: (accumulator, term)
             return s.call("max", [acc, v], F32_ARGS * 2, DType.f32, {})
 
-        blk.sweep(lambda k, j: blk.fold(top, j, b.load(blk.cell(k, j), typ=F32), maximum))
+        def minimum(acc: Val, v: Val) -> Val:  # NaN propagates, as in max
+            return s.call("min", [acc, v], F32_ARGS * 2, DType.f32, {})
 
-        def accumulate(k: Val, j: Val) -> None:
-            e = s.call("exp", [b.fsub(b.load(blk.cell(k, j), typ=F32), blk.load(top, j))], F32_ARGS, DType.f32, {})
-            blk.fold(total, j, e, b.fadd)
-            if self.op == "softmax":
-                b.store(e, blk.cell(k, j))
+        def extremes(k: Val, j: Val) -> None:
+            cell = b.load(blk.cell(k, j), typ=F32)
+            blk.fold(top, j, cell, maximum)
+            blk.fold(bottom, j, cell, minimum)
 
-        blk.sweep(accumulate)
+        blk.sweep(extremes)
+
+        def operand(k: Val, j: Val) -> Val:
+            return b.fsub(b.load(blk.cell(k, j), typ=F32), blk.load(top, j))
+
+        # Whether every exp operand of the block lies in exp's domain: then exp needs neither its NaN test nor
+        # its clamp, the same bits for less work (vmath.exp_f32's ``inside``). A row's operands x - max lie
+        # from min - max to 0 (subtraction rounds monotonically), and a NaN, or an infinity at either end,
+        # makes min - max NaN or -inf: one test of min - max per row.
+        inside = blk.flag
+        b.store(ir.Constant(I1, 1), inside)
+        lowest = ir.Constant(F32, vmath.EXP_DOMAIN[0])
+
+        def within(j: Val) -> None:
+            ok = b.fcmp_ordered(">=", b.fsub(blk.load(bottom, j), blk.load(top, j)), lowest)
+            b.store(b.and_(b.load(inside, typ=I1), ok), inside)
+
+        for_range(b, 0, LANES, "domain", within)
+
+        def accumulate(fast: bool) -> Callable[[Val, Val], None]:
+            def step(k: Val, j: Val) -> None:
+                x = operand(k, j)
+                e = vmath.exp_f32(b, x, inside=True) if fast else s.call("exp", [x], F32_ARGS, DType.f32, {})
+                blk.fold(total, j, e, b.fadd)
+                if self.op == "softmax":
+                    b.store(e, blk.cell(k, j))
+
+            return step
+
+        if_else(b, b.load(inside, typ=I1), "domain", lambda: blk.sweep(accumulate(True)),
+                lambda: blk.sweep(accumulate(False)))
 
         norm = total
         if self.op == "log_softmax":  # each row's log(total), once
