@@ -170,16 +170,18 @@ def erf_f32(b: Builder, x: Val, below: float | None = None) -> Val:
     :data:`ERF_SMALL` the shorter one, neither with the NaN test nor the clamp, which cannot apply there;
     each is the same bits at less cost."""
     wide = b.fpext(x, F64)
+
+    def odd(a: Val, small: bool) -> Val:  # a times the polynomial in a^2
+        center, coefficients = (ERF_SMALL_CENTER, ERF_SMALL_ODD) if small else (ERF_ODD_CENTER, ERF_ODD)
+        return b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-center)]), coefficients))
+
     if below is not None:
-        center, coefficients = (ERF_SMALL_CENTER, ERF_SMALL_ODD) if below == ERF_SMALL else (ERF_ODD_CENTER, ERF_ODD)
-        a = _call(b, "fabs", [wide])
-        odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-center)]), coefficients))
-        return b.fptrunc(_call(b, "copysign", [odd, wide]), F32)
+        return b.fptrunc(_call(b, "copysign", [odd(_call(b, "fabs", [wide]), below == ERF_SMALL), wide]), F32)
     nan, a = _nan_guarded(b, x, _call(b, "fabs", [wide]))
     a = b.select(b.fcmp_ordered(">", a, _f64(ERF_SATURATES)), _f64(ERF_SATURATES), a)
-    odd = b.fmul(a, _horner(b, _call(b, "fma", [a, a, _f64(-ERF_ODD_CENTER)]), ERF_ODD))
     far = _horner(b, b.fsub(a, _f64(ERF_TAIL_CENTER)), ERF_TAIL)
-    y = b.fptrunc(_call(b, "copysign", [b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd, far), wide]), F32)
+    y = b.fptrunc(_call(b, "copysign", [b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd(a, False), far),
+                                        wide]), F32)
     return b.select(nan, b.fadd(x, x), y)
 
 

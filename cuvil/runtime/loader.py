@@ -179,7 +179,7 @@ class NativeLibrary:
         (tin, _), (tout, _) = self._tables
         # the per-call path: each descriptor's view kept (indexing a ctypes array makes a new one), the
         # entry point called with the tables' addresses as plain pointers (ctypes converts them fastest)
-        self._views = ([tin[k] for k in range(len(self.inputs))], [tout[k] for k in range(len(self.outputs))])
+        self._views = [*(tin[k] for k in range(len(self.inputs))), *(tout[k] for k in range(len(self.outputs)))]
         entry = ctypes.cast(self._run_checked, ctypes.c_void_p).value
         if not entry:
             raise ManifestError(f"{path.name}: its entry point resolved to NULL", location=str(path),
@@ -259,19 +259,15 @@ class NativeLibrary:
               run_checked: Callable[..., int] | None) -> int:
         """One call of the checked entry point, writing ``outputs``; its return code."""
         (tin, in_shapes), (tout, out_shapes) = self._tables
-        in_views, out_views = self._views
+        buffers = (*arrays, *outputs)  # in the order of the kept descriptor views; counted by check()
         with self._lock:
             if not self._ctx:
                 raise self.closed_error()
             try:  # as _address does, without its call for each tensor
-                for view, a in zip(in_views, arrays):  # noqa: B905 (counted by check(); a keyword makes zip slower)
-                    view.data = _addressof(_from_buffer(a))
-                for view, a in zip(out_views, outputs):  # noqa: B905
+                for view, a in zip(self._views, buffers):  # noqa: B905 (a keyword makes zip slower)
                     view.data = _addressof(_from_buffer(a))
             except (TypeError, ValueError, BufferError):
-                for view, a in zip(in_views, arrays):  # noqa: B905
-                    view.data = _address(a)
-                for view, a in zip(out_views, outputs):  # noqa: B905
+                for view, a in zip(self._views, buffers):  # noqa: B905
                     view.data = _address(a)
             if self.shape_class is not None:
                 for tensors, shapes in ((arrays, in_shapes), (outputs, out_shapes)):
@@ -536,7 +532,7 @@ class CompiledModel:
         lib = self.library_for(arrays)
         lib.check(arrays)
         self._last = lib
-        outs = lib.run(arrays, None if self._specialize is not None else self._run_checked)
+        outs = lib.run(arrays, None if self.is_dynamic else self._run_checked)
         return [to_torch(o) for o in outs] if torch_out else outs
 
     def profile(self, reset: bool = False) -> Profile:
