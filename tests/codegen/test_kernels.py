@@ -342,29 +342,79 @@ def test_padded_rows_share_their_padding_columns(monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
-def test_one_thread_takes_positions_as_rows_up_to_a_larger_plane(monkeypatch):
+def test_a_large_plane_takes_positions_as_rows_on_one_thread_or_in_bands(monkeypatch):
     """A 3x3 convolution over a plane of 1,600 positions with a reduction of 288 steps: a library for one
-    thread computes it with positions as the GEMM rows (a ``.t`` schedule), one for two threads with positions
-    as vectors (each position tile would read channels of the padded copy the other core wrote). The two
-    schedules sum the same products in the same order: the same bits, and the rule's values. (The choice by
-    padded work is turned off, so that the plane's size alone decides on every vector width.)"""
+    thread computes it with positions as the GEMM rows (a ``.t`` schedule); one for two threads does too, in
+    four bands of ten rows (a chunk of the pool copies a band's rows and computes them); without bands, two
+    threads take positions as vectors (each position tile would read channels of the padded copy the other
+    core wrote). The schedules sum the same products in the same order: the same bits, and the rule's
+    values. (The choice by padded work is turned off, so that the plane's size alone decides on every vector
+    width.)"""
     import cuvil.codegen.kernels.conv as conv
 
-    assert conv.TRANSPOSE_PLANE < 40 * 40 <= conv.TRANSPOSE_PLANE_ONE_THREAD
+    assert conv.TRANSPOSE_PLANE < 40 * 40 <= conv.TRANSPOSE_PLANE_LOCAL
     monkeypatch.setattr(conv, "TRANSPOSE_GAIN", 1e9)
     c = Cases()
     x = c.input(_f32(1, 32, 40, 40))
     c.add("conv", c.b.relu(c.b.conv(x, c.b.const(_f32(24, 32, 3, 3)), pads=(1, 1, 1, 1))), 32 * 9)
     module = c.module()
     runs = {}
-    for threads in (1, 2):
+    for threads, banded, rows, bands in ((1, True, True, False), (2, True, True, True), (2, False, False, False)):
+        monkeypatch.setattr(conv, "BANDED", banded)
         model = compile(module, cache=False, threads=threads)
         assert model.manifest is not None
         kernels = [k for k in model.manifest["kernels"] if k.startswith("conv.")]
-        assert len(kernels) == 1 and (".t." in kernels[0]) == (threads == 1), (threads, kernels)
-        runs[threads] = model.run(c.inputs)[0]
-    np.testing.assert_array_equal(runs[1].view(np.uint32), runs[2].view(np.uint32))
-    assert_close(runs[1], rule_reference(module, c.inputs)[0], 32 * 9, "conv")
+        assert len(kernels) == 1 and (".t." in kernels[0]) == rows and kernels[0].endswith(".b4") == bands, \
+            (threads, banded, kernels)
+        runs[threads, banded] = model.run(c.inputs)[0]
+    for got in runs.values():
+        np.testing.assert_array_equal(got.view(np.uint32), runs[1, True].view(np.uint32))
+    assert_close(runs[1, True], rule_reference(module, c.inputs)[0], 32 * 9, "conv")
+
+
+BANDED_CONVS: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int]] = [  # ..., bands expected
+    ((2, 8, 12, 10), (32, 8, 3, 3), {"pads": (1, 1, 1, 1)}, 4),  # two images, bands of three rows
+    ((1, 6, 17, 15), (16, 6, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}, 9),  # phases: one row a band
+    ((1, 4, 14, 13), (32, 2, 3, 2), {"groups": 2, "dilations": (2, 1), "pads": (2, 0, 1, 1)}, 13),
+    ((1, 3, 20, 20), (16, 3, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}, 5),  # halo wider than a band
+    ((1, 5, 16, 9), (17, 5, 5, 5), {"pads": (0, 2, 4, 1)}, 4),  # uneven pads, 17 channels: an edge panel
+]
+
+
+@pytest.mark.parametrize("xs, ws, attrs, bands", BANDED_CONVS)
+def test_banded_schedule_keeps_every_bit(monkeypatch, xs: tuple[int, ...], ws: tuple[int, ...],
+                                         attrs: dict[str, Any], bands: int) -> None:
+    """The banded schedule (positions as rows, two threads; bands as short as one row here) against the same
+    schedule unbanded: every band's copy holds the rows its taps read past the band (zeros above and below
+    the input, neighbouring rows elsewhere, each phase of a strided input), and its positions land where the
+    plane's would. Epilogues that read per channel (stored transposed in registers) and along positions (a
+    residual: element by element): the same bits, and the rule's values."""
+    import cuvil.codegen.kernels.conv as conv
+
+    monkeypatch.setattr(conv.ConvKernel, "positions_as_rows", True)
+    monkeypatch.setattr(conv, "BAND_MIN_POSITIONS", 1)
+    c = Cases()
+    x = c.input(_f32(*xs))
+    y = c.b.conv(x, c.b.const(_f32(*ws)), **attrs)
+    k = ws[1] * math.prod(ws[2:])
+    c.add("bias_relu", EPILOGUES["bias_relu"](c.b, y, c.b.const(_f32(ws[0], 1, 1)), y), k)
+    y2 = c.b.conv(c.input(_f32(*xs)), c.b.const(_f32(*ws)), **attrs)
+    res = c.input(_f32(*[int(d) for d in y2.type.shape]))
+    c.add("residual_relu", EPILOGUES["residual_relu"](c.b, y2, c.b.const(_f32(ws[0], 1, 1)), res), k)
+    module = c.module()
+    runs = {}
+    for banded in (True, False):
+        monkeypatch.setattr(conv, "BANDED", banded)
+        model = compile(module, cache=False, threads=2)
+        assert model.manifest is not None
+        kernels = [n for n in model.manifest["kernels"] if n.startswith("conv.")]
+        assert len(kernels) == 2 and all(".t." in n and n.endswith(f".b{bands}") == banded for n in kernels), \
+            kernels
+        runs[banded] = model.run(c.inputs)
+    want = rule_reference(module, c.inputs)
+    for got, plain, w, label in zip(runs[True], runs[False], want, c.labels, strict=True):
+        np.testing.assert_array_equal(got.view(np.uint32), plain.view(np.uint32), err_msg=label)
+        assert_close(got, w, k, label)
 
 
 def test_depthwise_conv():

@@ -156,13 +156,21 @@ def test_the_paired_convolution_is_the_rule_bit_for_bit(x_shape: tuple[int, ...]
 
 
 @NEEDS_BF16
-def test_threads_split_the_paired_convolution_without_changing_a_bit():
+def test_threads_split_the_paired_convolution_without_changing_a_bit(monkeypatch):
+    """One thread, two, and two in bands of four rows (each band's pairs copied by the chunk that computes it)."""
+    import cuvil.codegen.kernels.conv as conv
+
     w = _values((64, 48, 3, 3), "normal")
     x = _values((2, 48, 16, 16), "normal")
     module = _conv_module(x.shape, w, {"pads": (1, 1, 1, 1)}, True)
     one = compile(module, cache=False, threads=1).run({"x": x})[0]
     two = compile(module, cache=False, threads=2).run({"x": x})[0]
+    monkeypatch.setattr(conv, "BAND_MIN_POSITIONS", 1)
+    banded = compile(module, cache=False, threads=2)
+    assert banded.manifest is not None
+    assert any(k.startswith("conv.") and ".b4." in k for k in banded.manifest["kernels"]), banded.manifest["kernels"]
     np.testing.assert_array_equal(_bits(one), _bits(two))
+    np.testing.assert_array_equal(_bits(one), _bits(banded.run({"x": x})[0]))
     np.testing.assert_array_equal(_bits(one), _bits(_conv_reference(module, x)))
 
 

@@ -104,12 +104,26 @@ TRANSPOSE_K = 256
 3x3 stride-2 convolution at 56x56 0.71 -> 0.63 ms, MobileNet-v1's 256-channel 1x1 at 28x28 0.551 ->
 0.536; with K = 128 (0.26 -> 0.29) or 3,136 positions (64-channel 3x3 at 56x56: even) it does not pay."""
 
-TRANSPOSE_PLANE_ONE_THREAD = 4096
-"""... up to this many positions in a library for one thread. ResNet-18's 64-channel 3x3 layers at 56x56 (a
-plane of 3,136, 576 steps), two profiled builds interleaved with ONNX Runtime between calls, on a Zen 4: one
-thread 2.12-2.18 -> 2.09-2.14 ms each (the network 33.81 -> 33.59), two threads 1.15-1.18 -> 1.17-1.23 (the
-network 18.22 -> 18.58: each tile of positions reads every channel of the padded copy, half of them written by
-the other core)."""
+TRANSPOSE_PLANE_LOCAL = 4096
+"""... up to this many positions in a library for one thread, or for several where the plane splits into bands
+(:data:`BANDED`). ResNet-18's 64-channel 3x3 layers at 56x56 (a plane of 3,136, 576 steps), two profiled
+builds interleaved with ONNX Runtime between calls, on a Zen 4: one thread 2.12-2.18 -> 2.09-2.14 ms each (the
+network 33.81 -> 33.59); two threads without bands 1.15-1.18 -> 1.17-1.23 (the network 18.22 -> 18.58: each
+tile of positions read every channel of the padded copy, half of them written by the other core)."""
+
+BANDED = True
+BANDS_PER_THREAD = 2
+BAND_MIN_POSITIONS = 192
+"""The banded schedule (positions as rows, a library for several threads): the output plane's rows split into
+at least ``BANDS_PER_THREAD`` bands a thread of equal rows, each of at least ``BAND_MIN_POSITIONS`` positions,
+and one chunk of the pool makes a band's padded copy (every channel, with the rows past the band that its
+taps read) and then computes the band's every output channel from it, on the core whose cache holds the copy.
+Split otherwise, the copy (by channels) and the tiles (by positions) fall to the threads independently, and
+each tile reads half its rows from the other core's cache. Zen 4, two threads, two profiled builds
+interleaved with ONNX Runtime between calls (three runs): ResNet-18 17.67-17.87 -> 17.41-17.65 ms, with its
+56x56 layers now positions as rows in four bands (1.37-1.40 -> 1.28-1.32 ms each in a slow minute) and its
+28x28 layers in four; one thread measured the same with bands (33.55 against 33.53 ms), so it keeps one
+copy."""
 
 TRANSPOSE_PLANE_1X1 = 256
 """... and a 1x1 convolution only at up to this many output positions: there its input is read in place, each
@@ -292,20 +306,9 @@ class ConvKernel:
         used = [sorted({o % split[j] for o in offs[j]}) for j in range(nsp)]
         self.phase_index = {ph: i for i, ph in enumerate(itertools.product(*used))}
         self.phase_of = [[used[j].index(o % split[j]) for o in offs[j]] for j in range(nsp)]
-        if g.direct:
-            self.plane = g.out_sp
-        else:
-            self.plane = tuple((g.out_sp[j] - 1) * self.step[j] + max(o // split[j] for o in offs[j]) + 1
-                               for j in range(nsp))
-            self.plane = (*self.plane[:-1], self._row_pitch(self.plane[-1], used[-1]))
-        plane_strides = row_major_strides(list(self.plane))
-        self.plane_size = math.prod(self.plane)
-        self.chan_stride = self.plane_size * (1 if g.direct else len(self.phase_index))
-        if not g.direct:  # an odd number of cache lines per channel: channels spread over the cache sets
-            lines = -(-self.chan_stride // 16)
-            self.chan_stride = 16 * (lines + 1 - lines % 2)
-        # output positions in plane coordinates: the flat index of the last one, plus one
-        self.positions = sum((o - 1) * st for o, st in zip(g.out_sp, plane_strides, strict=True)) + 1
+        self.band_rows = 0  # output rows (first axis) per band of the banded schedule; 0: not banded
+        self.bands = 1
+        self._lay_out(g.out_sp, offs, used)
         k = g.cg * g.taps
         self.tiling = conv_tiling(isa, g.mg, self.positions, k, b_streams=streams_from_memory(k, self.positions))
         # few output positions (a late, small feature map): positions as GEMM rows, channels as
@@ -318,6 +321,11 @@ class ConvKernel:
             out_plane <= self._transpose_plane() and k >= TRANSPOSE_K))
         if self.transposed:
             self.tiling = across
+            self.band_rows = self._band_rows()
+            if self.band_rows:
+                self.bands = g.out_sp[0] // self.band_rows
+                self._lay_out((self.band_rows, *g.out_sp[1:]), offs, used)
+        plane_strides = row_major_strides(list(self.plane))
         # reduction step k = (c, tap) -> offset of its input in the (padded) buffer, per group
         koff = []
         for c in range(g.cg):
@@ -339,11 +347,43 @@ class ConvKernel:
         else:  # weights as A tiles: [G, MT, K, MR]
             self.packed = pack_a_tiles(mats, self.tiling.mr)
 
+    def _lay_out(self, out_sp: Sequence[int], offs: Sequence[Sequence[int]], used: Sequence[Sequence[int]]) -> None:
+        """The padded copy's geometry for ``out_sp`` output positions (the whole plane, or one band's rows)."""
+        g = self.g
+        nsp = len(out_sp)
+        if g.direct:
+            self.plane = tuple(out_sp)
+        else:
+            plane = tuple((out_sp[j] - 1) * self.step[j] + max(o // self.split[j] for o in offs[j]) + 1
+                          for j in range(nsp))
+            self.plane = (*plane[:-1], self._row_pitch(plane[-1], used[-1]))
+        plane_strides = row_major_strides(list(self.plane))
+        self.plane_size = math.prod(self.plane)
+        self.chan_stride = self.plane_size * (1 if g.direct else len(self.phase_index))
+        if not g.direct:  # an odd number of cache lines per channel: channels spread over the cache sets
+            lines = -(-self.chan_stride // 16)
+            self.chan_stride = 16 * (lines + 1 - lines % 2)
+        # output positions in plane coordinates: the flat index of the last one, plus one
+        self.positions = sum((o - 1) * st for o, st in zip(out_sp, plane_strides, strict=True)) + 1
+
+    def _band_rows(self) -> int:
+        """Output rows per band where the banded schedule applies (0 elsewhere): positions as rows, a padded
+        copy, two spatial axes, a pool of more than one thread, and a first axis that splits into bands as
+        :data:`BANDED` says; the most rows a band that fits."""
+        g = self.g
+        threads = pool_size()
+        if not BANDED or g.direct or len(g.out_sp) != 2 or threads == 1:
+            return 0
+        rows, width = g.out_sp
+        fits = [d for d in range(1, rows + 1)
+                if rows % d == 0 and rows // d >= BANDS_PER_THREAD * threads and d * width >= BAND_MIN_POSITIONS]
+        return max(fits, default=0)
+
     def _transpose_plane(self) -> int:
         """The largest output plane that takes positions as rows for its long reduction alone."""
         if self.g.direct:
             return TRANSPOSE_PLANE_1X1
-        return TRANSPOSE_PLANE_ONE_THREAD if pool_size() == 1 else TRANSPOSE_PLANE
+        return TRANSPOSE_PLANE_LOCAL if pool_size() == 1 or self._band_rows() else TRANSPOSE_PLANE
 
     def _row_pitch(self, width: int, phases: Sequence[int]) -> int:
         """The distance between a phase plane's rows: ``width`` (every column a tap reads) less the columns past
@@ -375,7 +415,8 @@ class ConvKernel:
     def name(self) -> str:
         t = self.tiling
         kind = "depthwise" if self.g.cg == 1 and self.g.mg == 1 else ("1x1" if self.g.direct else "direct")
-        return f"conv.{kind}{'.t' if self.transposed else ''}.{self.isa.name}.{t.mr}x{t.nr}"
+        bands = f".b{self.bands}" if self.band_rows else ""
+        return f"conv.{kind}{'.t' if self.transposed else ''}.{self.isa.name}.{t.mr}x{t.nr}{bands}"
 
     @property
     def unused_operands(self) -> frozenset[int]:
@@ -383,7 +424,7 @@ class ConvKernel:
 
     @property
     def scratch_bytes(self) -> int:
-        return 0 if self.g.direct else 4 * self.g.batch * self.image_floats
+        return 0 if self.g.direct else 4 * self.g.batch * self.bands * self.image_floats
 
     @property
     def constant_bytes(self) -> int:
@@ -396,7 +437,7 @@ class ConvKernel:
         kf = KernelFunction(mod, name, len(self.in_types))
         packed = embed_array(mod, f"{name}.packed_w", self.packed)
         table = embed_array(mod, f"{name}.koff", self.koff.astype(np.int32), align=64) if not g.direct else None
-        if not g.direct:
+        if not g.direct and not self.band_rows:
             kf.phase(g.batch * g.c_in, COPY_WEIGHT * g.batch * g.c_in * self.chan_stride, self._fill)
         k = g.cg * g.taps
         mt_count = -(-g.mg // t.mr)
@@ -453,8 +494,32 @@ class ConvKernel:
                 if STORE_AHEAD_PANELS:
                     core.store_ahead = self._store_ahead
         flops = 2.0 * g.batch * g.c_out * k * math.prod(g.out_sp)
-        kf.phase(g.batch * g.groups * int(core.blocks), flops, chunk)
+        if self.band_rows:
+            copies = COPY_WEIGHT * g.batch * self.bands * g.c_in * self.chan_stride
+            kf.phase(g.batch * self.bands, flops + copies, lambda ctx, c: self._band(ctx, c, core))
+        else:
+            kf.phase(g.batch * g.groups * int(core.blocks), flops, chunk)
         return kf.finish()
+
+    def _band(self, ctx: Ctx, c: Val, core: GemmCore) -> None:
+        """Chunk ``image * bands + band`` of the banded schedule: the band's padded copy (every channel), then
+        every group's and block's tiles of the band's positions, all on the thread that made the copy."""
+        g = self.g
+        b = ctx.b
+        image, band = b.udiv(c, const(self.bands)), b.urem(c, const(self.bands))
+        for_range(b, 0, g.c_in, "bandc", lambda chan: self._fill(ctx, b.add(b.mul(image, const(g.c_in)), chan),
+                                                               band), hints=NO_UNROLL)
+        epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
+        base = b.mul(c, const(self.image_floats))
+        pos0 = b.mul(band, const(self.band_rows * math.prod(g.out_sp[1:])))
+
+        def group(grp: Val) -> None:
+            prob = {"image": image, "group": grp, "in_off": b.add(base, b.mul(grp, const(g.cg * self.chan_stride))),
+                    "pos0": pos0, "epi": epi}
+            for_range(b, 0, int(core.blocks), "bandb", lambda block: core.emit_block(ctx, prob, block),
+                      hints=NO_UNROLL)
+
+        for_range(b, 0, g.groups, "bandg", group, hints=NO_UNROLL)
 
     def _transposed_core(self, packed: Val, table: Val | None, k: int) -> GemmCore:
         """Rows are output positions (read in place at their plane offset + the step's table
@@ -462,6 +527,9 @@ class ConvKernel:
         g = self.g
         t = self.tiling
         out_plane = math.prod(g.out_sp)
+        # the positions the GEMM runs over: the plane's, or one band's (from ``prob["pos0"]`` on)
+        rows_sp = (self.band_rows, *g.out_sp[1:]) if self.band_rows else g.out_sp
+        m = math.prod(rows_sp)
         nt_count = -(-g.mg // t.nr)
         plane_strides = row_major_strides(list(self.plane))
 
@@ -469,13 +537,13 @@ class ConvKernel:
             b = ctx.b
             rows = []
             for i in range(t.mr):
-                p = imin(b, b.add(m0, const(i)), const(out_plane - 1))
+                p = imin(b, b.add(m0, const(i)), const(m - 1))
                 if table is None:  # 1x1, stride 1: the input itself, channel planes apart
                     rows.append(fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"],
                                                                    b.add(p, b.mul(k0, const(self.plane_size))))))
                     continue
                 at: Val = prob["in_off"]
-                for q, st in zip(unravel(b, p, g.out_sp), plane_strides, strict=True):
+                for q, st in zip(unravel(b, p, rows_sp), plane_strides, strict=True):
                     at = b.add(at, b.mul(q, const(st)))
                 rows.append(fgep(b, ctx.scratch, at))
             if table is None:
@@ -492,29 +560,35 @@ class ConvKernel:
             b = ctx.b
             channel0 = b.add(b.mul(prob["group"], const(g.mg)), n0)
             out_base = b.add(b.mul(prob["image"], const(g.c_out * out_plane)), b.mul(channel0, const(out_plane)))
+            p0 = b.add(prob["pos0"], m0) if self.band_rows else m0
 
             def index_of(i: Val, j: Val) -> list[Val]:
-                return [prob["image"], b.add(channel0, j), *unravel(b, b.add(m0, i), g.out_sp)]
+                return [prob["image"], b.add(channel0, j), *unravel(b, b.add(p0, i), g.out_sp)]
 
             def flat_of(i: Val, j: Val) -> Val:
-                return b.add(out_base, b.add(b.mul(j, const(out_plane)), b.add(m0, i)))
+                return b.add(out_base, b.add(b.mul(j, const(out_plane)), b.add(p0, i)))
 
             by_row = reads_by_row(prob["epi"], frozenset(f"i{d}" for d in range(2, 2 + len(g.out_sp))))
             store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of, flat_of, by_columns=True,
                        max_rows=t.mr if by_row else None)
 
-        core = GemmCore(out_plane, g.mg, k, t, a_at, b_at, store)
+        core = GemmCore(m, g.mg, k, t, a_at, b_at, store)
         core.read_ahead = ROWS_AHEAD_FLOATS if out_plane >= ROWS_AHEAD_MIN_PLANE else 0
         return core
 
-    def _fill(self, ctx: Ctx, c: Val) -> None:
-        """Chunk ``image * C + channel``: its zero-padded, phase-split copy (and the slack, once per image)."""
+    def _fill(self, ctx: Ctx, c: Val, band: Val | None = None) -> None:
+        """Chunk ``image * C + channel``: its zero-padded, phase-split copy (and the slack, once per image); with
+        ``band``, the copy of that band's rows (and their neighbours the taps read) into the band's buffer."""
         g = self.g
         b = ctx.b
         image = b.udiv(c, const(g.c_in))
         chan = b.urem(c, const(g.c_in))
         copy_row = self._row_copier(ctx, c)
         dst_image = b.mul(image, const(self.image_floats))
+        origin: Val = const(0)  # the band's first plane row, in the whole plane's rows (first axis)
+        if band is not None:
+            dst_image = b.mul(b.add(b.mul(image, const(self.bands)), band), const(self.image_floats))
+            origin = b.mul(band, const(self.band_rows * self.step[0]))
         dst = fgep(b, ctx.scratch, b.add(dst_image, b.mul(chan, const(self.chan_stride))))
         nsp = len(self.plane)
         in_strides = row_major_strides(list(g.in_sp))
@@ -536,7 +610,8 @@ class ConvKernel:
                 inside: Val = ir.Constant(ir.IntType(1), 1)
                 src_off: Val = const(0)
                 for j in range(nsp - 1):
-                    pos = b.sub(b.add(b.mul(qs[j], const(self.split[j])), const(phase[j])), const(g.pads[j]))
+                    q = b.add(qs[j], origin) if j == 0 else qs[j]
+                    pos = b.sub(b.add(b.mul(q, const(self.split[j])), const(phase[j])), const(g.pads[j]))
                     inside = b.and_(inside, b.icmp_unsigned("<", pos, const(g.in_sp[j])))
                     src_off = b.add(src_off, b.mul(pos, const(in_strides[j])))
 
