@@ -16,7 +16,10 @@ contiguously into NCHW and the epilogue vectorizes along a row.
   right padding is the next row's left padding where that is as wide, so fewer columns are dropped.
 - On small feature maps (late stages) the roles swap (the ``.t`` schedules): output positions
   are the GEMM rows, read in place through the same offset table, and output channels the
-  vector dimension (weights packed as column panels), which pads far less work.
+  vector dimension (weights packed as column panels), which pads far less work. On several threads
+  these run in bands of output rows (:data:`BANDED`): one chunk of the pool copies a band's rows (and the
+  rows its taps read past it) into a copy of its own and computes the band from it, so a tile never reads
+  rows another core copied.
 - Depthwise (one input channel per output) has no channel reduction, so no GEMM. In 2-D the input is
   read in place, a kernel row in the padding reading a row of zeros: where a row is at most half the
   accumulators' vectors wide at a stride across of 1 or 2, per channel in register tiles of whole rows
