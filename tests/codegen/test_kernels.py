@@ -374,11 +374,26 @@ def test_a_large_plane_takes_positions_as_rows_on_one_thread_or_in_bands(monkeyp
 
 BANDED_CONVS: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], int]] = [  # ..., bands expected
     ((2, 8, 12, 10), (32, 8, 3, 3), {"pads": (1, 1, 1, 1)}, 4),  # two images, bands of three rows
-    ((1, 6, 17, 15), (16, 6, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}, 9),  # phases: one row a band
-    ((1, 4, 14, 13), (32, 2, 3, 2), {"groups": 2, "dilations": (2, 1), "pads": (2, 0, 1, 1)}, 13),
-    ((1, 3, 20, 20), (16, 3, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}, 5),  # halo wider than a band
+    ((1, 6, 8, 15), (16, 6, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}, 4),  # phases: one row a band
+    ((1, 4, 15, 13), (32, 2, 3, 2), {"groups": 2, "dilations": (2, 1), "pads": (2, 0, 1, 1)}, 14),
+    ((1, 3, 20, 20), (16, 3, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}, 10),  # halo wider than a band
     ((1, 5, 16, 9), (17, 5, 5, 5), {"pads": (0, 2, 4, 1)}, 4),  # uneven pads, 17 channels: an edge panel
 ]
+
+
+def test_bands_are_shared_evenly_and_large_enough() -> None:
+    """Bands of equal rows, a multiple of the threads: four on two threads where each holds 192 positions
+    (ResNet-18's 56x56 and 28x28 layers), else one a thread of at least 96 (its 14x14 layers in halves); none
+    where the rows do not split so (7x7; 33 rows; 56 among three threads, 28 among eight), on one thread, or for
+    an unpadded 1x1 (no copy); eight threads share 56 rows in eight bands of seven."""
+    want = {((56, 56), 2): 14, ((28, 28), 2): 7, ((14, 14), 2): 7, ((7, 7), 2): 0, ((33, 33), 2): 0,
+            ((56, 56), 1): 0, ((56, 56), 3): 0, ((28, 28), 8): 0, ((56, 56), 8): 7}
+    for (side, threads), rows in want.items():
+        with gemm.pool_threads(threads):
+            kernel = _conv_kernel((1, 64, *side), (64, 64, 3, 3), pads=(1, 1, 1, 1))
+            assert kernel is not None and kernel._band_rows() == rows, (side, threads, kernel._band_rows())
+            direct = _conv_kernel((1, 64, *side), (64, 64, 1, 1))
+            assert direct is not None and direct._band_rows() == 0
 
 
 @pytest.mark.parametrize("xs, ws, attrs, bands", BANDED_CONVS)

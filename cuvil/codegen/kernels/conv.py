@@ -117,16 +117,19 @@ tile of positions read every channel of the padded copy, half of them written by
 BANDED = True
 BANDS_PER_THREAD = 2
 BAND_MIN_POSITIONS = 192
+BAND_ONE_EACH_MIN_POSITIONS = 96
 """The banded schedule (positions as rows, a library for several threads): the output plane's rows split into
-at least ``BANDS_PER_THREAD`` bands a thread of equal rows, each of at least ``BAND_MIN_POSITIONS`` positions,
-and one chunk of the pool makes a band's padded copy (every channel, with the rows past the band that its
-taps read) and then computes the band's every output channel from it, on the core whose cache holds the copy.
-Split otherwise, the copy (by channels) and the tiles (by positions) fall to the threads independently, and
-each tile reads half its rows from the other core's cache. Zen 4, two threads, two profiled builds
-interleaved with ONNX Runtime between calls (three runs): ResNet-18 17.67-17.87 -> 17.41-17.65 ms, with its
-56x56 layers now positions as rows in four bands (1.37-1.40 -> 1.28-1.32 ms each in a slow minute) and its
-28x28 layers in four; one thread measured the same with bands (33.55 against 33.53 ms), so it keeps one
-copy."""
+bands of equal rows, a multiple of the threads: at least ``BANDS_PER_THREAD`` a thread, each of at least
+``BAND_MIN_POSITIONS`` positions, else one a thread of at least ``BAND_ONE_EACH_MIN_POSITIONS`` (a 14x14
+plane in two halves). One chunk of the pool makes a band's padded copy (every channel, with the rows past the
+band that its taps read) and then computes the band's every output channel from it, on the core whose cache
+holds the copy. Split otherwise, the copy (by channels) and the tiles (by positions) fall to the threads
+independently, and each tile reads half its rows from the other core's cache. Zen 4, two threads, two
+profiled builds interleaved with ONNX Runtime between calls (three runs): ResNet-18 17.67-17.87 -> 17.41-17.65
+ms, with its 56x56 layers now positions as rows in four bands (1.37-1.40 -> 1.28-1.32 ms each in a slow
+minute) and its 28x28 layers in four; its 14x14 layers then in two halves, 17.46-20.69 -> 17.36-20.20 ms in
+three of four runs (the layers 1.12-1.14 -> 1.08-1.12 ms). One thread measured the same with bands (33.55
+against 33.53 ms), so it keeps one copy."""
 
 TRANSPOSE_PLANE_1X1 = 256
 """... and a 1x1 convolution only at up to this many output positions: there its input is read in place, each
@@ -378,8 +381,9 @@ class ConvKernel:
         if not BANDED or g.direct or len(g.out_sp) != 2 or threads == 1:
             return 0
         rows, width = g.out_sp
-        fits = [d for d in range(1, rows + 1)
-                if rows % d == 0 and rows // d >= BANDS_PER_THREAD * threads and d * width >= BAND_MIN_POSITIONS]
+        splits = [d for d in range(1, rows + 1) if rows % d == 0 and rows // d % threads == 0]  # shared evenly
+        fits = [d for d in splits if rows // d >= BANDS_PER_THREAD * threads and d * width >= BAND_MIN_POSITIONS]
+        fits = fits or [d for d in splits if rows // d >= threads and d * width >= BAND_ONE_EACH_MIN_POSITIONS]
         return max(fits, default=0)
 
     def _transpose_plane(self) -> int:
