@@ -432,6 +432,36 @@ def test_banded_schedule_keeps_every_bit(monkeypatch, xs: tuple[int, ...], ws: t
         assert_close(got, w, k, label)
 
 
+@pytest.mark.parametrize("rows, width", [(1, 8), (5, 8), (6, 8), (8, 8), (3, 4), (16, 16)])
+def test_register_transpose_moves_every_element(rows: int, width: int) -> None:
+    """``transpose`` of ``rows`` vectors of sixteen floats: column ``j`` holds element ``j`` of every row in
+    row order (the lanes past the rows are unspecified), on this CPU's instructions; the eight-lane form
+    (tiles of five to eight rows, stored transposed by the ``.t`` convolutions) has shuffles of its own."""
+    from llvmlite import ir
+
+    from cuvil.codegen.llvm_types import F32, PTR
+    from cuvil.codegen.loops import const
+    from cuvil.codegen.scalar import Builder as LLBuilder
+    from tests.ir.test_dot_reduction import _jit
+
+    mod = ir.Module("transpose")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR]), "transpose")
+    b = LLBuilder(fn.append_basic_block("entry"))
+    src, dst = fn.args
+    vectors = [b.load(b.gep(src, [const(16 * i)], source_etype=F32), typ=gemm.vec_type(16), align=4)
+               for i in range(rows)]
+    columns = gemm.transpose(b, vectors, width)
+    assert len(columns) == 16
+    for j, column in enumerate(columns):
+        b.store(column, b.gep(dst, [const(width * j)], source_etype=F32), align=4)
+    b.ret_void()
+    run, _engine = _jit(str(mod), "transpose", [ctypes.c_void_p, ctypes.c_void_p])
+    x = np.arange(16 * rows, dtype=np.float32).reshape(rows, 16)
+    out = np.full((16, width), np.nan, dtype=np.float32)
+    run(x.ctypes.data, out.ctypes.data)
+    np.testing.assert_array_equal(out[:, :rows], x.T)
+
+
 def test_depthwise_conv():
     c = Cases()
     for xs, s, d, p in [((1, 8, 9, 9), 1, 1, 1), ((2, 12, 14, 11), 2, 1, 1), ((1, 5, 10, 10), 1, 2, 2),

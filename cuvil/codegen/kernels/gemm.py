@@ -1179,6 +1179,8 @@ def transpose(b: Builder, rows: Sequence[Val], width: int) -> list[Val]:
     n = row_t.count
     if n == width == len(rows) == 16:
         return _transpose16(b, rows)
+    if n == 16 and width == 8 and len(rows) <= 8:
+        return _transpose8(b, [*rows, *[ir.Constant(row_t, None)] * (8 - len(rows))])
     vectors = [*rows, *[ir.Constant(row_t, None)] * (width - len(rows))]
     size = n
     while len(vectors) > 1:  # concatenate pairs: element i * n + j is rows[i][j]
@@ -1191,36 +1193,58 @@ def transpose(b: Builder, rows: Sequence[Val], width: int) -> list[Val]:
             for j in range(n)]
 
 
+def _shuffle16(b: Builder, x: Val, y: Val, mask: Sequence[int]) -> Val:
+    return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, len(mask)), list(mask)))
+
+
+def _within_lanes(pick: Sequence[int]) -> list[int]:
+    """A two-source shuffle within 128-bit lanes: ``pick`` indexes a lane's element of x (0-3) or of y (4-7)."""
+    return [(16 if p >= 4 else 0) + 4 * lane + p % 4 for lane in range(4) for p in pick]
+
+
+def _lanes_of(pick: Sequence[int]) -> list[int]:
+    """A two-source shuffle of whole 128-bit lanes: ``pick``, four lanes of x (0-3) or of y (4-7)."""
+    return [4 * p + i for p in pick for i in range(4)]
+
+
+def _quads(b: Builder, r: Sequence[Val]) -> list[Val]:
+    """Four rows of sixteen, in two rounds of four interleaves within 128-bit lanes: vector q holds in lane L the
+    four rows' elements 4L + q."""
+    lo01, hi01 = (_shuffle16(b, r[0], r[1], _within_lanes(p)) for p in ([0, 4, 1, 5], [2, 6, 3, 7]))
+    lo23, hi23 = (_shuffle16(b, r[2], r[3], _within_lanes(p)) for p in ([0, 4, 1, 5], [2, 6, 3, 7]))
+    return [_shuffle16(b, x, y, _within_lanes(p)) for x, y in ((lo01, lo23), (hi01, hi23))
+            for p in ([0, 1, 4, 5], [2, 3, 6, 7])]
+
+
 def _transpose16(b: Builder, rows: Sequence[Val]) -> list[Val]:
     """A 16x16 transpose in four rounds of sixteen two-source shuffles (32-bit and 64-bit interleaves within
     128-bit lanes, then two rounds moving whole lanes), each one instruction, where the generic tree of
     :func:`transpose` left LLVM some 165 shuffles per transpose."""
-    def shuffle(x: Val, y: Val, mask: Sequence[int]) -> Val:
-        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 16), list(mask)))
-
-    def within_lanes(pick: Sequence[int]) -> list[int]:  # ``pick`` indexes a lane of x (0-3) or of y (4-7)
-        return [(16 if p >= 4 else 0) + 4 * lane + p % 4 for lane in range(4) for p in pick]
-
-    def lanes_of(pick: Sequence[int]) -> list[int]:  # ``pick``: four 128-bit lanes of x (0-3) or of y (4-7)
-        return [4 * p + i for p in pick for i in range(4)]
-
-    # rounds 1 and 2: per four rows, vector q holds in lane L the four rows' elements 4L + q
-    quads: list[list[Val]] = []
-    for g in range(4):
-        r = rows[4 * g:4 * g + 4]
-        lo01, hi01 = shuffle(r[0], r[1], within_lanes([0, 4, 1, 5])), shuffle(r[0], r[1], within_lanes([2, 6, 3, 7]))
-        lo23, hi23 = shuffle(r[2], r[3], within_lanes([0, 4, 1, 5])), shuffle(r[2], r[3], within_lanes([2, 6, 3, 7]))
-        quads.append([shuffle(lo01, lo23, within_lanes([0, 1, 4, 5])), shuffle(lo01, lo23, within_lanes([2, 3, 6, 7])),
-                      shuffle(hi01, hi23, within_lanes([0, 1, 4, 5])), shuffle(hi01, hi23, within_lanes([2, 3, 6, 7]))])
+    quads = [_quads(b, rows[4 * g:4 * g + 4]) for g in range(4)]
     columns: list[Val | None] = [None] * 16
     for q in range(4):  # rounds 3 and 4: column 4L + q gathers lane L of the four groups' vector q
         g0, g1, g2, g3 = (quads[g][q] for g in range(4))
-        a, c = shuffle(g0, g1, lanes_of([0, 2, 4, 6])), shuffle(g2, g3, lanes_of([0, 2, 4, 6]))
-        bb, d = shuffle(g0, g1, lanes_of([1, 3, 5, 7])), shuffle(g2, g3, lanes_of([1, 3, 5, 7]))
-        columns[q] = shuffle(a, c, lanes_of([0, 2, 4, 6]))
-        columns[8 + q] = shuffle(a, c, lanes_of([1, 3, 5, 7]))
-        columns[4 + q] = shuffle(bb, d, lanes_of([0, 2, 4, 6]))
-        columns[12 + q] = shuffle(bb, d, lanes_of([1, 3, 5, 7]))
+        a, c = _shuffle16(b, g0, g1, _lanes_of([0, 2, 4, 6])), _shuffle16(b, g2, g3, _lanes_of([0, 2, 4, 6]))
+        bb, d = _shuffle16(b, g0, g1, _lanes_of([1, 3, 5, 7])), _shuffle16(b, g2, g3, _lanes_of([1, 3, 5, 7]))
+        columns[q] = _shuffle16(b, a, c, _lanes_of([0, 2, 4, 6]))
+        columns[8 + q] = _shuffle16(b, a, c, _lanes_of([1, 3, 5, 7]))
+        columns[4 + q] = _shuffle16(b, bb, d, _lanes_of([0, 2, 4, 6]))
+        columns[12 + q] = _shuffle16(b, bb, d, _lanes_of([1, 3, 5, 7]))
+    return [cast(Val, col) for col in columns]
+
+
+def _transpose8(b: Builder, rows: Sequence[Val]) -> list[Val]:
+    """Eight rows of sixteen into sixteen columns of eight: the 16x16 transpose's first two rounds per four rows,
+    then one round pairing the two groups' 128-bit lanes (each column the low or high half of a vector), 24
+    two-source shuffles where the generic tree left LLVM some 100 and spills for a tile of six rows."""
+    g0, g1 = _quads(b, rows[:4]), _quads(b, rows[4:8])
+    columns: list[Val | None] = [None] * 16
+    spare = ir.Constant(rows[0].type, None)
+    for q in range(4):  # column 4L + q: lane L of the first group's vector q, then lane L of the second's
+        low = _shuffle16(b, g0[q], g1[q], _lanes_of([0, 4, 1, 5]))
+        high = _shuffle16(b, g0[q], g1[q], _lanes_of([2, 6, 3, 7]))
+        for k, (v, half) in enumerate(((low, 0), (low, 1), (high, 0), (high, 1))):
+            columns[4 * k + q] = _shuffle16(b, v, spare, list(range(8 * half, 8 * half + 8)))
     return [cast(Val, col) for col in columns]
 
 
