@@ -1193,7 +1193,7 @@ def transpose(b: Builder, rows: Sequence[Val], width: int) -> list[Val]:
             for j in range(n)]
 
 
-def _shuffle16(b: Builder, x: Val, y: Val, mask: Sequence[int]) -> Val:
+def _shuffle(b: Builder, x: Val, y: Val, mask: Sequence[int]) -> Val:
     return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, len(mask)), list(mask)))
 
 
@@ -1210,9 +1210,9 @@ def _lanes_of(pick: Sequence[int]) -> list[int]:
 def _quads(b: Builder, r: Sequence[Val]) -> list[Val]:
     """Four rows of sixteen, in two rounds of four interleaves within 128-bit lanes: vector q holds in lane L the
     four rows' elements 4L + q."""
-    lo01, hi01 = (_shuffle16(b, r[0], r[1], _within_lanes(p)) for p in ([0, 4, 1, 5], [2, 6, 3, 7]))
-    lo23, hi23 = (_shuffle16(b, r[2], r[3], _within_lanes(p)) for p in ([0, 4, 1, 5], [2, 6, 3, 7]))
-    return [_shuffle16(b, x, y, _within_lanes(p)) for x, y in ((lo01, lo23), (hi01, hi23))
+    lo01, hi01 = (_shuffle(b, r[0], r[1], _within_lanes(p)) for p in ([0, 4, 1, 5], [2, 6, 3, 7]))
+    lo23, hi23 = (_shuffle(b, r[2], r[3], _within_lanes(p)) for p in ([0, 4, 1, 5], [2, 6, 3, 7]))
+    return [_shuffle(b, x, y, _within_lanes(p)) for x, y in ((lo01, lo23), (hi01, hi23))
             for p in ([0, 1, 4, 5], [2, 3, 6, 7])]
 
 
@@ -1224,27 +1224,27 @@ def _transpose16(b: Builder, rows: Sequence[Val]) -> list[Val]:
     columns: list[Val | None] = [None] * 16
     for q in range(4):  # rounds 3 and 4: column 4L + q gathers lane L of the four groups' vector q
         g0, g1, g2, g3 = (quads[g][q] for g in range(4))
-        a, c = _shuffle16(b, g0, g1, _lanes_of([0, 2, 4, 6])), _shuffle16(b, g2, g3, _lanes_of([0, 2, 4, 6]))
-        bb, d = _shuffle16(b, g0, g1, _lanes_of([1, 3, 5, 7])), _shuffle16(b, g2, g3, _lanes_of([1, 3, 5, 7]))
-        columns[q] = _shuffle16(b, a, c, _lanes_of([0, 2, 4, 6]))
-        columns[8 + q] = _shuffle16(b, a, c, _lanes_of([1, 3, 5, 7]))
-        columns[4 + q] = _shuffle16(b, bb, d, _lanes_of([0, 2, 4, 6]))
-        columns[12 + q] = _shuffle16(b, bb, d, _lanes_of([1, 3, 5, 7]))
+        a, c = _shuffle(b, g0, g1, _lanes_of([0, 2, 4, 6])), _shuffle(b, g2, g3, _lanes_of([0, 2, 4, 6]))
+        bb, d = _shuffle(b, g0, g1, _lanes_of([1, 3, 5, 7])), _shuffle(b, g2, g3, _lanes_of([1, 3, 5, 7]))
+        columns[q] = _shuffle(b, a, c, _lanes_of([0, 2, 4, 6]))
+        columns[8 + q] = _shuffle(b, a, c, _lanes_of([1, 3, 5, 7]))
+        columns[4 + q] = _shuffle(b, bb, d, _lanes_of([0, 2, 4, 6]))
+        columns[12 + q] = _shuffle(b, bb, d, _lanes_of([1, 3, 5, 7]))
     return [cast(Val, col) for col in columns]
 
 
 def _transpose8(b: Builder, rows: Sequence[Val]) -> list[Val]:
     """Eight rows of sixteen into sixteen columns of eight: the 16x16 transpose's first two rounds per four rows,
     then one round pairing the two groups' 128-bit lanes (each column the low or high half of a vector), 24
-    two-source shuffles where the generic tree left LLVM some 100 and spills for a tile of six rows."""
+    two-source shuffles (and the halves) where the generic tree left LLVM some 100 and spills for six rows."""
     g0, g1 = _quads(b, rows[:4]), _quads(b, rows[4:8])
     columns: list[Val | None] = [None] * 16
     spare = ir.Constant(rows[0].type, None)
     for q in range(4):  # column 4L + q: lane L of the first group's vector q, then lane L of the second's
-        low = _shuffle16(b, g0[q], g1[q], _lanes_of([0, 4, 1, 5]))
-        high = _shuffle16(b, g0[q], g1[q], _lanes_of([2, 6, 3, 7]))
+        low = _shuffle(b, g0[q], g1[q], _lanes_of([0, 4, 1, 5]))
+        high = _shuffle(b, g0[q], g1[q], _lanes_of([2, 6, 3, 7]))
         for k, (v, half) in enumerate(((low, 0), (low, 1), (high, 0), (high, 1))):
-            columns[4 * k + q] = _shuffle16(b, v, spare, list(range(8 * half, 8 * half + 8)))
+            columns[4 * k + q] = _shuffle(b, v, spare, list(range(8 * half, 8 * half + 8)))
     return [cast(Val, col) for col in columns]
 
 
