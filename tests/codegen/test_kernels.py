@@ -385,15 +385,21 @@ def test_bands_are_shared_evenly_and_large_enough() -> None:
     """Bands of equal rows, a multiple of the threads: four on two threads where each holds 192 positions
     (ResNet-18's 56x56 and 28x28 layers), else one a thread of at least 96 (its 14x14 layers in halves); none
     where the rows do not split so (7x7; 33 rows; 56 among three threads, 28 among eight), on one thread, or for
-    an unpadded 1x1 (no copy); eight threads share 56 rows in eight bands of seven."""
+    an unpadded 1x1 (no copy); eight threads share 56 rows in eight bands of seven. Bands whose copies would
+    hold more than ``BAND_COPY_MAX`` times the one copy's rows are not taken (their halos), nor an 11x11
+    kernel's bands on eight threads over 16 rows."""
     want = {((56, 56), 2): 14, ((28, 28), 2): 7, ((14, 14), 2): 7, ((7, 7), 2): 0, ((33, 33), 2): 0,
-            ((56, 56), 1): 0, ((56, 56), 3): 0, ((28, 28), 8): 0, ((56, 56), 8): 7}
+            ((56, 56), 1): 0, ((56, 56), 3): 0, ((28, 28), 8): 0, ((56, 56), 8): 7,
+            ((8, 256), 2): 4}  # four bands of two rows would copy 16 rows for 10: two of four (12)
     for (side, threads), rows in want.items():
         with gemm.pool_threads(threads):
             kernel = _conv_kernel((1, 64, *side), (64, 64, 3, 3), pads=(1, 1, 1, 1))
             assert kernel is not None and kernel._band_rows() == rows, (side, threads, kernel._band_rows())
             direct = _conv_kernel((1, 64, *side), (64, 64, 1, 1))
             assert direct is not None and direct._band_rows() == 0
+    with gemm.pool_threads(8):
+        wide = _conv_kernel((1, 8, 16, 256), (16, 8, 11, 11), pads=(5, 5, 5, 5))
+        assert wide is not None and wide._band_rows() == 0
 
 
 @pytest.mark.parametrize("xs, ws, attrs, bands", BANDED_CONVS)
@@ -408,6 +414,7 @@ def test_banded_schedule_keeps_every_bit(monkeypatch, xs: tuple[int, ...], ws: t
 
     monkeypatch.setattr(conv.ConvKernel, "positions_as_rows", True)
     monkeypatch.setattr(conv, "BAND_MIN_POSITIONS", 1)
+    monkeypatch.setattr(conv, "BAND_COPY_MAX", math.inf)
     c = Cases()
     x = c.input(_f32(*xs))
     y = c.b.conv(x, c.b.const(_f32(*ws)), **attrs)

@@ -118,10 +118,13 @@ BANDED = True
 BANDS_PER_THREAD = 2
 BAND_MIN_POSITIONS = 192
 BAND_ONE_EACH_MIN_POSITIONS = 96
+BAND_COPY_MAX = 1.5
 """The banded schedule (positions as rows, a library for several threads): the output plane's rows split into
 bands of equal rows, a multiple of the threads: at least ``BANDS_PER_THREAD`` a thread, each of at least
 ``BAND_MIN_POSITIONS`` positions, else one a thread of at least ``BAND_ONE_EACH_MIN_POSITIONS`` (a 14x14
-plane in two halves). One chunk of the pool makes a band's padded copy (every channel, with the rows past the
+plane in two halves), where the bands copy at most ``BAND_COPY_MAX`` times the rows of the one copy (a band
+of one row of a 3x3 convolution copies three; ResNet-18's bands 1.10-1.2 times). One chunk of the pool makes a
+band's padded copy (every channel, with the rows past the
 band that its taps read) and then computes the band's every output channel from it, on the core whose cache
 holds the copy. Split otherwise, the copy (by channels) and the tiles (by positions) fall to the threads
 independently, and each tile reads half its rows from the other core's cache. Zen 4, two threads, two
@@ -381,7 +384,13 @@ class ConvKernel:
         if not BANDED or g.direct or len(g.out_sp) != 2 or threads == 1:
             return 0
         rows, width = g.out_sp
-        splits = [d for d in range(1, rows + 1) if rows % d == 0 and rows // d % threads == 0]  # shared evenly
+        reach = max(t * g.dilations[0] // self.split[0] for t in range(g.kernel[0]))  # plane rows past a band's
+
+        def copied(d: int) -> float:  # plane rows the bands copy, against the one copy's
+            return (rows // d) * ((d - 1) * self.step[0] + reach + 1) / ((rows - 1) * self.step[0] + reach + 1)
+
+        splits = [d for d in range(1, rows + 1)  # shared evenly, with a bounded halo
+                  if rows % d == 0 and rows // d % threads == 0 and copied(d) <= BAND_COPY_MAX]
         fits = [d for d in splits if rows // d >= BANDS_PER_THREAD * threads and d * width >= BAND_MIN_POSITIONS]
         fits = fits or [d for d in splits if rows // d >= threads and d * width >= BAND_ONE_EACH_MIN_POSITIONS]
         return max(fits, default=0)
