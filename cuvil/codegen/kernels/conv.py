@@ -316,24 +316,23 @@ class ConvKernel:
         self.phase_index = {ph: i for i, ph in enumerate(itertools.product(*used))}
         self.phase_of = [[used[j].index(o % split[j]) for o in offs[j]] for j in range(nsp)]
         self.band_rows = 0  # output rows (first axis) per band of the banded schedule; 0: not banded
-        self.bands = 1
-        self._lay_out(g.out_sp, offs, used)
+        self._lay_out(g.out_sp, used)
         k = g.cg * g.taps
         self.tiling = conv_tiling(isa, g.mg, self.positions, k, b_streams=streams_from_memory(k, self.positions))
         # few output positions (a late, small feature map): positions as GEMM rows, channels as
         # vectors, when that computes clearly fewer padded elements than positions as vectors
         out_plane = math.prod(g.out_sp)
+        band_rows = self._band_rows()  # if positions become the rows
         across = conv_tiling(isa, out_plane, g.mg, k, b_streams=streams_from_memory(k, g.mg))
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
         self.transposed = g.mg >= isa.lanes and (self.positions_as_rows or area_across * TRANSPOSE_GAIN < area or (
-            out_plane <= self._transpose_plane() and k >= TRANSPOSE_K))
+            out_plane <= self._transpose_plane(band_rows > 0) and k >= TRANSPOSE_K))
         if self.transposed:
             self.tiling = across
-            self.band_rows = self._band_rows()
-            if self.band_rows:
-                self.bands = g.out_sp[0] // self.band_rows
-                self._lay_out((self.band_rows, *g.out_sp[1:]), offs, used)
+            self.band_rows = band_rows
+            if band_rows:
+                self._lay_out((band_rows, *g.out_sp[1:]), used)
         plane_strides = row_major_strides(list(self.plane))
         # reduction step k = (c, tap) -> offset of its input in the (padded) buffer, per group
         koff = []
@@ -356,15 +355,22 @@ class ConvKernel:
         else:  # weights as A tiles: [G, MT, K, MR]
             self.packed = pack_a_tiles(mats, self.tiling.mr)
 
-    def _lay_out(self, out_sp: Sequence[int], offs: Sequence[Sequence[int]], used: Sequence[Sequence[int]]) -> None:
+    @property
+    def bands(self) -> int:
+        return self.g.out_sp[0] // self.band_rows if self.band_rows else 1
+
+    def _plane_extent(self, j: int, outputs: int) -> int:
+        """The padded copy's extent along axis ``j`` (in one phase) that ``outputs`` consecutive outputs read."""
+        g = self.g
+        return (outputs - 1) * self.step[j] + max(t * g.dilations[j] // self.split[j] for t in range(g.kernel[j])) + 1
+
+    def _lay_out(self, out_sp: Sequence[int], used: Sequence[Sequence[int]]) -> None:
         """The padded copy's geometry for ``out_sp`` output positions (the whole plane, or one band's rows)."""
         g = self.g
-        nsp = len(out_sp)
         if g.direct:
             self.plane = tuple(out_sp)
         else:
-            plane = tuple((out_sp[j] - 1) * self.step[j] + max(o // self.split[j] for o in offs[j]) + 1
-                          for j in range(nsp))
+            plane = [self._plane_extent(j, n) for j, n in enumerate(out_sp)]
             self.plane = (*plane[:-1], self._row_pitch(plane[-1], used[-1]))
         plane_strides = row_major_strides(list(self.plane))
         self.plane_size = math.prod(self.plane)
@@ -384,10 +390,9 @@ class ConvKernel:
         if not BANDED or g.direct or len(g.out_sp) != 2 or threads == 1:
             return 0
         rows, width = g.out_sp
-        reach = max(t * g.dilations[0] // self.split[0] for t in range(g.kernel[0]))  # plane rows past a band's
 
         def copied(d: int) -> float:  # plane rows the bands copy, against the one copy's
-            return (rows // d) * ((d - 1) * self.step[0] + reach + 1) / ((rows - 1) * self.step[0] + reach + 1)
+            return (rows // d) * self._plane_extent(0, d) / self._plane_extent(0, rows)
 
         splits = [d for d in range(1, rows + 1)  # shared evenly, with a bounded halo
                   if rows % d == 0 and rows // d % threads == 0 and copied(d) <= BAND_COPY_MAX]
@@ -395,11 +400,12 @@ class ConvKernel:
         fits = fits or [d for d in splits if rows // d >= threads and d * width >= BAND_ONE_EACH_MIN_POSITIONS]
         return max(fits, default=0)
 
-    def _transpose_plane(self) -> int:
-        """The largest output plane that takes positions as rows for its long reduction alone."""
+    def _transpose_plane(self, banded: bool) -> int:
+        """The largest output plane that takes positions as rows for its long reduction alone (``banded``: in
+        bands, if it does)."""
         if self.g.direct:
             return TRANSPOSE_PLANE_1X1
-        return TRANSPOSE_PLANE_LOCAL if pool_size() == 1 or self._band_rows() else TRANSPOSE_PLANE
+        return TRANSPOSE_PLANE_LOCAL if pool_size() == 1 or banded else TRANSPOSE_PLANE
 
     def _row_pitch(self, width: int, phases: Sequence[int]) -> int:
         """The distance between a phase plane's rows: ``width`` (every column a tap reads) less the columns past
@@ -600,11 +606,10 @@ class ConvKernel:
         image = b.udiv(c, const(g.c_in))
         chan = b.urem(c, const(g.c_in))
         copy_row = self._row_copier(ctx, c)
-        dst_image = b.mul(image, const(self.image_floats))
-        origin: Val = const(0)  # the band's first plane row, in the whole plane's rows (first axis)
-        if band is not None:
-            dst_image = b.mul(b.add(b.mul(image, const(self.bands)), band), const(self.image_floats))
-            origin = b.mul(band, const(self.band_rows * self.step[0]))
+        copy = image if band is None else b.add(b.mul(image, const(self.bands)), band)  # the buffer it fills
+        dst_image = b.mul(copy, const(self.image_floats))
+        # the band's first plane row, in the whole plane's rows (first axis)
+        origin = const(0) if band is None else b.mul(band, const(self.band_rows * self.step[0]))
         dst = fgep(b, ctx.scratch, b.add(dst_image, b.mul(chan, const(self.chan_stride))))
         nsp = len(self.plane)
         in_strides = row_major_strides(list(g.in_sp))
