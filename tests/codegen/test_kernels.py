@@ -1068,6 +1068,50 @@ def test_conv_large_output_schedule_changes_no_bit(monkeypatch):
             assert_close(g, w, k, label)
 
 
+def test_whole_runs_change_no_bit(monkeypatch):
+    """A padded convolution with positions as vectors stores a tile inside one plane row as one run of the tile's
+    width, and any other tile as runs of any length: the results are those of the build that stores every run
+    at its length, bit for bit, with a residual read along the runs, on planes whose rows hold several tiles
+    (whole runs, and tiles across a row's end), rows shorter than a tile (every run partial), strides, two images
+    and two threads; and they match the rule. Both kinds of run are stored."""
+    import cuvil.codegen.kernels.conv as conv
+
+    c = Cases()
+    for xs, ws, attrs in [((2, 5, 9, 131), (12, 5, 3, 3), {"pads": (1, 1, 1, 1)}),
+                          ((1, 3, 27, 229), (9, 3, 7, 7), {"strides": (2, 2), "pads": (3, 3, 3, 3)}),
+                          ((1, 4, 11, 13), (10, 4, 3, 3), {"pads": (0, 2, 1, 0)})]:
+        x = c.input(_f32(*xs))
+        y = c.b.conv(x, c.b.const(_f32(*ws)), **attrs)
+        r = c.input(_f32(*y.type.shape))
+        c.add(f"conv x{xs} w{ws} {attrs}", c.b.relu(c.b.add(y, r)), ws[1] * math.prod(ws[2:]))
+    module = c.module()
+    monkeypatch.setattr(conv, "TRANSPOSE_PLANE", 0)
+    monkeypatch.setattr(conv, "TRANSPOSE_PLANE_LOCAL", 0)
+    monkeypatch.setattr(conv, "TRANSPOSE_GAIN", 1e9)
+    widths: list[Any] = []
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        widths.append(args[5])
+        conv_store_rows(*args, **kwargs)
+
+    conv_store_rows = conv.store_rows
+    monkeypatch.setattr(conv, "store_rows", recording)
+    builds = {}
+    for whole in (False, True):
+        monkeypatch.setattr(conv, "WHOLE_RUNS", whole)
+        builds[whole] = compile(module, cache=False, threads=2)
+    assert any(isinstance(w, int) for w in widths) and any(not isinstance(w, int) for w in widths)
+    want = rule_reference(module, c.inputs)
+    runs = builds[False].run(c.inputs)
+    for model in builds.values():
+        assert model.manifest is not None
+        kernels = [k for k in model.manifest["kernels"] if k.startswith("conv.")]
+        assert len(kernels) == 3 and all(k.startswith("conv.direct.") and ".t." not in k for k in kernels), kernels
+        for g, p, w, label, k in zip(model.run(c.inputs), runs, want, c.labels, c.reductions, strict=True):
+            assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), label
+            assert_close(g, w, k, label)
+
+
 def test_rows_read_ahead_changes_no_bit(monkeypatch):
     """Positions as GEMM rows read in place (a 1x1 convolution's input, a padded copy through the offset table)
     may fetch a later tile row's elements at every step: a hint only, so the results are those of the build
