@@ -626,7 +626,13 @@ def _big_case() -> tuple[Module, list[np.ndarray]]:
 BIG_MODULE, BIG_INPUTS = _big_case()
 
 
-def test_threaded_runs_match_single_thread_exactly():
+@pytest.mark.parametrize("two_ended", [True, False])
+def test_threaded_runs_match_single_thread_exactly(monkeypatch, two_ended: bool):
+    """Every element computed on two threads is the one thread's, whether the caller and the worker claim chunks
+    from the two ends of a phase or both from its front (:data:`threads.TWO_ENDED`)."""
+    import cuvil.codegen.kernels.threads as threads
+
+    monkeypatch.setattr(threads, "TWO_ENDED", two_ended)
     one = compile(BIG_MODULE, cache=False, threads=1)
     two = compile(BIG_MODULE, cache=False, threads=2)
     assert one.manifest is not None and two.manifest is not None
@@ -672,10 +678,12 @@ def test_kernels_pooled_for_their_time_match_single_thread_exactly(monkeypatch):
         assert_close(y, w, k, "pooled for its time")
 
 
-def test_many_small_chunks_are_claimed_in_groups_and_every_one_runs(monkeypatch):
+@pytest.mark.parametrize("threads_count", [2, 3])
+def test_many_small_chunks_are_claimed_in_groups_and_every_one_runs(monkeypatch, threads_count: int):
     """A depthwise convolution of 509 channels at 7x7 and a convolution's padded copy of 300 channels:
-    the pool claims a group of channels at a time (the last group shorter), and every channel is
-    computed once: the bits of one thread."""
+    the pool claims a group of channels at a time (the last group shorter), the caller from the front and the
+    workers (one, or two racing for the back) from the back, and every channel is computed: the bits of one
+    thread."""
     c = Cases()
     x = c.input(_f32(1, 509, 7, 7))
     c.add("depthwise", c.b.conv(x, c.b.const(_f32(509, 1, 3, 3)), pads=(1, 1, 1, 1), groups=509), 9)
@@ -690,7 +698,7 @@ def test_many_small_chunks_are_claimed_in_groups_and_every_one_runs(monkeypatch)
         return group
 
     monkeypatch.setattr(gemm, "chunks_per_claim", spy)
-    two = compile(c.module(), cache=False, threads=2)
+    two = compile(c.module(), cache=False, threads=threads_count)
     assert (509, 31) in groups and any(n == 300 and g > 1 for n, g in groups), groups
     monkeypatch.setattr(gemm, "chunks_per_claim", per_claim)
     one = compile(c.module(), cache=False, threads=1)

@@ -9,10 +9,11 @@ run of the library is in progress (:func:`in_run`) they spin long enough to catc
 that runs on the caller alone; between runs only briefly, so that the cores are not held from whatever the
 process does next.
 
-The claim word packs ``generation:24 | chunk count:20 | next chunk:20``: a worker can only
-claim a chunk of the job whose generation it saw, and the caller publishes a new job only after
-every chunk of the previous one was both claimed and finished, so a late worker can never run
-a chunk of the wrong job.
+The claim word packs ``generation:24 | back:20 | front:20``, the chunks not yet claimed being
+``front <= c < back``: the caller claims from the front and the workers from the back
+(:data:`TWO_ENDED`). A worker can only claim a chunk of the job whose generation it saw, and the
+caller publishes a new job only after every chunk of the previous one was both claimed and
+finished, so a late worker can never run a chunk of the wrong job.
 
 The pool is per library. Its size is ``$CUVIL_NUM_THREADS`` when set, else the CPUs this
 process may run on (``sched_getaffinity``); ``<prefix>_set_num_threads(n)`` overrides it (n <= 0:
@@ -47,6 +48,15 @@ TASK_TYPE = ir.FunctionType(VOID, [PTR, I64])
 """``void task(void* args, int64_t chunk)``."""
 
 _SEQ = "seq_cst"
+TWO_ENDED = True
+"""Whether the caller claims a phase's chunks from its front and the workers from its back (else all from the
+front). Consecutive phases cut alike (a convolution's bands, a GEMM's row blocks, channels) then run their
+first chunks on the calling thread's core and their last on a worker's, each core mostly reading what it wrote
+in the phase before, where claims from one end gave any chunk to whichever thread came first; a core the OS
+does not schedule still just gets no chunks. Two threads, two profiled builds interleaved with ONNX Runtime
+between calls, on a Zen 4, ms a call: BERT 4.948 -> 4.817, 4.856 -> 4.716; MobileNet-v1 6.104 -> 6.062,
+6.106 -> 6.057, 6.795 -> 6.757; ResNet-18 17.318 -> 17.307, 17.300 -> 17.263; QDQ ResNet-18 8.798 -> 8.933,
+8.569 -> 8.352; the batch-64 MLP 0.458 -> 0.461, 0.448 -> 0.447."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +144,9 @@ class _PoolEmitter:
         self.mutex = _global(mod, "cuvil.pool.mutex", sync, 64)
         self.cond_work = _global(mod, "cuvil.pool.cond_work", sync, 64)
         self.cond_done = _global(mod, "cuvil.pool.cond_done", sync, 64)
-        self.state = _global(mod, "cuvil.pool.state", I64, 64)  # gen | nchunks | next
+        self.state = _global(mod, "cuvil.pool.state", I64, 64)  # gen | back | front
         self.done = _global(mod, "cuvil.pool.done", I64, 64)
+        self.count = _global(mod, "cuvil.pool.count", I64, 64)  # the job's chunks (the state's back moves)
         self.task = _global(mod, "cuvil.pool.task", PTR)
         self.args = _global(mod, "cuvil.pool.args", PTR)
         self.busy = _global(mod, "cuvil.pool.busy", I32, 64)
@@ -208,41 +219,49 @@ class _PoolEmitter:
         return ThreadPool(run, set_threads)
 
     def _emit_claim(self) -> ir.Function:
-        """i64 claim(i64 gen): the next chunk of job ``gen``, or -1 when it has none left."""
-        fn, b = self._func(self.mod, "cuvil.pool.claim", I64, [I64])
-        gen = fn.args[0]
+        """i64 claim(i64 gen, i1 back): the next chunk of job ``gen`` from the front (the caller) or the back
+        (the workers), or -1 when it has none left. The state is ``gen | back | front``: the chunks not yet
+        claimed are ``front <= c < back``."""
+        fn, b = self._func(self.mod, "cuvil.pool.claim", I64, [I64, ir.IntType(1)])
+        gen, from_back = fn.args
         loop, none, check, cas, got = _blocks(fn, "loop", "none", "check", "cas", "got")
         b.branch(loop)
         b.position_at_end(loop)
         s = self._load(b, self.state, I64)
         b.cbranch(b.icmp_unsigned("==", self._gen(b, s), gen), check, none)
         b.position_at_end(check)
-        nxt = b.and_(s, ir.Constant(I64, _MASK20))
-        count = b.and_(b.lshr(s, ir.Constant(I64, _CHUNK_BITS)), ir.Constant(I64, _MASK20))
-        b.cbranch(b.icmp_unsigned("<", nxt, count), cas, none)
+        front = b.and_(s, ir.Constant(I64, _MASK20))
+        back = b.and_(b.lshr(s, ir.Constant(I64, _CHUNK_BITS)), ir.Constant(I64, _MASK20))
+        b.cbranch(b.icmp_unsigned("<", front, back), cas, none)
         b.position_at_end(cas)
-        res = b.cmpxchg(self.state, s, b.add(s, ir.Constant(I64, 1)), _SEQ, _SEQ)
+        if TWO_ENDED:
+            taken = b.select(from_back, b.sub(back, ir.Constant(I64, 1)), front)
+            step = b.select(from_back, ir.Constant(I64, -(1 << _CHUNK_BITS)), ir.Constant(I64, 1))
+        else:
+            taken, step = front, ir.Constant(I64, 1)
+        res = b.cmpxchg(self.state, s, b.add(s, step), _SEQ, _SEQ)
         b.cbranch(b.extract_value(res, 1), got, loop)
         b.position_at_end(got)
-        b.ret(nxt)
+        b.ret(taken)
         b.position_at_end(none)
         b.ret(ir.Constant(I64, -1))
         return fn
 
     def _emit_work(self) -> ir.Function:
-        """void work(i64 state): claim and run chunks of the job ``state`` describes until none are left."""
-        fn, b = self._func(self.mod, "cuvil.pool.work", VOID, [I64])
-        s = fn.args[0]
+        """void work(i64 state, i1 back): claim (from the back: a worker) and run chunks of the job ``state``
+        describes until none are left."""
+        fn, b = self._func(self.mod, "cuvil.pool.work", VOID, [I64, ir.IntType(1)])
+        s, from_back = fn.args
         gen = self._gen(b, s)
-        count = b.and_(b.lshr(s, ir.Constant(I64, _CHUNK_BITS)), ir.Constant(I64, _MASK20))
         task = b.load(self.task, typ=PTR)
         args = b.load(self.args, typ=PTR)
         loop, body, last, out = _blocks(fn, "loop", "body", "last", "out")
         b.branch(loop)
         b.position_at_end(loop)
-        c = b.call(self.claim, [gen])
+        c = b.call(self.claim, [gen, from_back])
         b.cbranch(b.icmp_signed("<", c, ir.Constant(I64, 0)), out, body)
         b.position_at_end(body)
+        count = self._load(b, self.count, I64)  # the job's: it cannot finish while a chunk of it is claimed
         b.call(_Callee(task), [args, c])
         finished = b.add(b.atomic_rmw("add", self.done, ir.Constant(I64, 1), _SEQ), ir.Constant(I64, 1))
         b.cbranch(b.icmp_unsigned("==", finished, count), last, loop)
@@ -277,7 +296,7 @@ class _PoolEmitter:
         b.position_at_end(work)
         s = self._load(b, self.state, I64)
         b.store(self._gen(b, s), seen_slot)
-        b.call(self.work, [s])
+        b.call(self.work, [s, ir.Constant(ir.IntType(1), 1)])
         b.branch(wait)
 
         b.position_at_end(leave)
@@ -462,13 +481,14 @@ class _PoolEmitter:
         b.store(task, self.task)
         b.store(args, self.args)
         self._store(b, ir.Constant(I64, 0), self.done)
+        self._store(b, nchunks, self.count)
         gen = b.and_(b.add(self._gen(b, self._load(b, self.state, I64)), ir.Constant(I64, 1)),
                      ir.Constant(I64, (1 << 24) - 1))
         new_state = b.or_(b.shl(gen, ir.Constant(I64, _GEN_SHIFT)), b.shl(nchunks, ir.Constant(I64, _CHUNK_BITS)))
         self._store(b, new_state, self.state)
         b.call(self.broadcast, [self.cond_work])
         b.call(self.unlock, [self.mutex])
-        b.call(self.work, [new_state])
+        b.call(self.work, [new_state, ir.Constant(ir.IntType(1), 0)])
 
         # wait until every chunk has finished
         spins = b.alloca(I32)
