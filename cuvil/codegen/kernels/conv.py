@@ -740,15 +740,16 @@ class ConvKernel:
                 def flat_of(i: Val, j: Val) -> Val:
                     return b.add(b.add(out_base, b.mul(i, const(out_plane))), b.add(out_row, b.add(x0, j)))
 
-                # a run that is the whole tile (the tile inside one plane row) is a loop of known length:
-                # vectorized whole, where a run of any length leaves LLVM a scalar remainder
-                if not WHOLE_RUNS:
+                def any_run() -> None:
                     store_rows(ctx, epi, tile, stride, rows, b.sub(hi, lo), index_of, flat_of, col0)
+
+                if not WHOLE_RUNS:
+                    any_run()
                     return
-                whole = b.and_(b.icmp_signed("==", lo, n0), b.icmp_signed("==", b.sub(hi, lo), const(t.nr)))
-                if_else(b, whole, "whole",
-                        lambda: store_rows(ctx, epi, tile, stride, rows, t.nr, index_of, flat_of),
-                        lambda: store_rows(ctx, epi, tile, stride, rows, b.sub(hi, lo), index_of, flat_of, col0))
+                # a run as wide as the tile is the whole tile (it starts at n0): a loop of known length,
+                # vectorized whole, where a run of any length leaves LLVM a scalar remainder
+                if_else(b, b.icmp_signed("==", b.sub(hi, lo), const(t.nr)), "whole",
+                        lambda: store_rows(ctx, epi, tile, stride, rows, t.nr, index_of, flat_of), any_run)
 
             if_then(b, run, "run", emit_run)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from cuvil.codegen.llvm_types import I8, I32, I64, PTR, declare
+from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import for_range, if_then
 from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 
@@ -170,7 +170,7 @@ class _PoolEmitter:
         self.getenv = declare(mod, "getenv", PTR, [PTR])
         self.atoi = declare(mod, "atoi", I32, [PTR])
         self.affinity = declare(mod, "sched_getaffinity", I32, [I32, I64, PTR])
-        self.memset = declare(mod, "llvm.memset.p0.i64", VOID, [PTR, I8, I64, ir.IntType(1)])
+        self.memset = declare(mod, "llvm.memset.p0.i64", VOID, [PTR, I8, I64, I1])
         self.ctpop = declare(mod, "llvm.ctpop.i64", I64, [I64])
 
     # -- helpers ---------------------------------------------------------------------------
@@ -222,7 +222,7 @@ class _PoolEmitter:
         """i64 claim(i64 gen, i1 back): the next chunk of job ``gen`` from the front (the caller) or the back
         (the workers), or -1 when it has none left. The state is ``gen | back | front``: the chunks not yet
         claimed are ``front <= c < back``."""
-        fn, b = self._func(self.mod, "cuvil.pool.claim", I64, [I64, ir.IntType(1)])
+        fn, b = self._func(self.mod, "cuvil.pool.claim", I64, [I64, I1])
         gen, from_back = fn.args
         loop, none, check, cas, got = _blocks(fn, "loop", "none", "check", "cas", "got")
         b.branch(loop)
@@ -250,7 +250,7 @@ class _PoolEmitter:
     def _emit_work(self) -> ir.Function:
         """void work(i64 state, i1 back): claim (from the back: a worker) and run chunks of the job ``state``
         describes until none are left."""
-        fn, b = self._func(self.mod, "cuvil.pool.work", VOID, [I64, ir.IntType(1)])
+        fn, b = self._func(self.mod, "cuvil.pool.work", VOID, [I64, I1])
         s, from_back = fn.args
         gen = self._gen(b, s)
         task = b.load(self.task, typ=PTR)
@@ -296,7 +296,7 @@ class _PoolEmitter:
         b.position_at_end(work)
         s = self._load(b, self.state, I64)
         b.store(self._gen(b, s), seen_slot)
-        b.call(self.work, [s, ir.Constant(ir.IntType(1), 1)])
+        b.call(self.work, [s, ir.Constant(I1, 1)])
         b.branch(wait)
 
         b.position_at_end(leave)
@@ -387,7 +387,7 @@ class _PoolEmitter:
         b.position_at_end(cpus)
         words = 16  # a 1024-CPU mask
         mask = b.alloca(ir.ArrayType(I64, words))
-        b.call(self.memset, [mask, ir.Constant(I8, 0), ir.Constant(I64, 8 * words), ir.Constant(ir.IntType(1), 0)])
+        b.call(self.memset, [mask, ir.Constant(I8, 0), ir.Constant(I64, 8 * words), ir.Constant(I1, 0)])
         rc = b.call(self.affinity, [ir.Constant(I32, 0), ir.Constant(I64, 8 * words), mask])
         count: Val = ir.Constant(I64, 0)
         for w in range(words):
@@ -434,7 +434,7 @@ class _PoolEmitter:
 
         b.position_at_end(forked)  # first use, or a forked child: no worker of ours exists here
         for g in (self.mutex, self.cond_work, self.cond_done):
-            b.call(self.memset, [g, ir.Constant(I8, 0), ir.Constant(I64, _SYNC_BYTES), ir.Constant(ir.IntType(1), 0)])
+            b.call(self.memset, [g, ir.Constant(I8, 0), ir.Constant(I64, _SYNC_BYTES), ir.Constant(I1, 0)])
         b.store(ir.Constant(I32, 0), self.started)
         b.store(ir.Constant(I32, 0), self.size)
         self._store(b, ir.Constant(I32, 0), self.shutdown)
@@ -488,7 +488,7 @@ class _PoolEmitter:
         self._store(b, new_state, self.state)
         b.call(self.broadcast, [self.cond_work])
         b.call(self.unlock, [self.mutex])
-        b.call(self.work, [new_state, ir.Constant(ir.IntType(1), 0)])
+        b.call(self.work, [new_state, ir.Constant(I1, 0)])
 
         # wait until every chunk has finished
         spins = b.alloca(I32)
