@@ -46,6 +46,7 @@ from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
 from cuvil.codegen.llvm_types import BF16, F16, F32, I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import (
     NO_UNROLL,
+    OUTER_ONLY,
     const,
     counted_loop,
     for_range,
@@ -1129,7 +1130,7 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
 
             for_range(b, 0, cols, "col", col)
 
-        for_range(b, 0, rows, "row", in_place, hints=NO_UNROLL)
+        for_range(b, 0, rows, "row", in_place, hints=OUTER_ONLY)
         _store_transposed(b, epi.out.ptr, tile, tile_stride, rows, cols, lambda j: flat_of(const(0), j), max_rows)
         return
     if by_columns:
@@ -1140,7 +1141,7 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
 
             for_range(b, 0, rows, "row", element)
 
-        for_range(b, 0, cols, "col", column, hints=NO_UNROLL)
+        for_range(b, 0, cols, "col", column, hints=OUTER_ONLY)
         return
 
     erf = epi.erf_arguments() or []
@@ -1161,12 +1162,12 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
                    lambda j: epi.values(index_of(i, j), b.load(fgep(b, base, j), typ=F32, align=4), erf), col)
 
     if isinstance(cols, int) or not isinstance(col0, int) or col0 != 0:
-        for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=NO_UNROLL)  # one copy of the epilogue loop
+        for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=OUTER_ONLY)  # one copy of the epilogue loop
         return
     # a whole tile row is a loop of known length: vectorized whole, with no remainder to run
     if_else(b, b.icmp_signed("==", cols, const(tile_stride)), "whole",
-            lambda: for_range(b, 0, rows, "row", lambda i: row(i, tile_stride), hints=NO_UNROLL),
-            lambda: for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=NO_UNROLL))
+            lambda: for_range(b, 0, rows, "row", lambda i: row(i, tile_stride), hints=OUTER_ONLY),
+            lambda: for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=OUTER_ONLY))
 
 
 def transpose(b: Builder, rows: Sequence[Val], width: int) -> list[Val]:
