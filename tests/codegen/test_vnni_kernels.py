@@ -2,7 +2,8 @@
 writes runs on ``vpdpbusd`` over int8 weights, and its result is bit for bit the rule's (the
 interpreter's) and the generic lowering's: int32 sums wrap modulo 2^32 in any order. Rows whose values
 span more than 255 take the scalar path; sums that wrap, M/N/K tails, a ``[K, N]`` rhs, fused
-requantization epilogues and threads are included."""
+requantization epilogues and threads are included, and weights outside int8 up to twice its range (uint8
+weights less their zero point, as ``MatMulInteger`` and ``ConvInteger`` carry them), packed as two halves."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import numpy as np
 import pytest
 
 from cuvil.codegen import kernels
-from cuvil.codegen.kernels.vnni import fits_int8, host_has_vnni, pack_vnni
+from cuvil.codegen.kernels.vnni import (
+    fits_int8,
+    host_has_vnni,
+    int8_halves,
+    pack_conv_weights,
+    pack_vnni,
+    split_int8,
+)
 from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
@@ -23,8 +31,20 @@ RNG = np.random.default_rng(31)
 needs_vnni = pytest.mark.skipif(not host_has_vnni(), reason="the host has no AVX-512 VNNI: the kernel is not chosen")
 
 
-def _w(n: int, k: int) -> np.ndarray:
-    return RNG.integers(-128, 128, (n, k)).astype(np.int32)
+INT8 = (-128, 127)
+UINT8_LESS_ZERO = (-119, 136)  # uint8 weights less a zero point of 119
+TWICE_INT8 = (-256, 254)  # the widest weights two int8 halves hold
+
+
+def _weights(shape: tuple[int, ...], span: tuple[int, int] = INT8) -> np.ndarray:
+    """Weights in ``span``, both ends included (each at least once)."""
+    w = RNG.integers(span[0], span[1] + 1, shape).astype(np.int32)
+    w.flat[0], w.flat[-1] = span
+    return w
+
+
+def _w(n: int, k: int, span: tuple[int, int] = INT8) -> np.ndarray:
+    return _weights((n, k), span)
 
 
 def _centered(b: Builder, m: int, k: int, zero: int):
@@ -33,10 +53,11 @@ def _centered(b: Builder, m: int, k: int, zero: int):
     return x, b.sub(b.cast(x, to=DType.i32), b.const(np.int32(zero)))
 
 
-def _requantize(m: int, k: int, n: int, *, relu: bool = False, zero: int = -3) -> Callable:
+def _requantize(m: int, k: int, n: int, *, relu: bool = False, zero: int = -3,
+                span: tuple[int, int] = INT8) -> Callable:
     def build(b: Builder):
         x, a = _centered(b, m, k, zero)
-        acc = b.add(b.matmul(a, b.const(_w(n, k)), transpose_b=True),
+        acc = b.add(b.matmul(a, b.const(_w(n, k, span)), transpose_b=True),
                     b.const(RNG.integers(-5000, 5000, n).astype(np.int32)))
         y = b.mul(b.cast(acc, to=DType.f32), b.const(np.float32(0.0021)))
         if relu:
@@ -46,28 +67,42 @@ def _requantize(m: int, k: int, n: int, *, relu: bool = False, zero: int = -3) -
     return build
 
 
-def _plain(m: int, k: int, n: int, *, transposed: bool = True, zero: int = 128) -> Callable:
+def _plain(m: int, k: int, n: int, *, transposed: bool = True, zero: int = 128,
+           span: tuple[int, int] = INT8) -> Callable:
     def build(b: Builder):
         x, a = _centered(b, m, k, zero)
-        w = _w(n, k)
+        w = _w(n, k, span)
         return [x], (b.matmul(a, b.const(w), transpose_b=True) if transposed else b.matmul(a, b.const(w.T.copy())))
     return build
 
 
-def _wide(m: int, k: int, n: int) -> Callable:  # a raw int32 operand: rows that do not fit uint8, sums that wrap
+def _leading(shape: tuple[int, ...], n: int, span: tuple[int, int] = INT8) -> Callable:
+    """A run-time operand with leading dims (more rows, as an LSTM's input projection over its steps) and a
+    scaled float epilogue indexed by them."""
+    def build(b: Builder):
+        x = b.param("x", DType.i8, list(shape))
+        a = b.sub(b.cast(x, to=DType.i32), b.const(np.int32(5)))
+        acc = b.matmul(a, b.const(_w(n, shape[-1], span).T.copy()))
+        scale = b.const(RNG.uniform(0.5, 2.0, (shape[-2], n)).astype(np.float32) / 1024)
+        return [x], b.mul(b.cast(acc, to=DType.f32), scale)
+    return build
+
+
+def _wide(m: int, k: int, n: int, span: tuple[int, int] = INT8) -> Callable:
+    """A raw int32 operand: rows that do not fit uint8, sums that wrap."""
     def build(b: Builder):
         x = b.param("x", DType.i32, [m, k])
-        return [x], b.matmul(x, b.const(_w(n, k)), transpose_b=True)
+        return [x], b.matmul(x, b.const(_w(n, k, span)), transpose_b=True)
     return build
 
 
 def _conv(n: int, c: int, h: int, w: int, co: int, k: int, *, relu: bool = True, zero: int = -3,
-          **attrs) -> Callable:
+          span: tuple[int, int] = INT8, **attrs) -> Callable:
     """conv of a centered int8 image + int32 bias, requantized (what quantize-int8 writes for QLinearConv)."""
     def build(b: Builder):
         x = b.param("x", DType.i8, [n, c, h, w])
         a = b.sub(b.cast(x, to=DType.i32), b.const(np.int32(zero)))
-        weights = RNG.integers(-128, 128, (co, c, k, k)).astype(np.int32)
+        weights = _weights((co, c, k, k), span)
         acc = b.add(b.conv(a, b.const(weights), **attrs), b.const(RNG.integers(-900, 900, (1, co, 1, 1)).astype(
             np.int32)))
         y = b.mul(b.cast(acc, to=DType.f32), b.const(np.float32(0.0007)))
@@ -78,10 +113,11 @@ def _conv(n: int, c: int, h: int, w: int, co: int, k: int, *, relu: bool = True,
     return build
 
 
-def _conv_plain(n: int, c: int, h: int, w: int, co: int, kh: int, kw: int, **attrs) -> Callable:
+def _conv_plain(n: int, c: int, h: int, w: int, co: int, kh: int, kw: int, span: tuple[int, int] = INT8,
+                **attrs) -> Callable:
     def build(b: Builder):
         x = b.param("x", DType.i32, [n, c, h, w])
-        return [x], b.conv(x, b.const(RNG.integers(-128, 128, (co, c, kh, kw)).astype(np.int32)), **attrs)
+        return [x], b.conv(x, b.const(_weights((co, c, kh, kw), span)), **attrs)
     return build
 
 
@@ -99,6 +135,16 @@ CASES: dict[str, Callable] = {
     "k3-n1": _plain(5, 3, 1),
     "kn-rhs": _plain(9, 66, 40, transposed=False),
     "long-k": _plain(4, 4099, 20, zero=0),
+    # weights in two int8 halves: uint8 less a zero point, and the widest range the halves hold
+    "u8-weights-requantize": _requantize(7, 300, 70, span=UINT8_LESS_ZERO),
+    "u8-weights-gemv": _requantize(1, 1023, 90, relu=True, span=UINT8_LESS_ZERO),
+    "halves-extremes": _plain(9, 66, 40, transposed=False, span=TWICE_INT8),
+    "halves-k-tail": _plain(5, 7, 130, span=TWICE_INT8),
+    "leading-dims": _leading((15, 1, 512), 200, span=UINT8_LESS_ZERO),
+    "leading-dims-3": _leading((3, 5, 66), 40),
+    "conv-u8-weights": _conv(1, 16, 12, 20, 24, 3, span=UINT8_LESS_ZERO, pads=(1, 1, 1, 1)),
+    "conv-halves-stride2": _conv(2, 5, 15, 17, 9, 3, span=TWICE_INT8, strides=(2, 2), pads=(1, 1, 1, 1)),
+    "conv1x1-halves": _conv(1, 6, 14, 14, 16, 1, relu=False, span=TWICE_INT8),
 }
 
 
@@ -130,8 +176,10 @@ def _module(name: str):
 
 WIDE: dict[str, Callable] = {
     "wide": _wide(13, 300, 50),
+    "wide-halves": _wide(13, 300, 50, span=TWICE_INT8),
     # an input spanning more than 255 values: the scalar sums (zero padding, a wrap-around)
     "conv-wide": _conv_plain(1, 5, 6, 7, 3, 3, 2, pads=(1, 0, 1, 1), strides=(1, 2)),
+    "conv-wide-halves": _conv_plain(1, 5, 6, 7, 3, 3, 2, span=TWICE_INT8, pads=(1, 0, 1, 1), strides=(1, 2)),
 }
 
 
@@ -149,7 +197,7 @@ def test_integer_product_matches_the_rule_bit_for_bit(name: str) -> None:
         module = b.module(b.function("main", params, [y]))
     else:
         module, params = _module(name)
-    args = _conv_inputs(params) if name == "conv-wide" else _inputs(params)
+    args = _conv_inputs(params) if name in ("conv-wide", "conv-wide-halves") else _inputs(params)
     fast = compile(module, cache=False, threads=2)
     if host_has_vnni():
         assert any(k.startswith("int8.vnni") for k in fast.manifest["kernels"]), fast.manifest["kernels"]
@@ -163,14 +211,15 @@ def test_integer_product_matches_the_rule_bit_for_bit(name: str) -> None:
 
 
 @needs_vnni
-def test_a_constant_outside_int8_stays_on_the_rule() -> None:
+@pytest.mark.parametrize("value, vnni", [(128, True), (-256, True), (255, False), (-257, False)])
+def test_a_constant_beyond_two_int8_halves_stays_on_the_rule(value: int, vnni: bool) -> None:
     b = Builder()
     x = b.param("x", DType.i32, [4, 16])
     w = _w(8, 16)
-    w[3, 5] = 128  # one value int8 cannot hold
+    w[3, 5] = value  # one value int8 cannot hold: two halves can hold 128 and -256, not 255 or -257
     module = b.module(b.function("main", [x], [b.matmul(x, b.const(w), transpose_b=True)]))
     fast = compile(module, cache=False)
-    assert not any(k.startswith("int8.vnni") for k in fast.manifest["kernels"])
+    assert any(k.startswith("int8.vnni") for k in fast.manifest["kernels"]) == vnni
     args = _inputs([x])
     assert np.array_equal(np.asarray(fast(*args)), rule_reference(module, args)[0])
 
@@ -185,3 +234,27 @@ def test_packing_puts_four_k_per_lane_and_sums_columns() -> None:
     assert not packed[1, :, 5:].any() and not packed[2:].any() and not packed[:, 2, :, 2:].any()
     assert np.array_equal(colsum[:21], w.sum(axis=1)) and not colsum[21:].any()
     assert fits_int8(w) and not fits_int8(w + 1 - w.min() + 127)
+
+
+@pytest.mark.parametrize("span", [INT8, UINT8_LESS_ZERO, TWICE_INT8, (-257, 0), (0, 255)], ids=str)
+def test_weights_split_into_int8_halves_that_sum_to_them(span: tuple[int, int]) -> None:
+    w = _w(21, 10, span)
+    halves = int8_halves(w)
+    assert halves == (1 if span == INT8 else 2 if span[0] >= -256 and span[1] <= 254 else 0)
+    if halves != 2:
+        return
+    first, rest = split_int8(w)
+    assert fits_int8(first) and fits_int8(rest) and np.array_equal(first + rest, w)
+    packed, colsum = pack_vnni(w, 2)
+    assert packed.shape == (4, 6, 16, 4)  # each half's three quads of k, one after the other
+    for n in range(21):
+        for k in range(10):
+            assert int(packed[n // 16, k // 4, n % 16, k % 4]) + int(packed[n // 16, 3 + k // 4, n % 16, k % 4]) \
+                == w[n, k]
+    assert np.array_equal(colsum[:21], w.sum(axis=1))
+    cw = _weights((5, 6, 3, 3), span)
+    cpacked, csum = pack_conv_weights(cw, 2)
+    assert cpacked.shape == (5, 9, 16)  # two halves of two channel quads per tap
+    both = cpacked[:, :, :8].astype(np.int32) + cpacked[:, :, 8:]
+    assert np.array_equal(both[:, :, :6], cw.reshape(5, 6, 9).transpose(0, 2, 1)) and not both[:, :, 6:].any()
+    assert np.array_equal(csum, cw.reshape(5, -1).sum(axis=1))

@@ -9,7 +9,10 @@ operand is shifted by its own minimum ``lo`` so that it fits in uint8 (``u = a -
     sum_k a[k] * w[k] = sum_k u[k] * w[k] + lo * sum_k w[k]        (mod 2^32)
 
 with the column sums of ``w`` computed at compile time. Integer addition is associative modulo
-2^32, so any order gives the rule's bits. A row whose values span more than 255 (never one that
+2^32, so any order gives the rule's bits. Weights in [-256, 254] that do not fit int8 (uint8 weights less
+their zero point, as ``MatMulInteger`` and ``ConvInteger`` carry them) are packed as two int8 halves,
+``w = clip(w, -128, 127) + rest``, and each row of the run-time operand is multiplied by both: twice the
+products, the same sums. A row whose values span more than 255 (never one that
 ``quantize-int8`` centered, which spans at most 255) takes a scalar loop with the rule's own
 int32 arithmetic. The fused epilogue (requantization) is emitted from its rule per element.
 A convolution shifts its whole input (zero, the padding, included) and reads it from stride-phase
@@ -30,7 +33,7 @@ from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, epilogue_emitter, splat
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, declare
-from cuvil.codegen.loops import const, counted_loop, for_range, if_then, imin
+from cuvil.codegen.loops import const, counted_loop, for_range, if_then, imin, unravel
 from cuvil.codegen.scalar import Builder, Val
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
@@ -61,17 +64,33 @@ def fits_int8(w: np.ndarray) -> bool:
     return w.size > 0 and bool(w.min() >= INT8_MIN and w.max() <= INT8_MAX)
 
 
-def pack_vnni(w_nk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``w[N, K]`` (int8 values) -> the ``[blocks, ceil(K/4), 16, 4]`` int8 panels ``vpdpbusd``
-    reads (lane ``l`` of block ``b`` holds column ``16 b + l``, four ``k`` per lane; zero padded to
-    whole groups of blocks) and the int32 column sums (zero for padding)."""
+def int8_halves(w: np.ndarray) -> int:
+    """How many int8 weights stand for each of ``w``'s: one where its values fit int8, two (:func:`split_int8`)
+    where they fit twice the range, else 0 (no kernel)."""
+    if fits_int8(w):
+        return 1
+    return 2 if w.size > 0 and bool(w.min() >= 2 * INT8_MIN and w.max() <= 2 * INT8_MAX) else 0
+
+
+def split_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` (values in [-256, 254]) as two int8-valued arrays that sum to it."""
+    first = np.clip(w, INT8_MIN, INT8_MAX)
+    return first, w - first
+
+
+def pack_vnni(w_nk: np.ndarray, halves: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``w[N, K]`` (int8 values, or split in ``halves`` of them) -> the ``[blocks, halves * ceil(K/4), 16, 4]``
+    int8 panels ``vpdpbusd`` reads (lane ``l`` of block ``b`` holds column ``16 b + l``, four ``k`` per lane;
+    each half's quads after the one before; zero padded to whole groups of blocks) and the int32 column sums
+    (of ``w``; zero for padding)."""
     n, k = w_nk.shape
     kq = -(-k // 4)
     vectors = -(-n // LANES)
     blocks = -(-vectors // GROUP) * GROUP
-    padded = np.zeros((blocks * LANES, kq * 4), dtype=np.int8)
-    padded[:n, :k] = w_nk
-    packed = np.ascontiguousarray(padded.reshape(blocks, LANES, kq, 4).transpose(0, 2, 1, 3))
+    padded = np.zeros((blocks * LANES, halves * kq * 4), dtype=np.int8)
+    for half, part in enumerate((w_nk,) if halves == 1 else split_int8(w_nk)):
+        padded[:n, half * kq * 4:half * kq * 4 + k] = part
+    packed = np.ascontiguousarray(padded.reshape(blocks, LANES, halves * kq, 4).transpose(0, 2, 1, 3))
     colsum = padded.astype(np.int64).sum(axis=1).astype(np.int32)
     return packed, colsum
 
@@ -90,6 +109,9 @@ class _IntegerProduct:
     out_type: TensorType
     packed: np.ndarray = field(repr=False)
     colsum: np.ndarray = field(repr=False)
+    halves: int
+    """Int8 weights per weight (:func:`int8_halves`): the packed reduction holds ``halves`` copies of it, each
+    against the same run-time values."""
 
     @property
     def unused_operands(self) -> frozenset[int]:
@@ -102,8 +124,9 @@ class _IntegerProduct:
 
 @dataclass(frozen=True)
 class VnniMatmulKernel(_IntegerProduct):
-    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for a 2-D int32 ``matmul`` (``[M, K]`` at run
-    time, a constant ``[N, K]`` or ``[K, N]`` of int8 values) and its fused epilogue."""
+    """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for an int32 ``matmul`` (``[..., M, K]`` at run
+    time, ``m`` rows in all; a constant ``[N, K]`` or ``[K, N]`` of int8 values, or of values split in two) and
+    its fused epilogue."""
 
     m: int
     n: int
@@ -115,7 +138,8 @@ class VnniMatmulKernel(_IntegerProduct):
 
     @property
     def kq(self) -> int:
-        return int(self.packed.shape[1])
+        """Quads of ``k`` in a row of the run-time operand (and in each half of the packed weights)."""
+        return int(self.packed.shape[1]) // self.halves
 
     def _layout(self) -> tuple[int, int, int]:
         """Scratch offsets of the shifted uint8 rows, the per-row shifts, the per-row 'fits' flags."""
@@ -208,7 +232,8 @@ class VnniMatmulKernel(_IntegerProduct):
                 acc = b.load(b.gep(tile, [b.add(b.mul(i, const(width)), j)], inbounds=True, source_etype=I32),
                              typ=I32, align=4)
                 r, n = b.add(r0, i), b.add(n0, j)
-                epi.store(b.add(b.mul(r, const(self.n)), n), epi.element([r, n], acc))
+                index = [*unravel(b, r, [int(d) for d in self.out_type.shape[:-1]]), n]  # rows: the leading dims
+                epi.store(b.add(b.mul(r, const(self.n)), n), epi.element(index, acc))
 
             for_range(b, 0, cols, "col", col)
 
@@ -224,23 +249,24 @@ class VnniMatmulKernel(_IntegerProduct):
         block0 = b.mul(g, const(GROUP))
         u_rows = [b.gep(ctx.scratch, [b.add(const(u_at), b.mul(r, const(kp)))], inbounds=True, source_etype=I8)
                   for r in rows]
-        panels = [b.gep(packed, [b.mul(b.add(block0, const(j)), const(kq * 64))], inbounds=True, source_etype=I8)
-                  for j in range(GROUP)]
-        zero = ir.Constant(V16, None)
+        acc = [ir.Constant(V16, None)] * (len(rows) * GROUP)
+        for half in range(self.halves):  # each half of the weights against the same row
+            panels = [b.gep(packed, [b.add(b.mul(b.add(block0, const(j)), const(self.halves * kq * 64)),
+                                           const(half * kq * 64))], inbounds=True, source_etype=I8)
+                      for j in range(GROUP)]
 
-        def step(q: Val, acc: list[Val]) -> list[Val]:
-            out = list(acc)
-            bv = [b.load(b.gep(p, [b.mul(q, const(64))], inbounds=True, source_etype=I8), typ=V64, align=64)
-                  for p in panels]
-            for i, u in enumerate(u_rows):
-                quad = b.load(b.gep(u, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
-                av = b.bitcast(splat(b, quad, LANES), V64)
-                for j in range(GROUP):
-                    out[i * GROUP + j] = b.call(dot, [out[i * GROUP + j], av, bv[j]])
-            return out
+            def step(q: Val, acc: list[Val], panels: list[Val] = panels) -> list[Val]:
+                out = list(acc)
+                bv = [b.load(b.gep(p, [b.mul(q, const(64))], inbounds=True, source_etype=I8), typ=V64, align=64)
+                      for p in panels]
+                for i, u in enumerate(u_rows):
+                    quad = b.load(b.gep(u, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
+                    av = b.bitcast(splat(b, quad, LANES), V64)
+                    for j in range(GROUP):
+                        out[i * GROUP + j] = b.call(dot, [out[i * GROUP + j], av, bv[j]])
+                return out
 
-        _, acc = counted_loop(b, "kq", const(0), lambda q: b.icmp_signed("<", q, const(kq)), 1, step,
-                              [zero] * (len(rows) * GROUP))
+            _, acc = counted_loop(b, "kq", const(0), lambda q: b.icmp_signed("<", q, const(kq)), 1, step, acc)
         base = const(first) if isinstance(first, int) else first
         for i, r in enumerate(rows):
             shift = splat(b, b.load(_word(b, ctx.scratch, shift_at, r), typ=I32, align=4), LANES)
@@ -262,14 +288,14 @@ class VnniMatmulKernel(_IntegerProduct):
 
             def col(j: Val) -> None:
                 n = b.add(n0, j)
-                panel = b.gep(packed, [b.add(b.mul(b.udiv(n, const(LANES)), const(kq * 64)),
+                panel = b.gep(packed, [b.add(b.mul(b.udiv(n, const(LANES)), const(self.halves * kq * 64)),
                                              b.mul(b.urem(n, const(LANES)), const(4)))],
                               inbounds=True, source_etype=I8)
 
                 def term(k: Val, acc: list[Val]) -> list[Val]:
                     a = b.load(b.gep(a_row, [k], inbounds=True, source_etype=I32), typ=I32, align=4)
                     at = b.add(b.mul(b.udiv(k, const(4)), const(64)), b.urem(k, const(4)))
-                    w = b.sext(b.load(b.gep(panel, [at], inbounds=True, source_etype=I8), typ=I8, align=1), I32)
+                    w = _weight(b, panel, at, kq * 64, self.halves)
                     return [b.add(acc[0], b.mul(a, w))]
 
                 _, (s,) = counted_loop(b, "sk", const(0), lambda k: b.icmp_signed("<", k, const(self.k)), 1, term,
@@ -280,6 +306,16 @@ class VnniMatmulKernel(_IntegerProduct):
             for_range(b, 0, cols, "scol", col)
 
         for_range(b, 0, rows, "srow", row)
+
+
+def _weight(b: Builder, base: Val, at: Val, half_bytes: int, halves: int) -> Val:
+    """The int32 weight at ``base + at`` whose halves lie ``half_bytes`` apart: their sum."""
+    w: Val = ir.Constant(I32, 0)
+    for half in range(halves):
+        byte = b.load(b.gep(base, [b.add(at, const(half * half_bytes))], inbounds=True, source_etype=I8), typ=I8,
+                      align=1)
+        w = b.add(w, b.sext(byte, I32))
+    return w
 
 
 def _word(b: Builder, base: Val, at: int, index: Val | int = 0) -> Val:
@@ -295,23 +331,25 @@ def _spans_uint8(b: Builder, lo: Val, hi: Val) -> Val:
 
 def vnni_matmul(op: str, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
                 rhs: np.ndarray | None) -> VnniMatmulKernel | None:
-    """The VNNI kernel for an int32 2-D ``matmul`` whose constant rhs holds int8 values, or None."""
+    """The VNNI kernel for an int32 ``matmul`` of a run-time ``[..., M, K]`` (its leading dims are more rows) and
+    a constant 2-D rhs holding values in [-256, 254] (:func:`int8_halves`), or None."""
     if c.op != "matmul" or rhs is None or c.attrs.get("transpose_a"):
         return None
-    if c.lhs_type.rank != 2 or c.rhs_type.rank != 2 or c.rhs == c.lhs:
+    if c.lhs_type.rank < 2 or c.rhs_type.rank != 2 or c.rhs == c.lhs:
         return None
     if any(t.dtype is not DType.i32 for t in (c.lhs_type, c.rhs_type, c.out_type)):
         return None
     w = np.asarray(rhs)
-    if not np.issubdtype(w.dtype, np.integer) or not fits_int8(w) or not host_has_vnni():
+    halves = int8_halves(w) if np.issubdtype(w.dtype, np.integer) else 0
+    if not halves or not host_has_vnni():
         return None
     w_nk = w if c.attrs.get("transpose_b") else w.T
-    m, k = (int(d) for d in c.lhs_type.shape)
+    m, k = math.prod(int(d) for d in c.lhs_type.shape[:-1]), int(c.lhs_type.shape[-1])
     n = int(w_nk.shape[0])
     if math.prod((m, n, k)) == 0:
         return None
-    packed, colsum = pack_vnni(w_nk)
-    return VnniMatmulKernel(op, c, tuple(in_types), out_type, packed, colsum, m, n, k)
+    packed, colsum = pack_vnni(w_nk, halves)
+    return VnniMatmulKernel(op, c, tuple(in_types), out_type, packed, colsum, halves, m, n, k)
 
 
 # --------------------------------------------------------------------------------------
@@ -400,13 +438,15 @@ class ConvShape:
         return self.c4 * self.quad_bytes
 
 
-def pack_conv_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``w[co, c, kh, kw]`` (int8 values) -> ``[co, kh*kw, ceil(c/4)*4]`` int8 (channels zero padded to
-    quads: one broadcast per output channel, tap and quad) and the int32 sums over each output channel."""
+def pack_conv_weights(w: np.ndarray, halves: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``w[co, c, kh, kw]`` (int8 values, or split in ``halves`` of them) -> ``[co, kh*kw, halves*ceil(c/4)*4]``
+    int8 (channels zero padded to quads, a tap's halves one after the other: one broadcast per output
+    channel, tap, half and quad) and the int32 sums of ``w`` over each output channel."""
     co, c, kh, kw = w.shape
     c4 = -(-c // 4)
-    packed = np.zeros((co, kh * kw, c4 * 4), dtype=np.int8)
-    packed[:, :, :c] = w.reshape(co, c, kh * kw).transpose(0, 2, 1)
+    packed = np.zeros((co, kh * kw, halves * c4 * 4), dtype=np.int8)
+    for half, part in enumerate((w,) if halves == 1 else split_int8(w)):
+        packed[:, :, half * c4 * 4:half * c4 * 4 + c] = part.reshape(co, c, kh * kw).transpose(0, 2, 1)
     return packed, w.astype(np.int64).reshape(co, -1).sum(axis=1).astype(np.int32)
 
 
@@ -576,7 +616,8 @@ class VnniConvKernel(_IntegerProduct):
         image = b.gep(ctx.scratch, [b.add(const(u_at), b.mul(n, const(g.image_bytes)))], inbounds=True,
                       source_etype=I8)
         cos = [imin(b, b.add(co0, const(i)), const(g.co - 1)) for i in range(CONV_MR)]
-        w_rows = [b.gep(packed, [b.mul(co, const(g.taps * g.c4 * 4))], inbounds=True, source_etype=I8) for co in cos]
+        tap_bytes = self.halves * g.c4 * 4
+        w_rows = [b.gep(packed, [b.mul(co, const(g.taps * tap_bytes))], inbounds=True, source_etype=I8) for co in cos]
 
         def tap(t: Val, acc: list[Val]) -> list[Val]:
             kyd, kxd = b.mul(b.udiv(t, const(g.kw)), const(dy)), b.mul(b.urem(t, const(g.kw)), const(dx))
@@ -584,22 +625,24 @@ class VnniConvKernel(_IntegerProduct):
             quad = b.add(b.add(b.mul(plane, const(g.plane_quads)), p0),
                          b.add(b.mul(b.udiv(kyd, const(sy)), const(g.wq)), b.udiv(kxd, const(sx))))
             a0 = b.gep(image, [b.mul(quad, const(4))], inbounds=True, source_etype=I8)
-            w_tap = [b.gep(w, [b.mul(t, const(g.c4 * 4))], inbounds=True, source_etype=I8) for w in w_rows]
+            for half in range(self.halves):  # each half of the weights against the same input
+                w_tap = [b.gep(w, [b.add(b.mul(t, const(tap_bytes)), const(half * g.c4 * 4))], inbounds=True,
+                               source_etype=I8) for w in w_rows]
 
-            def channel_quad(q: Val, acc: list[Val]) -> list[Val]:
-                out = list(acc)
-                a_q = b.gep(a0, [b.mul(q, const(g.quad_bytes))], inbounds=True, source_etype=I8)
-                av = [b.load(b.gep(a_q, [const(64 * j)], inbounds=True, source_etype=I8), typ=V64, align=4)
-                      for j in range(nv)]
-                for i, w in enumerate(w_tap):
-                    wq = b.load(b.gep(w, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
-                    wv = b.bitcast(splat(b, wq, LANES), V64)
-                    for j in range(nv):
-                        out[i * nv + j] = b.call(dot, [out[i * nv + j], av[j], wv])
-                return out
+                def channel_quad(q: Val, acc: list[Val], w_tap: list[Val] = w_tap) -> list[Val]:
+                    out = list(acc)
+                    a_q = b.gep(a0, [b.mul(q, const(g.quad_bytes))], inbounds=True, source_etype=I8)
+                    av = [b.load(b.gep(a_q, [const(64 * j)], inbounds=True, source_etype=I8), typ=V64, align=4)
+                          for j in range(nv)]
+                    for i, w in enumerate(w_tap):
+                        wq = b.load(b.gep(w, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
+                        wv = b.bitcast(splat(b, wq, LANES), V64)
+                        for j in range(nv):
+                            out[i * nv + j] = b.call(dot, [out[i * nv + j], av[j], wv])
+                    return out
 
-            _, acc = counted_loop(b, "cq", const(0), lambda q: b.icmp_signed("<", q, const(g.c4)), 1, channel_quad,
-                                  acc)
+                _, acc = counted_loop(b, "cq", const(0), lambda q: b.icmp_signed("<", q, const(g.c4)), 1,
+                                      channel_quad, acc)
             return acc
 
         _, acc = counted_loop(b, "tap", const(0), lambda t: b.icmp_signed("<", t, const(g.taps)), 1, tap,
@@ -623,7 +666,8 @@ class VnniConvKernel(_IntegerProduct):
         x_img = b.gep(ctx.ins[self.c.lhs], [b.mul(n, const(g.c * g.h * g.w))], inbounds=True, source_etype=I32)
 
         def row(i: Val) -> None:
-            w_row = b.gep(packed, [b.mul(b.add(co0, i), const(g.taps * g.c4 * 4))], inbounds=True, source_etype=I8)
+            tap_bytes = self.halves * g.c4 * 4
+            w_row = b.gep(packed, [b.mul(b.add(co0, i), const(g.taps * tap_bytes))], inbounds=True, source_etype=I8)
 
             def col(k: Val) -> None:
                 p = b.add(p0, k)
@@ -639,8 +683,7 @@ class VnniConvKernel(_IntegerProduct):
                                                                   imin(b, x, const(g.w - 1))))
                     safe = b.select(inside, at, const(0))
                     v = b.load(b.gep(x_img, [safe], inbounds=True, source_etype=I32), typ=I32, align=4)
-                    wv = b.sext(b.load(b.gep(w_row, [b.add(b.mul(t, const(g.c4 * 4)), ch)], inbounds=True,
-                                             source_etype=I8), typ=I8, align=1), I32)
+                    wv = _weight(b, w_row, b.add(b.mul(t, const(tap_bytes)), ch), g.c4 * 4, self.halves)
                     return [b.add(acc[0], b.select(inside, b.mul(v, wv), ir.Constant(I32, 0)))]
 
                 _, (s,) = counted_loop(b, "ck", const(0), lambda k: b.icmp_signed("<", k, const(g.taps * g.c)), 1,
@@ -668,13 +711,15 @@ def min_max(b: Builder, data: Val, count: int, seed: Val) -> tuple[Val, Val]:
 
 def vnni_conv(op: str, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
               weights: np.ndarray | None) -> VnniConvKernel | None:
-    """The VNNI kernel for an int32 2-D ``conv`` (groups of one) whose constant weights hold int8 values, or None."""
+    """The VNNI kernel for an int32 2-D ``conv`` (groups of one) whose constant weights hold values in [-256, 254]
+    (:func:`int8_halves`), or None."""
     if c.op != "conv" or weights is None or int(c.attrs.get("groups", 1)) != 1:
         return None
     if c.lhs_type.rank != 4 or any(t.dtype is not DType.i32 for t in (c.lhs_type, c.rhs_type, c.out_type)):
         return None
     w = np.asarray(weights)
-    if not np.issubdtype(w.dtype, np.integer) or not fits_int8(w) or not host_has_vnni():
+    halves = int8_halves(w) if np.issubdtype(w.dtype, np.integer) else 0
+    if not halves or not host_has_vnni():
         return None
     from cuvil.ir.ops.nn import window_params
 
@@ -688,8 +733,8 @@ def vnni_conv(op: str, c: Contraction, in_types: Sequence[TensorType], out_type:
                   (int(d[0]), int(d[1])))
     if g.n * g.image_bytes > MAX_SCRATCH:
         return None
-    packed, colsum = pack_conv_weights(w)
-    return VnniConvKernel(op, c, tuple(in_types), out_type, packed, colsum, g)
+    packed, colsum = pack_conv_weights(w, halves)
+    return VnniConvKernel(op, c, tuple(in_types), out_type, packed, colsum, halves, g)
 
 
 MAX_SCRATCH = 64 << 20
