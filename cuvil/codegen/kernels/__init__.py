@@ -30,6 +30,7 @@ import numpy as np
 
 from cuvil.codegen.kernels.base import Kernel
 from cuvil.codegen.kernels.chunked import chunked_rule_kernel
+from cuvil.codegen.kernels.conv_transpose import conv_transpose_kernel
 from cuvil.codegen.kernels.copy import copy_kernel
 from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
 from cuvil.codegen.kernels.gemm import (
@@ -107,6 +108,8 @@ def tuned_kernels() -> dict[str, str]:
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
     out["max_pool"] = "2-D windows along each row (vectorized, masked at the edges), float32"
+    out["conv_transpose"] = "2-D, one output row per chunk, each column phase's reached taps fixed (vectorized), " \
+                            "float32"
     out["transpose"] = "16x16 blocks turned in registers where the last axis moves, float32"
     out["bf16_matmul"] = "tuned GEMM over bfloat16 pairs with its fused epilogue (vdpbf16ps; AVX512-BF16, constant " \
                          "right operand, even K)"
@@ -210,7 +213,7 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None) or \
         (_widened_rows(v) if _enabled and shape_class is None else None)
     if kernel is None and shape_class is None and _enabled:
-        kernel = max_pool_kernel(v) or transpose_kernel(v)
+        kernel = max_pool_kernel(v) or transpose_kernel(v) or conv_transpose_kernel(v)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
