@@ -33,6 +33,7 @@ from cuvil.codegen.kernels.chunked import chunked_rule_kernel
 from cuvil.codegen.kernels.conv_transpose import conv_transpose_kernel
 from cuvil.codegen.kernels.copy import copy_kernel
 from cuvil.codegen.kernels.epilogue import Contraction, contraction_of
+from cuvil.codegen.kernels.extremum import extremum_kernel
 from cuvil.codegen.kernels.gemm import (
     MatmulKernel,
     RunTimeDims,
@@ -108,6 +109,8 @@ def tuned_kernels() -> dict[str, str]:
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
     out["max_pool"] = "2-D windows along each row (vectorized, masked at the edges), float32"
+    for op in ("reduce_min", "reduce_max"):
+        out[op] = "a whole tensor in vectors (a zero result's sign from the last zero), float32"
     out["conv_transpose"] = "2-D, one output row per chunk, each column phase's reached taps fixed (vectorized), " \
                             "float32"
     out["transpose"] = "16x16 blocks turned in registers where the last axis moves, float32"
@@ -213,7 +216,7 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None) or \
         (_widened_rows(v) if _enabled and shape_class is None else None)
     if kernel is None and shape_class is None and _enabled:
-        kernel = max_pool_kernel(v) or transpose_kernel(v) or conv_transpose_kernel(v)
+        kernel = max_pool_kernel(v) or transpose_kernel(v) or conv_transpose_kernel(v) or extremum_kernel(v)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
