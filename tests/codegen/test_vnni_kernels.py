@@ -174,9 +174,18 @@ def _module(name: str):
     return b.module(b.function("main", params, [y])), params
 
 
+OUTSIDE_INT8 = {
+    **dict.fromkeys(("u8-weights-requantize", "u8-weights-gemv", "leading-dims", "wide-offset"), "offset"),
+    **dict.fromkeys(("halves-extremes", "halves-k-tail", "wide-halves", "conv-u8-weights", "conv-halves-stride2",
+                     "conv1x1-halves", "conv-wide-halves"), "halves"),
+}
+"""How each case's weights outside int8 are packed: a matmul's columns less an offset each where every column
+spans at most 256 values, else (and a convolution's weights) in two halves."""
+
 WIDE: dict[str, Callable] = {
     "wide": _wide(13, 300, 50),
     "wide-halves": _wide(13, 300, 50, span=TWICE_INT8),
+    "wide-offset": _wide(13, 300, 50, span=UINT8_LESS_ZERO),
     # an input spanning more than 255 values: the scalar sums (zero padding, a wrap-around)
     "conv-wide": _conv_plain(1, 5, 6, 7, 3, 3, 2, pads=(1, 0, 1, 1), strides=(1, 2)),
     "conv-wide-halves": _conv_plain(1, 5, 6, 7, 3, 3, 2, span=TWICE_INT8, pads=(1, 0, 1, 1), strides=(1, 2)),
@@ -200,7 +209,9 @@ def test_integer_product_matches_the_rule_bit_for_bit(name: str) -> None:
     args = _conv_inputs(params) if name in ("conv-wide", "conv-wide-halves") else _inputs(params)
     fast = compile(module, cache=False, threads=2)
     if host_has_vnni():
-        assert any(k.startswith("int8.vnni") for k in fast.manifest["kernels"]), fast.manifest["kernels"]
+        (kernel,) = [k for k in fast.manifest["kernels"] if k.startswith("int8.vnni")]
+        last = kernel.split(".")[-1]
+        assert last == OUTSIDE_INT8[name] if name in OUTSIDE_INT8 else last not in ("offset", "halves"), kernel
     with kernels.generic_only():
         generic = compile(module, cache=False)
     got, slow = np.asarray(fast(*args)), np.asarray(generic(*args))

@@ -72,6 +72,22 @@ def int8_halves(w: np.ndarray) -> int:
     return 2 if w.size > 0 and bool(w.min() >= 2 * INT8_MIN and w.max() <= 2 * INT8_MAX) else 0
 
 
+def column_offsets(w_nk: np.ndarray) -> np.ndarray | None:
+    """Per row of ``w[N, K]`` (a column of the product), the offset that moves its values into int8 where they
+    span at most 256 values (0 where they fit already), zero padded to whole groups of blocks; None where a
+    column spans more."""
+    lo, hi = w_nk.min(axis=1).astype(np.int64), w_nk.max(axis=1).astype(np.int64)
+    if w_nk.size == 0 or bool((hi - lo > INT8_MAX - INT8_MIN).any()):
+        return None
+    inside = (lo >= INT8_MIN) & (hi <= INT8_MAX)
+    n = w_nk.shape[0]
+    vectors = -(-n // LANES)
+    blocks = -(-vectors // GROUP) * GROUP
+    out = np.zeros(blocks * LANES, dtype=np.int32)
+    out[:n] = np.where(inside, 0, lo - INT8_MIN)
+    return out
+
+
 def split_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``w`` (values in [-256, 254]) as two int8-valued arrays that sum to it."""
     first = np.clip(w, INT8_MIN, INT8_MAX)
@@ -125,31 +141,43 @@ class _IntegerProduct:
 @dataclass(frozen=True)
 class VnniMatmulKernel(_IntegerProduct):
     """``i32 name(ptr out, ptr in0, ..., ptr scratch)`` for an int32 ``matmul`` (``[..., M, K]`` at run
-    time, ``m`` rows in all; a constant ``[N, K]`` or ``[K, N]`` of int8 values, or of values split in two) and
-    its fused epilogue."""
+    time, ``m`` rows in all; a constant ``[N, K]`` or ``[K, N]`` of int8 values, of values less a column's
+    offset, or of values split in two) and its fused epilogue.
+
+    With ``offsets`` (one per column, :func:`column_offsets`) the packed weights are ``w - offset``, and each
+    output adds ``offset * sum(u)`` over its row's shifted values (counted when the row is shifted):
+    ``sum a w = sum u (w - c) + c sum u + lo sum w``, modulo 2^32."""
 
     m: int
     n: int
     k: int
+    offsets: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
-        return f"int8.vnni.{MR}x{GROUP * LANES}"
+        how = ".offset" if self.offsets is not None else ".halves" if self.halves == 2 else ""
+        return f"int8.vnni.{MR}x{GROUP * LANES}{how}"
 
     @property
     def kq(self) -> int:
         """Quads of ``k`` in a row of the run-time operand (and in each half of the packed weights)."""
         return int(self.packed.shape[1]) // self.halves
 
-    def _layout(self) -> tuple[int, int, int]:
-        """Scratch offsets of the shifted uint8 rows, the per-row shifts, the per-row 'fits' flags."""
+    def _layout(self) -> tuple[int, int, int, int]:
+        """Scratch offsets of the shifted uint8 rows, the per-row shifts, the per-row 'fits' flags, the per-row
+        sums of the shifted values."""
         shifts = _aligned(self.m * self.kq * 4)
         flags = shifts + _aligned(4 * self.m)
-        return 0, shifts, flags
+        sums = flags + _aligned(4 * self.m)
+        return 0, shifts, flags, sums
 
     @property
     def scratch_bytes(self) -> int:
-        return self._layout()[2] + _aligned(4 * self.m)
+        return self._layout()[3] + _aligned(4 * self.m)
+
+    @property
+    def constant_bytes(self) -> int:
+        return super().constant_bytes + (0 if self.offsets is None else int(self.offsets.nbytes))
 
     # ----------------------------------------------------------------------------------
 
@@ -157,11 +185,12 @@ class VnniMatmulKernel(_IntegerProduct):
         kf = KernelFunction(mod, name, len(self.in_types))
         packed = embed_array(mod, f"{name}.packed_b", self.packed)
         colsum = embed_array(mod, f"{name}.colsum", self.colsum)
+        offsets = None if self.offsets is None else embed_array(mod, f"{name}.offsets", self.offsets)
         groups = self.packed.shape[0] // GROUP
         kf.phase(self.m, 0.0, self._shift_row)  # cheap: on the calling thread
 
         def chunk(ctx: Ctx, c: Val) -> None:
-            self._chunk(ctx, c, groups, packed, colsum)
+            self._chunk(ctx, c, groups, packed, colsum, offsets)
 
         kf.phase(-(-self.m // MR) * groups, 2.0 * self.m * self.n * self.k, chunk)
         return kf.finish()
@@ -169,7 +198,7 @@ class VnniMatmulKernel(_IntegerProduct):
     def _shift_row(self, ctx: Ctx, r: Val) -> None:
         """Row ``r``: its minimum (the shift), whether it spans at most 255, and if so its uint8 copy."""
         b = ctx.b
-        u_at, shift_at, flag_at = self._layout()
+        u_at, shift_at, flag_at, sum_at = self._layout()
         kp = 4 * self.kq
         row = b.gep(ctx.ins[self.c.lhs], [b.mul(r, const(self.k))], inbounds=True, source_etype=I32)
         lo, hi = min_max(b, row, self.k, b.load(row, typ=I32, align=4))
@@ -179,17 +208,21 @@ class VnniMatmulKernel(_IntegerProduct):
         u_row = b.gep(ctx.scratch, [b.add(const(u_at), b.mul(r, const(kp)))], inbounds=True, source_etype=I8)
 
         def copy() -> None:
-            def one(k: Val) -> None:
+            def one(k: Val, total: list[Val]) -> list[Val]:
                 x = b.load(b.gep(row, [k], inbounds=True, source_etype=I32), typ=I32, align=4)
-                b.store(b.trunc(b.sub(x, lo), I8), b.gep(u_row, [k], inbounds=True, source_etype=I8), align=1)
+                u = b.sub(x, lo)
+                b.store(b.trunc(u, I8), b.gep(u_row, [k], inbounds=True, source_etype=I8), align=1)
+                return [b.add(total[0], u)]
 
-            for_range(b, 0, self.k, "u", one)
+            _, (total,) = counted_loop(b, "u", const(0), lambda k: b.icmp_signed("<", k, const(self.k)), 1, one,
+                                       [ir.Constant(I32, 0)])
+            b.store(total, _word(b, ctx.scratch, sum_at, r), align=4)
             for_range(b, self.k, kp, "upad", lambda k: b.store(ir.Constant(I8, 0), b.gep(
                 u_row, [k], inbounds=True, source_etype=I8), align=1))
 
         if_then(b, fits, "fits", copy)
 
-    def _chunk(self, ctx: Ctx, c: Val, groups: int, packed: Val, colsum: Val) -> None:
+    def _chunk(self, ctx: Ctx, c: Val, groups: int, packed: Val, colsum: Val, offsets: Val | None) -> None:
         """Rows ``MR * (c / groups)...`` by columns ``64 * (c % groups)...``: accumulate, then the epilogue."""
         b = ctx.b
         flag_at = self._layout()[2]
@@ -214,14 +247,14 @@ class VnniMatmulKernel(_IntegerProduct):
         tiled, by_row = ctx.fn.append_basic_block("int8.tiled"), ctx.fn.append_basic_block("int8.rows")
         b.cbranch(full, tiled, by_row)
         b.position_at_end(tiled)
-        self._micro(ctx, [b.add(r0, const(i)) for i in range(MR)], g, packed, colsum, tile, 0)
+        self._micro(ctx, [b.add(r0, const(i)) for i in range(MR)], g, packed, colsum, offsets, tile, 0)
         b.branch(done)
         b.position_at_end(by_row)
-        for_range(b, 0, rows, "row", lambda i: self._micro(ctx, [b.add(r0, i)], g, packed, colsum, tile, i))
+        for_range(b, 0, rows, "row", lambda i: self._micro(ctx, [b.add(r0, i)], g, packed, colsum, offsets, tile, i))
         b.branch(done)
 
         b.position_at_end(scalar)
-        self._scalar(ctx, r0, rows, n0, cols, packed, tile)
+        self._scalar(ctx, r0, rows, n0, cols, packed, offsets, tile)
         b.branch(done)
 
         b.position_at_end(done)
@@ -239,11 +272,12 @@ class VnniMatmulKernel(_IntegerProduct):
 
         for_range(b, 0, rows, "erow", row)
 
-    def _micro(self, ctx: Ctx, rows: Sequence[Val], g: Val, packed: Val, colsum: Val, tile: Val,
-               first: Val | int) -> None:
-        """``tile[first + i][...] = sum_k u[row_i, k] * w[k, column] + shift[row_i] * colsum[column]``."""
+    def _micro(self, ctx: Ctx, rows: Sequence[Val], g: Val, packed: Val, colsum: Val, offsets: Val | None,
+               tile: Val, first: Val | int) -> None:
+        """``tile[first + i][...] = sum_k u[row_i, k] * w[k, column] + shift[row_i] * colsum[column]`` (and
+        ``+ offset[column] * sum_k u[row_i, k]`` where the packed weights are offset)."""
         b = ctx.b
-        u_at, shift_at, _ = self._layout()
+        u_at, shift_at, _, sum_at = self._layout()
         kp, kq = 4 * self.kq, self.kq
         dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
         block0 = b.mul(g, const(GROUP))
@@ -274,10 +308,15 @@ class VnniMatmulKernel(_IntegerProduct):
                 col = b.add(b.mul(block0, const(LANES)), const(j * LANES))
                 sums = b.load(b.gep(colsum, [col], inbounds=True, source_etype=I32), typ=V16, align=64)
                 value = b.add(acc[i * GROUP + j], b.mul(shift, sums))
+                if offsets is not None:
+                    row_sum = splat(b, b.load(_word(b, ctx.scratch, sum_at, r), typ=I32, align=4), LANES)
+                    offset = b.load(b.gep(offsets, [col], inbounds=True, source_etype=I32), typ=V16, align=64)
+                    value = b.add(value, b.mul(offset, row_sum))
                 at = b.add(b.mul(b.add(base, const(i)), const(GROUP * LANES)), const(j * LANES))
                 b.store(value, b.gep(tile, [at], inbounds=True, source_etype=I32), align=64)
 
-    def _scalar(self, ctx: Ctx, r0: Val, rows: Val, n0: Val, cols: Val, packed: Val, tile: Val) -> None:
+    def _scalar(self, ctx: Ctx, r0: Val, rows: Val, n0: Val, cols: Val, packed: Val, offsets: Val | None,
+                tile: Val) -> None:
         """The rule's own int32 sums, for rows that do not fit uint8 after their shift."""
         b = ctx.b
         kq = self.kq
@@ -296,6 +335,8 @@ class VnniMatmulKernel(_IntegerProduct):
                     a = b.load(b.gep(a_row, [k], inbounds=True, source_etype=I32), typ=I32, align=4)
                     at = b.add(b.mul(b.udiv(k, const(4)), const(64)), b.urem(k, const(4)))
                     w = _weight(b, panel, at, kq * 64, self.halves)
+                    if offsets is not None:
+                        w = b.add(w, b.load(b.gep(offsets, [n], inbounds=True, source_etype=I32), typ=I32, align=4))
                     return [b.add(acc[0], b.mul(a, w))]
 
                 _, (s,) = counted_loop(b, "sk", const(0), lambda k: b.icmp_signed("<", k, const(self.k)), 1, term,
@@ -340,13 +381,21 @@ def vnni_matmul(op: str, c: Contraction, in_types: Sequence[TensorType], out_typ
     if any(t.dtype is not DType.i32 for t in (c.lhs_type, c.rhs_type, c.out_type)):
         return None
     w = np.asarray(rhs)
-    halves = int8_halves(w) if np.issubdtype(w.dtype, np.integer) else 0
-    if not halves or not host_has_vnni():
+    if not np.issubdtype(w.dtype, np.integer) or not host_has_vnni():
         return None
     w_nk = w if c.attrs.get("transpose_b") else w.T
     m, k = math.prod(int(d) for d in c.lhs_type.shape[:-1]), int(c.lhs_type.shape[-1])
     n = int(w_nk.shape[0])
     if math.prod((m, n, k)) == 0:
+        return None
+    offsets = None if fits_int8(w_nk) else column_offsets(w_nk)
+    if offsets is not None:  # one int8 weight per weight, less its column's offset
+        packed, _ = pack_vnni((w_nk.astype(np.int64) - offsets[:n, None]).astype(np.int32))
+        colsum = np.zeros(packed.shape[0] * LANES, dtype=np.int32)
+        colsum[:n] = w_nk.astype(np.int64).sum(axis=1).astype(np.int32)
+        return VnniMatmulKernel(op, c, tuple(in_types), out_type, packed, colsum, 1, m, n, k, offsets)
+    halves = int8_halves(w_nk)
+    if not halves:
         return None
     packed, colsum = pack_vnni(w_nk, halves)
     return VnniMatmulKernel(op, c, tuple(in_types), out_type, packed, colsum, halves, m, n, k)
@@ -465,7 +514,7 @@ class VnniConvKernel(_IntegerProduct):
 
     @property
     def name(self) -> str:
-        return f"int8.vnni.conv.{CONV_MR}x{self.g.nv * LANES}"
+        return f"int8.vnni.conv.{CONV_MR}x{self.g.nv * LANES}{'.halves' if self.halves == 2 else ''}"
 
     def _layout(self) -> tuple[int, int, int]:
         """Scratch offsets: the shift, the 'fits' flag, the shifted input."""
