@@ -289,7 +289,7 @@ class VnniMatmulKernel(_IntegerProduct):
                                            const(half * kq * 64))], inbounds=True, source_etype=I8)
                       for j in range(GROUP)]
 
-            def step(q: Val, acc: list[Val], panels: list[Val] = panels) -> list[Val]:
+            def step(q: Val, acc: list[Val], panels: Sequence[Val] = panels) -> list[Val]:
                 out = list(acc)
                 bv = [b.load(b.gep(p, [b.mul(q, const(64))], inbounds=True, source_etype=I8), typ=V64, align=64)
                       for p in panels]
@@ -678,7 +678,7 @@ class VnniConvKernel(_IntegerProduct):
                 w_tap = [b.gep(w, [b.add(b.mul(t, const(tap_bytes)), const(half * g.c4 * 4))], inbounds=True,
                                source_etype=I8) for w in w_rows]
 
-                def channel_quad(q: Val, acc: list[Val], w_tap: list[Val] = w_tap) -> list[Val]:
+                def channel_quad(q: Val, acc: list[Val], w_tap: Sequence[Val] = w_tap) -> list[Val]:
                     out = list(acc)
                     a_q = b.gep(a0, [b.mul(q, const(g.quad_bytes))], inbounds=True, source_etype=I8)
                     av = [b.load(b.gep(a_q, [const(64 * j)], inbounds=True, source_etype=I8), typ=V64, align=4)
