@@ -9,10 +9,12 @@ operand is shifted by its own minimum ``lo`` so that it fits in uint8 (``u = a -
     sum_k a[k] * w[k] = sum_k u[k] * w[k] + lo * sum_k w[k]        (mod 2^32)
 
 with the column sums of ``w`` computed at compile time. Integer addition is associative modulo
-2^32, so any order gives the rule's bits. Weights in [-256, 254] that do not fit int8 (uint8 weights less
-their zero point, as ``MatMulInteger`` and ``ConvInteger`` carry them) are packed as two int8 halves,
-``w = clip(w, -128, 127) + rest``, and each row of the run-time operand is multiplied by both: twice the
-products, the same sums. A row whose values span more than 255 (never one that
+2^32, so any order gives the rule's bits. Weights that do not fit int8 (uint8 weights less their zero
+point, as ``MatMulInteger`` and ``ConvInteger`` carry them): a matmul whose every column spans at most 256
+values packs each column less an offset that moves it into int8, and adds ``offset * sum_k u[k]`` per
+output (:class:`VnniMatmulKernel`); other weights in [-256, 254], and a convolution's, are packed as two int8
+halves, ``w = clip(w, -128, 127) + rest``, each against the same run-time values: twice the products, the
+same sums. A row whose values span more than 255 (never one that
 ``quantize-int8`` centered, which spans at most 255) takes a scalar loop with the rule's own
 int32 arithmetic. The fused epilogue (requantization) is emitted from its rule per element.
 A convolution shifts its whole input (zero, the padding, included) and reads it from stride-phase
@@ -265,7 +267,8 @@ class VnniMatmulKernel(_IntegerProduct):
                 acc = b.load(b.gep(tile, [b.add(b.mul(i, const(width)), j)], inbounds=True, source_etype=I32),
                              typ=I32, align=4)
                 r, n = b.add(r0, i), b.add(n0, j)
-                index = [*unravel(b, r, [int(d) for d in self.out_type.shape[:-1]]), n]  # rows: the leading dims
+                lead = [int(d) for d in self.out_type.shape[:-1]]  # the rows: the output's leading dims
+                index = [r, n] if len(lead) == 1 else [*unravel(b, r, lead), n]
                 epi.store(b.add(b.mul(r, const(self.n)), n), epi.element(index, acc))
 
             for_range(b, 0, cols, "col", col)
@@ -373,7 +376,8 @@ def _spans_uint8(b: Builder, lo: Val, hi: Val) -> Val:
 def vnni_matmul(op: str, c: Contraction, in_types: Sequence[TensorType], out_type: TensorType,
                 rhs: np.ndarray | None) -> VnniMatmulKernel | None:
     """The VNNI kernel for an int32 ``matmul`` of a run-time ``[..., M, K]`` (its leading dims are more rows) and
-    a constant 2-D rhs holding values in [-256, 254] (:func:`int8_halves`), or None."""
+    a constant 2-D rhs whose columns each span at most 256 values (:func:`column_offsets`) or whose values lie in
+    [-256, 254] (:func:`int8_halves`), or None."""
     if c.op != "matmul" or rhs is None or c.attrs.get("transpose_a"):
         return None
     if c.lhs_type.rank < 2 or c.rhs_type.rank != 2 or c.rhs == c.lhs:
