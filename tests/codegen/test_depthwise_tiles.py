@@ -38,6 +38,8 @@ GEOMETRIES = [
     ((1, 2, 8, 24), (1, 7), (1, 1), (1, 1), (0, 3, 0, 3)),  # one kernel row
     ((1, 2, 30, 8), (7, 1), (1, 1), (1, 1), (3, 0, 3, 0)),  # one kernel column, many rows per block
     ((1, 2, 10, 19), (3, 3), (3, 2), (1, 1), (0, 0, 0, 0)),  # stride 3 down, no padding
+    ((1, 3, 14, 14), (7, 7), (1, 1), (1, 1), (3, 3, 3, 3)),  # ConvNeXt's 7x7: the weights past the registers
+    ((1, 2, 23, 40), (7, 7), (2, 2), (1, 1), (3, 2, 1, 3)),  # 7x7 at stride 2, uneven pads
     # stride 2 across, a column dilation of 33: a tap's odd elements are the ones the next vector's
     # first tap loaded (its lanes past the row's end 0)
     ((1, 2, 4, 110), (1, 2), (1, 2), (1, 33), (0, 0, 0, 0)),
@@ -130,5 +132,6 @@ def test_tile_shape() -> None:
     assert tile_shape(avx512, (3, 128), (1, 1), 9) == (2, 8)
     assert tile_shape(avx512, (3, 129), (1, 1), 9) is None  # nine vectors: more than half the accumulators
     assert tile_shape(avx512, (14, 14), (1, 3), 9) is None  # a stride of 3 across
-    assert tile_shape(avx512, (14, 14), (1, 1), 49) is None  # 7x7 taps
+    assert tile_shape(avx512, (14, 14), (1, 1), 49) == (14, 1)  # 7x7 taps
+    assert tile_shape(avx512, (14, 14), (1, 1), 81) is None  # 9x9
     assert tile_shape(ISAS["avx2"], (28, 28), (1, 1), 9) == (2, 4)
