@@ -25,7 +25,8 @@ from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep, masked_load_where, masked_store, splat
 from cuvil.codegen.llvm_types import F32, I1, I64
 from cuvil.codegen.loops import NO_UNROLL, const, counted_loop, for_range
-from cuvil.codegen.scalar import Val
+from cuvil.codegen.scalar import ScalarEmitter, Val
+from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.ops.nn import window_params
 from cuvil.ir.types import TensorType
@@ -134,6 +135,13 @@ class ConvTransposeKernel(ReadsEveryOperand):
         mask_t = ir.VectorType(I1, LANES)
         zeros = ir.Constant(ir.VectorType(F32, LANES), None)
         start = ir.Constant(ir.VectorType(F32, LANES), [-0.0] * LANES)
+        emit = ScalarEmitter(b)
+        f32 = [DType.f32, DType.f32]
+
+        def step(acc: Val, x: Val, w: Val) -> Val:
+            """The rule's term and fold, by its own primitives: ``acc + x * w``, each rounded."""
+            return emit.call(R.REDUCTIONS["sum"].combine, [acc, emit.call("mul", [x, w], f32, DType.f32, {})], f32,
+                             DType.f32, {})
 
         def block(j0: Val) -> None:
             lanes = [b.add(splat(b, b.add(j0, const(v * LANES)), LANES), iota) for v in range(nv)]
@@ -160,7 +168,7 @@ class ConvTransposeKernel(ReadsEveryOperand):
                             at = fgep(b, row, b.add(j0, const(v * LANES + off)), inbounds=False)
                             m = masks[ky, kx, v]
                             xv = masked_load_where(b, at, m, zeros)
-                            acc[v] = b.select(m, b.fadd(acc[v], b.fmul(xv, wv)), acc[v])
+                            acc[v] = b.select(m, step(acc[v], xv, wv), acc[v])
                 return acc
 
             _, acc = counted_loop(b, "ctc", const(0), lambda ci: b.icmp_signed("<", ci, const(cg)), 1, channel,

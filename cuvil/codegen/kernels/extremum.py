@@ -21,7 +21,8 @@ from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, fgep, splat
 from cuvil.codegen.llvm_types import F32, I32
 from cuvil.codegen.loops import const, counted_loop, if_then
-from cuvil.codegen.scalar import Builder, Val
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val
+from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
 
@@ -29,7 +30,7 @@ LANES = 16
 VECTORS = 4
 """Independent vectors folded at once: the compare and select of one wait on the one before."""
 
-_ORDER = {"reduce_min": "<", "reduce_max": ">"}
+_FOLD = {"reduce_min": "min", "reduce_max": "max"}
 VECTOR = ir.VectorType(F32, LANES)
 ZERO = ir.Constant(F32, 0.0)
 
@@ -50,9 +51,10 @@ class ExtremumKernel(ReadsEveryOperand):
         return 0
 
     def _pick(self, b: Builder, acc: Val, x: Val) -> Val:
-        """numpy's ``minimum(acc, x)`` (``maximum``): ``acc`` where it is NaN or strictly ahead, else ``x``."""
-        keep = b.or_(b.fcmp_unordered("uno", acc, acc), b.fcmp_ordered(_ORDER[self.op], acc, x))
-        return b.select(keep, acc, x)
+        """One step of the rule's fold, ``acc`` combined with ``x`` by the reduction's own primitive (numpy's
+        ``minimum`` / ``maximum``: NaN propagates, a tie gives ``x``), as every lowering emits it."""
+        combine = R.REDUCTIONS[_FOLD[self.op]].combine
+        return ScalarEmitter(b).call(combine, [acc, x], [DType.f32, DType.f32], DType.f32, {})
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
         kf = KernelFunction(mod, name, 1)
@@ -99,7 +101,7 @@ class ExtremumKernel(ReadsEveryOperand):
 
 def extremum_kernel(v: Value) -> ExtremumKernel | None:
     """The kernel of a float32 ``reduce_min`` / ``reduce_max`` over every axis of a static, non-empty tensor."""
-    if v.op not in _ORDER or v.dtype is not DType.f32:
+    if v.op not in _FOLD or v.dtype is not DType.f32:
         return None
     (x,) = v.operands
     if x.dtype is not DType.f32 or not x.type.is_static or not v.type.is_static:
