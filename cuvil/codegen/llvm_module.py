@@ -41,7 +41,7 @@ from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import default_pool_size, in_run, set_default_threads
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import fail_unless, not_null
-from cuvil.codegen.lower_rule import emit_rule_kernel, op_rule, static_shape
+from cuvil.codegen.lower_rule import emit_rule_kernel, op_rule, scalar_operands, static_shape
 from cuvil.codegen.manifest import PROVENANCE_PREFIX
 from cuvil.codegen.plan import MemoryPlan, ordered_steps, plan_memory
 from cuvil.codegen.profile import StepClock, check_profile_target
@@ -152,7 +152,7 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
             logger.debug("op %d %s: kernel %s", k, v.op, kernel.name)
             continue
         kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", op_rule(v), [o.type for o in v.operands], v.type, v.op,
-                                        dims=symbols))
+                                        dims=symbols, scalars=scalar_operands(v, constants)))
 
     # raw constants: only those some kernel reads as they are (a packed weight is embedded packed)
     const_globals: dict[str, ir.GlobalVariable] = {}

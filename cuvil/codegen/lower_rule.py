@@ -13,9 +13,10 @@ variables.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi, vmath
@@ -227,8 +228,12 @@ class RuleKernel:
     argument, ``ptr dims`` (their ``i64`` values), and its extents, strides and bounds come from them."""
 
     def __init__(self, module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
-                 out_type: TensorType, op: str, dims: Sequence[str] | None = None, *, chunked: bool = False) -> None:
+                 out_type: TensorType, op: str, dims: Sequence[str] | None = None, *, chunked: bool = False,
+                 scalars: Mapping[int, float | int | bool] | None = None) -> None:
         self.op = op
+        self.scalars = dict(scalars or {})
+        """Operands every element of which holds one known value (:func:`scalar_operands`): a read of one
+        that is always in bounds is that value, so LLVM folds what depends on it (a ``pow``'s exponent)."""
         self.rule = rule
         self.out_type = out_type
         self.symbolic = dims is not None
@@ -600,6 +605,8 @@ class RuleKernel:
             ok = b.icmp_unsigned("<", i, self._value(dim))
             inb = ok if inb is None else b.and_(inb, ok)
             idx.append(b.select(ok, i, ir.Constant(I64, 0)))
+        if inb is None and e.operand in self.scalars:
+            return literal(self.scalars[e.operand], buf.dtype)
         strides = row_major_strides([int(d) for d in buf.shape]) if not self.symbolic else _symbolic_strides(buf.shape)
         flat = self._flat(idx, strides)
         ty = storage_type(buf.dtype)
@@ -753,11 +760,36 @@ def op_rule(v: Value) -> R.Expr:
         raise CodegenError(f"the rule of {v.op} could not be built for {v.type}: {e}", location=v.op) from e
 
 
+SCALAR_OPERAND_LIMIT = 1024
+"""Constants up to this many elements are checked for holding one value (:func:`scalar_operands`)."""
+
+
+def scalar_operands(v: Value, constants: Mapping[str, np.ndarray]) -> dict[int, float | int | bool]:
+    """The operands of ``v`` that are constants of one repeated value (a literal broadcast to a shape), by
+    position: the rule lowering reads them as immediates."""
+    out: dict[int, float | int | bool] = {}
+    for j, o in enumerate(v.operands):
+        if not o.is_const or o.const_hash not in constants or not o.type.is_static:
+            continue
+        data = np.asarray(constants[o.const_hash]).reshape(-1)
+        if 0 < data.size <= SCALAR_OPERAND_LIMIT and bool(np.all(data.view(_same_width_int(data)) ==
+                                                                 data[:1].view(_same_width_int(data)))):
+            out[j] = data[0].item()
+    return out
+
+
+def _same_width_int(data: np.ndarray) -> np.dtype:
+    """An integer type as wide as ``data``'s: elements compared by their bits (NaNs, signed zeros)."""
+    return np.dtype(f"u{data.dtype.itemsize}")
+
+
 def emit_rule_kernel(module: ir.Module, name: str, rule: R.Expr, in_types: Sequence[TensorType],
-                     out_type: TensorType, op: str, dims: Sequence[str] | None = None) -> ir.Function:
+                     out_type: TensorType, op: str, dims: Sequence[str] | None = None,
+                     scalars: Mapping[int, float | int | bool] | None = None) -> ir.Function:
     """Lower ``rule`` to an internal kernel function in ``module``: at concrete shapes, or over the
-    symbolic dims ``dims`` (read at run time from the kernel's last argument)."""
-    return RuleKernel(module, name, rule, in_types, out_type, op, dims).emit()
+    symbolic dims ``dims`` (read at run time from the kernel's last argument); ``scalars``: operands
+    known to hold one value (:func:`scalar_operands`)."""
+    return RuleKernel(module, name, rule, in_types, out_type, op, dims, scalars=scalars).emit()
 
 
 SUPPORTED_REDUCTIONS: dict[str, frozenset[str]] = {

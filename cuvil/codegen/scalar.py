@@ -329,7 +329,7 @@ class ScalarEmitter:
         if fn == "mod":
             return self._float_mod(x, args[1])
         if fn == "pow":
-            return b.call(self._libm("pow", ty, 2), [x, args[1]])
+            return vmath.pow_f32(b, x, args[1]) if ty == F32 else b.call(self._libm("pow", ty, 2), [x, args[1]])
         if fn == "isnan":
             return b.fcmp_unordered("uno", x, x)
         if fn == "isinf":

@@ -1,9 +1,9 @@
-"""Float32 ``exp``, ``tanh`` and ``erf`` as straight-line LLVM IR: computed in double precision and
+"""Float32 ``exp``, ``tanh``, ``erf`` and ``pow`` as straight-line LLVM IR: computed in double precision and
 rounded to float32 once, so they are correctly rounded except where the exact value lies within about
 1e-14 of a rounding boundary.
 
 A libm call in a loop keeps the loop scalar (glibc's ``tanhf`` and double ``erf`` cost 13-14 ns an
-element, ``expf`` 1.7 ns); these contain no call and no branch, so LLVM vectorizes the loops and kernel
+element, ``powf`` 20 ns, ``expf`` 1.7 ns); these contain no call and no branch, so LLVM vectorizes the loops and kernel
 epilogues that use them (0.7, 1.2 and 1.6 ns), and every lane, every scalar remainder and every kernel
 computes the same bits for the same input: the proofs treat a transcendental as one function of its
 operand, so it must be one everywhere in a library. (A scalar ``exp`` is slower than ``expf``: the
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from cuvil.codegen.llvm_types import F32, F64, I64, declare
+from cuvil.codegen.llvm_types import F32, F64, I32, I64, declare
 
 if TYPE_CHECKING:
     from cuvil.codegen.scalar import Builder, Val
@@ -30,6 +30,13 @@ LN2_LO = float.fromhex("0x1.abc9e3b39803fp-56")
 
 EXP_TAYLOR = tuple(1.0 / math.factorial(n) for n in range(11, -1, -1))
 """exp(r) for |r| <= ln(2)/2 by its Taylor polynomial of degree 11 (relative error below 1e-14)."""
+
+LOG_ATANH = tuple(1.0 / (2 * k + 1) for k in range(10, -1, -1))
+"""ln(m) = 2 s (1 + s^2/3 + s^4/5 + ...) with s = (m - 1) / (m + 1): for m in [sqrt(1/2), sqrt(2)), s^2 < 0.0295
+and eleven terms leave a relative error below 1e-18."""
+
+SQRT2_FRACTION = 0x6A09E667F3BCD
+"""The 52 fraction bits of sqrt(2) as a double: a mantissa in [1, 2) at or above it is halved."""
 
 TANH_ODD = (-1382.0 / 155925.0, 62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0, 1.0)
 """tanh(x) / x in powers of x^2 through x^10, for |x| < 1/16 (relative error below 1e-16)."""
@@ -183,6 +190,71 @@ def erf_f32(b: Builder, x: Val, below: float | None = None) -> Val:
     y = b.fptrunc(_call(b, "copysign", [b.select(b.fcmp_ordered("<", a, _f64(ERF_SPLIT)), odd(a, False), far),
                                         wide]), F32)
     return b.select(nan, b.fadd(x, x), y)
+
+
+def log_f64_core(b: Builder, a: Val) -> Val:
+    """ln(a) in double for a positive, finite, normal double ``a`` (every float32 but 0 widens to one):
+    ``a = 2^e m`` with m in [sqrt(1/2), sqrt(2)) taken from the bits, ``e ln 2 + ln m`` with ln m by
+    :data:`LOG_ATANH` (relative error about 3e-16)."""
+    bits = b.bitcast(a, I64)
+    fraction = b.and_(bits, ir.Constant(I64, (1 << 52) - 1))
+    halve = b.zext(b.icmp_unsigned(">=", fraction, ir.Constant(I64, SQRT2_FRACTION)), I64)
+    e = b.add(b.sub(b.lshr(bits, ir.Constant(I64, 52)), ir.Constant(I64, 1023)), halve)
+    m = b.bitcast(b.or_(fraction, b.shl(b.sub(ir.Constant(I64, 1023), halve), ir.Constant(I64, 52))), F64)
+    s = b.fdiv(b.fsub(m, _f64(1.0)), b.fadd(m, _f64(1.0)))
+    ln_m = b.fmul(b.fmul(s, _f64(2.0)), _horner(b, b.fmul(s, s), LOG_ATANH))
+    k = b.sitofp(e, F64)
+    return _call(b, "fma", [k, _f64(LN2_HI), _call(b, "fma", [k, _f64(LN2_LO), ln_m])])
+
+
+POW_BY_PRODUCTS = 4
+"""Whole exponents up to this magnitude are products of x in double (x^2 exact; one rounding for x^3 and x^4,
+one more for the reciprocal of a negative exponent); ±0.5 a square root. Both are closer than ``exp(y ln x)``,
+and a constant exponent then folds to the product alone: ``x ** 2`` and a GELU's ``x ** 3`` cost a few
+multiplies, not a logarithm and an exponential."""
+
+
+def pow_f32(b: Builder, x: Val, y: Val) -> Val:
+    """float32 pow(x, y) as C's ``powf`` defines it, computed in double and rounded once: for whole
+    |y| <= :data:`POW_BY_PRODUCTS` by products, for |y| = 0.5 by a square root, else ``exp(y ln|x|)``
+    negated for a negative x and an odd whole y; NaN for a finite negative x and a y that is not whole; 1
+    for y = ±0 or x = 1 (even with a NaN operand); else a NaN operand gives itself quieted (x's if both are). Zeros and
+    infinities of x, and infinite y, follow from ln|x| = ±inf and the product's limits (x = -1 with
+    y = ±inf gives 1). Every path is chosen per element by a select, so lanes stay independent and the
+    function is the same wherever it is emitted."""
+    xw, yw = b.fpext(x, F64), b.fpext(y, F64)
+    a, ay = _call(b, "fabs", [xw]), _call(b, "fabs", [yw])
+    ln_a = log_f64_core(b, b.select(b.fcmp_ordered(">", a, _f64(0.0)), a, _f64(1.0)))
+    ln_a = b.select(b.fcmp_ordered("==", a, _f64(0.0)), _f64(-math.inf), ln_a)
+    ln_a = b.select(b.fcmp_ordered("==", a, _f64(math.inf)), _f64(math.inf), ln_a)
+    t = b.fmul(yw, ln_a)  # NaN only for 0 * inf (y = 0, or |x| = 1 and y infinite): 1 either way
+    t = b.select(b.fcmp_unordered("uno", t, t), _f64(0.0), t)
+    e = exp_f64_core(b, _clamp(b, t, *EXP_DOMAIN))
+    whole = b.fcmp_ordered("==", _call(b, "rint", [yw]), yw)  # infinities too
+    half = b.fmul(yw, _f64(0.5))
+    odd = b.and_(whole, b.fcmp_ordered("!=", _call(b, "rint", [half]), half))
+    negative = b.icmp_signed("<", b.bitcast(x, I32), ir.Constant(I32, 0))
+    general = b.select(b.and_(negative, odd), b.fneg(e), e)
+
+    reciprocal = b.fcmp_ordered("<", yw, _f64(0.0))
+    square = b.fmul(xw, xw)
+    powers = [xw, square, b.fmul(square, xw), b.fmul(square, square)]
+    product = powers[-1]
+    for k in range(POW_BY_PRODUCTS - 1, 0, -1):
+        product = b.select(b.fcmp_ordered("==", ay, _f64(float(k))), powers[k - 1], product)
+    product = b.select(reciprocal, b.fdiv(_f64(1.0), product), product)
+    root = _call(b, "sqrt", [a])
+    root = b.select(reciprocal, b.fdiv(_f64(1.0), root), root)
+    by_products = b.and_(whole, b.fcmp_ordered("<=", ay, _f64(float(POW_BY_PRODUCTS))))
+    wide = b.select(by_products, product, b.select(b.fcmp_ordered("==", ay, _f64(0.5)), root, general))
+
+    r = b.fptrunc(wide, F32)
+    finite_negative = b.and_(b.fcmp_ordered("<", xw, _f64(0.0)), b.fcmp_ordered(">", xw, _f64(-math.inf)))
+    r = b.select(b.and_(finite_negative, b.not_(whole)), ir.Constant(F32, math.nan), r)
+    quiet = b.select(b.fcmp_unordered("uno", x, x), b.fadd(x, x), b.fadd(y, y))  # x's NaN, else y's
+    r = b.select(b.fcmp_unordered("uno", x, y), quiet, r)
+    one = b.or_(b.fcmp_ordered("==", yw, _f64(0.0)), b.fcmp_ordered("==", xw, _f64(1.0)))
+    return b.select(one, ir.Constant(F32, 1.0), r)
 
 
 FLOAT32_INLINE = {"exp": exp_f32, "tanh": tanh_f32, "erf": erf_f32}

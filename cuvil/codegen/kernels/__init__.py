@@ -221,7 +221,7 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)
     if kernel is None and shape_class is None and _enabled:  # the rule nest, in chunks on the pool
-        kernel = chunked_rule_kernel(v)
+        kernel = chunked_rule_kernel(v, constants)
     return kernel
 
 

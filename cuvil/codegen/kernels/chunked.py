@@ -12,8 +12,10 @@ reductions: only which thread writes it changes, so the results are the serial k
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi
@@ -21,7 +23,7 @@ from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction
 from cuvil.codegen.llvm_types import I1, I32, I64
 from cuvil.codegen.loops import if_then
-from cuvil.codegen.lower_rule import RuleKernel, op_rule
+from cuvil.codegen.lower_rule import RuleKernel, op_rule, scalar_operands
 from cuvil.codegen.scalar import Val
 from cuvil.ir import rules as R
 from cuvil.ir.rulewalk import walk_exprs
@@ -53,6 +55,7 @@ class ChunkedRuleKernel(ReadsEveryOperand):
     in_types: tuple[TensorType, ...]
     out_type: TensorType
     steps: int
+    scalars: tuple[tuple[int, float | int | bool], ...] = ()
 
     @property
     def name(self) -> str:
@@ -63,7 +66,8 @@ class ChunkedRuleKernel(ReadsEveryOperand):
         return 0
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        nest = RuleKernel(mod, f"{name}.range", self.rule, self.in_types, self.out_type, self.op, chunked=True)
+        nest = RuleKernel(mod, f"{name}.range", self.rule, self.in_types, self.out_type, self.op, chunked=True,
+                          scalars=dict(self.scalars))
         ranged = nest.emit()
         extent = nest.chunk_extent
         chunks = min(extent, MAX_CHUNKS)
@@ -81,7 +85,7 @@ class ChunkedRuleKernel(ReadsEveryOperand):
         return kf.finish()
 
 
-def chunked_rule_kernel(v: Value) -> ChunkedRuleKernel | None:
+def chunked_rule_kernel(v: Value, constants: Mapping[str, np.ndarray]) -> ChunkedRuleKernel | None:
     """The chunked rule nest of ``v`` when its shapes are static and it has work enough for the pool."""
     if v.is_param or v.is_const or not v.type.is_static or any(not o.type.is_static for o in v.operands):
         return None
@@ -89,4 +93,5 @@ def chunked_rule_kernel(v: Value) -> ChunkedRuleKernel | None:
     steps = _steps(rule, v.type)
     if steps < MIN_STEPS:
         return None
-    return ChunkedRuleKernel(v.op, rule, tuple(o.type for o in v.operands), v.type, steps)
+    return ChunkedRuleKernel(v.op, rule, tuple(o.type for o in v.operands), v.type, steps,
+                             tuple(scalar_operands(v, constants).items()))

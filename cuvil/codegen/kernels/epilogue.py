@@ -143,6 +143,7 @@ class EpilogueEmitter(RuleKernel):
         self.bound = {}
         self.layers = [{}]
         self.marker = marker
+        self.scalars = {}  # the kernel's operands are read from their buffers
         self.acc: Val | None = None
         self.env = {f"i{k}": ("o", k) for k in range(len(out.shape))}
 
