@@ -20,6 +20,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi, vmath
+from cuvil.codegen.coalesce import coalesce
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import const, for_range, if_else, imin, row_major_strides, start_block
@@ -789,6 +790,10 @@ def emit_rule_kernel(module: ir.Module, name: str, rule: R.Expr, in_types: Seque
     """Lower ``rule`` to an internal kernel function in ``module``: at concrete shapes, or over the
     symbolic dims ``dims`` (read at run time from the kernel's last argument); ``scalars``: operands
     known to hold one value (:func:`scalar_operands`)."""
+    if dims is None:
+        merged = coalesce(rule, in_types, out_type)
+        if merged is not None:
+            rule, in_types, out_type = merged
     return RuleKernel(module, name, rule, in_types, out_type, op, dims, scalars=scalars).emit()
 
 

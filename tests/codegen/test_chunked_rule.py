@@ -72,7 +72,7 @@ def _ops() -> list[OpCall]:
         ("gather", [x, rng.integers(-17, 17, (5, 3)).astype(np.int64)], {"axis": 2}),
         ("cumsum", [x], {"axis": 3}),
         ("pad", [x], {"pads": [0, 1, 2, 3, 1, 0, 0, 2], "mode": "reflect"}),
-        ("reduce_mean", [rng.standard_normal((1, 1, 37, 5)).astype(np.float32)], {"axes": [2]}),  # one outer step
+        ("reduce_prod", [rng.standard_normal((1, 1, 37, 5)).astype(np.float32)], {"axes": [2]}),  # one outer step
         ("neg", [rng.standard_normal((517, 3)).astype(np.float32)], {}),  # more outer steps than chunks
     ]
 

@@ -44,7 +44,7 @@ from cuvil.codegen.kernels.gemm import (
 )
 from cuvil.codegen.kernels.paired import paired_conv_kernel, paired_matmul_kernel
 from cuvil.codegen.kernels.pool import max_pool_kernel
-from cuvil.codegen.kernels.rows import row_kernel
+from cuvil.codegen.kernels.rows import row_kernel, sum_rows_kernel
 from cuvil.codegen.kernels.transpose import transpose_kernel
 from cuvil.codegen.kernels.vnni import vnni_conv, vnni_matmul
 from cuvil.codegen.kernels.widen import HALVES, widened, widened_contraction, widened_types
@@ -216,7 +216,8 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None) or \
         (_widened_rows(v) if _enabled and shape_class is None else None)
     if kernel is None and shape_class is None and _enabled:
-        kernel = max_pool_kernel(v) or transpose_kernel(v) or conv_transpose_kernel(v) or extremum_kernel(v)
+        kernel = max_pool_kernel(v) or transpose_kernel(v) or conv_transpose_kernel(v) or extremum_kernel(v) or \
+            sum_rows_kernel(v)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)

@@ -19,6 +19,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.codegen import abi
+from cuvil.codegen.coalesce import coalesce
 from cuvil.codegen.kernels.base import ReadsEveryOperand
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction
 from cuvil.codegen.llvm_types import I1, I32, I64
@@ -66,7 +67,9 @@ class ChunkedRuleKernel(ReadsEveryOperand):
         return 0
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
-        nest = RuleKernel(mod, f"{name}.range", self.rule, self.in_types, self.out_type, self.op, chunked=True,
+        rule, in_types, out_type = coalesce(self.rule, self.in_types, self.out_type) or \
+            (self.rule, self.in_types, self.out_type)
+        nest = RuleKernel(mod, f"{name}.range", rule, in_types, out_type, self.op, chunked=True,
                           scalars=dict(self.scalars))
         ranged = nest.emit()
         extent = nest.chunk_extent

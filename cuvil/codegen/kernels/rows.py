@@ -27,7 +27,7 @@ from cuvil.codegen import abi, vmath
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, splat, transpose, vec_type
 from cuvil.codegen.kernels.widen import HALVES
-from cuvil.codegen.llvm_types import F32, I1, I32, I64
+from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR
 from cuvil.codegen.loops import for_range, if_else, opaque_alloca
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
 from cuvil.codegen.shape_class import ShapeClass
@@ -360,6 +360,98 @@ class LayerNormKernel(RowKernel):
         blk.rows_out(per_row, lambda k, cells: normalized(cells, means, denoms, k), out)
 
 
+SUM_WORK_PER_ELEMENT = 4
+"""What an element of a plain sum weighs against a GEMM's flop in the pool's threshold (a load and an add)."""
+
+
+@dataclass(frozen=True)
+class SumRowsKernel(RowKernel):
+    """A float32 ``reduce_sum`` or ``reduce_mean`` over consecutive axes (a global average pool's): each row
+    summed from -0.0 in the rule's order, sixteen rows in the lanes of one accumulator vector, read straight
+    from the operand (rows contiguous along the axis: sixteen elements of each row at a time, transposed in
+    registers); a mean divides the sum by the count as the rule does. No tile: nothing is read twice."""
+
+    mean: bool = False
+
+    @property
+    def name(self) -> str:
+        return "mean rows" if self.mean else "sum rows"
+
+    @property
+    def on_stack(self) -> bool:
+        return True
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        kf = KernelFunction(mod, name, self.operands)
+        rows = cast(int, self.outer) * cast(int, self.inner)
+        kf.phase(-(-rows // LANES), rows * cast(int, self.length) * SUM_WORK_PER_ELEMENT, self._chunk)
+        kf.b.ret(ir.Constant(I32, abi.OK))
+        return kf.fn
+
+    def _chunk(self, ctx: Ctx, block: Val) -> None:
+        b = ctx.b
+        blk = Block(b, ctx.alloca, self, ir.Constant(PTR, None), None)
+        r0 = b.mul(block, ir.Constant(I64, LANES))
+        blk.locate(r0, {})
+        x = ctx.ins[0]
+        acc = opaque_alloca(ctx.alloca, vec_type(LANES), "acc")
+        b.store(splat(b, ir.Constant(F32, -0.0), LANES), acc, align=4)
+        start: Val = ir.Constant(I64, 0)
+        if self.inner == 1:
+            start = ir.Constant(I64, cast(int, self.length) & -LANES)
+
+            def sixteen(k0: Val) -> None:
+                rows = [b.load(blk.element(x, ir.Constant(I64, j), k0), typ=vec_type(LANES), align=4)
+                        for j in range(LANES)]
+                total = b.load(acc, typ=vec_type(LANES), align=4)
+                for column in transpose(b, rows, LANES):
+                    total = b.fadd(total, column)
+                b.store(total, acc, align=4)
+
+            for_range(b, 0, start, "k16", sixteen, step=LANES)
+
+        def one(k: Val) -> None:
+            lanes = [b.load(blk.element(x, ir.Constant(I64, j), k), typ=F32) for j in range(LANES)]
+            column: Val = ir.Constant(vec_type(LANES), None)
+            for j, v in enumerate(lanes):
+                column = b.insert_element(column, v, ir.Constant(I32, j))
+            b.store(b.fadd(b.load(acc, typ=vec_type(LANES), align=4), column), acc, align=4)
+
+        for_range(b, start, ir.Constant(I64, cast(int, self.length)), "k", one)
+        total = b.load(acc, typ=vec_type(LANES), align=4)
+        if self.mean:
+            total = b.fdiv(total, splat(b, literal(cast(int, self.length), DType.f32), LANES))
+
+        def store(j: Val) -> None:
+            with b.if_then(b.load(blk.lane(blk.valid, j, I1), typ=I1)):
+                b.store(b.extract_element(total, j), b.gep(ctx.out, [b.add(r0, j)], source_etype=F32, inbounds=True))
+
+        for_range(b, 0, LANES, "row", store)
+
+
+def sum_rows_kernel(v: Value) -> SumRowsKernel | None:
+    """The lane-blocked schedule of a float32 ``reduce_sum`` / ``reduce_mean`` at static shapes whose reduced
+    axes are consecutive, over at least two rows (one row is one chain of adds whatever the schedule)."""
+    if v.op not in ("reduce_sum", "reduce_mean") or v.is_param or v.is_const:
+        return None
+    x = v.operands[0].type
+    if x.dtype is not DType.f32 or v.dtype is not DType.f32 or not x.is_static or x.rank == 0:
+        return None
+    shape = [int(d) for d in x.shape]
+    axes = sorted({a % x.rank for a in (v.attr("axes") or range(x.rank))})
+    if 0 in shape or axes != list(range(axes[0], axes[-1] + 1)):
+        return None
+    outer, length, inner = math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), \
+        math.prod(shape[axes[-1] + 1:])
+    if outer * inner < 2:
+        return None
+    return SumRowsKernel(outer, length, inner, length, mean=v.op == "reduce_mean")
+
+
 def row_kernel(v: Value, shape_class: ShapeClass | None = None, *, halves: bool = False) -> RowKernel | None:
     """The row-blocked schedule of ``v``: a float32 softmax or log_softmax, or a float32 layer norm whose
     scale and bias have the normalized axes' (static) shape; at static shapes, or in ``shape_class`` with
@@ -403,4 +495,5 @@ def row_kernel(v: Value, shape_class: ShapeClass | None = None, *, halves: bool 
     return SoftmaxKernel(outer, length, inner, length_max, runtime, op=v.op)
 
 
-__all__ = ["LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "row_kernel"]
+__all__ = ["LANES", "TILE_LIMIT", "LayerNormKernel", "SoftmaxKernel", "SumRowsKernel", "row_kernel",
+           "sum_rows_kernel"]
