@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import ort_options
+from bench.harness import interleaved_medians, ort_options
 
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "corpus.py"
 
@@ -67,14 +66,8 @@ def bench_entry(entry: Any, path: str, *, threads: int, repeat: int, warmup: int
             session.run(None, feeds)
     except CuvilError as e:
         return {"model": entry.name, "error": e.code}
-    times: dict[str, list[float]] = {"cuvil": [], "ort": []}
-    calls = (("cuvil", lambda: model(**args)), ("ort", lambda: session.run(None, feeds)))
-    for k in range(repeat):
-        for name, call in calls[:: 1 if k % 2 else -1]:
-            t0 = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - t0)
-    cuvil_ms, ort_ms = (float(np.median(times[n])) * 1e3 for n in ("cuvil", "ort"))
+    ms = interleaved_medians((("cuvil", lambda: model(**args)), ("ort", lambda: session.run(None, feeds))), repeat)
+    cuvil_ms, ort_ms = ms["cuvil"], ms["ort"]
     return {"model": entry.name, "kind": entry.kind, "exporter": entry.exporter, "cuvil_ms": cuvil_ms,
             "ort_ms": ort_ms, "ratio": cuvil_ms / ort_ms}
 

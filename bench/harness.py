@@ -82,6 +82,18 @@ def _median_ms(times: Sequence[float]) -> float:
     return float(np.median(np.asarray(times)) * 1e3)
 
 
+def interleaved_medians(calls: Sequence[tuple[str, Callable[[], object]]], repeat: int) -> dict[str, float]:
+    """Each call's median milliseconds over ``repeat`` rounds, the calls made in turn within a round (the
+    order reversed every other round), so each finds the caches as the others left them."""
+    times: dict[str, list[float]] = {name: [] for name, _ in calls}
+    for k in range(repeat):
+        for name, call in calls[:: 1 if k % 2 else -1]:
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {name: _median_ms(t) for name, t in times.items()}
+
+
 def _rel_diff(got: np.ndarray, want: np.ndarray) -> float:
     got64, want64 = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     scale = float(np.max(np.abs(want64))) if want64.size else 0.0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import ort_options
+from bench.harness import interleaved_medians, ort_options
 
 HIDDEN, LAYERS, HEADS, VOCAB, TOKENS = 256, 2, 4, 1000, 64
 SEED = 0
@@ -176,14 +175,8 @@ def bench_model(name: str, path: Path, *, threads: int, repeat: int, warmup: int
     for _ in range(warmup):
         model(**feeds)
         session.run(None, feeds)
-    times: dict[str, list[float]] = {"cuvil": [], "ort": []}
-    calls = (("cuvil", lambda: model(**feeds)), ("ort", lambda: session.run(None, feeds)))
-    for k in range(repeat):
-        for engine, call in calls[:: 1 if k % 2 else -1]:
-            t0 = time.perf_counter()
-            call()
-            times[engine].append(time.perf_counter() - t0)
-    cuvil_ms, ort_ms = (float(np.median(times[n])) * 1e3 for n in ("cuvil", "ort"))
+    ms = interleaved_medians((("cuvil", lambda: model(**feeds)), ("ort", lambda: session.run(None, feeds))), repeat)
+    cuvil_ms, ort_ms = ms["cuvil"], ms["ort"]
     return {"model": name, "cuvil_ms": cuvil_ms, "ort_ms": ort_ms, "ratio": cuvil_ms / ort_ms,
             "max_diff": float(np.max(np.abs(ours - theirs)))}
 
