@@ -34,9 +34,7 @@ def _reads(rule: R.Expr, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
     """Each loaded operand's axis map, or None when some node reads otherwise."""
     maps: dict[int, Axes] = {}
     for e in walk_exprs(rule):
-        if isinstance(e, R.Lit):
-            continue
-        if isinstance(e, R.Call):
+        if isinstance(e, (R.Lit, R.Call)):
             continue
         if not isinstance(e, R.Load) or e.oob is not None or len(e.index) != len(in_shapes[e.operand]):
             return None

@@ -31,6 +31,7 @@ from cuvil.codegen.llvm_types import F32, I1, I32, I64, PTR
 from cuvil.codegen.loops import for_range, if_else, opaque_alloca
 from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity, literal
 from cuvil.codegen.shape_class import ShapeClass
+from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim, dim_range
 from cuvil.ir.values import Value
@@ -394,7 +395,12 @@ class SumRowsKernel(RowKernel):
 
     def _chunk(self, ctx: Ctx, block: Val) -> None:
         b = ctx.b
-        blk = Block(b, ctx.alloca, self, ir.Constant(PTR, None), None)
+        s = ScalarEmitter(b)
+        blk = Block(b, ctx.alloca, self, ir.Constant(PTR, None), None)  # no tile: each element is read once
+
+        def fold(acc: Val, column: Val) -> Val:  # the rule's sum step on sixteen rows at once
+            return s.call(R.REDUCTIONS["sum"].combine, [acc, column], F32_ARGS * 2, DType.f32, {})
+
         r0 = b.mul(block, ir.Constant(I64, LANES))
         blk.locate(r0, {})
         x = ctx.ins[0]
@@ -409,7 +415,7 @@ class SumRowsKernel(RowKernel):
                         for j in range(LANES)]
                 total = b.load(acc, typ=vec_type(LANES), align=4)
                 for column in transpose(b, rows, LANES):
-                    total = b.fadd(total, column)
+                    total = fold(total, column)
                 b.store(total, acc, align=4)
 
             for_range(b, 0, start, "k16", sixteen, step=LANES)
@@ -419,12 +425,13 @@ class SumRowsKernel(RowKernel):
             column: Val = ir.Constant(vec_type(LANES), None)
             for j, v in enumerate(lanes):
                 column = b.insert_element(column, v, ir.Constant(I32, j))
-            b.store(b.fadd(b.load(acc, typ=vec_type(LANES), align=4), column), acc, align=4)
+            b.store(fold(b.load(acc, typ=vec_type(LANES), align=4), column), acc, align=4)
 
         for_range(b, start, ir.Constant(I64, cast(int, self.length)), "k", one)
         total = b.load(acc, typ=vec_type(LANES), align=4)
         if self.mean:
-            total = b.fdiv(total, splat(b, literal(cast(int, self.length), DType.f32), LANES))
+            count = splat(b, literal(cast(int, self.length), DType.f32), LANES)
+            total = s.call("div", [total, count], F32_ARGS * 2, DType.f32, {})  # the rule's mean: sum / count
 
         def store(j: Val) -> None:
             with b.if_then(b.load(blk.lane(blk.valid, j, I1), typ=I1)):
