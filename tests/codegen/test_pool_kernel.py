@@ -1,6 +1,7 @@
-"""The max-pool kernel (cuvil.codegen.kernels.pool) against max_pool's rule, bit for bit: window
-geometries (strides, pads past the kernel, dilations, ceil mode, rows and columns wholly in the padding)
-and the values where the order of the fold shows (ties of +0 and -0, NaNs, infinities)."""
+"""The max- and average-pool kernels (cuvil.codegen.kernels.pool) against their ops' rules, bit for bit:
+window geometries (strides, pads past the kernel, dilations, ceil mode, rows and columns wholly in the
+padding, padding counted or not) and the values where the order of the fold shows (ties of +0 and -0,
+NaNs, infinities, sums whose rounding depends on the order of their terms)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,15 @@ GEOMETRIES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
     # stride 2 across: edge blocks on both sides of plain ones, and more edge blocks than are unrolled
     ((1, 2, 5, 150), {"kernel": (2, 3), "strides": (2, 2), "pads": (0, 1, 1, 1)}),
     ((1, 1, 3, 400), {"kernel": (1, 3), "strides": (1, 2), "dilations": (1, 80), "pads": (0, 160, 0, 160)}),
+    ((1, 3, 20, 20), {"kernel": (5, 5), "strides": (1, 1), "pads": (2, 2, 2, 2)}),  # YOLO's SPPF
+    ((1, 2, 14, 40), {"kernel": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}),  # rows wider than a vector
 ]
 
 
-def _module(shape: tuple[int, ...], attrs: dict[str, Any]):
+def _module(shape: tuple[int, ...], attrs: dict[str, Any], op: str = "max_pool"):
     b = Builder()
     x = b.param("x", DType.f32, list(shape))
-    return b.module(b.function("main", [x], [b.max_pool(x, **attrs)]))
+    return b.module(b.function("main", [x], [getattr(b, op)(x, **attrs)]))
 
 
 def _same(got: np.ndarray, want: np.ndarray) -> bool:
@@ -51,13 +54,23 @@ def _hostile(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return x.astype(np.float32)
 
 
-@pytest.mark.parametrize("by_rows", [True, False], ids=["rows-first", "windows"])
-@pytest.mark.parametrize("case", range(len(GEOMETRIES)))
-def test_max_pool_kernel_is_the_rule_bit_for_bit(case: int, by_rows: bool, monkeypatch) -> None:
-    """Both schedules of a stride of 2 across (each row's maxima first where they fit the stack, each
-    output's whole window otherwise) and the windows of every other stride."""
-    if not by_rows:
+SCHEDULES = ["rows-first", "padded", "edges"]
+"""At a stride of 2 across, each row's maxima first where they fit the stack; else each output's whole
+window, over a padded copy of the plane where that fits, else loading a row's ends under a branch."""
+
+
+def _schedule(monkeypatch, schedule: str) -> None:
+    if schedule != "rows-first":
         monkeypatch.setattr(pool, "ROWS_MAX_BYTES", 0)
+    if schedule == "edges":
+        monkeypatch.setattr(pool, "PADDED_MAX_BYTES", 0)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("case", range(len(GEOMETRIES)))
+def test_max_pool_kernel_is_the_rule_bit_for_bit(case: int, schedule: str, monkeypatch) -> None:
+    """Every schedule (:data:`SCHEDULES`) of every geometry."""
+    _schedule(monkeypatch, schedule)
     shape, attrs = GEOMETRIES[case]
     module = _module(shape, attrs)
     model = compile(module, cache=False, threads=2)
@@ -70,6 +83,48 @@ def test_max_pool_kernel_is_the_rule_bit_for_bit(case: int, by_rows: bool, monke
         assert _same(got, want), (shape, attrs)
 
 
+def _cancelling(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Large terms of both signs beside small ones: a window's float32 sum rounds differently in
+    another order of its terms."""
+    big = rng.choice(np.array([3e7, -3e7, 1.0, -1.0, 0.25], np.float32), size=shape)
+    return (big * rng.uniform(0.5, 1.5, shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES[1:])
+@pytest.mark.parametrize("count_include_pad", [False, True], ids=["inside", "with-pads"])
+@pytest.mark.parametrize("case", range(len(GEOMETRIES)))
+def test_avg_pool_kernel_is_the_rule_bit_for_bit(case: int, count_include_pad: bool, schedule: str,
+                                                 monkeypatch) -> None:
+    """Every window summed in the rule's order and divided by its count (the padding counted or not; a
+    window wholly in the padding, which counts nothing, gives the rule's 0 / 0), over a padded copy of
+    the plane or not."""
+    _schedule(monkeypatch, schedule)
+    shape, attrs = GEOMETRIES[case]
+    module = _module(shape, {**attrs, "count_include_pad": count_include_pad}, "avg_pool")
+    model = compile(module, cache=False, threads=2)
+    assert model.manifest["kernels"] == ["avg_pool.rows"]
+    rng = np.random.default_rng(case)
+    for x in (rng.standard_normal(shape).astype(np.float32), _hostile(rng, shape), _cancelling(rng, shape),
+              np.full(shape, -0.0, np.float32)):
+        (want,) = rule_reference(module, [x])
+        got = np.asarray(model(x))
+        assert _same(got, want), (shape, attrs)
+
+
+def test_avg_pool_sum_shows_its_order() -> None:
+    """A window whose float32 sum depends on the order of its terms: 3e7 + 1 + 1 (each 1 lost to rounding)
+    is not 1 + 1 + 3e7; and -0.0 alone inside the input stays -0.0 where a padded tap would give +0.0."""
+    module = _module((1, 1, 1, 3), {"kernel": (1, 3)}, "avg_pool")
+    model = compile(module, cache=False)
+    for row in ((3e7, 1.0, 1.0), (1.0, 1.0, 3e7), (-0.0, -0.0, -0.0)):
+        x = np.array(row, np.float32).reshape(1, 1, 1, 3)
+        got = np.asarray(model(x)).reshape(-1)[0]
+        total = np.float32(0.0) * -1
+        for t in x.reshape(-1):
+            total = np.float32(total + t)
+        assert got.view(np.uint32) == np.float32(total / np.float32(3)).view(np.uint32), row
+
+
 def test_row_pass_reads_plain_vectors_between_its_edge_blocks() -> None:
     """The blocks of a stride-2 row pass whose taps all lie inside the row, for the geometries above."""
     def blocks(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, int, int]:
@@ -79,8 +134,9 @@ def test_row_pass_reads_plain_vectors_between_its_edge_blocks() -> None:
         return (*kernel._inside_blocks(16), kernel._row_floats // 16)
 
     assert blocks(*GEOMETRIES[0]) == (1, 3, 4)  # ResNet's stem: 56 outputs, the first and last blocks masked
-    assert blocks(*GEOMETRIES[-2]) == (1, 4, 5)
-    lo, hi, count = blocks(*GEOMETRIES[-1])
+    assert blocks(*GEOMETRIES[9]) == (1, 4, 5)
+    assert blocks(*GEOMETRIES[12]) == (1, 2, 3)  # stride 1: 40 outputs in three blocks, the middle one plain
+    lo, hi, count = blocks(*GEOMETRIES[10])
     assert lo == 5 and count - (hi - lo) > pool.EDGE_BLOCKS_MAX  # the masked loop instead of unrolled blocks
 
 
@@ -101,8 +157,11 @@ def test_other_pools_keep_the_generic_lowering() -> None:
     b = Builder()
     x = b.param("x", DType.f16, [1, 2, 8, 8])
     assert pool.max_pool_kernel(b.max_pool(x, kernel=(2, 2))) is None  # float16: the rule lowering
+    assert pool.avg_pool_kernel(b.avg_pool(x, kernel=(2, 2))) is None
     y = b.param("y", DType.f32, [1, 2, 8])
     assert pool.max_pool_kernel(b.max_pool(y, kernel=(2,))) is None  # 1-D
+    assert pool.avg_pool_kernel(b.avg_pool(y, kernel=(2,))) is None
+    assert pool.avg_pool_kernel(b.max_pool(x, kernel=(2, 2))) is None
     z = b.param("z", DType.f32, [1, 2, 8, 8])
     indices = b.max_pool(z, kernel=(2, 2), output="indices")
     assert pool.max_pool_kernel(indices) is None

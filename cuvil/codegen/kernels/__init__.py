@@ -43,7 +43,7 @@ from cuvil.codegen.kernels.gemm import (
     rows_view,
 )
 from cuvil.codegen.kernels.paired import paired_conv_kernel, paired_matmul_kernel
-from cuvil.codegen.kernels.pool import max_pool_kernel
+from cuvil.codegen.kernels.pool import avg_pool_kernel, max_pool_kernel
 from cuvil.codegen.kernels.rows import row_kernel, sum_rows_kernel
 from cuvil.codegen.kernels.transpose import transpose_kernel
 from cuvil.codegen.kernels.vnni import vnni_conv, vnni_matmul
@@ -108,7 +108,8 @@ def tuned_kernels() -> dict[str, str]:
                    "bf16_matmul, bf16_conv: bfloat16 pairs)"
     for op in ("softmax", "log_softmax", "layer_norm"):
         out[op] = "rows advancing sixteen at a time (vectorized), float32"
-    out["max_pool"] = "2-D windows along each row (vectorized, masked at the edges), float32"
+    for op in ("max_pool", "avg_pool"):
+        out[op] = "2-D windows along each row (vectorized, masked at the edges), float32"
     for op in ("reduce_min", "reduce_max"):
         out[op] = "a whole tensor in vectors (a zero result's sign from the last zero), float32"
     out["conv_transpose"] = "2-D, one output row per chunk, each column phase's reached taps fixed (vectorized), " \
@@ -216,8 +217,8 @@ def choose_kernel(v: Value, constants: Mapping[str, np.ndarray], shape_class: Sh
     kernel = select_kernel(v, constants) or (row_kernel(v, shape_class) if _enabled else None) or \
         (_widened_rows(v) if _enabled and shape_class is None else None)
     if kernel is None and shape_class is None and _enabled:
-        kernel = max_pool_kernel(v) or transpose_kernel(v) or conv_transpose_kernel(v) or extremum_kernel(v) or \
-            sum_rows_kernel(v)
+        kernel = max_pool_kernel(v) or avg_pool_kernel(v) or transpose_kernel(v) or conv_transpose_kernel(v) or \
+            extremum_kernel(v) or sum_rows_kernel(v)
     if kernel is None and shape_class is not None and _enabled:
         kernel = copy_kernel(v, shape_class.symbols) or \
             select_symbolic_kernel(v, constants, shape_class.symbols, shape_class.maxima)

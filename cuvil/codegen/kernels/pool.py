@@ -1,23 +1,27 @@
-"""2-D max pooling as a schedule of ``max_pool``'s rule: per output, ``max`` folded over the window's taps
-in row-major order from -inf, a tap outside the input reading -inf (the rule's ``oob``).
+"""2-D max and average pooling as schedules of ``max_pool``'s and ``avg_pool``'s rules: per output, the
+window's taps folded in row-major order (``max`` from -inf, a tap outside the input reading -inf; ``add``
+from -0.0, a tap outside reading +0.0, the sum then divided by the window's count), as the rules do.
 
 The generic lowering ran the rule's nest one output at a time (ResNet-18's stem pool: 0.23 ms on one
 thread, where ONNX Runtime's takes 0.14 in its network). Here, per channel and output row, one loop
-along the row computes every input column's window at stride 1 across (a tap outside the row is a
-load not taken, which vectorizes as a masked load; a kernel row outside the input reads a row of
--inf); at a stride across, those go to a row buffer and every stride-th is stored. Each output's
-taps are the rule's, folded in the rule's order with the rule's ``max`` (NaN-propagating, a tie
-giving the later tap), so the results are the rule's bit for bit, signed zeros and NaNs included.
+along the row computes every input column's window at stride 1 across (a kernel row outside the input
+reads a row of the padding's value); at a stride across, those go to a row buffer and every stride-th
+is stored. Where the plane fits the stack it is first copied between columns of the padding's value, so
+that every tap is a plain load; else a tap past a row's end is a load not taken (a masked load). Each
+output's taps are the rule's, folded in the rule's order with the rule's primitive (``max``:
+NaN-propagating, a tie giving the later tap), so the results are the rule's bit for bit, signed zeros
+and NaNs included.
 
-At a stride of 2 across (ResNet's stem pool) that computes twice the windows it keeps, and each row's
-taps once per output row that reads it. There every input row's maxima along the row are computed once,
-at the output columns (from the even elements of two contiguous vectors), then each output folds its
-kernel rows' maxima: one thread, the stem pool 0.21 -> 0.15 ms.
+A max pool at a stride of 1 or 2 across computes each input row's maxima along the row once, at the
+output columns (at stride 2 from the even elements of two contiguous vectors), then each output folds its
+kernel rows' maxima (a fold of folds of ``max`` is the rule's fold, bit for bit; a sum's is not, so an
+average pool folds its whole window): one thread, ResNet's stem pool 0.21 -> 0.15 ms.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,8 +41,8 @@ from cuvil.codegen.kernels.gemm import (
 )
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import F32
-from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, const, for_range, load_tap, plane_row
-from cuvil.codegen.scalar import ScalarEmitter, Val, identity
+from cuvil.codegen.loops import MASKED_TAIL, NO_UNROLL, OUTER_ONLY, const, for_range, load_if_inside, plane_row
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, identity
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.ops.nn import window_params
@@ -60,10 +64,22 @@ stem's pool of ResNet-18 instruction-bound: alone 0.22 ms where ONNX Runtime's t
 ROWS_MAX_BYTES = 64 * 1024
 """Bound on the stack a chunk's row maxima take (:meth:`MaxPoolKernel._rows_then_columns`)."""
 
+PADDED_MAX_BYTES = 64 * 1024
+"""Bound on the stack a plane's padded copy takes (:meth:`WindowsAlongRows._pad_plane`); a larger plane's
+taps at a row's ends load under a branch."""
+
+
+def _along(count: int) -> tuple[str, ...]:
+    """Hints for a loop of ``count`` steps along a row, inside one over rows (which is :data:`OUTER_ONLY`):
+    vectorized with a masked tail, and where it is one vector or less, not unrolled: LLVM unrolled such a
+    loop whole and vectorized nothing (a 14 x 14 average pool: 1.3 ns an element, 0.53 not unrolled)."""
+    return (*MASKED_TAIL, *NO_UNROLL) if count <= host_isa().lanes else MASKED_TAIL
+
 
 @dataclass(frozen=True)
-class MaxPoolKernel(ReadsEveryOperand):
-    """``max_pool`` (values) of a static float32 NCHW tensor; see the module's docstring."""
+class WindowsAlongRows(ReadsEveryOperand):
+    """A 2-D pool of a static float32 NCHW tensor whose windows are folded per output in the rule's order,
+    one output row at a time along the row (the module's docstring); subclasses give the fold."""
 
     in_type: TensorType
     out_type: TensorType
@@ -72,24 +88,17 @@ class MaxPoolKernel(ReadsEveryOperand):
     pads: tuple[int, int]  # the window's start before the first row and column
     dilations: tuple[int, int]
 
-    @property
-    def name(self) -> str:
-        return "max_pool.rows"
-
-    @property
-    def constant_bytes(self) -> int:
-        return 4 * int(self.in_type.shape[3])
-
-    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+    def _windows(self, kf: KernelFunction, mod: ir.Module, name: str, fold: str, start: ir.Constant,
+                 outside: ir.Constant, finish: Callable[[Builder, Val, Val, Val], Val] | None = None) -> None:
+        """Each output ``fold`` of its taps from ``start``, a tap outside the input reading ``outside``;
+        ``finish(builder, y, x, acc)`` (``x``: the input column the window starts at, plus the left pad)
+        turns the fold into the output."""
         n, c, h, w = (int(d) for d in self.in_type.shape)
         oh, ow = (int(d) for d in self.out_type.shape[2:])
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
         full = (ow - 1) * sw + 1  # the input columns' windows computed per row (stride 1 across)
-        start = identity("max", DType.f32)  # the rule's fold starts from the reduction's identity
-        pad = float(R.lowest(DType.f32))  # and reads this for a tap outside the input (its oob)
-        outside = ir.Constant(F32, pad)
-        kf = KernelFunction(mod, name, 1)
-        below = embed_array(mod, f"{name}.low", np.full(w, pad, dtype=np.float32))
+        wide = self._padded_width
+        below = embed_array(mod, f"{name}.outside", np.full(self._outside_bytes // 4, outside.constant, np.float32))
 
         def chunk(ctx: Ctx, plane: Val) -> None:
             b = ctx.b
@@ -97,24 +106,39 @@ class MaxPoolKernel(ReadsEveryOperand):
             src = fgep(b, ctx.ins[0], b.mul(plane, const(h * w)))
             out_base = b.mul(plane, const(oh * ow))
             buf = ctx.entry_alloca(ir.ArrayType(F32, full), "poolrow") if sw > 1 else None
+            width, left = w, pw  # the rows the taps read, and where a row's first input column lies in them
+            if wide is not None:
+                src, width, left = self._pad_plane(ctx, src, outside, wide), wide, 0
 
             def row(y: Val) -> None:
-                rows = [plane_row(b, src, b.add(b.mul(y, const(sh)), const(ky * dh - ph)), h, w, below, F32)
+                rows = [plane_row(b, src, b.add(b.mul(y, const(sh)), const(ky * dh - ph)), h, width, below, F32)
                         for ky in range(kh)]
                 out_row = b.add(out_base, b.mul(y, const(ow)))
 
-                def column(x: Val) -> None:
-                    acc: Val = start
-                    for ky in range(kh):
-                        for kx in range(kw):
-                            v = load_tap(b, rows[ky], x, kx * dw - pw, full, w, outside)
-                            acc = s.call("max", [acc, v], [DType.f32, DType.f32], DType.f32, {})
-                    if buf is None:
-                        b.store(acc, fgep(b, ctx.out, b.add(out_row, x)), align=4)
-                    else:
-                        b.store(acc, fgep(b, buf, x), align=4)
+                def columns(first: int, stop: int) -> None:
+                    def column(x: Val) -> None:
+                        acc: Val = start
+                        for ky in range(kh):
+                            for kx in range(kw):
+                                shift = kx * dw - left
+                                if first + shift >= 0 and stop - 1 + shift < width:  # inside for every x
+                                    v = b.load(fgep(b, rows[ky], b.add(x, const(shift))), typ=F32, align=4)
+                                else:
+                                    v = load_if_inside(b, rows[ky], b.add(x, const(shift)), const(width), outside)
+                                acc = s.call(fold, [acc, v], [DType.f32, DType.f32], DType.f32, {})
+                        if finish is not None:
+                            acc = finish(b, y, x, acc)
+                        if buf is None:
+                            b.store(acc, fgep(b, ctx.out, b.add(out_row, x)), align=4)
+                        else:
+                            b.store(acc, fgep(b, buf, x), align=4)
 
-                for_range(b, 0, full, "px", column, hints=MASKED_TAIL)
+                    for_range(b, first, stop, "px", column, hints=_along(stop - first))
+
+                lo, hi = self._inside_columns if wide is None else (0, full)
+                columns(0, lo)
+                columns(lo, hi)
+                columns(hi, full)
                 if buf is not None:
                     row_buf: Val = buf
 
@@ -124,19 +148,85 @@ class MaxPoolKernel(ReadsEveryOperand):
 
                     for_range(b, 0, ow, "pick", pick)
 
-            for_range(b, 0, oh, "py", row, hints=NO_UNROLL)
+            for_range(b, 0, oh, "py", row, hints=OUTER_ONLY)
 
+        kf.phase(n * c, STEP_FLOPS * n * c * oh * full * kh * kw, chunk)
+
+    @property
+    def _outside_bytes(self) -> int:
+        """The constant row of the padding's value that a kernel row outside the input reads."""
+        return 4 * max(int(self.in_type.shape[3]), self._padded_width or 0)
+
+    @property
+    def _padded_width(self) -> int | None:
+        """The row length of the plane's padded copy (the left pads, the row, every column a window
+        reads past it), where that copy fits :data:`PADDED_MAX_BYTES` of stack, else None."""
+        h, w, ow = int(self.in_type.shape[2]), int(self.in_type.shape[3]), int(self.out_type.shape[3])
+        (_, kw), (_, sw), (_, pw), (_, dw) = self.kernel, self.strides, self.pads, self.dilations
+        wide = max(pw + w, (ow - 1) * sw + 1 + (kw - 1) * dw)
+        return wide if h * wide * 4 <= PADDED_MAX_BYTES else None
+
+    def _pad_plane(self, ctx: Ctx, src: Val, outside: ir.Constant, wide: int) -> Val:
+        """A copy of the plane at ``src`` whose rows hold ``outside`` before and after the row's
+        elements, so that every tap along a row is a plain load: the loads under a branch at a row's
+        edges had cost the most on short rows (a 14 x 14 average pool: 1.8 ns an element)."""
+        b = ctx.b
+        h, w = (int(d) for d in self.in_type.shape[2:])
+        pw = self.pads[1]
+        padded = ctx.entry_alloca(ir.ArrayType(F32, h * wide), "padded")
+
+        def copy(r: Val) -> None:
+            row = fgep(b, padded, b.mul(r, const(wide)))
+            for_range(b, 0, pw, "pl", lambda x: b.store(outside, fgep(b, row, x), align=4))
+            for_range(b, 0, w, "pc", lambda x: b.store(b.load(fgep(b, src, b.add(b.mul(r, const(w)), x)), typ=F32,
+                                                               align=4), fgep(b, row, b.add(x, const(pw))), align=4),
+                      hints=MASKED_TAIL)
+            for_range(b, pw + w, wide, "pr", lambda x: b.store(outside, fgep(b, row, x), align=4))
+
+        for_range(b, 0, h, "pad", copy, hints=OUTER_ONLY)
+        return fgep(b, padded, const(0))
+
+    @property
+    def _inside_columns(self) -> tuple[int, int]:
+        """The window positions ``[lo, hi)`` along a row (stride 1 across) whose every tap lies inside the
+        row: there the taps are plain loads, which the loop vectorizes whole; the edges load under a
+        branch (a masked load, whose control flow had kept an average pool's loop scalar)."""
+        w, ow = int(self.in_type.shape[3]), int(self.out_type.shape[3])
+        (_, kw), (_, sw), (_, pw), (_, dw) = self.kernel, self.strides, self.pads, self.dilations
+        full = (ow - 1) * sw + 1
+        lo = min(full, max(pw, 0))
+        return lo, max(lo, min(full, w - ((kw - 1) * dw - pw)))
+
+
+@dataclass(frozen=True)
+class MaxPoolKernel(WindowsAlongRows):
+    """``max_pool`` (values) of a static float32 NCHW tensor; see the module's docstring."""
+
+    @property
+    def name(self) -> str:
+        return "max_pool.rows"
+
+    @property
+    def constant_bytes(self) -> int:
+        return self._outside_bytes
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        n, c, h, _ = (int(d) for d in self.in_type.shape)
+        (ow, kh, kw) = (int(self.out_type.shape[3]), *self.kernel)
+        kf = KernelFunction(mod, name, 1)
         if self._by_rows:
-            kf.phase(n * c, STEP_FLOPS * n * c * (h * kw + oh * kh) * ow, self._rows_then_columns)
-        else:
-            kf.phase(n * c, STEP_FLOPS * n * c * oh * full * kh * kw, chunk)
+            kf.phase(n * c, STEP_FLOPS * n * c * (h * kw + int(self.out_type.shape[2]) * kh) * ow,
+                     self._rows_then_columns)
+        else:  # the rule's fold starts from the reduction's identity and reads its oob outside the input
+            lowest = ir.Constant(F32, float(R.lowest(DType.f32)))
+            self._windows(kf, mod, name, "max", identity("max", DType.f32), lowest)
         return kf.finish()
 
     @property
     def _by_rows(self) -> bool:
-        """Stride 2 across, where every input row's maxima along the row fit a chunk's stack."""
+        """Stride 1 or 2 across, where every input row's maxima along the row fit a chunk's stack."""
         h = int(self.in_type.shape[2])
-        return self.strides[1] == 2 and h * self._row_floats * 4 <= ROWS_MAX_BYTES
+        return self.strides[1] in (1, 2) and h * self._row_floats * 4 <= ROWS_MAX_BYTES
 
     @property
     def _row_floats(self) -> int:
@@ -144,27 +234,28 @@ class MaxPoolKernel(ReadsEveryOperand):
         return -(-int(self.out_type.shape[3]) // lanes) * lanes
 
     def _inside_blocks(self, lanes: int) -> tuple[int, int]:
-        """The row pass's blocks ``[lo, hi)`` whose every tap reads ``2 * lanes`` floats inside the row."""
+        """The row pass's blocks ``[lo, hi)`` whose every tap reads its ``stride * lanes`` floats inside
+        the row."""
         w = int(self.in_type.shape[3])
-        (_, kw), (_, pw), (_, dw) = self.kernel, self.pads, self.dilations
+        (_, kw), (_, sw), (_, pw), (_, dw) = self.kernel, self.strides, self.pads, self.dilations
         blocks = self._row_floats // lanes
-        lo = min(blocks, -(-pw // (2 * lanes)))
-        reach = (kw - 1) * dw - pw + 2 * lanes  # past the block's first input column
-        hi = max(lo, min(blocks, (w - reach) // (2 * lanes) + 1 if w >= reach else 0))
+        lo = min(blocks, -(-pw // (sw * lanes)))
+        reach = (kw - 1) * dw - pw + sw * lanes  # past the block's first input column
+        hi = max(lo, min(blocks, (w - reach) // (sw * lanes) + 1 if w >= reach else 0))
         return lo, hi
 
     def _rows_then_columns(self, ctx: Ctx, plane: Val) -> None:
-        """One plane at a stride of 2 across: each input row's window maxima along the row, at the output
-        columns (the even elements of two contiguous vectors, a tap outside the row reading -inf through
-        the load's mask), once per row; then each output as the fold of its kernel rows' maxima. The rule
-        folds the taps row by row from -inf; a fold of the rows' own folds (each from -inf) gives the same
-        value and bits: the first NaN in the rule's order, else the last tap equal to the maximum (its
-        sign, for a tie of zeros), as the rule's ``max`` keeps."""
+        """One plane at a stride of 1 or 2 across: each input row's window maxima along the row, at the
+        output columns (a vector, or at stride 2 the even elements of two contiguous vectors, a tap outside
+        the row reading -inf through the load's mask), once per row; then each output as the fold of its
+        kernel rows' maxima. The rule folds the taps row by row from -inf; a fold of the rows' own folds
+        (each from -inf) gives the same value and bits: the first NaN in the rule's order, else the last
+        tap equal to the maximum (its sign, for a tie of zeros), as the rule's ``max`` keeps."""
         b = ctx.b
         s = ScalarEmitter(b)
         h, w = (int(d) for d in self.in_type.shape[2:])
         oh, ow = (int(d) for d in self.out_type.shape[2:])
-        (kh, kw), (sh, _), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
         lanes = host_isa().lanes
         wide = self._row_floats
         start = identity("max", DType.f32)
@@ -176,14 +267,15 @@ class MaxPoolKernel(ReadsEveryOperand):
             return s.call("max", [acc, v], [DType.f32, DType.f32], DType.f32, {})
 
         def columns(row: Val, first: Val | int, inside: bool = False) -> Val:
-            """Row elements ``first + 2 i`` (-inf outside the row); ``inside``: all of them are in it (plain
+            """Row elements ``first + sw i`` (-inf outside the row); ``inside``: all of them are in it (plain
             loads)."""
             fill = splat(b, pad, lanes)
-            second = first + lanes if isinstance(first, int) else b.add(first, const(lanes))
+            spans = [first + k * lanes if isinstance(first, int) else b.add(first, const(k * lanes)) for k in range(sw)]
             if inside:
-                return even_lanes(b, b.load(fgep(b, row, first), typ=fill.type, align=4),
-                                  b.load(fgep(b, row, second), typ=fill.type, align=4))
-            return even_lanes(b, span_inside(b, row, first, w, fill), span_inside(b, row, second, w, fill))
+                loaded = [b.load(fgep(b, row, at), typ=fill.type, align=4) for at in spans]
+            else:
+                loaded = [span_inside(b, row, at, w, fill) for at in spans]
+            return even_lanes(b, *loaded) if sw == 2 else loaded[0]
 
         def along(r: Val) -> None:
             row = fgep(b, src, b.mul(r, const(w)))
@@ -198,9 +290,9 @@ class MaxPoolKernel(ReadsEveryOperand):
                 acc = splat(b, start, lanes)
                 for kx in range(kw):
                     if isinstance(j, int):  # edge blocks: the spans known when compiling (masks as constants)
-                        first: Val | int = 2 * j * lanes + kx * dw - pw
+                        first: Val | int = sw * j * lanes + kx * dw - pw
                     else:
-                        first = b.add(b.mul(x0, const(2)), const(kx * dw - pw))
+                        first = b.add(b.mul(x0, const(sw)), const(kx * dw - pw))
                     acc = vmax(acc, columns(row, first, inside))
                 b.store(acc, fgep(b, maxima, b.add(b.mul(r, const(wide)), x0)), align=4)
 
@@ -213,7 +305,7 @@ class MaxPoolKernel(ReadsEveryOperand):
             else:
                 for_range(b, 0, blocks, "hx", block, hints=NO_UNROLL)
 
-        for_range(b, 0, h, "hy", along, hints=NO_UNROLL)
+        for_range(b, 0, h, "hy", along, hints=OUTER_ONLY)
         out_base = b.mul(plane, const(oh * ow))
 
         def down(y: Val) -> None:
@@ -229,21 +321,90 @@ class MaxPoolKernel(ReadsEveryOperand):
                     acc = vmax(acc, v)
                 b.store(acc, fgep(b, out_row, x), align=4)
 
-            for_range(b, 0, ow, "vx", column, hints=MASKED_TAIL)
+            for_range(b, 0, ow, "vx", column, hints=_along(ow))
 
-        for_range(b, 0, oh, "vy", down, hints=NO_UNROLL)
+        for_range(b, 0, oh, "vy", down, hints=OUTER_ONLY)
 
 
-def max_pool_kernel(v: Value) -> MaxPoolKernel | None:
-    """The kernel of a 2-D float32 ``max_pool`` of its values at static shapes, else None."""
-    if v.op != "max_pool" or v.attr("output") != "values" or v.dtype is not DType.f32 or v.type.rank != 4:
+@dataclass(frozen=True)
+class AvgPoolKernel(WindowsAlongRows):
+    """``avg_pool`` of a static float32 NCHW tensor: each window summed in the rule's order from -0.0 (a
+    tap outside the input reading +0.0, the rule's ``oob``), then divided by its count. The rule sums the
+    count as float32 ones and zeros, which is exactly the product of the window's counted rows and
+    columns (integers far below 2**24); that product, made per row and per column, is the divisor."""
+
+    counted: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    """Per axis, the positions ``[lo, hi)`` a tap counts at: the input, or with ``count_include_pad`` the
+    input and its pads (never a ceil-mode window's overhang)."""
+
+    @property
+    def name(self) -> str:
+        return "avg_pool.rows"
+
+    @property
+    def constant_bytes(self) -> int:
+        return self._outside_bytes + 4 * self._full
+
+    @property
+    def _full(self) -> int:
+        return (int(self.out_type.shape[3]) - 1) * self.strides[1] + 1
+
+    def emit(self, mod: ir.Module, name: str) -> ir.Function:
+        (kh, kw), (sh, _), (ph, pw), (dh, dw) = self.kernel, self.strides, self.pads, self.dilations
+        (top, bottom), (left, right) = self.counted
+        across = np.arange(self._full)[:, None] - pw + np.arange(kw)[None, :] * dw
+        columns = embed_array(mod, f"{name}.columns", ((across >= left) & (across < right)).sum(axis=1)
+                              .astype(np.float32))
+
+        def divide(b: Builder, y: Val, x: Val, total: Val) -> Val:
+            rows: Val = ir.Constant(F32, 0.0)
+            for ky in range(kh):
+                r = b.add(b.mul(y, const(sh)), const(ky * dh - ph))
+                inside = b.and_(b.icmp_signed(">=", r, const(top)), b.icmp_signed("<", r, const(bottom)))
+                rows = b.fadd(rows, b.uitofp(inside, F32))  # whole numbers below 2**24: exact
+            count = b.fmul(rows, b.load(fgep(b, columns, x), typ=F32, align=4))
+            return ScalarEmitter(b).call("div", [total, count], [DType.f32, DType.f32], DType.f32, {})
+
+        kf = KernelFunction(mod, name, 1)
+        # the rule folds from its first term; from -0.0 that is the same bits (x + -0.0 is x)
+        self._windows(kf, mod, name, R.REDUCTIONS["sum"].combine, ir.Constant(F32, -0.0), ir.Constant(F32, 0.0),
+                      divide)
+        return kf.finish()
+
+
+def _pool_geometry(v: Value, op: str) -> tuple[TensorType, TensorType, dict] | None:
+    """The operand type, result type and window of a 2-D float32 ``op`` at static, non-empty shapes."""
+    if v.op != op or v.dtype is not DType.f32 or v.type.rank != 4:
         return None
     (x,) = v.operands
     if not (x.type.is_static and v.type.is_static) or math.prod(int(d) for d in v.type.shape) == 0:
         return None
     kernel = tuple(int(k) for k in v.attr("kernel"))
-    s, pb, _, d = window_params(2, v.attr("strides"), v.attr("pads"), v.attr("dilations"))
-    return MaxPoolKernel(x.type, v.type, (kernel[0], kernel[1]), (s[0], s[1]), (pb[0], pb[1]), (d[0], d[1]))
+    s, pb, pe, d = window_params(2, v.attr("strides"), v.attr("pads"), v.attr("dilations"))
+    return x.type, v.type, {"kernel": (kernel[0], kernel[1]), "strides": (s[0], s[1]), "pads": (pb[0], pb[1]),
+                            "dilations": (d[0], d[1]), "pads_end": (pe[0], pe[1])}
 
 
-__all__ = ["MaxPoolKernel", "max_pool_kernel"]
+def max_pool_kernel(v: Value) -> MaxPoolKernel | None:
+    """The kernel of a 2-D float32 ``max_pool`` of its values at static shapes, else None."""
+    found = _pool_geometry(v, "max_pool")
+    if found is None or v.attr("output") != "values":
+        return None
+    in_type, out_type, window = found
+    del window["pads_end"]
+    return MaxPoolKernel(in_type, out_type, **window)
+
+
+def avg_pool_kernel(v: Value) -> AvgPoolKernel | None:
+    """The kernel of a 2-D float32 ``avg_pool`` at static shapes, else None."""
+    found = _pool_geometry(v, "avg_pool")
+    if found is None:
+        return None
+    in_type, out_type, window = found
+    h, w = (int(d) for d in in_type.shape[2:])
+    (pb_h, pb_w), (pe_h, pe_w) = window["pads"], window.pop("pads_end")
+    counted = ((-pb_h, h + pe_h), (-pb_w, w + pe_w)) if v.attr("count_include_pad") else ((0, h), (0, w))
+    return AvgPoolKernel(in_type, out_type, counted=counted, **window)
+
+
+__all__ = ["AvgPoolKernel", "MaxPoolKernel", "avg_pool_kernel", "max_pool_kernel"]
