@@ -669,6 +669,7 @@ class KernelFunction:
         n, nargs = self.n_inputs, self.n_args
         fn = ir.Function(self.mod, ir.FunctionType(I32, [PTR] * nargs + [I64, I64]), name=name)
         fn.linkage = "internal"
+        fn.attributes.add("noinline")
         for a in fn.args[:nargs]:
             a.add_attribute("noalias")
         entry = Builder(fn.append_basic_block("entry"))

@@ -35,7 +35,7 @@ from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, epilogue_emitter, splat
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, declare
-from cuvil.codegen.loops import const, counted_loop, for_range, if_then, imin, unravel
+from cuvil.codegen.loops import const, counted_loop, for_range, if_else, if_then, imin, unravel
 from cuvil.codegen.scalar import Builder, Val
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import TensorType
@@ -583,24 +583,42 @@ class VnniConvKernel(_IntegerProduct):
                 yp = b.add(y, const(top))
                 plane_row = b.add(b.mul(b.urem(yp, const(sy)), const(sx * g.plane_quads)),
                                   b.mul(b.udiv(yp, const(sy)), const(g.wq)))
-                for t in range(4):
+
+                def quad_byte(x: Val, t: int) -> Val:
+                    xp = b.add(x, const(left))
+                    quad = b.add(plane_row, b.add(b.mul(b.urem(xp, const(sx)), const(g.plane_quads)),
+                                                  b.udiv(xp, const(sx))))
+                    return b.gep(planes, [b.add(b.mul(quad, const(4)), const(t))], inbounds=True, source_etype=I8)
+
+                def shifted(t: int, x: Val) -> Val:
                     ch = b.add(b.mul(q, const(4)), const(t))
+                    src = b.gep(x_img, [b.add(b.mul(ch, const(g.h * g.w)), b.add(b.mul(y, const(g.w)), x))],
+                                inbounds=True, source_etype=I32)
+                    return b.trunc(b.sub(b.load(src, typ=I32, align=4), lo), I8)
 
-                    def channel(ch: Val = ch, t: int = t) -> None:
-                        src = b.gep(x_img, [b.add(b.mul(ch, const(g.h * g.w)), b.mul(y, const(g.w)))],
-                                    inbounds=True, source_etype=I32)
+                def whole_quad() -> None:
+                    """All four channels a column at a time: the four byte stores next to each other, which
+                    vectorize as one interleaved group (a loop per channel stored every fourth byte, and
+                    LLVM unrolled each into a scatter of single bytes)."""
+                    def column(x: Val) -> None:
+                        for t in range(4):
+                            b.store(shifted(t, x), quad_byte(x, t), align=1)
 
-                        def column(x: Val) -> None:
-                            xp = b.add(x, const(left))
-                            quad = b.add(plane_row, b.add(b.mul(b.urem(xp, const(sx)), const(g.plane_quads)),
-                                                          b.udiv(xp, const(sx))))
-                            v = b.load(b.gep(src, [x], inbounds=True, source_etype=I32), typ=I32, align=4)
-                            b.store(b.trunc(b.sub(v, lo), I8), b.gep(planes, [b.add(b.mul(quad, const(4)), const(t))],
-                                                                     inbounds=True, source_etype=I8), align=1)
+                    for_range(b, 0, cols, "x", column)
 
-                        for_range(b, 0, cols, "x", column)
+                def channels() -> None:
+                    for t in range(4):
+                        ch = b.add(b.mul(q, const(4)), const(t))
 
-                    if_then(b, b.icmp_signed("<", ch, const(g.c)), f"ch{t}", channel)
+                        def channel(t: int = t) -> None:
+                            for_range(b, 0, cols, "x", lambda x: b.store(shifted(t, x), quad_byte(x, t), align=1))
+
+                        if_then(b, b.icmp_signed("<", ch, const(g.c)), f"ch{t}", channel)
+
+                if g.c % 4 == 0:
+                    whole_quad()
+                else:  # the last quad holds fewer than four channels
+                    if_else(b, b.icmp_signed("<", q, const(g.c4 - 1)), "whole", whole_quad, channels)
 
             for_range(b, 0, rows, "y", row)
 
