@@ -61,7 +61,26 @@ INSTANCES: dict[str, list[tuple[str, DType, Build]]] = {
     ],
     "double-negation": [("neg neg", DType.f32, lambda b, x: b.exp(b.neg(b.neg(x))))],
     "relu-idempotent": [("relu relu", DType.f32, lambda b, x: b.exp(b.relu(b.relu(x))))],
+    "pad-into-conv": [
+        ("1-D, padded both sides", DType.f32,
+         lambda b, x: b.exp(b.conv(b.pad(_as_image(b, x, 1), pads=(0, 0, 1, 0, 0, 2)), _taps(b, 2, 1, 3)))),
+        ("2-D, strided", DType.f32,
+         lambda b, x: b.exp(b.conv(b.pad(_as_image(b, x, 2), pads=(0, 0, 1, 2, 0, 0, 0, 1)), _taps(b, 2, 1, 2, 2),
+                                   strides=(2, 1)))),
+    ],
 }
+
+
+def _as_image(b: Builder, x: Value, spatial: int) -> Value:
+    """``x`` as one single-channel image with ``spatial`` axes (the last ones holding the rest of ``x``)."""
+    dims = [int(d) for d in x.type.shape]
+    sp = [int(np.prod(dims))] if spatial == 1 else [dims[0], int(np.prod(dims[1:]))]
+    return b.reshape(x, shape=(1, 1, *sp))
+
+
+def _taps(b: Builder, *shape: int) -> Value:
+    """Convolution weights of distinct values (a mix-up of taps cannot hide behind equal ones)."""
+    return b.const((np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 2.5) / 4)
 
 
 @dataclass(frozen=True)

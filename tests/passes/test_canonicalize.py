@@ -43,7 +43,13 @@ CASES = {
     "widening-cast-round-trip": (lambda b, x: b.cast(b.cast(x, to=DType.f64), to=DType.f32), []),
     "double-negation": (lambda b, x: b.neg(b.neg(x)), []),
     "relu-idempotent": (lambda b, x: b.relu(b.relu(x)), ["relu"]),
+    "pad-into-conv": (lambda b, x: b.conv(b.pad(x, pads=(0, 0, 1, 0, 0, 2)), _weights(b, 5, 3, 3), strides=(2,)),
+                      ["conv"]),
 }
+
+
+def _weights(b, o: int, c: int, *k: int):
+    return b.const(np.random.default_rng(1).standard_normal((o, c, *k)).astype(np.float32))
 
 
 def test_every_rule_has_a_positive_case():
@@ -67,6 +73,16 @@ NEGATIVE = {
     "transposes that do not cancel": lambda b, x: b.transpose(b.transpose(x, perm=[1, 0, 2]), perm=[0, 2, 1]),
     "narrowing cast round trip loses bits": lambda b, x: b.cast(b.cast(x, to=DType.f16), to=DType.f32),
     "a mixed-sign splat": lambda b, x: b.mul(x, b.const(np.array([1, 1, 1, -1], np.float32))),
+    "a pad of 1.0 before a conv":
+        lambda b, x: b.conv(b.pad(x, pads=(0, 0, 1, 0, 0, 1), value=1.0), _weights(b, 2, 3, 3)),
+    "a pad of -0.0 before a conv (its products' signs differ)":
+        lambda b, x: b.conv(b.pad(x, pads=(0, 0, 1, 0, 0, 1), value=-0.0), _weights(b, 2, 3, 3)),
+    "a reflecting pad before a conv": lambda b, x: b.conv(b.pad(x, pads=(0, 0, 1, 0, 0, 1), mode="reflect"),
+                                                          _weights(b, 2, 3, 3)),
+    "a pad of the channels before a conv": lambda b, x: b.conv(b.pad(x, pads=(0, 1, 0, 0, 0, 0)), _weights(b, 2, 4, 3)),
+    "a crop before a conv": lambda b, x: b.conv(b.pad(x, pads=(0, 0, 1, 0, 0, -1)), _weights(b, 2, 3, 3)),
+    "a zero pad before a conv with pads of its own":
+        lambda b, x: b.conv(b.pad(x, pads=(0, 0, 1, 0, 0, 1)), _weights(b, 2, 3, 3), pads=(1, 0)),
 }
 
 
@@ -80,6 +96,25 @@ def test_rule_does_not_fire(case):
         return
     assert not after.changed
     assert after.module is before
+
+
+def test_a_zero_pad_folds_into_a_strided_dilated_grouped_2d_conv():
+    """Asymmetric pads on both axes: the conv takes them as its own, and the interpreter's values are the
+    same bit for bit, signed zeros and a NaN included."""
+    b = Builder()
+    x = b.param("x", DType.f32, [2, 4, 7, 9])
+    padded = b.pad(x, pads=(0, 0, 2, 0, 0, 0, 1, 3))
+    before = b.module(b.function("main", [x], [b.conv(padded, _weights(b, 6, 2, 3, 2), strides=(2, 1),
+                                                         dilations=(1, 2), groups=2)]))
+    after = Canonicalize().run(before)
+    assert after.changed and _ops(after.module) == ["conv"]
+    assert tuple(after.module.main.results[0].attr("pads")) == (2, 0, 1, 3)
+    xs = np.random.default_rng(2).standard_normal((2, 4, 7, 9)).astype(np.float32)
+    xs[0, 0, :2] = -0.0
+    xs[1, 3, 4, 4] = np.nan
+    for a, c in zip(run_reference(before, [xs]), run_reference(after.module, [xs]), strict=True):
+        assert np.array_equal(np.isnan(a), np.isnan(c))
+        assert np.array_equal(a[~np.isnan(a)].view(np.uint32), c[~np.isnan(c)].view(np.uint32))
 
 
 def test_pass_does_not_mutate_input():
