@@ -279,6 +279,26 @@ class IndexSpace:
 
 
 @dataclass(frozen=True)
+class _Bound:
+    """One bounds check of a guarded read, ``cond``: ``diff >= 0``, or with ``below`` ``diff < 0``."""
+
+    cond: z3.BoolRef
+    diff: Lin
+    below: bool
+
+
+@dataclass(frozen=True)
+class _Guarded:
+    """A guarded read as encoded (``term``, held so its AST id is not reused): its bounds checks, the
+    value read where they hold, and the fill read where they do not."""
+
+    term: z3.ExprRef
+    bounds: tuple[_Bound, ...]
+    value: z3.ExprRef
+    fill: z3.ExprRef
+
+
+@dataclass(frozen=True)
 class IndexInt:
     """An integer scalar computed from indices (iota, masks, offsets): kept as a linear form in
     unbounded integers only while its bounds prove it inside its dtype's range (where unbounded
@@ -327,6 +347,7 @@ class ConeEncoder:
         self._free = FreeVars()
         self._memo: dict[tuple[int, tuple[Lin, ...]], Any] = {}
         self._expr_memo: dict[tuple[int, tuple], Any] = {}
+        self._guarded: dict[int, _Guarded] = {}
         self._rules: dict[int, tuple[Value, R.Expr]] = {}
         self._leaf_terms: dict[int, z3.ExprRef] = {}
         self._true, self._false = z3.BoolVal(True, self.ctx), z3.BoolVal(False, self.ctx)
@@ -557,19 +578,41 @@ class ConeEncoder:
         idx = tuple(self.ix(i, env, owner) for i in e.index)
         if e.oob is None:
             return self.value_at(operand, idx)
-        conds: list[z3.BoolRef] = []
+        bounds: list[_Bound] = []
         for i, d in zip(idx, operand.type.shape, strict=True):
-            for c in (self.space.compare("ge", i, IndexSpace.const(0)), self.space.compare("lt", i, self.dim(d))):
+            zero, extent = IndexSpace.const(0), self.dim(d)
+            for c, diff, below in ((self.space.compare("ge", i, zero), i, False),
+                                   (self.space.compare("lt", i, extent), self.space.add(i, extent, -1), True)):
                 if c is False:
                     return self._lit(e.oob, e.dtype)
                 if c is not True:
-                    conds.append(c)
+                    bounds.append(_Bound(c, diff, below))
         inner = self.value_at(operand, idx)
-        if not conds:
+        if not bounds:
             return inner
-        inb = conds[0] if len(conds) == 1 else boolean(z3.And(*conds))
         dt = e.dtype
-        return self.sem.select(inb, self._scalar(inner, dt), self._scalar(self._lit(e.oob, dt), dt), dt)
+        value, fill = self._scalar(inner, dt), self._scalar(self._lit(e.oob, dt), dt)
+        nested = self._guarded.get(value.get_id()) if isinstance(value, z3.ExprRef) else None
+        if nested is not None and isinstance(fill, z3.ExprRef) and z3.eq(nested.fill, fill):
+            # a guarded read of a guarded read with the same fill (a pad's zeros read by a convolution's
+            # window): one guard, without the bounds the other's imply, so the same read reached through
+            # one bounds check or two is the same term (the sum's commuted operands are ordered by terms)
+            kept = [o for o in bounds if not any(self._implies(n, o) for n in nested.bounds)]
+            bounds = kept + [n for n in nested.bounds if not any(self._implies(o, n) for o in kept)]
+            value = nested.value
+        inb = bounds[0].cond if len(bounds) == 1 else boolean(z3.And(*(b.cond for b in bounds)))
+        out = self.sem.select(inb, value, fill, dt)
+        if isinstance(out, z3.ExprRef) and isinstance(fill, z3.ExprRef):
+            self._guarded[out.get_id()] = _Guarded(out, tuple(bounds), value, fill)
+        return out
+
+    def _implies(self, a: _Bound, b: _Bound) -> bool:
+        """Whether bound ``a`` holding makes ``b`` hold, decided from their linear forms alone."""
+        if a.below != b.below:
+            return False
+        lo, hi = self.space.interval(self.space.add(b.diff, a.diff, -1))
+        # ``diff >= 0`` bounds: b's diff at least a's; ``diff < 0`` ones: at most
+        return (hi is not None and hi <= 0) if a.below else (lo is not None and lo >= 0)
 
     def _call(self, e: R.Call, env: _Env, owner: Value) -> Any:
         if e.fn == "bitcast":

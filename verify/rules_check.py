@@ -63,7 +63,8 @@ INSTANCES: dict[str, list[tuple[str, DType, Build]]] = {
     "relu-idempotent": [("relu relu", DType.f32, lambda b, x: b.exp(b.relu(b.relu(x))))],
     "pad-into-conv": [
         ("1-D, padded both sides", DType.f32,
-         lambda b, x: b.exp(b.conv(b.pad(_as_image(b, x, 1), pads=(0, 0, 1, 0, 0, 2)), _taps(b, 2, 1, 3)))),
+         lambda b, x: b.exp(b.conv(b.pad(_as_image(b, x, 1), pads=(0, 0, 1, 0, 0, 2)), _taps(b, 2, 1, 3),
+                                   pads=(1, 0)))),
         ("2-D, strided", DType.f32,
          lambda b, x: b.exp(b.conv(b.pad(_as_image(b, x, 2), pads=(0, 0, 1, 2, 0, 0, 0, 1)), _taps(b, 2, 1, 2, 2),
                                    strides=(2, 1)))),

@@ -109,23 +109,21 @@ def _round_trip_cast(m: Match, b: Builder) -> Value | None:
 
 
 def _pad_into_conv(m: Match, b: Builder) -> Value | None:
-    """A constant +0.0 (or integer 0) pad of a convolution's spatial axes only, every width >= 0, before
-    a convolution without pads of its own (TensorFlow's "same" padding, exported as its own op): the
-    convolution reads exactly that value outside its input (its rule's ``oob``), so it can take the
-    pad's widths and read ``x`` itself, in the same order, each product of the same two values.
-
-    A convolution with pads of its own is left alone: both would be exact, but the verifier reads its
-    window through two nested bounds checks there, and orders the operands of the sum's additions by
-    their terms' shape, so it proves the fold at some shapes and not at others."""
+    """A constant +0.0 (or integer 0) pad of a convolution's spatial axes only, every width >= 0
+    (TensorFlow's "same" padding, exported as its own op): the convolution reads exactly that value
+    outside its input (its rule's ``oob``), so its own pads can grow by the pad's widths and it reads
+    ``x`` itself, in the same order, each product of the same two values."""
     pad, conv, x = m["pad"], m.root, m["x"]
     pads, value = list(pad.attr("pads")), float(pad.attr("value"))
     rank = x.type.rank
-    if pad.attr("mode") != "constant" or value != 0.0 or math.copysign(1.0, value) < 0 or rank < 3:
+    nsp = rank - 2
+    if pad.attr("mode") != "constant" or value != 0.0 or math.copysign(1.0, value) < 0 or nsp < 1:
         return None
-    if any(p < 0 for p in pads) or any(pads[k] or pads[k + rank] for k in (0, 1)) or any(conv.attr("pads")):
-        return None  # a crop, a pad of the batch or channel axis, or a convolution padding too
-    grown = tuple(pads[2:rank]) + tuple(pads[rank + 2:])
-    out = b.conv(x, m["w"], strides=conv.attr("strides"), pads=grown, dilations=conv.attr("dilations"),
+    if any(p < 0 for p in pads) or any(pads[k] or pads[k + rank] for k in (0, 1)):
+        return None  # a crop, or a pad of the batch or channel axis
+    own = list(conv.attr("pads")) or [0] * (2 * nsp)
+    grown = [own[j] + pads[2 + j] for j in range(nsp)] + [own[nsp + j] + pads[rank + 2 + j] for j in range(nsp)]
+    out = b.conv(x, m["w"], strides=conv.attr("strides"), pads=tuple(grown), dilations=conv.attr("dilations"),
                  groups=conv.attr("groups"))
     return out if out.type == conv.type else None
 
@@ -154,7 +152,8 @@ RULES = RuleSet((
     Rule("relu-idempotent", op("relu", op("relu", any_("x"), capture="inner")),
          lambda m, b: m["inner"], "relu(relu(x)) -> relu(x)"),
     Rule("pad-into-conv", op("conv", op("pad", any_("x"), capture="pad"), any_("w")), _pad_into_conv,
-         "conv(pad(x, zeros on spatial axes)) -> conv(x) with the pads grown (exact: the conv reads +0.0 there)"),
+         "conv(pad(x, +0.0 on spatial axes)) -> conv(x) with its pads grown by the pad's (exact: it reads +0.0 "
+         "there)"),
 ))
 
 
