@@ -275,7 +275,7 @@ class MaxPoolKernel(WindowsAlongRows):
                 loaded = [b.load(fgep(b, row, at), typ=fill.type, align=4) for at in spans]
             else:
                 loaded = [span_inside(b, row, at, w, fill) for at in spans]
-            return even_lanes(b, *loaded) if sw == 2 else loaded[0]
+            return even_lanes(b, loaded[0], loaded[1]) if sw == 2 else loaded[0]
 
         def along(r: Val) -> None:
             row = fgep(b, src, b.mul(r, const(w)))
