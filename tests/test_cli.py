@@ -119,8 +119,8 @@ def test_reader_columns_come_from_the_readers_tables(capsys):
         assert rows.pop(name)["z3"] == cli_ops.STRUCTURED[name]["z3"]
     assert {r["z3"] for r in rows.values()} == {"yes"}
     tuned = tuned_kernels()
-    assert set(tuned) == {"matmul", "conv", "fused", "softmax", "log_softmax", "layer_norm", "max_pool", "bf16_matmul",
-                          "bf16_conv", "transpose", "conv_transpose", "reduce_min", "reduce_max"}
+    assert set(tuned) == {"matmul", "conv", "fused", "softmax", "log_softmax", "layer_norm", "max_pool", "avg_pool",
+                          "bf16_matmul", "bf16_conv", "transpose", "conv_transpose", "reduce_min", "reduce_max"}
     for name, r in rows.items():
         assert r["llvm"] == (f"{tuned[name]}; else loop nest from the rule" if name in tuned
                              else "loop nest from the rule"), name
