@@ -1,5 +1,6 @@
 """Reference answers that tests in several folders compare with: a module evaluated by its ops'
-compute rules alone, and the agreement a frontend's outputs must reach with PyTorch eager."""
+compute rules alone, the bitwise agreement a kernel must reach with it, and the agreement a frontend's
+outputs must reach with PyTorch eager."""
 
 from __future__ import annotations
 
@@ -30,6 +31,29 @@ def rule_reference(module: Module, inputs: Sequence[np.ndarray]) -> list[np.ndar
         memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], v.attr_dict,
                               TensorType(v.dtype, v.type.shape), use_fast_path=False)
     return [memo[r] for r in fn.results]
+
+
+def same_float32_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    """Float32 arrays of one shape, bit for bit, except that any NaN equals any NaN (which operand's payload
+    an IEEE operation keeps is not part of the meaning, and LLVM may commute a sum's or product's operands)."""
+    nan = np.isnan(want)
+    return bool(got.shape == want.shape and np.array_equal(np.isnan(got), nan)
+                and np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)))
+
+
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, -3e38, 1e-45], dtype=np.float32)
+"""Values a float32 kernel must carry through as its rule does: NaN, infinities, signed zeros, values near
+overflow, the smallest subnormal."""
+
+
+def float32_with_specials(shape: tuple[int, ...], rng: np.random.Generator, scales: Sequence[float],
+                          every: int) -> np.ndarray:
+    """Normal values at mixed ``scales``, one element in ``every`` replaced by one of :data:`SPECIALS`."""
+    x = (rng.standard_normal(shape) * rng.choice(scales, shape)).astype(np.float32)
+    flat = x.reshape(-1)
+    pick = rng.choice(flat.size, size=max(1, flat.size // every), replace=False)
+    flat[pick] = rng.choice(SPECIALS, pick.size)
+    return x
 
 
 def assert_agrees(outs: list[np.ndarray], refs: list[np.ndarray]) -> None:

@@ -15,7 +15,7 @@ from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Module
-from tests.oracles import rule_reference
+from tests.oracles import rule_reference, same_float32_bits
 
 Geometry = tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]
 
@@ -70,12 +70,6 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return a
 
 
-def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
-    nan = np.isnan(want)
-    return got.shape == want.shape and np.array_equal(np.isnan(got), nan) and \
-        np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
-
-
 @pytest.mark.parametrize("threads", [1, 3])
 def test_transposed_convolution_matches_the_rule_bit_for_bit(threads: int) -> None:
     rng = np.random.default_rng(41 + threads)
@@ -89,8 +83,8 @@ def test_transposed_convolution_matches_the_rule_bit_for_bit(threads: int) -> No
     got, slow = fast(*args), generic(*args)
     want = rule_reference(module, args)
     for i, geometry in enumerate(geometries):
-        assert _same_bits(np.asarray(got[i]), want[i]), geometry
-        assert _same_bits(np.asarray(slow[i]), want[i]), geometry
+        assert same_float32_bits(np.asarray(got[i]), want[i]), geometry
+        assert same_float32_bits(np.asarray(slow[i]), want[i]), geometry
 
 
 def test_a_half_precision_or_one_dimensional_transposed_convolution_keeps_the_rule_lowering() -> None:
@@ -104,4 +98,4 @@ def test_a_half_precision_or_one_dimensional_transposed_convolution_keeps_the_ru
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(tuple(int(d) for d in p.shape)).astype(p.dtype.np) for p in module.main.params]
     for got, want in zip(lib(*args), rule_reference(module, args), strict=True):
-        assert _same_bits(np.asarray(got, np.float32), np.asarray(want, np.float32))
+        assert same_float32_bits(np.asarray(got, np.float32), np.asarray(want, np.float32))

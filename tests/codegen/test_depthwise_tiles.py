@@ -19,7 +19,7 @@ from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.module import Function
-from tests.oracles import rule_reference
+from tests.oracles import rule_reference, same_float32_bits
 
 RNG = np.random.default_rng(23)
 
@@ -70,20 +70,13 @@ def _module(geometries, hostile: bool):
     return b.module(Function("main", tuple(params), tuple(results), names)), inputs
 
 
-def _same(got: np.ndarray, want: np.ndarray) -> bool:
-    """Bit for bit, any NaN equal to any NaN."""
-    nan = np.isnan(want)
-    return bool(np.array_equal(np.isnan(got), nan)
-                and np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan]))
-
-
 def _tiles_against_rows(monkeypatch, hostile: bool) -> list[str]:
     module, inputs = _module(GEOMETRIES, hostile)
     tiled = compile(module, cache=False)
     monkeypatch.setattr(conv, "TILES", False)
     rows = compile(module, cache=False)
     for k, (got, want) in enumerate(zip(tiled.run(inputs), rows.run(inputs), strict=True)):
-        assert _same(got, want), f"geometry {GEOMETRIES[k]}: the tiles and the row loop differ"
+        assert same_float32_bits(got, want), f"geometry {GEOMETRIES[k]}: the tiles and the row loop differ"
     if not hostile:
         for k, (got, want) in enumerate(zip(tiled.run(inputs), rule_reference(module, inputs), strict=True)):
             ks = GEOMETRIES[k][1]

@@ -14,7 +14,7 @@ from cuvil.codegen.kernels import pool
 from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
-from tests.oracles import rule_reference
+from tests.oracles import rule_reference, same_float32_bits
 
 GEOMETRIES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
     ((1, 64, 112, 112), {"kernel": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}),  # ResNet's stem
@@ -39,13 +39,6 @@ def _module(shape: tuple[int, ...], attrs: dict[str, Any], op: str = "max_pool")
     b = Builder()
     x = b.param("x", DType.f32, list(shape))
     return b.module(b.function("main", [x], [getattr(b, op)(x, **attrs)]))
-
-
-def _same(got: np.ndarray, want: np.ndarray) -> bool:
-    """Bit for bit, any NaN equal to any NaN (the exactness the proofs use)."""
-    nan = np.isnan(want)
-    return bool(np.array_equal(np.isnan(got), nan) and np.array_equal(got.view(np.uint32)[~nan],
-                                                                       want.view(np.uint32)[~nan]))
 
 
 def _hostile(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -80,7 +73,7 @@ def test_max_pool_kernel_is_the_rule_bit_for_bit(case: int, schedule: str, monke
               np.where(rng.random(shape) < 0.5, np.float32(0.0), np.float32(-0.0)).astype(np.float32)):
         (want,) = rule_reference(module, [x])
         got = np.asarray(model(x))
-        assert _same(got, want), (shape, attrs)
+        assert same_float32_bits(got, want), (shape, attrs)
 
 
 def _cancelling(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -108,7 +101,7 @@ def test_avg_pool_kernel_is_the_rule_bit_for_bit(case: int, count_include_pad: b
               np.full(shape, -0.0, np.float32)):
         (want,) = rule_reference(module, [x])
         got = np.asarray(model(x))
-        assert _same(got, want), (shape, attrs)
+        assert same_float32_bits(got, want), (shape, attrs)
 
 
 def test_avg_pool_sum_shows_its_order() -> None:
@@ -150,7 +143,7 @@ def test_max_pool_kernel_keeps_the_later_of_tied_zeros() -> None:
         got = np.asarray(model(x)).reshape(-1)[0]
         assert np.signbit(got) == np.signbit(np.float32(pair[1]))
         (want,) = rule_reference(module, [x])
-        assert _same(np.asarray(model(x)), want)
+        assert same_float32_bits(np.asarray(model(x)), want)
 
 
 def test_other_pools_keep_the_generic_lowering() -> None:

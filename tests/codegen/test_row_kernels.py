@@ -17,6 +17,7 @@ from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.types import DimConstraint
 from cuvil.runtime.loader import CompiledModel
+from tests.oracles import float32_with_specials, same_float32_bits
 
 SHAPES = [((37, 19), -1), ((5, 1), -1), ((1, 7), 0), ((3, 17, 4), 1), ((2, 3, 33), 0), ((16, 128), 1),
           ((2, 4, 9, 31), -1), ((40,), 0),
@@ -25,20 +26,7 @@ SHAPES = [((37, 19), -1), ((5, 1), -1), ((1, 7), 0), ((3, 17, 4), 1), ((2, 3, 33
 
 
 def _values(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    x = (rng.standard_normal(shape) * rng.choice([0.1, 3.0, 40.0], shape)).astype(np.float32)
-    flat = x.reshape(-1)
-    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, -3e38, 1e-45], dtype=np.float32)
-    pick = rng.choice(flat.size, size=max(1, flat.size // 6), replace=False)
-    flat[pick] = rng.choice(specials, pick.size)
-    return x
-
-
-def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
-    """Bit for bit, except that any NaN equals any NaN (which operand's payload an IEEE operation keeps
-    is not part of the meaning, and LLVM may commute the operands of a sum or product)."""
-    nan = np.isnan(want)
-    return bool(np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(np.uint32),
-                                                                      want[~nan].view(np.uint32)))
+    return float32_with_specials(shape, rng, [0.1, 3.0, 40.0], 6)
 
 
 def _build(op: str, shape: tuple[int, ...], axis: int):
@@ -56,7 +44,7 @@ def test_kernel_matches_the_rule_lowering_bit_for_bit(op: str, shape: tuple[int,
     for _ in range(3):
         x = _values(shape, rng)
         got, want = np.asarray(fast(x)), np.asarray(generic(x))
-        assert _same_bits(got, want), (op, shape, axis)
+        assert same_float32_bits(got, want), (op, shape, axis)
         clean = np.where(np.isfinite(x), x, 0).astype(np.float64)
         ref = np.exp(clean - clean.max(axis=axis, keepdims=True))
         ref = ref / ref.sum(axis=axis, keepdims=True)
@@ -89,7 +77,7 @@ def test_blocks_inside_exps_domain_take_the_short_exp_with_the_same_bits(op: str
     fast, generic = _both(module, "softmax rows")
     assert True in forms  # the kernel holds the short form beside the full one, chosen per block at run time
     got, want = np.asarray(fast(x)), np.asarray(generic(x))
-    assert _same_bits(got, want), op
+    assert same_float32_bits(got, want), op
     assert np.float32(54.0) - np.float32(-50.0) == 104.0
 
 
@@ -118,7 +106,7 @@ def test_layer_norm_kernel_matches_the_rule_lowering_bit_for_bit(shape, axis, ep
     for _ in range(3):
         args = [_values(shape, rng), _values(tuple(tail), rng), _values(tuple(tail), rng)]
         got, want = np.asarray(fast(*args)), np.asarray(generic(*args))
-        assert _same_bits(got, want), (shape, axis, epsilon)
+        assert same_float32_bits(got, want), (shape, axis, epsilon)
     clean = [rng.standard_normal(shape).astype(np.float32) * 5, *(rng.standard_normal(tail).astype(np.float32)
                                                                     for _ in range(2))]
     axes = tuple(range(axis % len(shape), len(shape)))
@@ -174,7 +162,7 @@ def test_shape_class_library_reads_the_row_dims_at_run_time(op: str, tmp_path) -
         shape = (batch, t, 24) if op == "layer_norm" else (batch, 2, t, t)
         args = [_values(shape, rng)] + ([_values((24,), rng), _values((24,), rng)] if op == "layer_norm" else [])
         got, want = np.asarray(fast(*args)), np.asarray(generic(*args))
-        assert got.shape == shape and _same_bits(got, want), (op, batch, t)
+        assert got.shape == shape and same_float32_bits(got, want), (op, batch, t)
 
 
 def _same_half_bits(got: np.ndarray, want: np.ndarray) -> bool:

@@ -14,6 +14,7 @@ from cuvil.codegen.kernels.rows import sum_rows_kernel
 from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from tests.oracles import float32_with_specials, same_float32_bits
 
 CASES = [((1, 384, 28, 28), (2, 3)), ((1, 40, 7, 7), (2, 3)), ((37, 19), (1,)), ((3, 17, 5), (1,)),
          ((2, 3, 33, 4), (1, 2)), ((5, 40), (0,)), ((2, 33), (-1,)), ((17, 16), (1,)), ((4, 5, 6), (0, 1)),
@@ -21,18 +22,7 @@ CASES = [((1, 384, 28, 28), (2, 3)), ((1, 40, 7, 7), (2, 3)), ((37, 19), (1,)), 
 
 
 def _values(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    x = (rng.standard_normal(shape) * rng.choice([0.01, 3.0, 1e4], shape)).astype(np.float32)
-    flat = x.reshape(-1)
-    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, -3e38, 1e-45], dtype=np.float32)
-    pick = rng.choice(flat.size, size=max(1, flat.size // 50), replace=False)
-    flat[pick] = rng.choice(specials, pick.size)
-    return x
-
-
-def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
-    nan = np.isnan(want)
-    return bool(np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(np.uint32),
-                                                                      want[~nan].view(np.uint32)))
+    return float32_with_specials(shape, rng, [0.01, 3.0, 1e4], 50)
 
 
 def _module(op: str, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool = True):
@@ -55,7 +45,7 @@ def test_rows_give_the_rule_lowerings_bits(shape, axes, op: str, threads: int) -
     for clean in (True, False):
         x = rng.standard_normal(shape).astype(np.float32) if clean else _values(shape, rng)
         got, want = np.asarray(fast(x)), np.asarray(generic(x))
-        assert _same_bits(got, want), (shape, axes, op)
+        assert same_float32_bits(got, want), (shape, axes, op)
         if clean:
             ref = getattr(x.astype(np.float64), "mean" if op == "reduce_mean" else "sum")(
                 axis=tuple(a % len(shape) for a in axes))
