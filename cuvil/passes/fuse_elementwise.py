@@ -52,6 +52,16 @@ def is_elementwise(v: Value) -> bool:
     return get_op(v.op).family == "elementwise"
 
 
+def _freshest(anchor: Value, position: dict[Value, int]) -> int:
+    """The program position of the last computed of ``anchor``'s non-constant operands (-1: none).
+
+    Anchors claim epilogues in decreasing order of it: an epilogue op reading two anchors' results (a
+    residual block's add of its last convolution and its downsampling one) joins the anchor whose input was
+    computed last, so the other runs first, while the input it shares with the block's first convolution is
+    still in cache, rather than last, after the block's other convolutions have evicted it."""
+    return max((position[o] for o in anchor.operands if not o.is_const), default=-1)
+
+
 @dataclass
 class _Group:
     """Values computed inside one fused op: ``members`` in topological order, ``root`` last."""
@@ -106,8 +116,8 @@ class FuseElementwise(Pass):
 
         if self.epilogues:
             position = {v: k for k, v in enumerate(values)}
-            for v in values:
-                if v.op not in self.anchors or v in claimed:
+            for v in sorted((v for v in values if v.op in self.anchors), key=lambda v: -_freshest(v, position)):
+                if v in claimed:
                     continue
                 chain = self._epilogue(v, users, results, claimed, position)
                 if len(chain) < 2:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from pass_testing import assert_same_results, assert_unchanged, ops
 
+from cuvil.codegen.plan import ordered_steps
 from cuvil.ir import Builder, DType
 from cuvil.ir.parser import parse_module
 from cuvil.passes.fuse_elementwise import INLINED_PATHS_MAX, FuseElementwise
@@ -23,6 +24,11 @@ def _fused(m):
 
 def _body_ops(v):
     return [u.op for u in v.attr("body").ops()]
+
+
+def _conv_attrs(v):
+    (conv,) = [u for u in v.attr("body").ops() if u.op == "conv"]
+    return list(conv.attr("strides")), list(conv.attr("pads"))
 
 
 def test_chain_becomes_one_fused_op_with_external_inputs():
@@ -91,6 +97,35 @@ def test_conv_epilogue_with_residual_add():
     (f,) = _fused(res.module)
     assert f.attr("kind") == "epilogue" and _body_ops(f) == ["conv", "add", "add", "relu"]
     assert res.notes == ("epilogue: conv+add+add+relu",)
+    assert_same_results(before, res.module)
+
+
+@pytest.mark.parametrize("down_first", [False, True])
+@pytest.mark.parametrize("residual_left", [False, True])
+def test_residual_add_of_two_convolutions_joins_the_one_with_the_later_input(down_first, residual_left):
+    """A downsampling block's add reads two convolutions' results; it joins the block's last convolution
+    (whose input is computed later), whatever the operand and program order, so the downsampling one runs
+    before it, while the block's input is still in cache."""
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 4, 6, 6])
+
+    def down():
+        return b.add(b.conv(x, b.const(_f(8, 4, 1, 1)), strides=[2, 2]), b.const(_f(8, 1, 1)))
+
+    d = down() if down_first else None
+    h = b.relu(b.conv(x, b.const(_f(8, 4, 3, 3)), strides=[2, 2], pads=[1, 1, 1, 1]))
+    last = b.add(b.conv(h, b.const(_f(8, 8, 3, 3)), pads=[1, 1, 1, 1]), b.const(_f(8, 1, 1)))
+    d = d if down_first else down()
+    out = b.relu(b.add(d, last) if residual_left else b.add(last, d))
+    before = b.module(b.function("main", [x], [out]))
+    res = FuseElementwise().run(before)
+    steps = ordered_steps(res.module.main)
+    assert [v.op for v in steps] == ["fused"] * 3
+    first, downsampling, block_last = steps
+    assert _body_ops(first) == ["conv", "relu"] and _body_ops(downsampling) == ["conv", "add"]
+    assert sorted(_body_ops(block_last)) == ["add", "add", "conv", "relu"]
+    assert downsampling in block_last.operands and first in block_last.operands
+    assert [_conv_attrs(f) for f in steps] == [([2, 2], [1, 1, 1, 1]), ([2, 2], []), ([], [1, 1, 1, 1])]
     assert_same_results(before, res.module)
 
 
