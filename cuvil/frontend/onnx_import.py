@@ -54,6 +54,9 @@ from cuvil.ir.values import Value, walk
 
 MIN_OPSET = 7
 MAX_UNROLL_TOTAL = 65536  # unrolled Loop/Scan/recurrence iterations in one model, nested ones multiplied
+LAYOUT_DOMAIN_HINT = ("ONNX Runtime writes its com.microsoft.nchwc layout ops into a model it saves at its "
+                      "ORT_ENABLE_ALL level, for its own kernels; compile the model as exported, or as saved at "
+                      "ORT_ENABLE_EXTENDED or below")
 
 # --------------------------------------------------------------------------------------
 # the importer
@@ -322,7 +325,8 @@ class OnnxImporter:
         entry = table.get((domain, node.op_type))
         if entry is None:
             dom = f"{domain}::" if domain else ""
-            raise UnsupportedOpError(f"ONNX op {dom}{node.op_type} is not supported", location=where)
+            hint = LAYOUT_DOMAIN_HINT if domain == "com.microsoft.nchwc" else None
+            raise UnsupportedOpError(f"ONNX op {dom}{node.op_type} is not supported", location=where, hint=hint)
         inputs: list[Entity | None] = []
         for name in node.input:
             if not name:

@@ -27,7 +27,7 @@ from cuvil.ir.symbolic import Dim
 from cuvil.ir.values import Value
 
 
-def _heads_first(b: Builder, x: Value, heads: int) -> Value:
+def heads_first(b: Builder, x: Value, heads: int) -> Value:
     """[B, S, heads*D] -> [B, heads, S, D]."""
     bsz, seq, hidden = x.shape
     return b.transpose(b.reshape(x, shape=[bsz, seq, heads, hidden // heads]), perm=[0, 2, 1, 3])
@@ -70,7 +70,7 @@ def attention(ctx: NodeCtx) -> list[Value | None]:
     three_d = q.type.rank == 3
     if three_d:
         qh, kvh = ctx.attr_int("q_num_heads"), ctx.attr_int("kv_num_heads")
-        q, k, v = _heads_first(b, q, qh), _heads_first(b, k, kvh), _heads_first(b, v, kvh)
+        q, k, v = heads_first(b, q, qh), heads_first(b, k, kvh), heads_first(b, v, kvh)
     if q.type.rank != 4 or k.type.rank != 4 or v.type.rank != 4:
         raise ctx.unsupported("Q, K and V must all be 3-D or all 4-D")
     _, q_heads, q_len, head = q.shape
@@ -323,7 +323,7 @@ def linear_attention(ctx: NodeCtx) -> list[Value]:
         raise ctx.unsupported(f"{qh} query heads cannot share {kvh} KV heads")
 
     def heads(x: Value, n: int) -> Value:
-        return b.cast(_heads_first(b, x, n), to=f32) if x.dtype is not f32 else _heads_first(b, x, n)
+        return b.cast(heads_first(b, x, n), to=f32) if x.dtype is not f32 else heads_first(b, x, n)
 
     q4, k4, v4 = heads(q, qh), heads(k, kvh), heads(v, kvh)
     dk, dv = q4.shape[3], v4.shape[3]
@@ -333,7 +333,7 @@ def linear_attention(ctx: NodeCtx) -> list[Value]:
         if dec.shape[-1] == kvh:
             dec = b.transpose(b.reshape(dec, shape=[bsz, steps, kvh, 1]), perm=[0, 2, 1, 3])
         else:
-            dec = _heads_first(b, dec, kvh)
+            dec = heads_first(b, dec, kvh)
         decay4 = b.cast(dec, to=f32) if dec.dtype is not f32 else dec
     if delta:
         beta = ctx.input(5)

@@ -206,36 +206,8 @@ def gelu(ctx: NodeCtx) -> Value:
     return ctx.b.gelu(ctx.input(0), approximate=approximate)
 
 
-_MS = "com.microsoft"
-"""ONNX Runtime's contrib domain: its graph optimizer writes these ops into the files it saves."""
-
-
-def _biased(ctx: NodeCtx) -> Value:
-    """Input 0, plus input 1 (a bias, broadcast) where the node has one."""
-    x = ctx.input(0)
-    return ctx.b.add(x, ctx.input(1)) if ctx.has_input(1) else x
-
-
-@onnx_op("Gelu", "BiasGelu", domain=_MS, emits=("gelu", "add"))
-def ms_gelu(ctx: NodeCtx) -> Value:
-    """``gelu(x (+ bias))`` with erf: ONNX Runtime's fusion of the erf form (BiasGelu: with its bias)."""
-    return ctx.b.gelu(_biased(ctx), approximate="none")
-
-
-@onnx_op("FastGelu", domain=_MS, emits=("gelu", "add"))
-def ms_fast_gelu(ctx: NodeCtx) -> Value:
-    """``gelu(x (+ bias))`` in its tanh form, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``: what
-    ONNX Runtime fuses the tanh approximation into."""
-    return ctx.b.gelu(_biased(ctx), approximate="tanh")
-
-
-@onnx_op("QuickGelu", domain=_MS, emits=("silu", "sigmoid", "mul"))
-def ms_quick_gelu(ctx: NodeCtx) -> Value:
-    """``x sigmoid(alpha x)``, alpha 1.702 unless given (CLIP's activation)."""
-    return _swish(ctx, ctx.input(0), ctx.attr_float("alpha", 1.702))
-
-
-def _swish(ctx: NodeCtx, x: Value, alpha: float) -> Value:
+def swish_of(ctx: NodeCtx, x: Value, alpha: float) -> Value:
+    """``x sigmoid(alpha x)`` (``silu`` where alpha is 1)."""
     if alpha == 1.0:
         return ctx.b.silu(x)
     return ctx.b.mul(x, ctx.b.sigmoid(ctx.b.mul(x, ctx.b.scalar(alpha, x.dtype))))
@@ -243,13 +215,13 @@ def _swish(ctx: NodeCtx, x: Value, alpha: float) -> Value:
 
 @onnx_op("Swish", emits=("silu", "sigmoid", "mul"))
 def swish(ctx: NodeCtx) -> Value:
-    return _swish(ctx, ctx.input(0), ctx.attr_float("alpha", 1.0))
+    return swish_of(ctx, ctx.input(0), ctx.attr_float("alpha", 1.0))
 
 
 @onnx_op("SwiGLU", emits=("silu", "sigmoid", "mul"))
 def swiglu(ctx: NodeCtx) -> Value:
     gate, value = ctx.input(0), ctx.input(1)
-    return ctx.b.mul(_swish(ctx, gate, ctx.attr_float("alpha", 1.0)), value)
+    return ctx.b.mul(swish_of(ctx, gate, ctx.attr_float("alpha", 1.0)), value)
 
 
 @onnx_op("Clip", emits=("clip", "max", "min", "reshape"))

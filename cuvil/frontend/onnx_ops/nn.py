@@ -12,6 +12,7 @@ from typing import cast
 import numpy as np
 
 from cuvil.frontend.onnx_node import HALF, NodeCtx, in_f32, onnx_op
+from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.values import Value
@@ -277,15 +278,30 @@ def layer_norm(ctx: NodeCtx) -> list[Value]:
         ctx.b.const(np.zeros((1,), dtype=xs.dtype.np))
     y = _as_dtype(ctx, ctx.b.layer_norm(xs, scale, bias, axis=axis, epsilon=eps), x.dtype)
     outs: list[Value] = [y]
-    wants = [k < ctx.num_outputs and bool(ctx.node.output[k]) for k in (1, 2)]
-    if any(wants):
-        axes = list(range(axis, rank))
-        mean = ctx.b.reduce_mean(xs, axes=axes, keepdims=True)
-        dev = ctx.b.sub(xs, mean)
-        var = ctx.b.reduce_mean(ctx.b.mul(dev, dev), axes=axes, keepdims=True)
-        inv_std = ctx.b.rsqrt(ctx.b.add(var, ctx.b.scalar(eps, xs.dtype)))
-        outs += [mean, inv_std]
+    if any(wants_output(ctx, k) for k in (1, 2)):
+        outs += moments(ctx.b, xs, axis, eps)
     return outs[:max(1, ctx.num_outputs)]
+
+
+def wants_output(ctx: NodeCtx, k: int) -> bool:
+    """Whether the node names its optional output ``k``."""
+    return k < ctx.num_outputs and bool(ctx.node.output[k])
+
+
+def moments(b: Builder, xs: Value, axis: int, eps: float) -> list[Value]:
+    """The mean of ``xs`` over axes [axis, rank) and ``1 / sqrt(variance + eps)``, the axes kept: a layer
+    normalization's optional outputs."""
+    axes = list(range(axis, xs.type.rank))
+    mean = b.reduce_mean(xs, axes=axes, keepdims=True)
+    dev = b.sub(xs, mean)
+    var = b.reduce_mean(b.mul(dev, dev), axes=axes, keepdims=True)
+    return [mean, b.rsqrt(b.add(var, b.scalar(eps, xs.dtype)))]
+
+
+def mean_square(b: Builder, xs: Value, axis: int, eps: float) -> Value:
+    """``mean(xs^2) + eps`` over axes [axis, rank), the axes kept: an RMS normalization's divisor, squared."""
+    return b.add(b.reduce_mean(b.mul(xs, xs), axes=list(range(axis, xs.type.rank)), keepdims=True),
+                 b.scalar(eps, xs.dtype))
 
 
 @onnx_op("InstanceNormalization", emits=("layer_norm", "reshape", "mul", "add"))
@@ -376,9 +392,7 @@ def rms_normalization(ctx: NodeCtx) -> Value:
     axis = _first_normalized_axis(ctx, rank)
     b = ctx.b
     xs = _stash(ctx, x)
-    ms = b.reduce_mean(b.mul(xs, xs), axes=list(range(axis, rank)), keepdims=True)
-    rms = b.sqrt(b.add(ms, b.scalar(ctx.attr_float("epsilon", 1e-5), xs.dtype)))
-    y = _as_dtype(ctx, b.div(xs, rms), x.dtype)
+    y = _as_dtype(ctx, b.div(xs, b.sqrt(mean_square(b, xs, axis, ctx.attr_float("epsilon", 1e-5)))), x.dtype)
     return b.mul(y, _as_dtype(ctx, ctx.input(1), x.dtype))
 
 
