@@ -13,13 +13,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from onnx_testing import CONTRIB_OPSETS, contrib_model, ort_agrees
 
 import cuvil
 from cuvil.errors import ShapeError, UnsupportedOpError
 from cuvil.frontend.onnx_import import import_onnx
 from cuvil.interp import run_reference
 
-OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+OPSETS = CONTRIB_OPSETS
 
 CASES: list[tuple[str, bool, dict[str, Any], list[str]]] = [
     ("Gelu", False, {}, ["gelu"]),
@@ -69,34 +70,6 @@ def test_other_contrib_ops_are_refused_by_name() -> None:
 
 # -- the fusions: normalizations, products, embeddings, attention ------------------------------------------------
 
-_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-               np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int64): TensorProto.INT64}
-
-
-def _node_model(op: str, feeds: dict[str, np.ndarray | None], outputs: list[str], domain: str = "com.microsoft",
-                **attrs: Any) -> onnx.ModelProto:
-    """One node reading ``feeds`` in order (a None feed: the optional input left out) as graph inputs."""
-    node = helper.make_node(op, [n if a is not None else "" for n, a in feeds.items()], outputs, domain=domain,
-                            **attrs)
-    inputs = [helper.make_tensor_value_info(n, _ONNX_TYPES[a.dtype], list(a.shape))
-              for n, a in feeds.items() if a is not None]
-    outs = [helper.make_empty_tensor_value_info(o) for o in outputs if o]
-    graph = helper.make_graph([node], op, inputs, outs)
-    return helper.make_model(graph, opset_imports=OPSETS, ir_version=8)
-
-
-def _agrees(model: onnx.ModelProto, feeds: dict[str, np.ndarray | None], tol: float = 2e-6) -> list[np.ndarray]:
-    """The interpreter's results against ONNX Runtime's, output by output; returns them."""
-    given = {n: a for n, a in feeds.items() if a is not None}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, given)
-    got = run_reference(import_onnx(model), list(given.values()))
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol)
-    return got
-
-
 def _f32(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -110,7 +83,7 @@ def test_skip_layer_normalization(beta: bool, bias: bool, skip_shape: tuple[int,
     rng = np.random.default_rng(len(outputs) + 2 * beta + 4 * bias + len(skip_shape))
     feeds = {"x": _f32(rng, 2, 3, 16, scale=3), "skip": _f32(rng, *skip_shape), "gamma": _f32(rng, 16),
              "beta": _f32(rng, 16) if beta else None, "bias": _f32(rng, 16) if bias else None}
-    _agrees(_node_model("SkipLayerNormalization", feeds, outputs, epsilon=1e-5), feeds, tol=1e-5)
+    ort_agrees(contrib_model("SkipLayerNormalization", feeds, outputs, epsilon=1e-5), feeds, tol=1e-5)
 
 
 @pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
@@ -119,7 +92,7 @@ def test_contrib_normalizations_default_epsilon(op: str) -> None:
     rng = np.random.default_rng(13)
     feeds = {"x": _f32(rng, 2, 3, 16, scale=1e-4), "skip": _f32(rng, 2, 3, 16, scale=1e-4),
              "gamma": _f32(rng, 16)}
-    _agrees(_node_model(op, feeds, ["y"]), feeds, tol=1e-4)
+    ort_agrees(contrib_model(op, feeds, ["y"]), feeds, tol=1e-4)
 
 
 def test_skip_layer_normalization_in_half_sums_and_normalizes_in_single() -> None:
@@ -127,7 +100,7 @@ def test_skip_layer_normalization_in_half_sums_and_normalizes_in_single() -> Non
     rng = np.random.default_rng(5)
     feeds = {"x": _f32(rng, 2, 4, 32, scale=20).astype(np.float16), "skip": _f32(rng, 2, 4, 32).astype(np.float16),
              "gamma": _f32(rng, 32).astype(np.float16), "beta": _f32(rng, 32).astype(np.float16)}
-    _agrees(_node_model("SkipLayerNormalization", feeds, ["y", "", "", "sum"]), feeds, tol=2e-3)
+    ort_agrees(contrib_model("SkipLayerNormalization", feeds, ["y", "", "", "sum"]), feeds, tol=2e-3)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -136,14 +109,14 @@ def test_skip_simplified_layer_normalization(bias: bool, outputs: list[str]) -> 
     rng = np.random.default_rng(11 + bias)
     feeds = {"x": _f32(rng, 2, 3, 16, scale=3), "skip": _f32(rng, 2, 3, 16), "gamma": _f32(rng, 16),
              "bias": _f32(rng, 16) if bias else None}
-    _agrees(_node_model("SkipSimplifiedLayerNormalization", feeds, outputs, epsilon=1e-6), feeds, tol=1e-5)
+    ort_agrees(contrib_model("SkipSimplifiedLayerNormalization", feeds, outputs, epsilon=1e-6), feeds, tol=1e-5)
 
 
 def test_skip_simplified_layer_normalization_refuses_the_mean_output() -> None:
     rng = np.random.default_rng(0)
     feeds = {"x": _f32(rng, 2, 8), "skip": _f32(rng, 2, 8), "gamma": _f32(rng, 8)}
     with pytest.raises(UnsupportedOpError, match="mean"):
-        import_onnx(_node_model("SkipSimplifiedLayerNormalization", feeds, ["y", "mean"]))
+        import_onnx(contrib_model("SkipSimplifiedLayerNormalization", feeds, ["y", "mean"]))
 
 
 @pytest.mark.parametrize("axis", [-1, 1])
@@ -151,7 +124,7 @@ def test_skip_simplified_layer_normalization_refuses_the_mean_output() -> None:
 def test_simplified_layer_normalization(axis: int, outputs: list[str]) -> None:
     rng = np.random.default_rng(17 - axis)
     feeds = {"x": _f32(rng, 2, 3, 8, scale=4), "scale": _f32(rng, *((3, 8) if axis == 1 else (8,)))}
-    _agrees(_node_model("SimplifiedLayerNormalization", feeds, outputs, domain="", axis=axis), feeds, tol=1e-5)
+    ort_agrees(contrib_model("SimplifiedLayerNormalization", feeds, outputs, domain="", axis=axis), feeds, tol=1e-5)
 
 
 @pytest.mark.parametrize(("a_shape", "b_shape", "attrs"), [
@@ -164,21 +137,21 @@ def test_simplified_layer_normalization(axis: int, outputs: list[str]) -> None:
 def test_fused_matmul(a_shape: tuple[int, ...], b_shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
     rng = np.random.default_rng(len(a_shape) * 7 + len(attrs))
     feeds = {"a": _f32(rng, *a_shape), "b": _f32(rng, *b_shape)}
-    _agrees(_node_model("FusedMatMul", feeds, ["y"], **attrs), feeds, tol=1e-5)
+    ort_agrees(contrib_model("FusedMatMul", feeds, ["y"], **attrs), feeds, tol=1e-5)
 
 
 def test_fused_matmul_refuses_batch_transposes() -> None:
     rng = np.random.default_rng(0)
     feeds = {"a": _f32(rng, 2, 3, 4), "b": _f32(rng, 2, 4, 5)}
     with pytest.raises(UnsupportedOpError, match="transBatchA"):
-        import_onnx(_node_model("FusedMatMul", feeds, ["y"], transBatchA=1))
+        import_onnx(contrib_model("FusedMatMul", feeds, ["y"], transBatchA=1))
 
 
 def test_bias_add() -> None:
     """ONNX Runtime runs BiasAdd on GPUs only: the oracle is its definition, ``(X + bias) + skip``, in f32."""
     rng = np.random.default_rng(1)
     x, bias, skip = _f32(rng, 2, 3, 8), _f32(rng, 8), _f32(rng, 2, 3, 8)
-    (got,) = run_reference(import_onnx(_node_model("BiasAdd", {"x": x, "bias": bias, "skip": skip}, ["y"])),
+    (got,) = run_reference(import_onnx(contrib_model("BiasAdd", {"x": x, "bias": bias, "skip": skip}, ["y"])),
                            [x, bias, skip])
     np.testing.assert_array_equal(got, (x + bias) + skip)
 
@@ -200,7 +173,7 @@ def test_embed_layer_normalization(segments: bool, mask: list[list[int]] | None,
         "mask": None if mask is None else np.asarray(mask, dtype=np.int32),
         "pos_ids": None if position_ids is None else rng.integers(0, 7, position_ids).astype(np.int32),
     }
-    got = _agrees(_node_model("EmbedLayerNormalization", feeds, ["y", "mask_index", "sum"]), feeds, tol=1e-5)
+    got = ort_agrees(contrib_model("EmbedLayerNormalization", feeds, ["y", "mask_index", "sum"]), feeds, tol=1e-5)
     if mask is not None:
         assert got[1].tolist() == [sum(v == 1 for v in row) for row in mask]
 
@@ -229,7 +202,7 @@ def test_attention_masks(mask: str | None, causal: bool) -> None:
     rng = np.random.default_rng(23 + causal)
     sizes = (8, 8, 8)
     feeds = {**_attention_feeds(rng, sizes), "mask": None if mask is None else _MASKS[mask]}
-    _agrees(_node_model("Attention", feeds, ["y"], num_heads=_HEADS, unidirectional=int(causal)), feeds, tol=2e-5)
+    ort_agrees(contrib_model("Attention", feeds, ["y"], num_heads=_HEADS, unidirectional=int(causal)), feeds, tol=2e-5)
 
 
 @pytest.mark.parametrize(("sizes", "attrs"), [
@@ -239,24 +212,24 @@ def test_attention_masks(mask: str | None, causal: bool) -> None:
 def test_attention_attributes(sizes: tuple[int, int, int], attrs: dict[str, Any]) -> None:
     rng = np.random.default_rng(31)
     feeds = {**_attention_feeds(rng, sizes), "mask": _MASKS["keys"]}
-    _agrees(_node_model("Attention", feeds, ["y"], num_heads=_HEADS, **attrs), feeds, tol=2e-5)
+    ort_agrees(contrib_model("Attention", feeds, ["y"], num_heads=_HEADS, **attrs), feeds, tol=2e-5)
 
 
 def test_attention_bias_input() -> None:
     rng = np.random.default_rng(37)
     feeds = {**_attention_feeds(rng, (8, 8, 8)), "mask": None, "past": None,
              "attention_bias": _f32(rng, 1, _HEADS, _S, _S)}
-    _agrees(_node_model("Attention", feeds, ["y"], num_heads=_HEADS), feeds, tol=2e-5)
+    ort_agrees(contrib_model("Attention", feeds, ["y"], num_heads=_HEADS), feeds, tol=2e-5)
 
 
 def test_attention_refuses_a_cache_and_bad_sizes() -> None:
     rng = np.random.default_rng(0)
     feeds = {**_attention_feeds(rng, (8, 8, 8)), "mask": None, "past": _f32(rng, 2, _B, _HEADS, 3, 4)}
     with pytest.raises(UnsupportedOpError, match="past"):
-        import_onnx(_node_model("Attention", feeds, ["y"], num_heads=_HEADS))
+        import_onnx(contrib_model("Attention", feeds, ["y"], num_heads=_HEADS))
     feeds = _attention_feeds(rng, (8, 8, 8))
     with pytest.raises(ShapeError, match="qkv_hidden_sizes"):
-        import_onnx(_node_model("Attention", feeds, ["y"], num_heads=_HEADS, qkv_hidden_sizes=[8, 6, 10]))
+        import_onnx(contrib_model("Attention", feeds, ["y"], num_heads=_HEADS, qkv_hidden_sizes=[8, 6, 10]))
 
 
 # -- a network ONNX Runtime's transformer optimizer rewrote ------------------------------------------------------
@@ -300,7 +273,7 @@ def _optimized_bert(tmp_path: Any) -> tuple[str, set[str]]:
     return path, {n.op_type for n in onnx.load(path).graph.node if n.domain == "com.microsoft"}
 
 
-def test_bert_optimized_by_onnxruntime_compiles_and_agrees(tmp_path: Any) -> None:
+def test_bert_optimized_by_onnxruntime_compiles_andort_agrees(tmp_path: Any) -> None:
     path, contrib = _optimized_bert(tmp_path)
     assert {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"} <= contrib
     library = cuvil.compile(path, cache=False)
@@ -331,7 +304,7 @@ def test_fused_conv(activation: str, params: list[float], with_sum: bool) -> Non
     attrs: dict[str, Any] = {"activation": activation, "pads": [1, 1, 1, 1], "strides": [2, 2]}
     if params:
         attrs["activation_params"] = params
-    _agrees(_node_model("FusedConv", feeds, ["y"], **attrs), feeds, tol=1e-5)
+    ort_agrees(contrib_model("FusedConv", feeds, ["y"], **attrs), feeds, tol=1e-5)
 
 
 @pytest.mark.parametrize(("activation", "params"), [
@@ -340,7 +313,7 @@ def test_fused_conv(activation: str, params: list[float], with_sum: bool) -> Non
 def test_fused_gemm(activation: str, params: dict[str, float]) -> None:
     rng = np.random.default_rng(len(activation))
     feeds = {"a": _f32(rng, 3, 5), "b": _f32(rng, 4, 3), "c": _f32(rng, 4)}  # A and B stored transposed
-    _agrees(_node_model("FusedGemm", feeds, ["y"], activation=activation, transA=1, transB=1, alpha=0.5, beta=2.0,
+    ort_agrees(contrib_model("FusedGemm", feeds, ["y"], activation=activation, transA=1, transB=1, alpha=0.5, beta=2.0,
                         **params), feeds, tol=1e-5)
 
 
@@ -348,14 +321,14 @@ def test_an_unknown_fused_activation_is_refused_by_name() -> None:
     rng = np.random.default_rng(0)
     feeds = {"x": _f32(rng, 1, 3, 5, 5), "w": _f32(rng, 4, 3, 3, 3)}
     with pytest.raises(UnsupportedOpError, match="Swoosh"):
-        import_onnx(_node_model("FusedConv", feeds, ["y"], activation="Swoosh"))
+        import_onnx(contrib_model("FusedConv", feeds, ["y"], activation="Swoosh"))
 
 
 def test_layout_ops_of_a_model_saved_at_onnxruntimes_top_level_get_a_hint() -> None:
     rng = np.random.default_rng(0)
     feeds = {"x": _f32(rng, 1, 8, 5, 5), "w": _f32(rng, 8, 8, 3, 3)}
     with pytest.raises(UnsupportedOpError, match="ORT_ENABLE_EXTENDED"):
-        import_onnx(_node_model("Conv", feeds, ["y"], domain="com.microsoft.nchwc"))
+        import_onnx(contrib_model("Conv", feeds, ["y"], domain="com.microsoft.nchwc"))
 
 
 def test_zoo_models_saved_by_an_onnxruntime_session_compile_and_agree(tmp_path: Any) -> None:

@@ -19,6 +19,7 @@ from cuvil.frontend.onnx_ops import (  # noqa: F401
     linalg,
     nn,
     quant,
+    quant_contrib,
     recurrent,
     reduce,
     sequence,

@@ -138,11 +138,16 @@ def conv_transpose(ctx: NodeCtx) -> Value:
 
 def _pool_common(ctx: NodeCtx) -> tuple[Value, dict]:
     x = ctx.input(0)
+    return x, pool_window(ctx, x)
+
+
+def pool_window(ctx: NodeCtx, x: Value) -> dict:
+    """A pool's window attributes over the spatial axes of ``x`` (channels first), as the CIR pools take them."""
     nsp = _spatial_rank(ctx, x)
     kernel = ctx.attr_ints("kernel_shape")
     strides, dilations, pads = window_attrs(ctx, nsp, kernel)
-    return x, {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dilations,
-               "ceil_mode": bool(ctx.attr_int("ceil_mode", 0))}
+    return {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dilations,
+            "ceil_mode": bool(ctx.attr_int("ceil_mode", 0))}
 
 
 @onnx_op("MaxPool", emits=("max_pool",))

@@ -21,7 +21,7 @@ from cuvil.ir.values import Value
 # helpers
 
 
-def _per_tensor(ctx: NodeCtx, v: Value) -> Value:
+def per_tensor(ctx: NodeCtx, v: Value) -> Value:
     """One-element parameters ([1], [1, 1]) are per-tensor: make them rank 0."""
     if v.type.rank and all(d == 1 for d in v.shape):
         return ctx.b.reshape(v, shape=[])
@@ -50,7 +50,7 @@ def _row_param(ctx: NodeCtx, v: Value | None, a: Value) -> Value | None:
     """A per-row parameter [M] of the left matmul operand as [M, 1]."""
     if v is None:
         return None
-    v = _per_tensor(ctx, v)
+    v = per_tensor(ctx, v)
     if v.type.rank == 1 and a.type.rank >= 2:
         return ctx.b.reshape(v, shape=[v.shape[0], 1])
     return v
@@ -60,16 +60,16 @@ def _channel_param(ctx: NodeCtx, v: Value | None, rank: int) -> Value | None:
     """A per-output-channel parameter [C] as [C, 1, ...] (weights) or [1, C, 1, ...] (outputs)."""
     if v is None:
         return None
-    v = _per_tensor(ctx, v)
+    v = per_tensor(ctx, v)
     if v.type.rank == 1:
         return ctx.b.reshape(v, shape=[v.shape[0]] + [1] * (rank - 1))
     return v
 
 
-def _requantize(ctx: NodeCtx, acc: Value, multiplier: Value, y_zp: Value | None, fallback: DType) -> Value:
+def requantize(ctx: NodeCtx, acc: Value, multiplier: Value, y_zp: Value | None, fallback: DType) -> Value:
     """round_half_even(acc * multiplier) + y_zp, saturated; the product is taken in f64."""
     wide = ctx.b.mul(ctx.b.cast(acc, to=DType.f64), ctx.b.cast(multiplier, to=DType.f64))
-    zp = _per_tensor(ctx, y_zp) if y_zp is not None else ctx.b.const(np.zeros((), fallback.np))
+    zp = per_tensor(ctx, y_zp) if y_zp is not None else ctx.b.const(np.zeros((), fallback.np))
     if zp.type.rank:
         raise ctx.unsupported("a per-channel output zero point")
     return ctx.b.quantize_linear(wide, ctx.b.const(np.array(1.0)), zp)
@@ -87,9 +87,9 @@ def _matmul(ctx: NodeCtx, a: Value, b: Value) -> Value:
 
 @onnx_op("QuantizeLinear", emits=("quantize_linear", "reshape", "cast"))
 def quantize_linear(ctx: NodeCtx) -> Value:
-    x, scale = ctx.input(0), _per_tensor(ctx, ctx.input(1))
+    x, scale = ctx.input(0), per_tensor(ctx, ctx.input(1))
     if ctx.has_input(2):
-        zp = _per_tensor(ctx, ctx.input(2))
+        zp = per_tensor(ctx, ctx.input(2))
     else:
         dtype = onnx_dtype(ctx.attr_int("output_dtype"), ctx.location) if ctx.has_attr("output_dtype") \
             else DType.u8
@@ -103,8 +103,8 @@ def quantize_linear(ctx: NodeCtx) -> Value:
 
 @onnx_op("DequantizeLinear", emits=("dequantize_linear", "reshape", "cast"))
 def dequantize_linear(ctx: NodeCtx) -> Value:
-    x, scale = ctx.input(0), _per_tensor(ctx, ctx.input(1))
-    zp = _per_tensor(ctx, ctx.input(2)) if ctx.has_input(2) else _zero(ctx, scale, x.dtype)
+    x, scale = ctx.input(0), per_tensor(ctx, ctx.input(1))
+    zp = per_tensor(ctx, ctx.input(2)) if ctx.has_input(2) else _zero(ctx, scale, x.dtype)
     y = ctx.b.dequantize_linear(x, scale, zp, axis=ctx.attr_int("axis", 1), block_size=ctx.attr_int("block_size", 0))
     if ctx.has_attr("output_dtype") and ctx.attr_int("output_dtype"):
         out = onnx_dtype(ctx.attr_int("output_dtype"), ctx.location)
@@ -159,7 +159,7 @@ def dynamic_quantized_product(b: Builder, x: Value, w: Value, w_scale: Value, w_
 def matmul_integer(ctx: NodeCtx) -> Value:
     a, b = ctx.input(0), ctx.input(1)
     a_zp = _row_param(ctx, _optional(ctx, 2), a)
-    b_zp = _per_tensor(ctx, ctx.input(3)) if ctx.has_input(3) else None
+    b_zp = per_tensor(ctx, ctx.input(3)) if ctx.has_input(3) else None
     return _matmul(ctx, centered(ctx.b, a, a_zp), centered(ctx.b, b, b_zp))
 
 
@@ -169,17 +169,17 @@ def qlinear_matmul(ctx: NodeCtx) -> Value:
                                                           for i in range(8))
     assert a is not None and b is not None and a_scale is not None and b_scale is not None and y_scale is not None
     acc = _matmul(ctx, centered(ctx.b, a, _row_param(ctx, a_zp, a)),
-                  centered(ctx.b, b, _per_tensor(ctx, b_zp) if b_zp is not None else None))
+                  centered(ctx.b, b, per_tensor(ctx, b_zp) if b_zp is not None else None))
     a_s = _row_param(ctx, a_scale, a)
     assert a_s is not None
-    multiplier = ctx.b.div(ctx.b.mul(a_s, _per_tensor(ctx, b_scale)), _per_tensor(ctx, y_scale))
-    return _requantize(ctx, acc, multiplier, y_zp, a.dtype)
+    multiplier = ctx.b.div(ctx.b.mul(a_s, per_tensor(ctx, b_scale)), per_tensor(ctx, y_scale))
+    return requantize(ctx, acc, multiplier, y_zp, a.dtype)
 
 
 def _conv_i32(ctx: NodeCtx, x: Value, x_zp: Value | None, w: Value, w_zp: Value | None) -> Value:
     nsp, kernel = conv_kernel(ctx, x, w)
     strides, dilations, pads = window_attrs(ctx, nsp, kernel)
-    xc = centered(ctx.b, x, _per_tensor(ctx, x_zp) if x_zp is not None else None)
+    xc = centered(ctx.b, x, per_tensor(ctx, x_zp) if x_zp is not None else None)
     wc = centered(ctx.b, w, _channel_param(ctx, w_zp, w.type.rank))
     return ctx.b.conv(xc, wc, strides=strides, pads=pads, dilations=dilations, groups=ctx.attr_int("group", 1))
 
@@ -198,8 +198,8 @@ def qlinear_conv(ctx: NodeCtx) -> Value:
     rank = acc.type.rank
     if bias is not None:
         acc = ctx.b.add(acc, ctx.b.reshape(i32(ctx.b, bias), shape=[1, bias.shape[0]] + [1] * (rank - 2)))
-    ws = _per_tensor(ctx, w_scale)
+    ws = per_tensor(ctx, w_scale)
     if ws.type.rank == 1:
         ws = ctx.b.reshape(ws, shape=[1, ws.shape[0]] + [1] * (rank - 2))
-    multiplier = ctx.b.div(ctx.b.mul(_per_tensor(ctx, x_scale), ws), _per_tensor(ctx, y_scale))
-    return _requantize(ctx, acc, multiplier, y_zp, x.dtype)
+    multiplier = ctx.b.div(ctx.b.mul(per_tensor(ctx, x_scale), ws), per_tensor(ctx, y_scale))
+    return requantize(ctx, acc, multiplier, y_zp, x.dtype)
