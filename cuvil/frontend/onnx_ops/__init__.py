@@ -17,6 +17,7 @@ from cuvil.frontend.onnx_ops import (  # noqa: F401
     grid,
     index,
     linalg,
+    ml,
     nn,
     quant,
     quant_contrib,

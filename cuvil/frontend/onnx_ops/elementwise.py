@@ -294,12 +294,3 @@ def shrink(ctx: NodeCtx) -> Value:
     out = b.where(low, b.add(work, b.scalar(bias, dt)),
                   b.where(high, b.sub(work, b.scalar(bias, dt)), b.scalar(0, dt)))
     return _cast(ctx, out, x.dtype)
-
-
-@onnx_op("Binarizer", domain="ai.onnx.ml", emits=("greater", "where", "cast"))
-def binarizer(ctx: NodeCtx) -> Value:
-    """x > threshold ? 1 : 0; integer x is compared in f64 so a fractional threshold is not rounded."""
-    x = ctx.input(0)
-    work = x if x.dtype.is_float else ctx.b.cast(x, to=DType.f64)
-    above = ctx.b.greater(work, ctx.b.scalar(ctx.attr_float("threshold", 0.0), work.dtype))
-    return ctx.b.where(above, ctx.b.scalar(1, x.dtype), ctx.b.scalar(0, x.dtype))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cuvil.frontend.onnx_node import ONNX_DTYPES, NodeCtx, onnx_op
-from cuvil.frontend.onnx_ops.blocks import cast_to, fill, reshape_to, scalar, static_dims, static_scalar, take
+from cuvil.frontend.onnx_ops.blocks import cast_to, fill, scalar, static_dims, static_scalar, take
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
@@ -68,19 +68,6 @@ def mel_weight_matrix(ctx: NodeCtx) -> Value:
         if right > center:
             table[center:right, m] = (right - np.arange(center, right)) / (right - center)
     return ctx.b.const(table.astype(dtype.np))
-
-
-@onnx_op("ArrayFeatureExtractor", domain="ai.onnx.ml", emits=("gather", "reshape"))
-def array_feature_extractor(ctx: NodeCtx) -> Value:
-    """x[..., indices] along the last axis, indices flattened; a vector input gives one row."""
-    b = ctx.b
-    x, idx = ctx.input(0), ctx.input(1)
-    count = 1
-    for d in idx.shape:
-        count = count * d
-    flat = reshape_to(b, idx, [count])
-    out = b.gather(x, flat, axis=x.type.rank - 1)
-    return reshape_to(b, out, [1, count]) if x.type.rank == 1 else out
 
 
 _CUBIC_A = -0.75

@@ -1,0 +1,418 @@
+"""ONNX-ML (``ai.onnx.ml``) ops: the classical models that scikit-learn, XGBoost and LightGBM exporters write
+(linear models, scalers, normalizers, tree ensembles), spelled out in Cuvil's tensor ops.
+
+A tree ensemble runs every tree at once, one level per step: each row's current node in each tree is an index
+into the forest's flattened node tables (feature, threshold, mode, children), a leaf's children are itself,
+so after as many steps as the deepest tree every row sits on a leaf; the leaves' weights are then gathered
+and summed over the trees. Labels are the ints of ``classlabels_ints`` / ``classlabels_int64s`` (string labels
+are refused: Cuvil's tensors hold numbers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cuvil.errors import ShapeError
+from cuvil.frontend.onnx_node import NodeCtx, onnx_op
+from cuvil.frontend.onnx_ops.blocks import reshape_to, scalar
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from cuvil.ir.values import Value
+
+ML = "ai.onnx.ml"
+
+MAX_TREE_DEPTH = 512
+"""The deepest tree a tree ensemble may hold (its evaluation takes one step per level)."""
+
+_POST_TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX")
+
+
+def _features(ctx: NodeCtx, x: Value, dtype: DType = DType.f32) -> Value:
+    """The input as rows of features, [N, F] in ``dtype`` (a vector is one row; f64 stays f64)."""
+    b = ctx.b
+    if x.type.rank == 1:
+        x = b.reshape(x, shape=[1, x.shape[0]])
+    elif x.type.rank != 2:
+        raise ShapeError(f"{ctx.op_name} takes [rows, features], got {x.type}", location=ctx.location,
+                         hint="reshape the input to two dimensions")
+    if x.dtype is DType.f64 and dtype is DType.f32:
+        return x
+    return x if x.dtype is dtype else b.cast(x, to=dtype)
+
+
+def _post_transform(ctx: NodeCtx, scores: Value) -> Value:
+    how = ctx.attr_str("post_transform", "NONE")
+    if how not in _POST_TRANSFORMS:
+        raise ctx.unsupported(f"post_transform {how} (supported: {', '.join(_POST_TRANSFORMS)})")
+    if how == "LOGISTIC":
+        return ctx.b.sigmoid(scores)
+    if how == "SOFTMAX":
+        return ctx.b.softmax(scores, axis=1)
+    return scores
+
+
+def _int_labels(ctx: NodeCtx, count: int) -> np.ndarray:
+    """The class labels (``classlabels_ints`` / ``_int64s``), one per score column."""
+    if ctx.has_attr("classlabels_strings"):
+        raise ctx.unsupported("string class labels (classlabels_strings); export integer labels")
+    name = "classlabels_int64s" if ctx.has_attr("classlabels_int64s") else "classlabels_ints"
+    labels = np.asarray(ctx.attr_ints(name), dtype=np.int64)
+    if labels.size != count:
+        raise ShapeError(f"{labels.size} class labels for {count} score columns", location=ctx.location,
+                         hint="give one label per class")
+    return labels
+
+
+def _labelled(ctx: NodeCtx, scores: Value, labels: np.ndarray) -> Value:
+    """Each row's label: that of its first highest raw score (before ``post_transform``, which a saturating
+    sigmoid could tie)."""
+    b = ctx.b
+    best = b.argmax(scores, axis=1, keepdims=False)
+    return b.gather(b.const(labels), best, axis=0)
+
+
+def _floats(ctx: NodeCtx, name: str) -> np.ndarray | None:
+    """A float list attribute, or its ``_as_tensor`` form (absent: None)."""
+    if ctx.has_attr(name + "_as_tensor"):
+        return np.asarray(ctx.attr(name + "_as_tensor"), dtype=np.float64).reshape(-1)
+    return np.asarray(ctx.attr_floats(name), dtype=np.float64) if ctx.has_attr(name) else None
+
+
+# --------------------------------------------------------------------------------------
+# linear models, scalers, normalizers
+
+
+@onnx_op("LinearRegressor", domain=ML, emits=("cast", "reshape", "matmul", "add", "sigmoid", "softmax"))
+def linear_regressor(ctx: NodeCtx) -> Value:
+    """``X @ coefficients^T + intercepts`` per target, then ``post_transform``."""
+    b = ctx.b
+    x = _features(ctx, ctx.input(0))
+    targets = ctx.attr_int("targets", 1)
+    coef = np.asarray(ctx.attr_floats("coefficients"), dtype=np.float32)
+    if coef.size % targets:
+        raise ShapeError(f"{coef.size} coefficients for {targets} targets", location=ctx.location,
+                         hint="give features x targets coefficients")
+    scores = b.matmul(x, b.const(coef.reshape(targets, -1).T.astype(x.dtype.np)))
+    if ctx.has_attr("intercepts"):
+        scores = b.add(scores, b.const(np.asarray(ctx.attr_floats("intercepts"), dtype=x.dtype.np)))
+    return _post_transform(ctx, scores)
+
+
+@onnx_op("LinearClassifier", domain=ML, emits=("cast", "reshape", "matmul", "add", "sub", "sigmoid", "softmax",
+                                               "concat", "argmax", "gather", "greater", "where"))
+def linear_classifier(ctx: NodeCtx) -> list[Value]:
+    """Scores ``X @ coefficients^T + intercepts`` (then ``post_transform``) and each row's label. One row of
+    coefficients for two labels is a binary model: its score s gives the scores ``[1 - s, s]`` (the transform
+    applied to s first) and the second label where s > 0 (0.5 after LOGISTIC), as ONNX Runtime reads it."""
+    b = ctx.b
+    x = _features(ctx, ctx.input(0))
+    coef = np.asarray(ctx.attr_floats("coefficients"), dtype=np.float32)
+    features = x.shape[1]
+    if not isinstance(features, int) or features == 0 or coef.size % features:
+        raise ShapeError(f"{coef.size} coefficients for {features} features", location=ctx.location,
+                         hint="give classes x features coefficients")
+    classes = coef.size // features
+    scores = b.matmul(x, b.const(coef.reshape(classes, features).T.astype(x.dtype.np)))
+    if ctx.has_attr("intercepts"):
+        scores = b.add(scores, b.const(np.asarray(ctx.attr_floats("intercepts"), dtype=x.dtype.np)))
+    if classes > 1:
+        return [_labelled(ctx, scores, _int_labels(ctx, classes)), _post_transform(ctx, scores)]
+    labels = _int_labels(ctx, 2)
+    how = ctx.attr_str("post_transform", "NONE")
+    if how not in ("NONE", "LOGISTIC"):
+        raise ctx.unsupported(f"post_transform {how} for a binary model of one coefficient row")
+    s = b.sigmoid(scores) if how == "LOGISTIC" else scores
+    positive = b.greater(s, scalar(b, 0.5 if how == "LOGISTIC" else 0.0, s.dtype))
+    label = b.where(reshape_to(b, positive, [positive.shape[0]]), b.const(labels[1]), b.const(labels[0]))
+    return [label, b.concat(b.sub(scalar(b, 1.0, s.dtype), s), s, axis=1)]
+
+
+@onnx_op("Scaler", domain=ML, emits=("cast", "reshape", "sub", "mul"))
+def scaler(ctx: NodeCtx) -> Value:
+    """``(X - offset) * scale``, each one value or one per feature."""
+    b = ctx.b
+    x = _features(ctx, ctx.input(0))
+    offset = np.asarray(ctx.attr_floats("offset", [0.0]), dtype=x.dtype.np)
+    scale = np.asarray(ctx.attr_floats("scale", [1.0]), dtype=x.dtype.np)
+    return b.mul(b.sub(x, b.const(offset)), b.const(scale))
+
+
+@onnx_op("Normalizer", domain=ML, emits=("cast", "reshape", "abs", "mul", "reduce_max", "reduce_sum", "sqrt", "div",
+                                         "equal", "where"))
+def normalizer(ctx: NodeCtx) -> Value:
+    """Each row divided by its largest value (MAX: signed, as the specification writes ``X / max(X)``), the sum
+    of its magnitudes (L1) or its length (L2); a row whose divisor is 0 stays as it is."""
+    b = ctx.b
+    x = _features(ctx, ctx.input(0))
+    norm = ctx.attr_str("norm", "MAX")
+    if norm == "MAX":
+        size = b.reduce_max(x, axes=[1], keepdims=True)
+    elif norm == "L1":
+        size = b.reduce_sum(b.abs(x), axes=[1], keepdims=True)
+    elif norm == "L2":
+        size = b.sqrt(b.reduce_sum(b.mul(x, x), axes=[1], keepdims=True))
+    else:
+        raise ctx.unsupported(f"norm {norm!r} (MAX, L1 or L2)")
+    return b.where(b.equal(size, scalar(b, 0.0, x.dtype)), x, b.div(x, size))
+
+
+@onnx_op("Binarizer", domain=ML, emits=("greater", "where", "cast"))
+def binarizer(ctx: NodeCtx) -> Value:
+    """x > threshold ? 1 : 0; integer x is compared in f64 so a fractional threshold is not rounded."""
+    x = ctx.input(0)
+    work = x if x.dtype.is_float else ctx.b.cast(x, to=DType.f64)
+    above = ctx.b.greater(work, ctx.b.scalar(ctx.attr_float("threshold", 0.0), work.dtype))
+    return ctx.b.where(above, ctx.b.scalar(1, x.dtype), ctx.b.scalar(0, x.dtype))
+
+
+@onnx_op("ArrayFeatureExtractor", domain=ML, emits=("gather", "reshape"))
+def array_feature_extractor(ctx: NodeCtx) -> Value:
+    """x[..., indices] along the last axis, indices flattened; a vector input gives one row."""
+    b = ctx.b
+    x, idx = ctx.input(0), ctx.input(1)
+    count = 1
+    for d in idx.shape:
+        count = count * d
+    flat = reshape_to(b, idx, [count])
+    out = b.gather(x, flat, axis=x.type.rank - 1)
+    return reshape_to(b, out, [1, count]) if x.type.rank == 1 else out
+
+
+# --------------------------------------------------------------------------------------
+# tree ensembles
+
+_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ")
+_COMPARE = {"BRANCH_LEQ": "less_equal", "BRANCH_LT": "less", "BRANCH_GTE": "greater_equal",
+            "BRANCH_GT": "greater", "BRANCH_EQ": "equal", "BRANCH_NEQ": "not_equal"}
+_TREE_EMITS = ("cast", "reshape", "expand", "gather", "gather_elements", "less_equal", "less", "greater_equal",
+               "greater", "equal", "not_equal", "isnan", "logical_and", "logical_or", "where", "reduce_sum", "div",
+               "add", "sigmoid", "softmax", "argmax")
+
+
+@dataclass(frozen=True)
+class Forest:
+    """A tree ensemble's nodes, flattened: node ``g`` of the forest tests ``feature[g]`` against
+    ``threshold[g]`` by ``mode[g]`` (an index into the modes) and moves to ``true_next[g]`` or ``false_next[g]``
+    (a leaf to itself); ``roots[t]`` is tree ``t``'s first node, ``depth`` its deepest level."""
+
+    feature: np.ndarray
+    threshold: np.ndarray
+    mode: np.ndarray
+    true_next: np.ndarray
+    false_next: np.ndarray
+    tracks_true: np.ndarray
+    roots: np.ndarray
+    depth: int
+    index: dict[tuple[int, int], int]
+
+
+def read_forest(ctx: NodeCtx) -> Forest:
+    """The node tables from the ``nodes_*`` attributes, checked: one entry per node in each, unique
+    (tree, node) ids, children inside their tree, one root per tree, no cycle."""
+    trees = ctx.attr_ints("nodes_treeids")
+    ids = ctx.attr_ints("nodes_nodeids")
+    modes = ctx.attr("nodes_modes")
+    values = _floats(ctx, "nodes_values")
+    columns = {"nodes_nodeids": ids, "nodes_featureids": ctx.attr_ints("nodes_featureids"), "nodes_modes": modes,
+               "nodes_values": values if values is not None else [],
+               "nodes_truenodeids": ctx.attr_ints("nodes_truenodeids"),
+               "nodes_falsenodeids": ctx.attr_ints("nodes_falsenodeids")}
+    tracks = ctx.attr_ints("nodes_missing_value_tracks_true", [0] * len(trees))
+    columns["nodes_missing_value_tracks_true"] = tracks
+    for name, column in columns.items():
+        if len(column) != len(trees):
+            raise ShapeError(f"{name} has {len(column)} entries for {len(trees)} nodes", location=ctx.location,
+                             hint="every nodes_* attribute has one entry per node")
+    unknown = sorted(set(modes) - {*_MODES, "LEAF"})
+    if unknown:
+        raise ctx.unsupported(f"node modes {unknown}")
+    index: dict[tuple[int, int], int] = {}
+    for g, key in enumerate(zip(trees, ids, strict=True)):
+        if key in index:
+            raise ShapeError(f"tree {key[0]} has node {key[1]} twice", location=ctx.location,
+                             hint="node ids are unique within a tree")
+        index[key] = g
+    n = len(trees)
+    true_next, false_next = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
+    children: set[int] = set()
+    for g, (t, mode) in enumerate(zip(trees, modes, strict=True)):
+        if mode == "LEAF":
+            continue
+        for table, child in ((true_next, columns["nodes_truenodeids"][g]),
+                             (false_next, columns["nodes_falsenodeids"][g])):
+            if (t, child) not in index:
+                raise ShapeError(f"node {ids[g]} of tree {t} branches to node {child}, which the tree lacks",
+                                 location=ctx.location, hint="check nodes_truenodeids and nodes_falsenodeids")
+            table[g] = index[(t, child)]
+            if table[g] == g:
+                raise ShapeError(f"node {ids[g]} of tree {t} branches to itself: the tree is cyclic",
+                                 location=ctx.location, hint="each node's children must be new nodes")
+            children.add(table[g])
+    order = list(dict.fromkeys(trees))
+    roots = []
+    for t in order:
+        heads = [g for g in range(n) if trees[g] == t and g not in children]
+        if len(heads) != 1:
+            raise ShapeError(f"tree {t} has {len(heads)} roots", location=ctx.location,
+                             hint="each tree's nodes form one tree")
+        roots.append(heads[0])
+    depth = _depth(ctx, roots, true_next, false_next)
+    mode_index = np.asarray([_MODES.index(m) if m != "LEAF" else 0 for m in modes], dtype=np.int64)
+    return Forest(np.asarray(columns["nodes_featureids"], dtype=np.int64),
+                  np.asarray(values if values is not None else [], dtype=np.float64), mode_index, true_next,
+                  false_next, np.asarray(tracks, dtype=bool) & (np.asarray(modes) != "LEAF"),
+                  np.asarray(roots, dtype=np.int64), depth, index)
+
+
+def _depth(ctx: NodeCtx, roots: list[int], true_next: np.ndarray, false_next: np.ndarray) -> int:
+    """The most branches from a root to a leaf (a cycle or a tree deeper than MAX_TREE_DEPTH is refused)."""
+    deepest = 0
+    for root in roots:
+        level, frontier, seen = 0, {root}, {root}
+        while True:
+            nxt = {int(c) for g in frontier for c in (true_next[g], false_next[g]) if c != g}
+            if not nxt:
+                break
+            level += 1
+            if nxt & seen or level > MAX_TREE_DEPTH:
+                raise ShapeError(f"a tree is cyclic or deeper than {MAX_TREE_DEPTH} levels", location=ctx.location,
+                                 hint="each node's children must be new nodes")
+            seen |= nxt
+            frontier = nxt
+        deepest = max(deepest, level)
+    return deepest
+
+
+def leaf_weights(ctx: NodeCtx, forest: Forest, prefix: str, outputs: int) -> tuple[np.ndarray, np.ndarray]:
+    """[nodes, outputs]: the weights the ``{prefix}_*`` attributes give each leaf for each target or class
+    (float64, summed where a leaf lists one twice), and whether they list one at all (1.0 or 0.0)."""
+    trees = ctx.attr_ints(f"{prefix}_treeids")
+    nodes = ctx.attr_ints(f"{prefix}_nodeids")
+    ids = ctx.attr_ints(f"{prefix}_ids")
+    weights = _floats(ctx, f"{prefix}_weights")
+    if weights is None or not len(trees) == len(nodes) == len(ids) == len(weights):
+        raise ShapeError(f"the {prefix}_* attributes disagree in length", location=ctx.location,
+                         hint=f"give one {prefix}_treeids, _nodeids, _ids and _weights entry per weight")
+    table = np.zeros((len(forest.feature), outputs), dtype=np.float64)
+    listed = np.zeros_like(table)
+    for t, node, k, w in zip(trees, nodes, ids, weights, strict=True):
+        if (t, node) not in forest.index or not 0 <= k < outputs:
+            raise ShapeError(f"a weight for node {node} of tree {t}, output {k}, which the model lacks",
+                             location=ctx.location, hint=f"check the {prefix}_* attributes")
+        table[forest.index[(t, node)], k] += w
+        listed[forest.index[(t, node)], k] = 1.0
+    return table, listed
+
+
+def run_forest(ctx: NodeCtx, x: Value, forest: Forest, tables: list[np.ndarray]) -> list[Value]:
+    """Each per-leaf table [nodes, outputs] summed over the leaves each row of ``x`` [N, F] reaches, one in
+    every tree: [N, outputs] per table."""
+    b = ctx.b
+    dt = x.dtype
+    rows, trees = x.shape[0], len(forest.roots)
+    table = {name: b.const(arr) for name, arr in (("feature", forest.feature), ("true", forest.true_next),
+                                                   ("false", forest.false_next))}
+    threshold = b.const(forest.threshold.astype(dt.np))
+    used = sorted(set(forest.mode[forest.true_next != np.arange(len(forest.feature))].tolist()))
+    mode = b.const(forest.mode) if len(used) > 1 else None
+    tracks = b.const(forest.tracks_true) if forest.tracks_true.any() else None
+    node = b.expand(b.const(forest.roots.reshape(1, trees)), shape=[rows, trees])
+    for _ in range(forest.depth):
+        value = b.gather_elements(x, b.gather(table["feature"], node, axis=0), axis=1)
+        bound = b.gather(threshold, node, axis=0)
+        goes_true = _compare(b, used, mode, node, value, bound)
+        if tracks is not None:
+            goes_true = b.logical_or(goes_true, b.logical_and(b.isnan(value), b.gather(tracks, node, axis=0)))
+        node = b.where(goes_true, b.gather(table["true"], node, axis=0), b.gather(table["false"], node, axis=0))
+    return [b.reduce_sum(b.gather(b.const(t.astype(dt.np)), node, axis=0), axes=[1], keepdims=False)
+            for t in tables]  # gathered: [N, T, outputs]
+
+
+def _compare(b: Builder, used: list[int], mode: Value | None, node: Value, value: Value, bound: Value) -> Value:
+    """Whether each row goes to the true child: the node's comparison (one op where every branch shares it)."""
+    results = [b.op(_COMPARE[_MODES[k]], value, bound) for k in used or [0]]
+    if mode is None:
+        return results[0]
+    mine = b.gather(mode, node, axis=0)
+    out = results[-1]
+    for k, r in zip(used[:-1], results[:-1], strict=True):
+        out = b.where(b.equal(mine, b.const(np.array(k, dtype=np.int64))), r, out)
+    return out
+
+
+def _tree_features(ctx: NodeCtx) -> Value:
+    """A tree ensemble's input rows: floats as they are, integers in f64 (exact up to 2^53, where f32 would
+    round an id above 2^24 onto its neighbour's threshold)."""
+    x = ctx.input(0)
+    return _features(ctx, x, DType.f32 if x.dtype in (DType.f32, DType.f64) else DType.f64)
+
+
+def _base_values(ctx: NodeCtx, outputs: int) -> np.ndarray | None:
+    base = _floats(ctx, "base_values")
+    if base is None or not base.size:
+        return None
+    if base.size != outputs:
+        raise ShapeError(f"{base.size} base values for {outputs} outputs", location=ctx.location,
+                         hint="give one base value per target or class")
+    return base
+
+
+def _summed(ctx: NodeCtx, scores: Value, trees: int) -> Value:
+    """The summed leaf weights as ``aggregate_function`` says: kept (SUM) or divided by the trees (AVERAGE)."""
+    how = ctx.attr_str("aggregate_function", "SUM")
+    if how not in ("SUM", "AVERAGE"):
+        raise ctx.unsupported(f"aggregate_function {how} (supported: SUM, AVERAGE)")
+    return ctx.b.div(scores, scalar(ctx.b, float(trees), scores.dtype)) if how == "AVERAGE" else scores
+
+
+@onnx_op("TreeEnsembleRegressor", domain=ML, emits=_TREE_EMITS)
+def tree_ensemble_regressor(ctx: NodeCtx) -> Value:
+    """Per target, the leaf weights each row reaches summed (or averaged) over the trees, plus the base value,
+    then ``post_transform`` (of several targets: a single target's LOGISTIC or SOFTMAX is refused, which the
+    specification applies and ONNX Runtime ignores)."""
+    b = ctx.b
+    x = _tree_features(ctx)
+    forest = read_forest(ctx)
+    targets = ctx.attr_int("n_targets", 1)
+    if targets == 1 and ctx.attr_str("post_transform", "NONE") != "NONE":
+        raise ctx.unsupported(f"post_transform {ctx.attr_str('post_transform')} of a single target (the "
+                              "specification applies it, ONNX Runtime does not)")
+    weights, _ = leaf_weights(ctx, forest, "target", targets)
+    (scores,) = run_forest(ctx, x, forest, [weights])
+    scores = _summed(ctx, scores, len(forest.roots))
+    base = _base_values(ctx, targets)
+    if base is not None:
+        scores = b.add(scores, b.const(base.astype(scores.dtype.np)))
+    out = _post_transform(ctx, scores)
+    return out if out.dtype is DType.f32 else b.cast(out, to=DType.f32)  # the op's Y is float
+
+
+@onnx_op("TreeEnsembleClassifier", domain=ML, emits=_TREE_EMITS)
+def tree_ensemble_classifier(ctx: NodeCtx) -> list[Value]:
+    """Per class, the summed leaf weights plus the base value; the label of each row's first highest score among
+    the classes that have one (a weight in a leaf the row reached, or a base value); scores of the others 0;
+    then ``post_transform``. Two classes are refused: ONNX Runtime reads a two-class ensemble by rules of its
+    own (one score made two, labels by its sign or by 0.5, base values used in part) that the specification
+    does not state."""
+    b = ctx.b
+    x = _tree_features(ctx)
+    forest = read_forest(ctx)
+    name = "classlabels_int64s" if ctx.has_attr("classlabels_int64s") else "classlabels_ints"
+    classes = len(ctx.attr_ints(name, [])) or len(ctx.attr("classlabels_strings", []))
+    labels = _int_labels(ctx, classes)
+    if classes <= 2:
+        raise ctx.unsupported(f"a tree classifier of {classes} classes (ONNX Runtime's two-class rules are its "
+                              "own; export the score as a TreeEnsembleRegressor)")
+    weights, listed = leaf_weights(ctx, forest, "class", classes)
+    scores, reached = run_forest(ctx, x, forest, [weights, listed])
+    scores = _summed(ctx, scores, len(forest.roots))
+    base = _base_values(ctx, classes)
+    if base is not None:
+        scores = b.add(scores, b.const(base.astype(scores.dtype.np)))
+        return [_labelled(ctx, scores, labels), _post_transform(ctx, scores)]
+    has = b.greater(reached, scalar(b, 0.0, reached.dtype))
+    scored = b.where(has, scores, scalar(b, 0.0, scores.dtype))
+    ranked = b.where(has, scores, scalar(b, -np.inf, scores.dtype))
+    return [_labelled(ctx, ranked, labels), _post_transform(ctx, scored)]
