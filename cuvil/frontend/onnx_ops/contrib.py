@@ -18,6 +18,7 @@ from cuvil.frontend.onnx_ops.blocks import positions, reshape_to, scalar
 from cuvil.frontend.onnx_ops.elementwise import swish_of
 from cuvil.frontend.onnx_ops.linalg import gemm
 from cuvil.frontend.onnx_ops.nn import conv, mean_square, moments, wants_output
+from cuvil.frontend.onnx_ops.quant import i32
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
@@ -325,9 +326,9 @@ def _attention_mask(ctx: NodeCtx, mask: Value, x: Value, dtype: DType) -> Value:
     if rank == 1:
         key = positions(b, [1, seq], DType.i32)
         if mask.shape[0] == batch:
-            keep = b.less(key, reshape_to(b, _i32(b, mask), [batch, 1]))
+            keep = b.less(key, reshape_to(b, i32(b, mask), [batch, 1]))
         elif isinstance(batch, int) and mask.shape[0] == 2 * batch:
-            bounds = _i32(b, mask)
+            bounds = i32(b, mask)
             end = reshape_to(b, b.split(bounds, axis=0, sizes=[batch, batch], index=0), [batch, 1])
             start = reshape_to(b, b.split(bounds, axis=0, sizes=[batch, batch], index=1), [batch, 1])
             keep = b.logical_and(b.less(key, end), b.greater_equal(key, start))
@@ -340,7 +341,3 @@ def _attention_mask(ctx: NodeCtx, mask: Value, x: Value, dtype: DType) -> Value:
         shape = [batch, 1, 1, seq] if rank == 2 else [batch, 1, seq, seq]
         return reshape_to(b, b.where(keep, zero, hidden), shape)
     raise ctx.unsupported(f"a mask_index of rank {rank} (the CPU kernel's forms are 1-D, 2-D and 3-D)")
-
-
-def _i32(b: Builder, v: Value) -> Value:
-    return v if v.dtype is DType.i32 else b.cast(v, to=DType.i32)

@@ -17,6 +17,7 @@ import numpy as np
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.blocks import reshape_to, scalar
+from cuvil.frontend.onnx_ops.nn import dims_product
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
@@ -172,9 +173,7 @@ def array_feature_extractor(ctx: NodeCtx) -> Value:
     """x[..., indices] along the last axis, indices flattened; a vector input gives one row."""
     b = ctx.b
     x, idx = ctx.input(0), ctx.input(1)
-    count = 1
-    for d in idx.shape:
-        count = count * d
+    count = dims_product(idx.shape)
     flat = reshape_to(b, idx, [count])
     out = b.gather(x, flat, axis=x.type.rank - 1)
     return reshape_to(b, out, [1, count]) if x.type.rank == 1 else out

@@ -415,10 +415,10 @@ def _flat_2d(ctx: NodeCtx, x: Value, axis: int) -> tuple[Value, int]:
         return x, axis
     if axis == rank - 1:
         return x, axis
-    return ctx.b.reshape(x, shape=[_prod(x.shape[:axis]), _prod(x.shape[axis:])]), 1
+    return ctx.b.reshape(x, shape=[dims_product(x.shape[:axis]), dims_product(x.shape[axis:])]), 1
 
 
-def _prod(dims: Sequence[Dim]) -> Dim:
+def dims_product(dims: Sequence[Dim]) -> Dim:
     out: Dim = 1
     for d in dims:
         out = out * d

@@ -14,11 +14,12 @@ import numpy as np
 
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
-from cuvil.frontend.onnx_ops.nn import pool_window
+from cuvil.frontend.onnx_ops.nn import dims_product, pool_window
 from cuvil.frontend.onnx_ops.quant import (
     DYNAMIC_PRODUCT_EMITS,
     centered,
     dynamic_quantized_product,
+    i32,
     per_tensor,
     requantize,
 )
@@ -95,17 +96,10 @@ def qlinear_softmax(ctx: NodeCtx) -> Value:
     def softmax(v: Value) -> Value:
         if ctx.attr_int("opset") >= 13 or axis == rank - 1:
             return b.softmax(v, axis=axis)
-        flat = b.reshape(v, shape=[_product(v.shape[:axis]), _product(v.shape[axis:])])
+        flat = b.reshape(v, shape=[dims_product(v.shape[:axis]), dims_product(v.shape[axis:])])
         return b.reshape(b.softmax(flat, axis=1), shape=list(v.shape))
 
     return _through_float(ctx, softmax)
-
-
-def _product(dims: tuple) -> object:
-    out: object = 1
-    for d in dims:
-        out = out * d
-    return out
 
 
 def _channels_first(ctx: NodeCtx, x: Value, pool: Callable[[Value], Value]) -> Value:
@@ -188,7 +182,7 @@ def qgemm(ctx: NodeCtx) -> Value:
         acc_w = b.transpose(acc_w, perm=[1, 0])
     acc = b.matmul(acc_a, acc_w)
     if ctx.has_input(6):
-        acc = b.add(acc, ctx.input(6) if ctx.input(6).dtype is DType.i32 else b.cast(ctx.input(6), to=DType.i32))
+        acc = b.add(acc, i32(b, ctx.input(6)))
     scale = b.mul(_scalar_param(ctx, 1), per_tensor(ctx, ctx.input(4)))
     alpha = ctx.attr_float("alpha", 1.0)
     if alpha != 1.0:
