@@ -22,26 +22,35 @@ OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
 MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
 
 
-def _model(op: str, features: int, outputs: list[str], dtype: int = TensorProto.FLOAT, **attrs: Any) -> onnx.ModelProto:
-    node = helper.make_node(op, ["x"], outputs, domain="ai.onnx.ml", **attrs)
-    graph = helper.make_graph([node], op, [helper.make_tensor_value_info("x", dtype, ["n", features])],
+def _graph_model(op: str, inputs: list[tuple[str, int, list[Any]]], outputs: list[str],
+                 **attrs: Any) -> onnx.ModelProto:
+    node = helper.make_node(op, [n for n, _, _ in inputs], outputs, domain="ai.onnx.ml", **attrs)
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
                               [helper.make_empty_tensor_value_info(o) for o in outputs])
     return helper.make_model(graph, opset_imports=OPSETS, ir_version=8)
 
 
-def _agree(model: onnx.ModelProto, x: np.ndarray, tol: float = 1e-5, compiled: bool = False) -> list[np.ndarray]:
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    got = run_reference(import_onnx(model), [x])
+def _model(op: str, features: int, outputs: list[str], dtype: int = TensorProto.FLOAT, **attrs: Any) -> onnx.ModelProto:
+    return _graph_model(op, [("x", dtype, ["n", features])], outputs, **attrs)
+
+
+def _agree_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tol: float = 1e-5,
+                 compiled: bool = False) -> list[np.ndarray]:
+    """The interpreter's results (and the compiled library's) against ONNX Runtime's; returns the first."""
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    runs = [run_reference(import_onnx(model), list(feeds.values()))]
     if compiled:
-        library = cuvil.compile(model, cache=False)
-        out = library(x)
-        got_lib = [np.asarray(v) for v in (out if isinstance(out, tuple) else (out,))]
-        for g, w in zip(got_lib, want, strict=True):
+        out = cuvil.compile(model, cache=False)(*feeds.values())
+        runs.append([np.asarray(v) for v in (out if isinstance(out, tuple) else (out,))])
+    for got in runs:
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
             np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
-    return got
+    return runs[0]
+
+
+def _agree(model: onnx.ModelProto, x: np.ndarray, tol: float = 1e-5, compiled: bool = False) -> list[np.ndarray]:
+    return _agree_feeds(model, {"x": x}, tol, compiled)
 
 
 def _forest(rng: np.random.Generator, trees: int, features: int, outputs: int, depth: int, modes: list[str],
@@ -225,3 +234,58 @@ def test_a_class_no_reached_leaf_weighs_takes_no_part_in_the_label() -> None:
     model = _model("TreeEnsembleClassifier", 1, ["label", "scores"], classlabels_int64s=[7, 8, 9], **attrs)
     labels, scores = _agree(model, np.array([[-1.0], [1.0]], np.float32))
     assert labels.tolist() == [8, 9] and scores[:, 0].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(("replaced", "imputed"), [(float("nan"), [1.5]), (float("nan"), [1.0, 2.0, 3.0]),
+                                                   (-1.0, [9.0])], ids=["nan", "nan-per-feature", "value"])
+def test_imputer_floats(replaced: float, imputed: list[float]) -> None:
+    x = np.array([[np.nan, 1.0, -1.0], [2.0, np.nan, np.nan], [-1.0, -1.0, 4.0]], np.float32)
+    _agree_feeds(_graph_model("Imputer", [("x", TensorProto.FLOAT, [3, 3])], ["y"], replaced_value_float=replaced,
+                              imputed_value_floats=imputed), {"x": x})
+
+
+def test_imputer_ints() -> None:
+    x = np.array([[0, 5, 0], [7, 0, 1]], np.int64)
+    _agree_feeds(_graph_model("Imputer", [("x", TensorProto.INT64, [2, 3])], ["y"], replaced_value_int64=0,
+                              imputed_value_int64s=[4, 5, 6]), {"x": x})
+
+
+@pytest.mark.parametrize(("keys", "values", "x"), [
+    ({"keys_int64s": [3, 1, 7]}, {"values_int64s": [10, 20, 30], "default_int64": -5}, np.array([[1, 2, 7, 3]])),
+    ({"keys_int64s": [3, 1, 7]}, {"values_floats": [0.5, 1.5, 2.5], "default_float": 9.0}, np.array([1, 4, 7, 7])),
+    ({"keys_floats": [0.5, -1.0]}, {"values_int64s": [1, 2]}, np.array([[0.5, 0.25], [-1.0, 0.5]], np.float32)),
+], ids=["int-int", "int-float", "float-int"])
+def test_label_encoder(keys: dict[str, Any], values: dict[str, Any], x: np.ndarray) -> None:
+    kind = TensorProto.FLOAT if x.dtype == np.float32 else TensorProto.INT64
+    model = _graph_model("LabelEncoder", [("x", kind, list(x.shape))], ["y"], **keys, **values)
+    model.opset_import[1].version = 2
+    _agree_feeds(model, {"x": x.astype(np.float32 if kind == TensorProto.FLOAT else np.int64)})
+
+
+def test_one_hot_encoder_and_feature_vectorizer() -> None:
+    x = np.array([[2, 5], [9, 2]], np.int64)
+    _agree_feeds(_graph_model("OneHotEncoder", [("x", TensorProto.INT64, [2, 2])], ["y"], cats_int64s=[2, 5, 7]),
+                 {"x": x})
+    a, c = np.arange(6, dtype=np.int64).reshape(2, 3), np.array([[7], [8]], np.int64)
+    _agree_feeds(_graph_model("FeatureVectorizer", [("a", TensorProto.INT64, [2, 3]), ("c", TensorProto.INT64, [2, 1])],
+                              ["y"], inputdimensions=[2, 3]), {"a": a, "c": c})
+
+
+@pytest.mark.parametrize(("kernel", "params"), [("LINEAR", [0.0, 0.0, 0.0]), ("POLY", [0.3, 1.0, 3.0]),
+                                                ("RBF", [0.2, 0.0, 0.0]), ("SIGMOID", [0.1, -0.5, 0.0])])
+@pytest.mark.parametrize("one_class", [0, 1])
+def test_svm_regressor(kernel: str, params: list[float], one_class: int) -> None:
+    rng = np.random.default_rng(len(kernel) + one_class)
+    supports, features = 5, 3
+    x = rng.standard_normal((8, features)).astype(np.float32)
+    model = _model("SVMRegressor", features, ["y"], kernel_type=kernel, kernel_params=params, n_supports=supports,
+                   support_vectors=rng.standard_normal(supports * features).tolist(),
+                   coefficients=rng.standard_normal(supports).tolist(), rho=[0.25], one_class=one_class)
+    _agree(model, x, tol=1e-4)
+
+
+def test_linear_svm_regressor() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    _agree(_model("SVMRegressor", 4, ["y"], coefficients=rng.standard_normal(4).tolist(), rho=[-0.5],
+                  kernel_type="LINEAR", kernel_params=[0.0, 0.0, 0.0], n_supports=0), x)

@@ -1,5 +1,6 @@
 """ONNX-ML (``ai.onnx.ml``) ops: the classical models that scikit-learn, XGBoost and LightGBM exporters write
-(linear models, scalers, normalizers, tree ensembles), spelled out in Cuvil's tensor ops.
+(linear models, support vector regression, tree ensembles) and the feature preparation of their pipelines
+(imputation, scaling, normalization, numeric encodings), spelled out in Cuvil's tensor ops.
 
 A tree ensemble runs every tree at once, one level per step: each row's current node in each tree is an index
 into the forest's flattened node tables (feature, threshold, mode, children), a leaf's children are itself,
@@ -415,3 +416,173 @@ def tree_ensemble_classifier(ctx: NodeCtx) -> list[Value]:
     scored = b.where(has, scores, scalar(b, 0.0, scores.dtype))
     ranked = b.where(has, scores, scalar(b, -np.inf, scores.dtype))
     return [_labelled(ctx, ranked, labels), _post_transform(ctx, scored)]
+
+
+# --------------------------------------------------------------------------------------
+# feature preparation: imputation, encodings, concatenation
+
+
+@onnx_op("Imputer", domain=ML, emits=("isnan", "equal", "where", "reshape"))
+def imputer(ctx: NodeCtx) -> Value:
+    """Each element equal to the replaced value (NaN: each NaN) becomes the imputed value of its feature (one
+    value, or one per feature along the last axis)."""
+    b = ctx.b
+    x = ctx.input(0)
+    if x.dtype.is_float:
+        imputed = np.asarray(ctx.attr_floats("imputed_value_floats", []), dtype=x.dtype.np)
+        replaced = ctx.attr_float("replaced_value_float", 0.0)
+        hit = b.isnan(x) if np.isnan(replaced) else b.equal(x, scalar(b, replaced, x.dtype))
+    else:
+        imputed = np.asarray(ctx.attr_ints("imputed_value_int64s", []), dtype=x.dtype.np)
+        hit = b.equal(x, scalar(b, ctx.attr_int("replaced_value_int64", 0), x.dtype))
+    features = x.shape[-1] if x.type.rank else 1
+    if imputed.size not in (1, features):
+        raise ShapeError(f"{imputed.size} imputed values for {features} features", location=ctx.location,
+                         hint="give one imputed value, or one per feature")
+    return b.where(hit, b.const(imputed if imputed.size > 1 else imputed.reshape(())), x)
+
+
+def _number_list(ctx: NodeCtx, stem: str) -> np.ndarray | None:
+    """``{stem}_int64s`` or ``{stem}_floats`` (or ``{stem}_tensor``) as an array; string forms are refused."""
+    if ctx.has_attr(f"{stem}_strings"):
+        raise ctx.unsupported(f"string {stem} ({stem}_strings): Cuvil's tensors hold numbers")
+    if ctx.has_attr(f"{stem}_tensor"):
+        return np.asarray(ctx.attr(f"{stem}_tensor")).reshape(-1)
+    if ctx.has_attr(f"{stem}_int64s"):
+        return np.asarray(ctx.attr_ints(f"{stem}_int64s"), dtype=np.int64)
+    if ctx.has_attr(f"{stem}_floats"):
+        return np.asarray(ctx.attr_floats(f"{stem}_floats"), dtype=np.float32)
+    return None
+
+
+@onnx_op("LabelEncoder", domain=ML, emits=("reshape", "equal", "reduce_max", "argmax", "gather", "where"))
+def label_encoder(ctx: NodeCtx) -> Value:
+    """Each element's value at its key (``keys_*`` -> ``values_*``), the default where no key equals it."""
+    b = ctx.b
+    x = ctx.input(0)
+    keys, values = _number_list(ctx, "keys"), _number_list(ctx, "values")
+    if keys is None or values is None or keys.size != values.size or not keys.size:
+        raise ShapeError("LabelEncoder needs as many numeric values as keys", location=ctx.location,
+                         hint="give keys_int64s / keys_floats and values_int64s / values_floats of one length")
+    if ctx.has_attr("default_tensor"):
+        default = np.asarray(ctx.attr("default_tensor")).reshape(()).astype(values.dtype)
+    elif values.dtype == np.int64:
+        default = np.asarray(ctx.attr_int("default_int64", -1), dtype=np.int64)
+    else:
+        default = np.asarray(ctx.attr_float("default_float", -0.0), dtype=values.dtype)
+    key_dtype = DType.from_numpy(keys.dtype)
+    if key_dtype is not x.dtype:
+        raise ShapeError(f"keys of {key_dtype.value} for an input of {x.dtype.value}", location=ctx.location,
+                         hint="the keys' type is the input's")
+    rank = x.type.rank
+    matches = b.equal(b.reshape(x, shape=[*x.shape, 1]), b.const(keys))  # [..., K]
+    found = b.reduce_max(b.cast(matches, to=DType.i32), axes=[rank], keepdims=False)
+    index = b.argmax(b.cast(matches, to=DType.i32), axis=rank, keepdims=False)
+    mapped = b.gather(b.const(values), index, axis=0)
+    return b.where(b.equal(found, scalar(b, 1, DType.i32)), mapped, b.const(default))
+
+
+@onnx_op("OneHotEncoder", domain=ML, emits=("reshape", "equal", "cast"))
+def one_hot_encoder(ctx: NodeCtx) -> Value:
+    """One float column per category (``cats_int64s``), 1.0 where the element equals it; an element of no
+    category is a row of zeros (``zeros=1``; ``zeros=0``, an error at run time, is refused)."""
+    b = ctx.b
+    x = ctx.input(0)
+    if ctx.has_attr("cats_strings"):
+        raise ctx.unsupported("string categories (cats_strings): Cuvil's tensors hold numbers")
+    if not ctx.attr_int("zeros", 1):
+        raise ctx.unsupported("zeros=0 (an unknown category is an error at run time)")
+    cats = np.asarray(ctx.attr_ints("cats_int64s"), dtype=np.int64)
+    work = x if x.dtype is DType.i64 else b.cast(x, to=DType.i64) if not x.dtype.is_float else x
+    table = b.const(cats if work.dtype is DType.i64 else cats.astype(work.dtype.np))
+    hot = b.equal(b.reshape(work, shape=[*x.shape, 1]), table)
+    return b.cast(hot, to=DType.f32)
+
+
+@onnx_op("FeatureVectorizer", domain=ML, emits=("cast", "reshape", "concat", "slice", "pad"))
+def feature_vectorizer(ctx: NodeCtx) -> Value:
+    """The inputs' features side by side as floats, each cut or zero-padded to its ``inputdimensions`` entry."""
+    b = ctx.b
+    sizes = ctx.attr_ints("inputdimensions")
+    count = len(ctx.node.input)
+    if len(sizes) != count:
+        raise ShapeError(f"{len(sizes)} input dimensions for {count} inputs", location=ctx.location,
+                         hint="give one inputdimensions entry per input")
+    parts = []
+    for i, size in enumerate(sizes):
+        x = ctx.input(i)
+        x = b.reshape(x, shape=[1, x.shape[0]]) if x.type.rank == 1 else x
+        x = x if x.dtype is DType.f32 else b.cast(x, to=DType.f32)
+        width = x.shape[-1]
+        if not isinstance(width, int):
+            raise ctx.unsupported("a symbolic feature count")
+        if width > size:
+            x = b.slice(x, starts=[0] * x.type.rank, ends=[*x.shape[:-1], size], steps=[1] * x.type.rank)
+        elif width < size:
+            x = b.pad(x, pads=[0] * (2 * x.type.rank - 1) + [size - width], mode="constant", value=0.0)
+        parts.append(x)
+    return parts[0] if len(parts) == 1 else b.concat(*parts, axis=-1)
+
+
+# --------------------------------------------------------------------------------------
+# support vector regression
+
+_KERNELS = ("LINEAR", "POLY", "RBF", "SIGMOID")
+
+
+@onnx_op("SVMRegressor", domain=ML, emits=("cast", "reshape", "matmul", "mul", "add", "sub", "pow", "exp", "tanh",
+                                           "reduce_sum", "greater", "where"))
+def svm_regressor(ctx: NodeCtx) -> Value:
+    """``sum_j coefficients_j K(x, sv_j) + rho`` over the support vectors (with none: ``x . coefficients +
+    rho``), K the LINEAR, POLY ``(gamma x.sv + coef0)^degree``, RBF ``exp(-gamma |x - sv|^2)`` or SIGMOID
+    ``tanh(gamma x.sv + coef0)`` kernel; a one-class model gives 1 where that is positive, else -1."""
+    b = ctx.b
+    x = _features(ctx, ctx.input(0))
+    dt = x.dtype
+    features = x.shape[1]
+    if not isinstance(features, int):
+        raise ctx.unsupported("a symbolic feature count")
+    coef = np.asarray(ctx.attr_floats("coefficients"), dtype=dt.np)
+    rho = np.asarray(ctx.attr_floats("rho", [0.0]), dtype=dt.np)
+    supports = ctx.attr_int("n_supports", 0)
+    if ctx.attr_str("post_transform", "NONE") != "NONE":
+        raise ctx.unsupported(f"post_transform {ctx.attr_str('post_transform')} of an SVM regressor")
+    if supports == 0:
+        if coef.size != features:
+            raise ShapeError(f"{coef.size} coefficients for {features} features", location=ctx.location,
+                             hint="a linear SVM has one coefficient per feature")
+        score = b.matmul(x, b.const(coef.reshape(features, 1)))
+    else:
+        vectors = np.asarray(ctx.attr_floats("support_vectors"), dtype=dt.np)
+        if vectors.size != supports * features or coef.size != supports:
+            raise ShapeError(f"{vectors.size} support vector values and {coef.size} coefficients for "
+                             f"{supports} support vectors of {features} features", location=ctx.location,
+                             hint="give n_supports x features support_vectors and n_supports coefficients")
+        kernel = _kernel(ctx, x, vectors.reshape(supports, features))  # [N, S]
+        score = b.matmul(kernel, b.const(coef.reshape(supports, 1)))
+    score = b.add(score, b.const(rho.reshape(())))
+    if ctx.attr_int("one_class", 0):
+        return b.where(b.greater(score, scalar(b, 0.0, dt)), scalar(b, 1.0, dt), scalar(b, -1.0, dt))
+    return score
+
+
+def _kernel(ctx: NodeCtx, x: Value, vectors: np.ndarray) -> Value:
+    """K(x_i, sv_j) for every row and support vector: [N, S]."""
+    b = ctx.b
+    dt = x.dtype
+    kind = ctx.attr_str("kernel_type", "LINEAR")
+    if kind not in _KERNELS:
+        raise ctx.unsupported(f"kernel_type {kind} (supported: {', '.join(_KERNELS)})")
+    params = ctx.attr_floats("kernel_params", [])
+    gamma, coef0, degree = (params + [0.0, 0.0, 0.0][len(params):])[:3]
+    if kind == "RBF":
+        diff = b.sub(b.reshape(x, shape=[x.shape[0], 1, vectors.shape[1]]), b.const(vectors[None]))
+        distance = b.reduce_sum(b.mul(diff, diff), axes=[2], keepdims=False)
+        return b.exp(b.mul(distance, scalar(b, -gamma, dt)))
+    dot = b.matmul(x, b.const(np.ascontiguousarray(vectors.T)))
+    if kind == "LINEAR":
+        return dot
+    affine = b.add(b.mul(dot, scalar(b, gamma, dt)), scalar(b, coef0, dt))
+    if kind == "POLY":
+        return b.pow(affine, scalar(b, degree, dt))
+    return b.tanh(affine)
