@@ -228,6 +228,9 @@ def test_attention_refuses_a_cache_and_bad_sizes() -> None:
     with pytest.raises(UnsupportedOpError, match="past"):
         import_onnx(contrib_model("Attention", feeds, ["y"], num_heads=_HEADS))
     feeds = _attention_feeds(rng, (8, 8, 8))
+    for heads in (0, -2):
+        with pytest.raises(ShapeError, match="num_heads"):
+            import_onnx(contrib_model("Attention", feeds, ["y"], num_heads=heads))
     with pytest.raises(ShapeError, match="qkv_hidden_sizes"):
         import_onnx(contrib_model("Attention", feeds, ["y"], num_heads=_HEADS, qkv_hidden_sizes=[8, 6, 10]))
 

@@ -179,6 +179,8 @@ def _stump(**extra: Any) -> dict[str, Any]:
     ({"nodes_nodeids": [0, 1, 1]}, ShapeError, "twice"),
     ({"target_ids": [0, 3]}, ShapeError, "lacks"),
     ({"nodes_modes": ["BRANCH_XX", "LEAF", "LEAF"]}, UnsupportedOpError, "BRANCH_XX"),
+    ({"nodes_featureids": [3, 0, 0]}, ShapeError, "feature 3"),
+    ({"nodes_featureids": [-1, 0, 0]}, ShapeError, "feature -1"),
     ({"aggregate_function": "MAX"}, UnsupportedOpError, "aggregate_function"),
     ({"post_transform": "PROBIT"}, UnsupportedOpError, "PROBIT"),
 ])
@@ -210,6 +212,11 @@ def test_linear_classifier(post: str, classes: int) -> None:
             import_onnx(model)
         return
     _agree(model, x)
+
+
+def test_a_linear_regressor_of_no_targets_is_refused() -> None:
+    with pytest.raises(ShapeError, match="0 targets"):
+        import_onnx(_model("LinearRegressor", 2, ["y"], coefficients=[1.0, 2.0], targets=0))
 
 
 def test_linear_regressor_scaler_normalizer() -> None:
@@ -266,6 +273,9 @@ def test_one_hot_encoder_and_feature_vectorizer() -> None:
     x = np.array([[2, 5], [9, 2]], np.int64)
     _agree_feeds(_graph_model("OneHotEncoder", [("x", TensorProto.INT64, [2, 2])], ["y"], cats_int64s=[2, 5, 7]),
                  {"x": x})
+    xf = np.array([[2.7, 5.0], [-1.5, 7.2]], np.float32)  # truncated to integers first
+    _agree_feeds(_graph_model("OneHotEncoder", [("x", TensorProto.FLOAT, [2, 2])], ["y"], cats_int64s=[-1, 2, 7]),
+                 {"x": xf})
     a, c = np.arange(6, dtype=np.int64).reshape(2, 3), np.array([[7], [8]], np.int64)
     _agree_feeds(_graph_model("FeatureVectorizer", [("a", TensorProto.INT64, [2, 3]), ("c", TensorProto.INT64, [2, 1])],
                               ["y"], inputdimensions=[2, 3]), {"a": a, "c": c})

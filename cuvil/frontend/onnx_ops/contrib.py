@@ -284,6 +284,8 @@ def ms_attention(ctx: NodeCtx) -> Value:
         raise ShapeError(f"Attention takes input [batch, sequence, hidden] and weights [hidden, width], got "
                          f"{x.type} and {weights.type}", location=ctx.location, hint="check the node's inputs")
     heads = ctx.attr_int("num_heads")
+    if heads < 1:
+        raise ShapeError(f"num_heads {heads}", location=ctx.location, hint="an attention has one head or more")
     width = weights.shape[1]
     sizes = ctx.attr_ints("qkv_hidden_sizes", [])
     if not sizes:

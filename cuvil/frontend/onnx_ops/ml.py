@@ -93,7 +93,7 @@ def linear_regressor(ctx: NodeCtx) -> Value:
     x = _features(ctx, ctx.input(0))
     targets = ctx.attr_int("targets", 1)
     coef = np.asarray(ctx.attr_floats("coefficients"), dtype=np.float32)
-    if coef.size % targets:
+    if targets < 1 or coef.size % targets:
         raise ShapeError(f"{coef.size} coefficients for {targets} targets", location=ctx.location,
                          hint="give features x targets coefficients")
     scores = b.matmul(x, b.const(coef.reshape(targets, -1).T.astype(x.dtype.np)))
@@ -310,6 +310,12 @@ def run_forest(ctx: NodeCtx, x: Value, forest: Forest, tables: list[np.ndarray])
     """Each per-leaf table [nodes, outputs] summed over the leaves each row of ``x`` [N, F] reaches, one in
     every tree: [N, outputs] per table."""
     b = ctx.b
+    branches = forest.feature[forest.true_next != np.arange(len(forest.feature))]
+    features = x.shape[1]
+    if branches.size and (branches.min() < 0 or (isinstance(features, int) and branches.max() >= features)):
+        raise ShapeError(f"a node tests feature {int(branches.min() if branches.min() < 0 else branches.max())} "
+                         f"of rows of {features} features", location=ctx.location,
+                         hint="nodes_featureids index the input's last axis")
     dt = x.dtype
     rows, trees = x.shape[0], len(forest.roots)
     table = {name: b.const(arr) for name, arr in (("feature", forest.feature), ("true", forest.true_next),
@@ -493,9 +499,8 @@ def one_hot_encoder(ctx: NodeCtx) -> Value:
     if not ctx.attr_int("zeros", 1):
         raise ctx.unsupported("zeros=0 (an unknown category is an error at run time)")
     cats = np.asarray(ctx.attr_ints("cats_int64s"), dtype=np.int64)
-    work = x if x.dtype is DType.i64 else b.cast(x, to=DType.i64) if not x.dtype.is_float else x
-    table = b.const(cats if work.dtype is DType.i64 else cats.astype(work.dtype.np))
-    hot = b.equal(b.reshape(work, shape=[*x.shape, 1]), table)
+    work = x if x.dtype is DType.i64 else b.cast(x, to=DType.i64)  # a float input is truncated, as ONNX Runtime does
+    hot = b.equal(b.reshape(work, shape=[*x.shape, 1]), b.const(cats))
     return b.cast(hot, to=DType.f32)
 
 
