@@ -11,7 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx_testing import contrib_model, ort_agrees
+from onnx import TensorProto, helper, numpy_helper
+from onnx_testing import CONTRIB_OPSETS, contrib_model, ort_agrees
 
 import cuvil
 from cuvil.errors import ShapeError, UnsupportedOpError
@@ -193,3 +194,54 @@ def test_quantized_networks_compile_and_agree(form: str, tmp_path: Any) -> None:
     got = cuvil.compile(str(path), cache=False)(*inputs)
     got = np.asarray(got[0] if isinstance(got, tuple) else got)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def _pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """Rows of unsigned ``bits``-wide values packed into bytes, the lowest bits first (rows padded to bytes)."""
+    per_byte = 8 // bits
+    rows, count = values.shape
+    padded = np.zeros((rows, -(-count // per_byte) * per_byte), np.uint16)
+    padded[:, :count] = values
+    grouped = padded.reshape(rows, -1, per_byte) << (np.arange(per_byte, dtype=np.uint16) * bits)
+    return grouped.sum(axis=2).astype(np.uint8)
+
+
+_NBITS = [(2, "packed"), (2, "none"), (4, "packed"), (4, "float"), (4, "none"), (8, "packed"), (8, "none")]
+"""Bit widths and zero-point forms (ONNX Runtime's CPU kernel takes float zero points at 4 bits only)."""
+
+
+@pytest.mark.parametrize(("bits", "zero_points"), _NBITS, ids=[f"{b}bit-{z}" for b, z in _NBITS])
+@pytest.mark.parametrize(("k", "block"), [(64, 32), (40, 16)], ids=["whole-blocks", "ragged-last-block"])
+def test_matmul_nbits(bits: int, zero_points: str, k: int, block: int) -> None:
+    """Weights quantized and packed here, block by block along K, against ONNX Runtime's MatMulNBits."""
+    rng = np.random.default_rng(bits * 7 + k)
+    n = 12
+    blocks = -(-k // block)
+    q = rng.integers(0, 1 << bits, (n, blocks * block))
+    scales = (rng.random((n, blocks)) * 0.1 + 0.01).astype(np.float32)
+    feeds: dict[str, np.ndarray | None] = {"a": rng.standard_normal((3, 5, k)).astype(np.float32)}
+    model_b = _pack(q, bits).reshape(n, blocks, block * bits // 8)
+    zp: np.ndarray | None = None
+    if zero_points == "packed":
+        zp = _pack(rng.integers(0, 1 << bits, (n, blocks)), bits).reshape(-1)
+    elif zero_points == "float":
+        zp = (rng.random((n, blocks)) * 15).astype(np.float32).reshape(-1)
+    consts = {"b": model_b, "scales": scales.reshape(-1), "zp": zp}
+    node = helper.make_node("MatMulNBits", ["a", "b", "scales", "zp" if zp is not None else "", "", "bias"], ["y"],
+                            domain="com.microsoft", K=k, N=n, bits=bits, block_size=block)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, 5, k])],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(v, name) for name, v in
+                               {**consts, "bias": rng.standard_normal(n).astype(np.float32)}.items() if v is not None])
+    model = helper.make_model(graph, opset_imports=CONTRIB_OPSETS, ir_version=8)
+    ort_agrees(model, feeds, tol=1e-4)
+
+
+def test_matmul_nbits_refuses_what_it_does_not_read() -> None:
+    rng = np.random.default_rng(0)
+    b = np.zeros((4, 1, 16), np.uint8)
+    feeds = {"a": rng.standard_normal((2, 32)).astype(np.float32), "b": b, "s": np.ones(4, np.float32)}
+    with pytest.raises(UnsupportedOpError, match="compile-time value"):
+        import_onnx(contrib_model("MatMulNBits", feeds, ["y"], K=32, N=4, bits=4, block_size=32))
+    with pytest.raises(UnsupportedOpError, match="bits=3"):
+        import_onnx(contrib_model("MatMulNBits", feeds, ["y"], K=32, N=4, bits=3, block_size=32))

@@ -1,5 +1,6 @@
 """ONNX Runtime's quantized contrib ops (``com.microsoft``): the operator format (QOperator) that
-``onnxruntime.quantization`` writes, and the dynamic-quantization products its optimizer saves.
+``onnxruntime.quantization`` writes, the dynamic-quantization products its optimizer saves, and the
+block-quantized weights (MatMulNBits) of its weight-only quantizers.
 
 An op on quantized tensors means its float op between a dequantization of each input and a quantization of
 the result (the QDQ reading of the same model); a product means the exact i32 product of zero-point-centred
@@ -216,3 +217,60 @@ def matmul_integer_to_float(ctx: NodeCtx) -> Value:
     scale = b.mul(per_tensor(ctx, ctx.input(2)), per_tensor(ctx, ctx.input(3)))
     y = b.mul(b.cast(acc, to=scale.dtype), scale)
     return b.add(y, ctx.input(6)) if ctx.has_input(6) else y
+
+
+def _unpacked(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """``count`` unsigned ``bits``-wide values from each row of bytes, the lowest bits first."""
+    rows = packed.reshape(packed.shape[0], -1).astype(np.uint16)
+    per_byte = 8 // bits
+    shifts = (np.arange(per_byte, dtype=np.uint16) * bits)
+    values = (rows[:, :, None] >> shifts) & ((1 << bits) - 1)  # [rows, bytes, per_byte]
+    return values.reshape(rows.shape[0], -1)[:, :count].astype(np.int32)
+
+
+def nbits_weights(ctx: NodeCtx, dtype: DType) -> np.ndarray:
+    """MatMulNBits' logical weights [K, N]: each block of ``block_size`` along K dequantized as ``(q -
+    zero_point) * scale`` in float32 (zero point ``2^(bits-1)`` where none is given)."""
+    k, n = ctx.attr_int("K"), ctx.attr_int("N")
+    bits, block = ctx.attr_int("bits", 4), ctx.attr_int("block_size")
+    if bits not in (2, 4, 8) or block < 16 or block & (block - 1):
+        raise ctx.unsupported(f"bits={bits}, block_size={block} (bits 2, 4 or 8; a power-of-2 block of 16 or more)")
+    if k < 1 or n < 1:
+        raise ShapeError(f"K={k}, N={n}", location=ctx.location, hint="MatMulNBits' K and N are positive")
+    blocks = -(-k // block)
+    packed = np.asarray(ctx.static(1))
+    if packed.size != n * blocks * block * bits // 8:
+        raise ShapeError(f"B holds {packed.size} bytes; N={n}, K={k} in blocks of {block} at {bits} bits take "
+                         f"{n * blocks * block * bits // 8}", location=ctx.location,
+                         hint="B is [N, blocks, block_size * bits / 8] bytes (an empty B is not supported)")
+    q = _unpacked(packed.reshape(n, -1), bits, blocks * block)  # [N, blocks * block]
+    scales = np.asarray(ctx.static(2), dtype=np.float32).reshape(-1)
+    if scales.size != n * blocks:
+        raise ShapeError(f"{scales.size} scales for N={n} rows of {blocks} blocks", location=ctx.location,
+                         hint="give one scale per row and block")
+    scales = scales.reshape(n, blocks)
+    if ctx.has_input(3):
+        zp_raw = np.asarray(ctx.static(3))
+        if zp_raw.dtype == np.uint8:
+            zero = _unpacked(zp_raw.reshape(n, -1), bits, blocks).astype(np.float32)
+        else:
+            zero = zp_raw.astype(np.float32).reshape(n, blocks)
+    else:
+        zero = np.full((n, blocks), float(1 << (bits - 1)), dtype=np.float32)
+    w = (q.astype(np.float32).reshape(n, blocks, block) - zero[:, :, None]) * scales[:, :, None]
+    return np.ascontiguousarray(w.reshape(n, blocks * block)[:, :k].T).astype(dtype.np)
+
+
+@onnx_op("MatMulNBits", domain=MS, emits=("matmul", "add"))
+def matmul_nbits(ctx: NodeCtx) -> Value:
+    """``A @ W (+ bias)``, W the block-quantized weights dequantized when the model is read (the op's
+    definition; ONNX Runtime's ``accuracy_level`` 4 would quantize A as well, which is not this meaning).
+    The weights, scales and zero points must be constants."""
+    if ctx.attr_int("weight_prepacked", 0):
+        raise ctx.unsupported("weight_prepacked=1 (weights in an execution provider's own layout)")
+    if ctx.has_input(4):
+        raise ctx.unsupported("g_idx (weights quantized in activation order)")
+    b = ctx.b
+    a = ctx.input(0)
+    y = b.matmul(a, b.const(nbits_weights(ctx, a.dtype)))
+    return b.add(y, ctx.input(5)) if ctx.has_input(5) else y
