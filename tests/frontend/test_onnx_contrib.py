@@ -355,3 +355,52 @@ def test_zoo_models_saved_by_an_onnxruntime_session_compile_and_agree(tmp_path: 
         got = cuvil.compile(str(saved), cache=False)(*inputs)
         np.testing.assert_allclose(np.asarray(got[0] if isinstance(got, tuple) else got), want, rtol=1e-4, atol=1e-4)
     assert {"FusedConv", "FusedGemm", "FusedMatMul", "SkipLayerNormalization"} <= seen
+
+
+_MHA_FORMS = ["separate", "separate-bias", "cross", "heads-first-kv", "packed-qkv"]
+
+
+@pytest.mark.parametrize("form", _MHA_FORMS)
+@pytest.mark.parametrize("mask", [None, "keys", "end"], ids=lambda m: m or "no-mask")
+def test_multi_head_attention(form: str, mask: str | None) -> None:
+    """Each input layout, with and without a key padding mask ([batch, keys] or end positions)."""
+    rng = np.random.default_rng(len(form) * 3 + (0 if mask is None else len(mask)))
+    heads, head, queries = 2, 4, 5
+    keys = 7 if form in ("cross", "heads-first-kv") else queries
+    feeds: dict[str, np.ndarray | None]
+    if form == "packed-qkv":
+        feeds = {"q": _f32(rng, _B, queries, heads, 3, head)}
+    elif form == "heads-first-kv":
+        feeds = {"q": _f32(rng, _B, queries, heads * head), "k": _f32(rng, _B, heads, keys, head),
+                 "v": _f32(rng, _B, heads, keys, head)}
+    else:
+        feeds = {"q": _f32(rng, _B, queries, heads * head), "k": _f32(rng, _B, keys, heads * head),
+                 "v": _f32(rng, _B, keys, heads * head),
+                 "bias": _f32(rng, 3 * heads * head) if form == "separate-bias" else None}
+    if mask is not None:
+        feeds = {**{n: feeds.get(n) for n in ("q", "k", "v", "bias")},
+                 "mask": (rng.random((_B, keys)) > 0.3).astype(np.int32) if mask == "keys"
+                 else np.array([keys - 2, 3], np.int32)}
+    model = contrib_model("MultiHeadAttention", feeds, ["y"], num_heads=heads)
+    if form != "packed-qkv":
+        ort_agrees(model, feeds, tol=2e-5)
+        return
+    # ONNX Runtime's CPU kernel has no packed form: the oracle is its run of the same Q, K and V unpacked
+    packed = feeds["q"]
+    assert packed is not None
+    parts = {n: np.ascontiguousarray(packed[:, :, :, i, :].reshape(_B, queries, heads * head))
+             for i, n in enumerate("qkv")}
+    unpacked = {**parts, "bias": None, **({"mask": feeds["mask"]} if mask is not None else {})}
+    (want,) = ort.InferenceSession(contrib_model("MultiHeadAttention", unpacked, ["y"], num_heads=heads)
+                                   .SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {n: a for n, a in unpacked.items() if a is not None})
+    (got,) = run_reference(import_onnx(model), [a for a in feeds.values() if a is not None])
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_multi_head_attention_causal_scaled_with_bias() -> None:
+    rng = np.random.default_rng(41)
+    feeds = {"q": _f32(rng, _B, 5, 8), "k": _f32(rng, _B, 5, 8), "v": _f32(rng, _B, 5, 6), "bias": None,
+             "mask": None, "attention_bias": _f32(rng, 1, 2, 5, 5)}
+    ort_agrees(contrib_model("MultiHeadAttention", feeds, ["y"], num_heads=2, unidirectional=1, scale=0.4), feeds,
+               tol=2e-5)

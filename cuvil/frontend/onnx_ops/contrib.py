@@ -21,6 +21,7 @@ from cuvil.frontend.onnx_ops.nn import conv, mean_square, moments, wants_output
 from cuvil.frontend.onnx_ops.quant import i32
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
+from cuvil.ir.symbolic import Dim
 from cuvil.ir.values import Value
 
 MS = "com.microsoft"
@@ -300,33 +301,88 @@ def ms_attention(ctx: NodeCtx) -> Value:
     if ctx.has_input(2):
         proj = b.add(proj, ctx.input(2))
     q, k, v = (heads_first(b, b.split(proj, axis=2, sizes=sizes, index=i), heads) for i in range(3))
-    head = sizes[0] // heads
+    mask = ctx.input(3) if ctx.has_input(3) else None
+    return _attend(ctx, q, k, v, mask, ctx.input(5) if ctx.has_input(5) else None)
+
+
+def _attend(ctx: NodeCtx, q: Value, k: Value, v: Value, mask: Value | None, bias: Value | None) -> Value:
+    """``softmax(Q K^T * scale + mask + bias) V`` of heads-first Q [B, N, S, H], K [B, N, L, H], V [B, N, L, Hv]
+    (``scale`` 1/sqrt(H) unless the node gives one; a causal mask removes the keys after each query), with
+    the heads joined again: [B, S, N * Hv]."""
+    b = ctx.b
+    batch, heads, queries, head = q.shape
+    if not isinstance(head, int):
+        raise ctx.unsupported("a symbolic head size")
     scale = ctx.attr_float("scale", 0.0) or 1.0 / math.sqrt(head)
-    scores = b.mul(b.matmul(q, k, transpose_b=True), scalar(b, scale, q.dtype))  # [B, N, S, S]
-    if ctx.has_input(3):
-        scores = b.add(scores, _attention_mask(ctx, ctx.input(3), x, q.dtype))
-    if ctx.has_input(5):
-        scores = b.add(scores, ctx.input(5))
+    scores = b.mul(b.matmul(q, k, transpose_b=True), scalar(b, scale, q.dtype))  # [B, N, S, L]
+    if mask is not None:
+        scores = b.add(scores, _attention_mask(ctx, mask, batch, queries, k.shape[2], q.dtype))
+    if bias is not None:
+        scores = b.add(scores, bias)
     if ctx.attr_int("unidirectional", 0):
-        seq = x.shape[1]
-        later = b.less_equal(positions(b, [1, seq]), positions(b, [seq, 1]))
+        keys = k.shape[2]
+        later = b.less_equal(positions(b, [1, keys]), positions(b, [queries, 1]))
         scores = b.where(later, scores, scalar(b, -np.inf, q.dtype))
     y = b.matmul(b.softmax(scores, axis=-1), v)
-    batch, _, seq, head_v = y.shape
-    return b.reshape(b.transpose(y, perm=[0, 2, 1, 3]), shape=[batch, seq, heads * head_v])
+    return b.reshape(b.transpose(y, perm=[0, 2, 1, 3]), shape=[batch, queries, heads * y.shape[3]])
 
 
-def _attention_mask(ctx: NodeCtx, mask: Value, x: Value, dtype: DType) -> Value:
-    """``mask_index`` as the scores' addend: 0 for a key attended, ``mask_filter_value`` for one hidden. Its
-    forms: [batch] (keys from each row's end position on hidden), [2 * batch] (and keys before its start
-    position), [batch, keys] and [batch, queries, keys] (entries of 0 or less hidden)."""
+@onnx_op("MultiHeadAttention", domain=MS, emits=("matmul", "add", "split", "reshape", "transpose", "mul", "softmax",
+                                                 "where", "greater", "less", "less_equal", "greater_equal",
+                                                 "logical_and", "iota", "cast"))
+def multi_head_attention(ctx: NodeCtx) -> Value:
+    """Attention of projected Q, K, V: query [B, S, D] with key and value [B, L, D] / [B, L, Dv] (plus the packed
+    ``bias`` [D + D + Dv]), or key and value already heads-first [B, N, L, H] (cross attention), or query
+    packing Q, K and V as [B, S, N, 3, H]; ``key_padding_mask`` in Attention's mask forms, ``attention_bias``,
+    ``unidirectional`` as Attention reads them."""
+    for i, what in ((6, "past_key"), (7, "past_value"), (8, "past_sequence_length"), (9, "cache_indirection")):
+        if ctx.has_input(i):
+            raise ctx.unsupported(f"the {what} input (a key/value cache)")
+    if ctx.num_outputs > 1 and any(ctx.node.output[1:]):
+        raise ctx.unsupported("the present and qk outputs")
     b = ctx.b
-    batch, seq = x.shape[0], x.shape[1]
+    heads = ctx.attr_int("num_heads")
+    if heads < 1:
+        raise ShapeError(f"num_heads {heads}", location=ctx.location, hint="an attention has one head or more")
+    query = ctx.input(0)
+    key = ctx.input(1) if ctx.has_input(1) else None
+    value = ctx.input(2) if ctx.has_input(2) else None
+    if query.type.rank == 5:
+        if key is not None or value is not None or ctx.has_input(3):
+            raise ShapeError("a packed [B, S, N, 3, H] query comes without key, value and bias",
+                             location=ctx.location, hint="give the packed query alone")
+        q, k, v = (b.transpose(b.reshape(b.split(query, axis=3, sizes=[1, 1, 1], index=i),
+                                         shape=[*query.shape[:3], query.shape[4]]), perm=[0, 2, 1, 3])
+                   for i in range(3))
+    else:
+        if query.type.rank != 3 or key is None or value is None:
+            raise ShapeError(f"MultiHeadAttention takes query [B, S, D] with key and value, got {query.type}",
+                             location=ctx.location, hint="give key and value, or a packed [B, S, N, 3, H] query")
+        if ctx.has_input(3):
+            if key.type.rank != 3:
+                raise ctx.unsupported("a bias with heads-first key and value")
+            width = query.shape[2]
+            sizes = [width, width, value.shape[2]]
+            bias = ctx.input(3)
+            query, key, value = (b.add(t, b.split(bias, axis=0, sizes=sizes, index=i))
+                                 for i, t in enumerate((query, key, value)))
+        q = heads_first(b, query, heads)
+        k = heads_first(b, key, heads) if key.type.rank == 3 else key
+        v = heads_first(b, value, heads) if value.type.rank == 3 else value
+    mask = ctx.input(4) if ctx.has_input(4) else None
+    return _attend(ctx, q, k, v, mask, ctx.input(5) if ctx.has_input(5) else None)
+
+
+def _attention_mask(ctx: NodeCtx, mask: Value, batch: Dim, queries: Dim, keys: Dim, dtype: DType) -> Value:
+    """The mask as the scores' addend: 0 for a key attended, ``mask_filter_value`` for one hidden. Its forms:
+    [batch] (keys from each row's end position on hidden), [2 * batch] (and keys before its start position),
+    [batch, keys] and [batch, queries, keys] (entries of 0 or less hidden)."""
+    b = ctx.b
     hidden = scalar(b, ctx.attr_float("mask_filter_value", MASK_FILTER_VALUE), dtype)
     zero = scalar(b, 0.0, dtype)
     rank = mask.type.rank
     if rank == 1:
-        key = positions(b, [1, seq], DType.i32)
+        key = positions(b, [1, keys], DType.i32)
         if mask.shape[0] == batch:
             keep = b.less(key, reshape_to(b, i32(b, mask), [batch, 1]))
         elif isinstance(batch, int) and mask.shape[0] == 2 * batch:
@@ -337,9 +393,9 @@ def _attention_mask(ctx: NodeCtx, mask: Value, x: Value, dtype: DType) -> Value:
         else:
             raise ShapeError(f"a 1-D mask_index of {mask.shape[0]} entries for batch {batch}", location=ctx.location,
                              hint="a 1-D mask_index holds batch end positions, or 2 * batch end and start ones")
-        return reshape_to(b, b.where(keep, zero, hidden), [batch, 1, 1, seq])
+        return reshape_to(b, b.where(keep, zero, hidden), [batch, 1, 1, keys])
     if rank in (2, 3):
         keep = b.greater(mask, scalar(b, 0, mask.dtype))
-        shape = [batch, 1, 1, seq] if rank == 2 else [batch, 1, seq, seq]
+        shape = [batch, 1, 1, keys] if rank == 2 else [batch, 1, queries, keys]
         return reshape_to(b, b.where(keep, zero, hidden), shape)
     raise ctx.unsupported(f"a mask_index of rank {rank} (the CPU kernel's forms are 1-D, 2-D and 3-D)")
