@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import cuvil
 from cuvil.errors import ShapeError, UnsupportedOpError
@@ -299,3 +299,86 @@ def test_linear_svm_regressor() -> None:
     x = rng.standard_normal((8, 4)).astype(np.float32)
     _agree(_model("SVMRegressor", 4, ["y"], coefficients=rng.standard_normal(4).tolist(), rho=[-0.5],
                   kernel_type="LINEAR", kernel_params=[0.0, 0.0, 0.0], n_supports=0), x)
+
+
+def _as_v5(attrs: dict[str, Any], targets: int) -> dict[str, Any]:
+    """A random v3 regressor's attributes in ONNX-ML 5's TreeEnsemble form: interior nodes and leaves apart, a
+    leaf keeping the first of its weights (a v5 leaf weighs one target)."""
+    key = list(zip(attrs["nodes_treeids"], attrs["nodes_nodeids"], strict=True))
+    is_leaf = [m == "LEAF" for m in attrs["nodes_modes"]]
+    inner = [g for g in range(len(key)) if not is_leaf[g]]
+    position = {key[g]: i for i, g in enumerate(inner)}
+    first_weight: dict[tuple[int, int], tuple[int, float]] = {}
+    for t, n, k, w in zip(attrs["target_treeids"], attrs["target_nodeids"], attrs["target_ids"],
+                          attrs["target_weights"], strict=True):
+        first_weight.setdefault((t, n), (k, w))
+    leaf_of = {key[g]: j for j, g in enumerate(g for g in range(len(key)) if is_leaf[g])}
+    children: set[tuple[int, int]] = set()
+    v5: dict[str, list[Any]] = {k: [] for k in ("nodes_featureids", "nodes_modes", "nodes_splits",
+                                                "nodes_truenodeids", "nodes_falsenodeids", "nodes_trueleafs",
+                                                "nodes_falseleafs", "nodes_missing_value_tracks_true")}
+    for g in inner:
+        t = key[g][0]
+        v5["nodes_featureids"].append(attrs["nodes_featureids"][g])
+        v5["nodes_modes"].append(MODES.index(attrs["nodes_modes"][g]))
+        v5["nodes_splits"].append(attrs["nodes_values"][g])
+        v5["nodes_missing_value_tracks_true"].append(attrs["nodes_missing_value_tracks_true"][g])
+        for side in ("true", "false"):
+            child = (t, attrs[f"nodes_{side}nodeids"][g])
+            children.add(child)
+            v5[f"nodes_{side}leafs"].append(int(child in leaf_of))
+            v5[f"nodes_{side}nodeids"].append(leaf_of[child] if child in leaf_of else position[child])
+    leaves = [first_weight[k] for k in leaf_of]
+    return {**{k: v for k, v in v5.items() if k not in ("nodes_modes", "nodes_splits")},
+            "nodes_modes": numpy_helper.from_array(np.asarray(v5["nodes_modes"], np.uint8)),
+            "nodes_splits": numpy_helper.from_array(np.asarray(v5["nodes_splits"], np.float32)),
+            "leaf_targetids": [k for k, _ in leaves],
+            "leaf_weights": numpy_helper.from_array(np.asarray([w for _, w in leaves], np.float32)),
+            "tree_roots": [position[k] for k in position if k not in children], "n_targets": targets}
+
+
+@pytest.mark.parametrize(("trees", "depth", "modes", "missing", "targets", "aggregate"), [
+    (6, 4, ["BRANCH_LEQ"], False, 1, 1),
+    (8, 5, MODES, True, 3, 0),
+    (5, 3, ["BRANCH_LT", "BRANCH_GTE"], True, 2, 1),
+])
+def test_tree_ensemble_v5(trees: int, depth: int, modes: list[str], missing: bool, targets: int,
+                          aggregate: int) -> None:
+    """ONNX-ML 5's TreeEnsemble (aggregate 0 AVERAGE, 1 SUM); a transform is refused, the specification and
+    ONNX Runtime numbering SOFTMAX and LOGISTIC the other way round."""
+    rng = np.random.default_rng(trees * 13 + depth)
+    x, values = _data(rng, 40, 4, missing)
+    attrs = _forest(rng, trees, 4, targets, depth, modes, missing, "target", values)
+    model = _model("TreeEnsemble", 4, ["y"], aggregate_function=aggregate, **_as_v5(attrs, targets))
+    model.opset_import[1].version = 5
+    _agree(model, x, compiled=trees == 8)
+    for post in (1, 2):
+        refused = _model("TreeEnsemble", 4, ["y"], post_transform=post, **_as_v5(attrs, targets))
+        refused.opset_import[1].version = 5
+        with pytest.raises(UnsupportedOpError, match="post_transform"):
+            import_onnx(refused)
+
+
+def _v5_stump(**extra: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = dict(
+        nodes_featureids=[0], nodes_modes=numpy_helper.from_array(np.array([0], np.uint8)),
+        nodes_splits=numpy_helper.from_array(np.array([0.0], np.float32)), nodes_truenodeids=[0],
+        nodes_falsenodeids=[1], nodes_trueleafs=[1], nodes_falseleafs=[1], leaf_targetids=[0, 0],
+        leaf_weights=numpy_helper.from_array(np.array([1.0, 2.0], np.float32)), tree_roots=[0], n_targets=1)
+    attrs.update(extra)
+    return attrs
+
+
+@pytest.mark.parametrize(("extra", "error", "match"), [
+    ({"tree_roots": [3]}, ShapeError, "tree_roots"),
+    ({"nodes_falsenodeids": [5]}, ShapeError, "outside"),
+    ({"nodes_falseleafs": [0], "nodes_falsenodeids": [0]}, ShapeError, "itself"),
+    ({"leaf_targetids": [0, 1]}, ShapeError, "leaf_targetids"),
+    ({"nodes_modes": numpy_helper.from_array(np.array([6], np.uint8))}, UnsupportedOpError, "BRANCH_MEMBER"),
+    ({"aggregate_function": 3}, UnsupportedOpError, "aggregate_function"),
+])
+def test_malformed_or_unsupported_v5_forests_are_refused(extra: dict[str, Any], error: type, match: str) -> None:
+    model = _model("TreeEnsemble", 1, ["y"], **_v5_stump(**extra))
+    model.opset_import[1].version = 5
+    with pytest.raises(error, match=match):
+        import_onnx(model)

@@ -270,16 +270,15 @@ def _depth(ctx: NodeCtx, roots: list[int], true_next: np.ndarray, false_next: np
     """The most branches from a root to a leaf (a cycle or a tree deeper than MAX_TREE_DEPTH is refused)."""
     deepest = 0
     for root in roots:
-        level, frontier, seen = 0, {root}, {root}
-        while True:
+        level, frontier = 0, {root}
+        while True:  # (a shared subtree is visited once per level; a cycle never ends, and exceeds the bound)
             nxt = {int(c) for g in frontier for c in (true_next[g], false_next[g]) if c != g}
             if not nxt:
                 break
             level += 1
-            if nxt & seen or level > MAX_TREE_DEPTH:
+            if level > MAX_TREE_DEPTH:
                 raise ShapeError(f"a tree is cyclic or deeper than {MAX_TREE_DEPTH} levels", location=ctx.location,
                                  hint="each node's children must be new nodes")
-            seen |= nxt
             frontier = nxt
         deepest = max(deepest, level)
     return deepest
@@ -591,3 +590,91 @@ def _kernel(ctx: NodeCtx, x: Value, vectors: np.ndarray) -> Value:
     if kind == "POLY":
         return b.pow(affine, scalar(b, degree, dt))
     return b.tanh(affine)
+
+
+# --------------------------------------------------------------------------------------
+# TreeEnsemble (ai.onnx.ml 5): interior nodes and leaves in tables of their own
+
+_V5_AGGREGATES = {0: "AVERAGE", 1: "SUM"}
+
+
+def _ints_or_tensor(ctx: NodeCtx, name: str) -> np.ndarray:
+    value = ctx.attr(name)
+    return np.asarray(value, dtype=np.int64).reshape(-1)
+
+
+@onnx_op("TreeEnsemble", domain=ML, emits=_TREE_EMITS)
+def tree_ensemble(ctx: NodeCtx) -> Value:
+    """The regressor of ONNX-ML 5, its interior nodes (``nodes_*``, children flagged as leaves or not) and its
+    leaves (``leaf_*``) in separate tables: read into the same flattened forest, the leaves placed after the
+    interior nodes. Set-membership splits (BRANCH_MEMBER), MIN/MAX aggregation and every post_transform but
+    NONE are refused by name."""
+    b = ctx.b
+    x = ctx.input(0)
+    if not x.dtype.is_float:
+        raise ShapeError(f"TreeEnsemble takes float rows, got {x.dtype.value}", location=ctx.location,
+                         hint="cast the input to float")
+    x = _features(ctx, x, x.dtype)
+    features = _ints_or_tensor(ctx, "nodes_featureids")
+    modes = _ints_or_tensor(ctx, "nodes_modes")
+    splits = np.asarray(ctx.attr("nodes_splits"), dtype=np.float64).reshape(-1)
+    true_ids, false_ids = _ints_or_tensor(ctx, "nodes_truenodeids"), _ints_or_tensor(ctx, "nodes_falsenodeids")
+    true_leaf, false_leaf = _ints_or_tensor(ctx, "nodes_trueleafs"), _ints_or_tensor(ctx, "nodes_falseleafs")
+    interior = features.size
+    tracks = (_ints_or_tensor(ctx, "nodes_missing_value_tracks_true")
+              if ctx.has_attr("nodes_missing_value_tracks_true") else np.zeros(interior, dtype=np.int64))
+    columns = {"nodes_modes": modes, "nodes_splits": splits, "nodes_truenodeids": true_ids,
+               "nodes_falsenodeids": false_ids, "nodes_trueleafs": true_leaf, "nodes_falseleafs": false_leaf,
+               "nodes_missing_value_tracks_true": tracks}
+    for name, column in columns.items():
+        if column.size != interior:
+            raise ShapeError(f"{name} has {column.size} entries for {interior} nodes", location=ctx.location,
+                             hint="every nodes_* attribute has one entry per interior node")
+    if (modes == 6).any():
+        raise ctx.unsupported("BRANCH_MEMBER (set-membership) splits")
+    if ((modes < 0) | (modes > 5)).any():
+        raise ctx.unsupported(f"node modes {sorted(set(modes.tolist()) - set(range(6)))}")
+    targets_of = _ints_or_tensor(ctx, "leaf_targetids")
+    weights = np.asarray(ctx.attr("leaf_weights"), dtype=np.float64).reshape(-1)
+    leaves = targets_of.size
+    if weights.size != leaves:
+        raise ShapeError(f"{weights.size} leaf weights for {leaves} leaf targets", location=ctx.location,
+                         hint="give one leaf_weights entry per leaf")
+    targets = ctx.attr_int("n_targets")
+    how = ctx.attr_int("aggregate_function", 1)
+    post = ctx.attr_int("post_transform", 0)
+    if how not in _V5_AGGREGATES:
+        raise ctx.unsupported(f"aggregate_function {how} (supported: 0 AVERAGE, 1 SUM)")
+    if post:
+        raise ctx.unsupported(f"post_transform {post} (the specification numbers SOFTMAX 1 and LOGISTIC 2, ONNX "
+                              "Runtime applies LOGISTIC for 1 and SOFTMAX for 2; only 0, NONE, means one thing)")
+    if targets < 1 or ((targets_of < 0) | (targets_of >= targets)).any():
+        raise ShapeError(f"leaf_targetids outside [0, {targets})", location=ctx.location,
+                         hint="each leaf's target is below n_targets")
+    total = interior + leaves
+
+    def child(ids: np.ndarray, to_leaf: np.ndarray) -> np.ndarray:
+        out = np.where(to_leaf != 0, interior + ids, ids)
+        bad = (out < 0) | (out >= total) | ((to_leaf == 0) & (ids >= interior))
+        if bad.any():
+            raise ShapeError(f"node {int(np.argmax(bad))} branches outside the model", location=ctx.location,
+                             hint="children index nodes_* (or leaf_* where flagged a leaf)")
+        return out
+
+    true_next = np.concatenate([child(true_ids, true_leaf), np.arange(interior, total)]).astype(np.int64)
+    false_next = np.concatenate([child(false_ids, false_leaf), np.arange(interior, total)]).astype(np.int64)
+    if (true_next[:interior] == np.arange(interior)).any() or (false_next[:interior] == np.arange(interior)).any():
+        raise ShapeError("a node branches to itself: the tree is cyclic", location=ctx.location,
+                         hint="each node's children must be new nodes")
+    roots = _ints_or_tensor(ctx, "tree_roots")
+    if ((roots < 0) | (roots >= interior)).any() or not roots.size:
+        raise ShapeError("tree_roots must index interior nodes", location=ctx.location,
+                         hint="give one interior node per tree")
+    forest = Forest(np.concatenate([features, np.zeros(leaves, dtype=np.int64)]),
+                    np.concatenate([splits, np.zeros(leaves)]), np.concatenate([modes, np.zeros(leaves, np.int64)]),
+                    true_next, false_next, np.concatenate([tracks != 0, np.zeros(leaves, bool)]),
+                    roots, _depth(ctx, roots.tolist(), true_next, false_next), {})
+    table = np.zeros((total, targets), dtype=np.float64)
+    np.add.at(table, (interior + np.arange(leaves), targets_of), weights)
+    (scores,) = run_forest(ctx, x, forest, [table])
+    return b.div(scores, scalar(b, float(roots.size), scores.dtype)) if how == 0 else scores
