@@ -14,7 +14,7 @@ import numpy as np
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_node import HALF, NodeCtx, onnx_op
 from cuvil.frontend.onnx_ops.attention import heads_first
-from cuvil.frontend.onnx_ops.blocks import positions, reshape_to, scalar
+from cuvil.frontend.onnx_ops.blocks import cast_to, positions, reshape_to, scalar
 from cuvil.frontend.onnx_ops.elementwise import swish_of
 from cuvil.frontend.onnx_ops.linalg import gemm
 from cuvil.frontend.onnx_ops.nn import conv, mean_square, moments, wants_output
@@ -38,10 +38,6 @@ MASK_FILTER_VALUE = -10000.0
 def _wide(b: Builder, v: Value) -> Value:
     """A half-precision operand widened to f32: the contrib normalizations sum and normalize in f32."""
     return b.cast(v, to=DType.f32) if v.dtype in HALF else v
-
-
-def _narrow(b: Builder, v: Value, dtype: DType) -> Value:
-    return v if v.dtype is dtype else b.cast(v, to=dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -187,8 +183,8 @@ def skip_layer_norm(ctx: NodeCtx) -> list[Value | None]:
     axis = total.type.rank - 1
     gamma = _wide(b, ctx.input(2))
     beta = _wide(b, ctx.input(3)) if ctx.has_input(3) else b.const(np.zeros((1,), dtype=total.dtype.np))
-    outs: list[Value | None] = [_narrow(b, b.layer_norm(total, gamma, beta, axis=axis, epsilon=eps), x.dtype),
-                                None, None, _narrow(b, total, x.dtype)]
+    outs: list[Value | None] = [cast_to(b, b.layer_norm(total, gamma, beta, axis=axis, epsilon=eps), x.dtype),
+                                None, None, cast_to(b, total, x.dtype)]
     if any(wants_output(ctx, k) for k in (1, 2)):
         outs[1:3] = moments(b, total, axis, eps)
     return outs[:max(1, ctx.num_outputs)]
@@ -198,7 +194,7 @@ def _rms_outputs(ctx: NodeCtx, total: Value, axis: int, eps: float, scale: Value
     """``total / sqrt(mean(total^2) + eps) * scale`` and the inverse root mean square."""
     b = ctx.b
     ms = mean_square(b, total, axis, eps)
-    y = b.mul(_narrow(b, b.div(total, b.sqrt(ms)), dtype), _narrow(b, scale, dtype))
+    y = b.mul(cast_to(b, b.div(total, b.sqrt(ms)), dtype), cast_to(b, scale, dtype))
     return [y, b.rsqrt(ms)]
 
 
@@ -214,7 +210,7 @@ def skip_simplified_layer_norm(ctx: NodeCtx) -> list[Value | None]:
     total = _skip_sum(ctx, 3)
     y, inv_rms = _rms_outputs(ctx, total, total.type.rank - 1, ctx.attr_float("epsilon", NORM_EPSILON),
                               ctx.input(2), x.dtype)
-    return [y, None, inv_rms, _narrow(b, total, x.dtype)][:max(1, ctx.num_outputs)]
+    return [y, None, inv_rms, cast_to(b, total, x.dtype)][:max(1, ctx.num_outputs)]
 
 
 @onnx_op("SimplifiedLayerNormalization", emits=("cast", "mul", "reduce_mean", "add", "sqrt", "div", "rsqrt"))

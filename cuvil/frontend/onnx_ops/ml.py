@@ -17,7 +17,7 @@ import numpy as np
 
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
-from cuvil.frontend.onnx_ops.blocks import reshape_to, scalar
+from cuvil.frontend.onnx_ops.blocks import cast_to, reshape_to, scalar
 from cuvil.frontend.onnx_ops.nn import dims_product
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
@@ -391,7 +391,7 @@ def tree_ensemble_regressor(ctx: NodeCtx) -> Value:
     if base is not None:
         scores = b.add(scores, b.const(base.astype(scores.dtype.np)))
     out = _post_transform(ctx, scores)
-    return out if out.dtype is DType.f32 else b.cast(out, to=DType.f32)  # the op's Y is float
+    return cast_to(b, out, DType.f32)  # the op's Y is float
 
 
 @onnx_op("TreeEnsembleClassifier", domain=ML, emits=_TREE_EMITS)
@@ -498,7 +498,7 @@ def one_hot_encoder(ctx: NodeCtx) -> Value:
     if not ctx.attr_int("zeros", 1):
         raise ctx.unsupported("zeros=0 (an unknown category is an error at run time)")
     cats = np.asarray(ctx.attr_ints("cats_int64s"), dtype=np.int64)
-    work = x if x.dtype is DType.i64 else b.cast(x, to=DType.i64)  # a float input is truncated, as ONNX Runtime does
+    work = cast_to(b, x, DType.i64)  # a float input is truncated, as ONNX Runtime does
     hot = b.equal(b.reshape(work, shape=[*x.shape, 1]), b.const(cats))
     return b.cast(hot, to=DType.f32)
 
@@ -516,7 +516,7 @@ def feature_vectorizer(ctx: NodeCtx) -> Value:
     for i, size in enumerate(sizes):
         x = ctx.input(i)
         x = b.reshape(x, shape=[1, x.shape[0]]) if x.type.rank == 1 else x
-        x = x if x.dtype is DType.f32 else b.cast(x, to=DType.f32)
+        x = cast_to(b, x, DType.f32)
         width = x.shape[-1]
         if not isinstance(width, int):
             raise ctx.unsupported("a symbolic feature count")
