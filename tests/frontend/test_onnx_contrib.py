@@ -404,3 +404,25 @@ def test_multi_head_attention_causal_scaled_with_bias() -> None:
              "mask": None, "attention_bias": _f32(rng, 1, 2, 5, 5)}
     ort_agrees(contrib_model("MultiHeadAttention", feeds, ["y"], num_heads=2, unidirectional=1, scale=0.4), feeds,
                tol=2e-5)
+
+
+@pytest.mark.parametrize("layout", ["bnsh", "bsd"])
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("positions", ["rows", "start"])
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_ms_rotary_embedding(layout: str, interleaved: int, positions: str, partial: bool) -> None:
+    """ONNX Runtime's rotary embedding: heads-first or [B, S, N*H] input (num_heads), halves or interleaved
+    pairs, per-row positions or one start position, all or the first half of each head rotated."""
+    rng = np.random.default_rng(interleaved * 5 + len(layout) + partial)
+    heads, head, seq, cache = 2, 8, 5, 16
+    rot = head // 2 if partial else head
+    x = _f32(rng, _B, heads, seq, head) if layout == "bnsh" else _f32(rng, _B, seq, heads * head)
+    angles = rng.random((cache, rot // 2)) * 3
+    pos = (rng.integers(0, cache - seq, (_B, seq)) if positions == "rows" else np.array([3])).astype(np.int64)
+    feeds = {"x": x, "pos": pos, "cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+    attrs: dict[str, Any] = {"interleaved": interleaved}
+    if layout == "bsd" or partial:
+        attrs["num_heads"] = heads
+    if partial:
+        attrs["rotary_embedding_dim"] = rot
+    ort_agrees(contrib_model("RotaryEmbedding", feeds, ["y"], **attrs), feeds, tol=1e-5)

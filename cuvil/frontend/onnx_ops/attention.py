@@ -209,9 +209,14 @@ def flex_attention(ctx: NodeCtx) -> Value:
                                    "transpose"))
 def rotary_embedding(ctx: NodeCtx) -> Value:
     """Rotate (pairs of) the first rotary_embedding_dim features by position-dependent angles."""
+    return rotated(ctx, ctx.input(0), ctx.input(1), ctx.input(2), ctx.input(3) if ctx.has_input(3) else None)
+
+
+def rotated(ctx: NodeCtx, x: Value, cos: Value, sin: Value, pos: Value | None) -> Value:
+    """``x`` [B, H, S, D] or [B, S, H*D] (``num_heads``) with its first ``rotary_embedding_dim`` features (all by
+    default) rotated by the cached angles, taken at ``pos`` [B, S] where given (else the caches are already
+    [B, S, rot/2]), as halves or interleaved pairs (``interleaved``)."""
     b = ctx.b
-    x = ctx.input(0)
-    cos, sin = ctx.input(1), ctx.input(2)
     rank = x.type.rank
     if rank == 4:  # [B, H, S, D] -> [B, S, H, D]
         xs = b.transpose(x, perm=[0, 2, 1, 3])
@@ -227,8 +232,7 @@ def rotary_embedding(ctx: NodeCtx) -> Value:
     if not isinstance(head, int):
         raise ctx.unsupported("a symbolic head size is not supported")
     rot = ctx.attr_int("rotary_embedding_dim", 0) or head
-    if ctx.has_input(3):
-        pos = ctx.input(3)
+    if pos is not None:
         cos, sin = b.gather(cos, pos, axis=0), b.gather(sin, pos, axis=0)
     cos, sin = unsqueeze(b, cos, -2), unsqueeze(b, sin, -2)  # [B, S, 1, rot/2]
     x_rot = slice_along(b, xs, 3, 0, rot) if rot < head else xs

@@ -13,7 +13,7 @@ import numpy as np
 
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_node import HALF, NodeCtx, onnx_op
-from cuvil.frontend.onnx_ops.attention import heads_first
+from cuvil.frontend.onnx_ops.attention import heads_first, rotated
 from cuvil.frontend.onnx_ops.blocks import cast_to, positions, reshape_to, scalar
 from cuvil.frontend.onnx_ops.elementwise import swish_of
 from cuvil.frontend.onnx_ops.linalg import gemm
@@ -395,3 +395,23 @@ def _attention_mask(ctx: NodeCtx, mask: Value, batch: Dim, queries: Dim, keys: D
         shape = [batch, 1, 1, keys] if rank == 2 else [batch, 1, queries, keys]
         return reshape_to(b, b.where(keep, zero, hidden), shape)
     raise ctx.unsupported(f"a mask_index of rank {rank} (the CPU kernel's forms are 1-D, 2-D and 3-D)")
+
+
+@onnx_op("RotaryEmbedding", domain=MS, emits=("gather", "mul", "sub", "add", "slice", "split", "concat", "reshape",
+                                              "transpose", "iota", "expand"))
+def ms_rotary_embedding(ctx: NodeCtx) -> Value:
+    """ONNX Runtime's rotary embedding: the ONNX op's rotation with its inputs in another order (input,
+    position_ids, cos_cache, sin_cache); a one-element ``position_ids`` is the first position of every row
+    (positions ``p, p + 1, ...``). Packed batching is refused."""
+    if ctx.attr_int("is_packed_batching", 0):
+        raise ctx.unsupported("is_packed_batching")
+    b = ctx.b
+    x, pos = ctx.input(0), ctx.input(1)
+    if pos.type.rank <= 1 and all(d == 1 for d in pos.shape):
+        batch, seq = x.shape[0], x.shape[2] if x.type.rank == 4 else x.shape[1]
+        start = b.reshape(cast_to(b, pos, DType.i64), shape=[1, 1])
+        pos = b.expand(b.add(positions(b, [1, seq]), start), shape=[batch, seq])
+    elif pos.type.rank != 2:
+        raise ShapeError(f"position_ids must be [batch, sequence] or one start position, got {pos.type}",
+                         location=ctx.location, hint="give [batch, sequence] positions")
+    return rotated(ctx, x, ctx.input(2), ctx.input(3), pos)
