@@ -382,3 +382,15 @@ def test_malformed_or_unsupported_v5_forests_are_refused(extra: dict[str, Any], 
     model.opset_import[1].version = 5
     with pytest.raises(error, match=match):
         import_onnx(model)
+
+
+def test_double_inputs_give_the_float_outputs_the_specification_types() -> None:
+    """Scaler, Normalizer and LinearClassifier type their outputs float whatever the input's type."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 3))
+    for model in (_model("Scaler", 3, ["y"], dtype=TensorProto.DOUBLE, offset=[0.5], scale=[2.0]),
+                  _model("Normalizer", 3, ["y"], dtype=TensorProto.DOUBLE, norm="L2"),
+                  _model("LinearClassifier", 3, ["label", "scores"], dtype=TensorProto.DOUBLE,
+                         coefficients=rng.standard_normal(9).tolist(), intercepts=[0.1, 0.2, 0.3],
+                         classlabels_ints=[1, 2, 3])):
+        _agree(model, x)

@@ -32,16 +32,15 @@ _POST_TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX")
 
 
 def _features(ctx: NodeCtx, x: Value, dtype: DType = DType.f32) -> Value:
-    """The input as rows of features, [N, F] in ``dtype`` (a vector is one row; f64 stays f64)."""
+    """The input as rows of features, [N, F] in ``dtype`` (a vector is one row): f32 for the ops whose outputs
+    the specification types float whatever the input's type."""
     b = ctx.b
     if x.type.rank == 1:
         x = b.reshape(x, shape=[1, x.shape[0]])
     elif x.type.rank != 2:
         raise ShapeError(f"{ctx.op_name} takes [rows, features], got {x.type}", location=ctx.location,
                          hint="reshape the input to two dimensions")
-    if x.dtype is DType.f64 and dtype is DType.f32:
-        return x
-    return x if x.dtype is dtype else b.cast(x, to=dtype)
+    return cast_to(b, x, dtype)
 
 
 def _post_transform(ctx: NodeCtx, scores: Value) -> Value:
@@ -351,7 +350,7 @@ def _tree_features(ctx: NodeCtx) -> Value:
     """A tree ensemble's input rows: floats as they are, integers in f64 (exact up to 2^53, where f32 would
     round an id above 2^24 onto its neighbour's threshold)."""
     x = ctx.input(0)
-    return _features(ctx, x, DType.f32 if x.dtype in (DType.f32, DType.f64) else DType.f64)
+    return _features(ctx, x, x.dtype if x.dtype in (DType.f32, DType.f64) else DType.f64)
 
 
 def _base_values(ctx: NodeCtx, outputs: int) -> np.ndarray | None:
@@ -416,11 +415,11 @@ def tree_ensemble_classifier(ctx: NodeCtx) -> list[Value]:
     base = _base_values(ctx, classes)
     if base is not None:
         scores = b.add(scores, b.const(base.astype(scores.dtype.np)))
-        return [_labelled(ctx, scores, labels), _post_transform(ctx, scores)]
+        return [_labelled(ctx, scores, labels), cast_to(b, _post_transform(ctx, scores), DType.f32)]
     has = b.greater(reached, scalar(b, 0.0, reached.dtype))
     scored = b.where(has, scores, scalar(b, 0.0, scores.dtype))
     ranked = b.where(has, scores, scalar(b, -np.inf, scores.dtype))
-    return [_labelled(ctx, ranked, labels), _post_transform(ctx, scored)]
+    return [_labelled(ctx, ranked, labels), cast_to(b, _post_transform(ctx, scored), DType.f32)]
 
 
 # --------------------------------------------------------------------------------------
