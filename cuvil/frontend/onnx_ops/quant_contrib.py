@@ -15,6 +15,7 @@ import numpy as np
 
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
+from cuvil.frontend.onnx_ops.contrib import MS
 from cuvil.frontend.onnx_ops.nn import dims_product, pool_window
 from cuvil.frontend.onnx_ops.quant import (
     DYNAMIC_PRODUCT_EMITS,
@@ -26,8 +27,6 @@ from cuvil.frontend.onnx_ops.quant import (
 )
 from cuvil.ir.dtypes import DType
 from cuvil.ir.values import Value
-
-MS = "com.microsoft"
 
 _DQ_EMITS = ("dequantize_linear", "quantize_linear", "reshape")
 
