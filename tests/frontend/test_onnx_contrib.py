@@ -276,9 +276,20 @@ def _optimized_bert(tmp_path: Any) -> tuple[str, set[str]]:
     return path, {n.op_type for n in onnx.load(path).graph.node if n.domain == "com.microsoft"}
 
 
-def test_bert_optimized_by_onnxruntime_compiles_andort_agrees(tmp_path: Any) -> None:
+@pytest.mark.parametrize("quantized", [False, True], ids=["fused", "fused-quantized"])
+def test_bert_optimized_by_onnxruntime_compiles_and_agrees(tmp_path: Any, quantized: bool) -> None:
+    """The fused BERT, and the same quantized dynamically (QAttention, QEmbedLayerNormalization, integer
+    products), as ONNX Runtime's BERT quantization recipe makes it."""
     path, contrib = _optimized_bert(tmp_path)
     assert {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"} <= contrib
+    if quantized:
+        quantization = pytest.importorskip("onnxruntime.quantization")
+        quantized_path = str(tmp_path / "bert_quantized.onnx")
+        quantization.quantize_dynamic(path, quantized_path, weight_type=quantization.QuantType.QInt8,
+                                      extra_options={"DefaultTensorType": TensorProto.FLOAT})
+        path = quantized_path
+        assert {"QAttention", "QEmbedLayerNormalization"} <= {
+            n.op_type for n in onnx.load(path).graph.node if n.domain == "com.microsoft"}
     library = cuvil.compile(path, cache=False)
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
@@ -426,3 +437,20 @@ def test_ms_rotary_embedding(layout: str, interleaved: int, positions: str, part
     if partial:
         attrs["rotary_embedding_dim"] = rot
     ort_agrees(contrib_model("RotaryEmbedding", feeds, ["y"], **attrs), feeds, tol=1e-5)
+
+
+@pytest.mark.parametrize("per_column", [False, True], ids=["per-tensor", "per-column"])
+@pytest.mark.parametrize("mask", [None, "keys"], ids=lambda m: m or "no-mask")
+def test_q_attention(per_column: bool, mask: str | None) -> None:
+    """An integer projection (uint8 input, int8 weights) scaled back to float, then Attention."""
+    rng = np.random.default_rng(7 + per_column)
+    width = 24
+    feeds: dict[str, np.ndarray | None] = {
+        "x": rng.integers(0, 256, (_B, _S, _HIN)).astype(np.uint8),
+        "w": rng.integers(-128, 128, (_HIN, width)).astype(np.int8), "bias": _f32(rng, width),
+        "x_scale": np.array(0.02, np.float32),
+        "w_scale": (rng.random(width) * 0.01 + 0.005).astype(np.float32) if per_column
+        else np.array(0.01, np.float32),
+        "mask": None if mask is None else _MASKS["keys"], "x_zp": np.array(128, np.uint8),
+        "w_zp": np.zeros(width, np.int8) if per_column else np.array(0, np.int8)}
+    ort_agrees(contrib_model("QAttention", feeds, ["y"], num_heads=_HEADS), feeds, tol=2e-5)

@@ -18,7 +18,7 @@ from cuvil.frontend.onnx_ops.blocks import cast_to, positions, reshape_to, scala
 from cuvil.frontend.onnx_ops.elementwise import swish_of
 from cuvil.frontend.onnx_ops.linalg import gemm
 from cuvil.frontend.onnx_ops.nn import conv, mean_square, moments, wants_output
-from cuvil.frontend.onnx_ops.quant import i32
+from cuvil.frontend.onnx_ops.quant import centered, i32, per_tensor
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
@@ -234,22 +234,48 @@ def embed_layer_norm(ctx: NodeCtx) -> list[Value]:
     """BERT's embeddings: LayerNorm(word[ids] + position[pos] (+ segment[seg])) times gamma plus beta, with
     positions 0..S-1 unless ``position_ids`` is given; ``mask_index`` counts each row's mask entries equal to 1
     (zeros without a mask), and ``embedding_sum`` is the sum before the normalization."""
+    def table(i: int) -> Value | None:
+        return ctx.input(i) if ctx.has_input(i) else None
+
+    word, pos_table, gamma, beta = (ctx.input(i) for i in (2, 3, 5, 6))
+    return _embedded(ctx, word, pos_table, table(4), gamma, beta, table(8))
+
+
+@onnx_op("QEmbedLayerNormalization", domain=MS, emits=("gather", "iota", "add", "layer_norm", "equal", "cast",
+                                                       "reduce_sum", "fill", "dequantize_linear", "reshape"))
+def q_embed_layer_norm(ctx: NodeCtx) -> list[Value]:
+    """EmbedLayerNormalization of quantized tables (word, position, segment, gamma, beta), each dequantized by
+    its per-tensor scale and zero point (inputs 8-12 and 13-17)."""
+    def table(i: int) -> Value | None:  # table i's scale is input i + 6, its zero point input i + 11
+        if not ctx.has_input(i):
+            return None
+        return ctx.b.dequantize_linear(ctx.input(i), per_tensor(ctx, ctx.input(i + 6)),
+                                       per_tensor(ctx, ctx.input(i + 11)))
+
+    word, pos_table, seg_table = table(2), table(3), table(4)
+    gamma, beta = table(5), table(6)
+    assert word is not None and pos_table is not None and gamma is not None and beta is not None
+    return _embedded(ctx, word, pos_table, seg_table, gamma, beta, None)[:2]
+
+
+def _embedded(ctx: NodeCtx, word: Value, pos_table: Value, seg_table: Value | None, gamma: Value, beta: Value,
+              pos_ids: Value | None) -> list[Value]:
+    """The embeddings' normalized sum, mask index and sum (ids, segment ids and mask at inputs 0, 1 and 7)."""
     b = ctx.b
     ids = ctx.input(0)
     if ids.type.rank != 2:
         raise ShapeError(f"input_ids must be [batch, sequence], got {ids.type}", location=ctx.location,
                          hint="EmbedLayerNormalization reads 2-D token ids")
     batch, seq = ids.shape
-    word, pos_table = ctx.input(2), ctx.input(3)
-    pos_ids = ctx.input(8) if ctx.has_input(8) else positions(b, [seq])
-    total = b.add(b.gather(word, ids, axis=0), b.gather(pos_table, pos_ids, axis=0))
-    if ctx.has_input(1) and ctx.has_input(4):
-        total = b.add(total, b.gather(ctx.input(4), ctx.input(1), axis=0))
-    elif ctx.has_input(1) != ctx.has_input(4):
+    total = b.add(b.gather(word, ids, axis=0), b.gather(pos_table, pos_ids if pos_ids is not None
+                                                         else positions(b, [seq]), axis=0))
+    if ctx.has_input(1) and seg_table is not None:
+        total = b.add(total, b.gather(seg_table, ctx.input(1), axis=0))
+    elif ctx.has_input(1) != (seg_table is not None):
         raise ShapeError("segment_ids and segment_embedding come together", location=ctx.location,
                          hint="give both inputs, or neither")
     eps = ctx.attr_float("epsilon", NORM_EPSILON)
-    y = b.layer_norm(total, ctx.input(5), ctx.input(6), axis=2, epsilon=eps)
+    y = b.layer_norm(total, gamma, beta, axis=2, epsilon=eps)
     if ctx.has_input(7):
         mask = ctx.input(7)
         ones = b.cast(b.equal(mask, scalar(b, 1, mask.dtype)), to=DType.i32)
@@ -299,6 +325,34 @@ def ms_attention(ctx: NodeCtx) -> Value:
     q, k, v = (heads_first(b, b.split(proj, axis=2, sizes=sizes, index=i), heads) for i in range(3))
     mask = ctx.input(3) if ctx.has_input(3) else None
     return _attend(ctx, q, k, v, mask, ctx.input(5) if ctx.has_input(5) else None)
+
+
+@onnx_op("QAttention", domain=MS, emits=("cast", "sub", "reshape", "matmul", "mul", "add", "split", "transpose",
+                                         "softmax", "where", "greater", "less", "less_equal", "greater_equal",
+                                         "logical_and", "iota"))
+def q_attention(ctx: NodeCtx) -> Value:
+    """Attention whose projection is an integer product: ``float((input - input_zero_point) @ (weight -
+    weight_zero_point)) * (input_scale * weight_scale) + bias`` (the weight's scale and zero point may be per
+    column), split into Q, K and V in equal thirds, then as Attention."""
+    if ctx.has_input(8):
+        raise ctx.unsupported("the past input (a key/value cache)")
+    b = ctx.b
+    x, w = ctx.input(0), ctx.input(1)
+    if x.type.rank != 3 or w.type.rank != 2:
+        raise ShapeError(f"QAttention takes input [batch, sequence, hidden] and weights [hidden, width], got "
+                         f"{x.type} and {w.type}", location=ctx.location, hint="check the node's inputs")
+    heads = ctx.attr_int("num_heads")
+    width = w.shape[1]
+    if heads < 1 or not isinstance(width, int) or width % 3 or (width // 3) % heads:
+        raise ShapeError(f"weights width {width} for {heads} heads", location=ctx.location,
+                         hint="the width is three equal parts, each splitting into the heads")
+    x_zp = per_tensor(ctx, ctx.input(6)) if ctx.has_input(6) else None
+    w_zp = per_tensor(ctx, ctx.input(7)) if ctx.has_input(7) else None
+    acc = b.matmul(centered(b, x, x_zp), centered(b, w, w_zp))
+    scale = b.mul(per_tensor(ctx, ctx.input(3)), per_tensor(ctx, ctx.input(4)))
+    proj = b.add(b.mul(b.cast(acc, to=scale.dtype), scale), ctx.input(2))
+    q, k, v = (heads_first(b, b.split(proj, axis=2, sizes=[width // 3] * 3, index=i), heads) for i in range(3))
+    return _attend(ctx, q, k, v, ctx.input(5) if ctx.has_input(5) else None, None)
 
 
 def _attend(ctx: NodeCtx, q: Value, k: Value, v: Value, mask: Value | None, bias: Value | None) -> Value:
