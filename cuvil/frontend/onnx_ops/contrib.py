@@ -302,13 +302,7 @@ def ms_attention(ctx: NodeCtx) -> Value:
     if ctx.attr_int("do_rotary", 0):
         raise ctx.unsupported("do_rotary")
     b = ctx.b
-    x, weights = ctx.input(0), ctx.input(1)
-    if x.type.rank != 3 or weights.type.rank != 2:
-        raise ShapeError(f"Attention takes input [batch, sequence, hidden] and weights [hidden, width], got "
-                         f"{x.type} and {weights.type}", location=ctx.location, hint="check the node's inputs")
-    heads = ctx.attr_int("num_heads")
-    if heads < 1:
-        raise ShapeError(f"num_heads {heads}", location=ctx.location, hint="an attention has one head or more")
+    x, weights, heads = _packed_operands(ctx)
     width = weights.shape[1]
     sizes = ctx.attr_ints("qkv_hidden_sizes", [])
     if not sizes:
@@ -322,9 +316,28 @@ def ms_attention(ctx: NodeCtx) -> Value:
     proj = b.matmul(x, weights)
     if ctx.has_input(2):
         proj = b.add(proj, ctx.input(2))
+    return _attend_packed(ctx, proj, sizes, heads, ctx.input(3) if ctx.has_input(3) else None,
+                          ctx.input(5) if ctx.has_input(5) else None)
+
+
+def _packed_operands(ctx: NodeCtx) -> tuple[Value, Value, int]:
+    """A packed-projection attention's input [B, S, hidden], weights [hidden, width] and head count, checked."""
+    x, weights = ctx.input(0), ctx.input(1)
+    if x.type.rank != 3 or weights.type.rank != 2:
+        raise ShapeError(f"{ctx.op_name} takes input [batch, sequence, hidden] and weights [hidden, width], got "
+                         f"{x.type} and {weights.type}", location=ctx.location, hint="check the node's inputs")
+    heads = ctx.attr_int("num_heads")
+    if heads < 1:
+        raise ShapeError(f"num_heads {heads}", location=ctx.location, hint="an attention has one head or more")
+    return x, weights, heads
+
+
+def _attend_packed(ctx: NodeCtx, proj: Value, sizes: list[int], heads: int, mask: Value | None,
+                   bias: Value | None) -> Value:
+    """Attention of the projection [B, S, width] split into Q, K and V of ``sizes``."""
+    b = ctx.b
     q, k, v = (heads_first(b, b.split(proj, axis=2, sizes=sizes, index=i), heads) for i in range(3))
-    mask = ctx.input(3) if ctx.has_input(3) else None
-    return _attend(ctx, q, k, v, mask, ctx.input(5) if ctx.has_input(5) else None)
+    return _attend(ctx, q, k, v, mask, bias)
 
 
 @onnx_op("QAttention", domain=MS, emits=("cast", "sub", "reshape", "matmul", "mul", "add", "split", "transpose",
@@ -337,13 +350,9 @@ def q_attention(ctx: NodeCtx) -> Value:
     if ctx.has_input(8):
         raise ctx.unsupported("the past input (a key/value cache)")
     b = ctx.b
-    x, w = ctx.input(0), ctx.input(1)
-    if x.type.rank != 3 or w.type.rank != 2:
-        raise ShapeError(f"QAttention takes input [batch, sequence, hidden] and weights [hidden, width], got "
-                         f"{x.type} and {w.type}", location=ctx.location, hint="check the node's inputs")
-    heads = ctx.attr_int("num_heads")
+    x, w, heads = _packed_operands(ctx)
     width = w.shape[1]
-    if heads < 1 or not isinstance(width, int) or width % 3 or (width // 3) % heads:
+    if not isinstance(width, int) or width % 3 or (width // 3) % heads:
         raise ShapeError(f"weights width {width} for {heads} heads", location=ctx.location,
                          hint="the width is three equal parts, each splitting into the heads")
     x_zp = per_tensor(ctx, ctx.input(6)) if ctx.has_input(6) else None
@@ -351,8 +360,7 @@ def q_attention(ctx: NodeCtx) -> Value:
     acc = b.matmul(centered(b, x, x_zp), centered(b, w, w_zp))
     scale = b.mul(per_tensor(ctx, ctx.input(3)), per_tensor(ctx, ctx.input(4)))
     proj = b.add(b.mul(b.cast(acc, to=scale.dtype), scale), ctx.input(2))
-    q, k, v = (heads_first(b, b.split(proj, axis=2, sizes=[width // 3] * 3, index=i), heads) for i in range(3))
-    return _attend(ctx, q, k, v, ctx.input(5) if ctx.has_input(5) else None, None)
+    return _attend_packed(ctx, proj, [width // 3] * 3, heads, ctx.input(5) if ctx.has_input(5) else None, None)
 
 
 def _attend(ctx: NodeCtx, q: Value, k: Value, v: Value, mask: Value | None, bias: Value | None) -> Value:
