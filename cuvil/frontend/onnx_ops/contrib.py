@@ -19,6 +19,7 @@ from cuvil.frontend.onnx_ops.elementwise import swish_of
 from cuvil.frontend.onnx_ops.linalg import gemm
 from cuvil.frontend.onnx_ops.nn import conv, mean_square, moments, wants_output
 from cuvil.frontend.onnx_ops.quant import centered, i32, per_tensor
+from cuvil.frontend.onnx_ops.recurrent import activation_fn
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
@@ -104,7 +105,7 @@ def _swap_last(ctx: NodeCtx, x: Value, name: str) -> Value:
 
 
 ACTIVATION_OPS = ("relu", "tanh", "sigmoid", "leaky_relu", "hardsigmoid", "clip", "elu", "selu",
-                  "thresholded_relu", "softsign", "softplus")
+                  "thresholded_relu", "softsign", "softplus", "mul", "add")
 """The CIR ops of the activations ONNX Runtime fuses into a convolution or a Gemm."""
 
 
@@ -134,30 +135,19 @@ def fused_gemm(ctx: NodeCtx) -> Value:
 
 
 def _activation(ctx: NodeCtx, y: Value, name: str, *params: float) -> Value:
-    """``y`` through the named activation, its parameters in its ONNX attributes' order (defaults after)."""
+    """``y`` through the named activation, its parameters in its ONNX attributes' order (defaults after): the
+    recurrences' activations, and Identity, Clip and Selu."""
     b = ctx.b
-
-    def given(k: int, default: float) -> float:
-        return params[k] if k < len(params) else default
-
-    simple = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softsign": "softsign", "Softplus": "softplus"}
     if name == "Identity":
         return y
-    if name in simple:
-        return b.op(simple[name], y)
-    if name == "LeakyRelu":
-        return b.leaky_relu(y, alpha=given(0, 0.01))
-    if name == "HardSigmoid":
-        return b.hardsigmoid(y, alpha=given(0, 0.2), beta=given(1, 0.5))
     if name == "Clip":
         return b.clip(y, min=params[0] if params else None, max=params[1] if len(params) > 1 else None)
-    if name == "Elu":
-        return b.elu(y, alpha=given(0, 1.0))
     if name == "Selu":
-        return b.selu(y, alpha=given(0, 1.67326319217681884765625), gamma=given(1, 1.05070102214813232421875))
-    if name == "ThresholdedRelu":
-        return b.thresholded_relu(y, alpha=given(0, 1.0))
-    raise ctx.unsupported(f"fused activation {name!r}")
+        defaults = (1.67326319217681884765625, 1.05070102214813232421875)
+        alpha, gamma = (*params, *defaults[len(params):])[:2]
+        return b.selu(y, alpha=alpha, gamma=gamma)
+    alpha_beta: list[float | None] = [*params[:2], None, None]
+    return activation_fn(ctx, name, alpha_beta[0], alpha_beta[1])(y)
 
 
 # --------------------------------------------------------------------------------------

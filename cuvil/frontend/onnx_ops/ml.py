@@ -88,17 +88,22 @@ def _floats(ctx: NodeCtx, name: str) -> np.ndarray | None:
 @onnx_op("LinearRegressor", domain=ML, emits=("cast", "reshape", "matmul", "add", "sigmoid", "softmax"))
 def linear_regressor(ctx: NodeCtx) -> Value:
     """``X @ coefficients^T + intercepts`` per target, then ``post_transform``."""
-    b = ctx.b
     x = _features(ctx, ctx.input(0))
     targets = ctx.attr_int("targets", 1)
     coef = np.asarray(ctx.attr_floats("coefficients"), dtype=np.float32)
     if targets < 1 or coef.size % targets:
         raise ShapeError(f"{coef.size} coefficients for {targets} targets", location=ctx.location,
                          hint="give features x targets coefficients")
-    scores = b.matmul(x, b.const(coef.reshape(targets, -1).T.astype(x.dtype.np)))
+    return _post_transform(ctx, _linear_scores(ctx, x, coef, targets))
+
+
+def _linear_scores(ctx: NodeCtx, x: Value, coef: np.ndarray, outputs: int) -> Value:
+    """``x @ coefficients^T + intercepts``, the coefficients one row of features per output."""
+    b = ctx.b
+    scores = b.matmul(x, b.const(coef.reshape(outputs, -1).T.astype(x.dtype.np)))
     if ctx.has_attr("intercepts"):
         scores = b.add(scores, b.const(np.asarray(ctx.attr_floats("intercepts"), dtype=x.dtype.np)))
-    return _post_transform(ctx, scores)
+    return scores
 
 
 @onnx_op("LinearClassifier", domain=ML, emits=("cast", "reshape", "matmul", "add", "sub", "sigmoid", "softmax",
@@ -115,9 +120,7 @@ def linear_classifier(ctx: NodeCtx) -> list[Value]:
         raise ShapeError(f"{coef.size} coefficients for {features} features", location=ctx.location,
                          hint="give classes x features coefficients")
     classes = coef.size // features
-    scores = b.matmul(x, b.const(coef.reshape(classes, features).T.astype(x.dtype.np)))
-    if ctx.has_attr("intercepts"):
-        scores = b.add(scores, b.const(np.asarray(ctx.attr_floats("intercepts"), dtype=x.dtype.np)))
+    scores = _linear_scores(ctx, x, coef, classes)
     if classes > 1:
         return [_labelled(ctx, scores, _int_labels(ctx, classes)), _post_transform(ctx, scores)]
     labels = _int_labels(ctx, 2)
@@ -363,9 +366,9 @@ def _base_values(ctx: NodeCtx, outputs: int) -> np.ndarray | None:
     return base
 
 
-def _summed(ctx: NodeCtx, scores: Value, trees: int) -> Value:
-    """The summed leaf weights as ``aggregate_function`` says: kept (SUM) or divided by the trees (AVERAGE)."""
-    how = ctx.attr_str("aggregate_function", "SUM")
+def _summed(ctx: NodeCtx, scores: Value, trees: int, how: str) -> Value:
+    """The summed leaf weights as the aggregate function ``how`` says: kept (SUM) or divided by the trees
+    (AVERAGE)."""
     if how not in ("SUM", "AVERAGE"):
         raise ctx.unsupported(f"aggregate_function {how} (supported: SUM, AVERAGE)")
     return ctx.b.div(scores, scalar(ctx.b, float(trees), scores.dtype)) if how == "AVERAGE" else scores
@@ -385,7 +388,7 @@ def tree_ensemble_regressor(ctx: NodeCtx) -> Value:
                               "specification applies it, ONNX Runtime does not)")
     weights, _ = leaf_weights(ctx, forest, "target", targets)
     (scores,) = run_forest(ctx, x, forest, [weights])
-    scores = _summed(ctx, scores, len(forest.roots))
+    scores = _summed(ctx, scores, len(forest.roots), ctx.attr_str("aggregate_function", "SUM"))
     base = _base_values(ctx, targets)
     if base is not None:
         scores = b.add(scores, b.const(base.astype(scores.dtype.np)))
@@ -411,7 +414,7 @@ def tree_ensemble_classifier(ctx: NodeCtx) -> list[Value]:
                               "own; export the score as a TreeEnsembleRegressor)")
     weights, listed = leaf_weights(ctx, forest, "class", classes)
     scores, reached = run_forest(ctx, x, forest, [weights, listed])
-    scores = _summed(ctx, scores, len(forest.roots))
+    scores = _summed(ctx, scores, len(forest.roots), ctx.attr_str("aggregate_function", "SUM"))
     base = _base_values(ctx, classes)
     if base is not None:
         scores = b.add(scores, b.const(base.astype(scores.dtype.np)))
@@ -597,9 +600,9 @@ def _kernel(ctx: NodeCtx, x: Value, vectors: np.ndarray) -> Value:
 _V5_AGGREGATES = {0: "AVERAGE", 1: "SUM"}
 
 
-def _ints_or_tensor(ctx: NodeCtx, name: str) -> np.ndarray:
-    value = ctx.attr(name)
-    return np.asarray(value, dtype=np.int64).reshape(-1)
+def _int_array(ctx: NodeCtx, name: str) -> np.ndarray:
+    """An integer list or tensor attribute (``nodes_modes`` is a uint8 tensor) as a flat int64 array."""
+    return np.asarray(ctx.attr(name), dtype=np.int64).reshape(-1)
 
 
 @onnx_op("TreeEnsemble", domain=ML, emits=_TREE_EMITS)
@@ -608,19 +611,18 @@ def tree_ensemble(ctx: NodeCtx) -> Value:
     leaves (``leaf_*``) in separate tables: read into the same flattened forest, the leaves placed after the
     interior nodes. Set-membership splits (BRANCH_MEMBER), MIN/MAX aggregation and every post_transform but
     NONE are refused by name."""
-    b = ctx.b
     x = ctx.input(0)
     if not x.dtype.is_float:
         raise ShapeError(f"TreeEnsemble takes float rows, got {x.dtype.value}", location=ctx.location,
                          hint="cast the input to float")
     x = _features(ctx, x, x.dtype)
-    features = _ints_or_tensor(ctx, "nodes_featureids")
-    modes = _ints_or_tensor(ctx, "nodes_modes")
+    features = _int_array(ctx, "nodes_featureids")
+    modes = _int_array(ctx, "nodes_modes")
     splits = np.asarray(ctx.attr("nodes_splits"), dtype=np.float64).reshape(-1)
-    true_ids, false_ids = _ints_or_tensor(ctx, "nodes_truenodeids"), _ints_or_tensor(ctx, "nodes_falsenodeids")
-    true_leaf, false_leaf = _ints_or_tensor(ctx, "nodes_trueleafs"), _ints_or_tensor(ctx, "nodes_falseleafs")
+    true_ids, false_ids = _int_array(ctx, "nodes_truenodeids"), _int_array(ctx, "nodes_falsenodeids")
+    true_leaf, false_leaf = _int_array(ctx, "nodes_trueleafs"), _int_array(ctx, "nodes_falseleafs")
     interior = features.size
-    tracks = (_ints_or_tensor(ctx, "nodes_missing_value_tracks_true")
+    tracks = (_int_array(ctx, "nodes_missing_value_tracks_true")
               if ctx.has_attr("nodes_missing_value_tracks_true") else np.zeros(interior, dtype=np.int64))
     columns = {"nodes_modes": modes, "nodes_splits": splits, "nodes_truenodeids": true_ids,
                "nodes_falsenodeids": false_ids, "nodes_trueleafs": true_leaf, "nodes_falseleafs": false_leaf,
@@ -633,7 +635,7 @@ def tree_ensemble(ctx: NodeCtx) -> Value:
         raise ctx.unsupported("BRANCH_MEMBER (set-membership) splits")
     if ((modes < 0) | (modes > 5)).any():
         raise ctx.unsupported(f"node modes {sorted(set(modes.tolist()) - set(range(6)))}")
-    targets_of = _ints_or_tensor(ctx, "leaf_targetids")
+    targets_of = _int_array(ctx, "leaf_targetids")
     weights = np.asarray(ctx.attr("leaf_weights"), dtype=np.float64).reshape(-1)
     leaves = targets_of.size
     if weights.size != leaves:
@@ -665,7 +667,7 @@ def tree_ensemble(ctx: NodeCtx) -> Value:
     if (true_next[:interior] == np.arange(interior)).any() or (false_next[:interior] == np.arange(interior)).any():
         raise ShapeError("a node branches to itself: the tree is cyclic", location=ctx.location,
                          hint="each node's children must be new nodes")
-    roots = _ints_or_tensor(ctx, "tree_roots")
+    roots = _int_array(ctx, "tree_roots")
     if ((roots < 0) | (roots >= interior)).any() or not roots.size:
         raise ShapeError("tree_roots must index interior nodes", location=ctx.location,
                          hint="give one interior node per tree")
@@ -676,4 +678,4 @@ def tree_ensemble(ctx: NodeCtx) -> Value:
     table = np.zeros((total, targets), dtype=np.float64)
     np.add.at(table, (interior + np.arange(leaves), targets_of), weights)
     (scores,) = run_forest(ctx, x, forest, [table])
-    return b.div(scores, scalar(b, float(roots.size), scores.dtype)) if how == 0 else scores
+    return _summed(ctx, scores, roots.size, _V5_AGGREGATES[how])

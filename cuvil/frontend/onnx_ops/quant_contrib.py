@@ -15,6 +15,7 @@ import numpy as np
 
 from cuvil.errors import ShapeError
 from cuvil.frontend.onnx_node import NodeCtx, onnx_op
+from cuvil.frontend.onnx_ops.blocks import cast_to
 from cuvil.frontend.onnx_ops.contrib import MS
 from cuvil.frontend.onnx_ops.nn import dims_product, pool_window
 from cuvil.frontend.onnx_ops.quant import (
@@ -31,23 +32,21 @@ from cuvil.ir.values import Value
 _DQ_EMITS = ("dequantize_linear", "quantize_linear", "reshape")
 
 
+def _zero_point(ctx: NodeCtx, i: int, dtype: DType) -> Value:
+    """The per-tensor zero point at input ``i``; one left out is 0 of ``dtype``."""
+    return per_tensor(ctx, ctx.input(i)) if ctx.has_input(i) else ctx.b.const(np.zeros((), dtype=dtype.np))
+
+
 def _dequantized(ctx: NodeCtx, x: int, scale: int, zero_point: int) -> Value:
-    """Input ``x`` dequantized by the per-tensor scale and zero point at inputs ``scale`` and ``zero_point``
-    (a zero point left out is 0)."""
-    b = ctx.b
+    """Input ``x`` dequantized by the per-tensor scale and zero point at inputs ``scale`` and ``zero_point``."""
     q = ctx.input(x)
-    zp = per_tensor(ctx, ctx.input(zero_point)) if ctx.has_input(zero_point) else \
-        b.const(np.zeros((), dtype=q.dtype.np))
-    return b.dequantize_linear(q, _scalar_param(ctx, scale), zp)
+    return ctx.b.dequantize_linear(q, _scalar_param(ctx, scale), _zero_point(ctx, zero_point, q.dtype))
 
 
 def _quantized(ctx: NodeCtx, y: Value, scale: int, zero_point: int, dtype: DType) -> Value:
     """``y`` quantized by the per-tensor scale and zero point at inputs ``scale`` and ``zero_point`` (a zero
     point left out is 0 of ``dtype``, the input's type)."""
-    b = ctx.b
-    zp = per_tensor(ctx, ctx.input(zero_point)) if ctx.has_input(zero_point) else \
-        b.const(np.zeros((), dtype=dtype.np))
-    return b.quantize_linear(y, _scalar_param(ctx, scale), zp)
+    return ctx.b.quantize_linear(y, _scalar_param(ctx, scale), _zero_point(ctx, zero_point, dtype))
 
 
 def _scalar_param(ctx: NodeCtx, i: int) -> Value:
@@ -227,9 +226,10 @@ def _unpacked(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     return values.reshape(rows.shape[0], -1)[:, :count].astype(np.int32)
 
 
-def nbits_weights(ctx: NodeCtx, dtype: DType) -> np.ndarray:
-    """MatMulNBits' logical weights [K, N]: each block of ``block_size`` along K dequantized as ``(q -
-    zero_point) * scale`` in float32 (zero point ``2^(bits-1)`` where none is given)."""
+def nbits_weights(ctx: NodeCtx, dtype: DType) -> Value:
+    """MatMulNBits' logical weights [K, N]: the packed integers unpacked here (an encoding), each block of
+    ``block_size`` along K then dequantized by CIR ops, ``(q - zero_point) * scale`` in float32 (zero point
+    ``2^(bits-1)`` where none is given), which constant folding evaluates once."""
     k, n = ctx.attr_int("K"), ctx.attr_int("N")
     bits, block = ctx.attr_int("bits", 4), ctx.attr_int("block_size")
     if bits not in (2, 4, 8) or block < 16 or block & (block - 1):
@@ -256,11 +256,16 @@ def nbits_weights(ctx: NodeCtx, dtype: DType) -> np.ndarray:
             zero = zp_raw.astype(np.float32).reshape(n, blocks)
     else:
         zero = np.full((n, blocks), float(1 << (bits - 1)), dtype=np.float32)
-    w = (q.astype(np.float32).reshape(n, blocks, block) - zero[:, :, None]) * scales[:, :, None]
-    return np.ascontiguousarray(w.reshape(n, blocks * block)[:, :k].T).astype(dtype.np)
+    b = ctx.b
+    w = b.mul(b.sub(b.const(q.astype(np.float32).reshape(n, blocks, block)), b.const(zero.reshape(n, blocks, 1))),
+              b.const(scales.reshape(n, blocks, 1)))
+    w = b.reshape(w, shape=[n, blocks * block])
+    if blocks * block != k:
+        w = b.slice(w, starts=[0, 0], ends=[n, k], steps=[1, 1])
+    return cast_to(b, b.transpose(w, perm=[1, 0]), dtype)
 
 
-@onnx_op("MatMulNBits", domain=MS, emits=("matmul", "add"))
+@onnx_op("MatMulNBits", domain=MS, emits=("sub", "mul", "reshape", "slice", "transpose", "cast", "matmul", "add"))
 def matmul_nbits(ctx: NodeCtx) -> Value:
     """``A @ W (+ bias)``, W the block-quantized weights dequantized when the model is read (the op's
     definition; ONNX Runtime's ``accuracy_level`` 4 would quantize A as well, which is not this meaning).
@@ -271,5 +276,5 @@ def matmul_nbits(ctx: NodeCtx) -> Value:
         raise ctx.unsupported("g_idx (weights quantized in activation order)")
     b = ctx.b
     a = ctx.input(0)
-    y = b.matmul(a, b.const(nbits_weights(ctx, a.dtype)))
+    y = b.matmul(a, nbits_weights(ctx, a.dtype))
     return b.add(y, ctx.input(5)) if ctx.has_input(5) else y

@@ -39,7 +39,8 @@ _RECURRENT_EMITS = ("matmul", "add", "mul", "sub", "gather", "split", "where", "
                     "hardsigmoid", "clip", "loop", "cast")
 
 
-def _activation(ctx: NodeCtx, name: str, alpha: float | None, beta: float | None) -> Activation:
+def activation_fn(ctx: NodeCtx, name: str, alpha: float | None, beta: float | None) -> Activation:
+    """The named ONNX activation (case-insensitive) as a function, ``alpha`` / ``beta`` None for its defaults."""
     b = ctx.b
     key = {n.lower(): n for n in ("Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu",
                                   "ScaledTanh", "HardSigmoid", "Elu", "Softsign", "Softplus")}.get(name.lower())
@@ -101,7 +102,7 @@ class _Recurrence:
             raise ctx.unsupported(f"expected {per_dir * self.dirs} activations, got {len(names)}")
         alphas = list(ctx.attr_floats("activation_alpha", []))
         betas = list(ctx.attr_floats("activation_beta", []))
-        acts = [_activation(ctx, n, alphas[k] if k < len(alphas) else None, betas[k] if k < len(betas) else None)
+        acts = [activation_fn(ctx, n, alphas[k] if k < len(alphas) else None, betas[k] if k < len(betas) else None)
                 for k, n in enumerate(names)]
         self.acts = [acts[d * per_dir:(d + 1) * per_dir] for d in range(self.dirs)]
         self.lens = ctx.input(4) if ctx.has_input(4) else None
