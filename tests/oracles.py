@@ -1,9 +1,10 @@
 """Reference answers that tests in several folders compare with: a module evaluated by its ops'
-compute rules alone, the bitwise agreement a kernel must reach with it, and the agreement a frontend's
-outputs must reach with PyTorch eager."""
+compute rules alone, the bitwise agreement a kernel must reach with it, the agreement a frontend's
+outputs must reach with PyTorch eager, and where ONNX Runtime's int8 products can be an oracle."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -64,3 +65,31 @@ def assert_agrees(outs: list[np.ndarray], refs: list[np.ndarray]) -> None:
         assert got.shape == want.shape and got.dtype == want.dtype
         a = agreement(got, want)
         assert a.within(rtol=1e-4, min_cosine=0.99999), a
+
+
+@functools.cache
+def ort_sums_u8s8_exactly() -> bool:
+    """Whether this host's ONNX Runtime sums uint8 x int8 products exactly. Without VNNI its x86 kernels add
+    each pair of products in 16 bits with saturation (``vpmaddubsw``): 255 * -128 twice gives -32768, not
+    -65280 (seen on a Zen 3). Where it saturates, a test that takes ONNX Runtime as the oracle of an int8
+    product gives it weights in [-64, 63] (:func:`oracle_int8_weights`), whose pairs fit 16 bits, as ONNX
+    Runtime's quantizer does with ``reduce_range``; Cuvil's own kernels are tested over the whole range
+    against the rule."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 2]),
+                                                helper.make_tensor_value_info("b", TensorProto.INT8, [2, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"a": np.full((1, 2), 255, np.uint8), "b": np.full((2, 1), -128, np.int8)})
+    return int(y[0, 0]) == -65280
+
+
+def oracle_int8_weights(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """Int8 weights for a product ONNX Runtime is the oracle of: the whole range where it sums them exactly,
+    else [-64, 63] (:func:`ort_sums_u8s8_exactly`)."""
+    lo, hi = (-128, 127) if ort_sums_u8s8_exactly() else (-64, 63)
+    return rng.integers(lo, hi + 1, shape).astype(np.int8)
