@@ -1,5 +1,6 @@
-"""Integer matrix products on VNNI (cuvil.codegen.kernels.vnni): the int32 matmul that quantize-int8
-writes runs on ``vpdpbusd`` over int8 weights, and its result is bit for bit the rule's (the
+"""Integer matrix products on int8 dot products (cuvil.codegen.kernels.vnni): the int32 matmul that quantize-int8
+writes runs on ``vpdpbusd`` over int8 weights (on AVX2, each four-product step as two ``vpmaddwd`` on the
+bytes widened to 16 bits; tested on VNNI hosts too), and its result is bit for bit the rule's (the
 interpreter's) and the generic lowering's: int32 sums wrap modulo 2^32 in any order. Rows whose values
 span more than 255 take the scalar path; sums that wrap, M/N/K tails, a ``[K, N]`` rhs, fused
 requantization epilogues and threads are included, and weights outside int8 up to twice its range (uint8
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 
 from cuvil.codegen import kernels
+from cuvil.codegen.kernels import vnni
 from cuvil.codegen.kernels.vnni import (
     fits_int8,
-    host_has_vnni,
+    host_int8_dot,
     int8_halves,
     pack_conv_weights,
     pack_vnni,
@@ -28,7 +30,8 @@ from tests.oracles import rule_reference
 
 RNG = np.random.default_rng(31)
 
-needs_vnni = pytest.mark.skipif(not host_has_vnni(), reason="the host has no AVX-512 VNNI: the kernel is not chosen")
+needs_int8_dot = pytest.mark.skipif(host_int8_dot() is None,
+                                    reason="the host has neither AVX-512 VNNI nor AVX2: no int8 kernel is chosen")
 
 
 INT8 = (-128, 127)
@@ -198,8 +201,20 @@ def _conv_inputs(params) -> list[np.ndarray]:
     return [x]
 
 
+@pytest.fixture(params=["host", "avx2"])
+def dot_steps(request, monkeypatch) -> str | None:
+    """The host's four-product steps, and the AVX2 ones (``vpmaddwd`` on widened bytes) on a host with VNNI,
+    where they are not chosen by themselves."""
+    if request.param == "avx2":
+        if host_int8_dot() != "vnni":
+            pytest.skip("the host's own steps are not VNNI: the host case runs whichever it has")
+        monkeypatch.setattr(vnni, "host_has_vnni", lambda: False)
+        assert host_int8_dot() == "avx2"
+    return host_int8_dot()
+
+
 @pytest.mark.parametrize("name", [*sorted(CASES), *sorted(WIDE)])
-def test_integer_product_matches_the_rule_bit_for_bit(name: str) -> None:
+def test_integer_product_matches_the_rule_bit_for_bit(name: str, dot_steps: str | None) -> None:
     if name in WIDE:
         b = Builder()
         params, y = WIDE[name](b)
@@ -208,8 +223,8 @@ def test_integer_product_matches_the_rule_bit_for_bit(name: str) -> None:
         module, params = _module(name)
     args = _conv_inputs(params) if name in ("conv-wide", "conv-wide-halves") else _inputs(params)
     fast = compile(module, cache=False, threads=2)
-    if host_has_vnni():
-        (kernel,) = [k for k in fast.manifest["kernels"] if k.startswith("int8.vnni")]
+    if dot_steps is not None:
+        (kernel,) = [k for k in fast.manifest["kernels"] if k.startswith(f"int8.{dot_steps}.")]
         last = kernel.split(".")[-1]
         assert last == OUTSIDE_INT8[name] if name in OUTSIDE_INT8 else last not in ("offset", "halves"), kernel
     with kernels.generic_only():
@@ -221,7 +236,7 @@ def test_integer_product_matches_the_rule_bit_for_bit(name: str) -> None:
     assert np.array_equal(slow, want), name
 
 
-@needs_vnni
+@needs_int8_dot
 @pytest.mark.parametrize("value, vnni", [(128, True), (-256, True), (255, False), (-257, False)])
 def test_a_constant_beyond_two_int8_halves_stays_on_the_rule(value: int, vnni: bool) -> None:
     b = Builder()
@@ -230,7 +245,7 @@ def test_a_constant_beyond_two_int8_halves_stays_on_the_rule(value: int, vnni: b
     w[3, 5] = value  # one value int8 cannot hold: two halves can hold 128 and -256, not 255 or -257
     module = b.module(b.function("main", [x], [b.matmul(x, b.const(w), transpose_b=True)]))
     fast = compile(module, cache=False)
-    assert any(k.startswith("int8.vnni") for k in fast.manifest["kernels"]) == vnni
+    assert any(k.startswith(f"int8.{host_int8_dot()}.") for k in fast.manifest["kernels"]) == vnni
     args = _inputs([x])
     assert np.array_equal(np.asarray(fast(*args)), rule_reference(module, args)[0])
 

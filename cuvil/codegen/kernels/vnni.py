@@ -1,5 +1,6 @@
 """Integer matrix products and convolutions on AVX-512 VNNI (``vpdpbusd``): the int32 ``matmul`` and
-``conv`` that ``quantize-int8`` writes, ``(x - zx) @ (w - zw)``, over weights whose values fit in int8.
+``conv`` that ``quantize-int8`` writes, ``(x - zx) @ (w - zw)``, over weights whose values fit in int8. On
+a CPU with AVX2 and no VNNI each four-product step is two ``vpmaddwd`` (:func:`dot_quads`), the same sums.
 
 The rule sums int32 products in int32 (wrapping). The kernel computes the same sums: weights are
 packed at compile time as int8, four consecutive ``k`` per 32-bit lane; each row of the run-time
@@ -24,7 +25,7 @@ planes (:class:`ConvShape`) with output pixels in the lanes.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +35,7 @@ from cuvil.codegen import abi
 from cuvil.codegen.kernels.epilogue import Contraction, packed_rhs_unused
 from cuvil.codegen.kernels.gemm import Ctx, KernelFunction, epilogue_emitter, splat
 from cuvil.codegen.kernels.pack import embed_array
-from cuvil.codegen.llvm_types import I1, I8, I32, I64, declare
+from cuvil.codegen.llvm_types import I1, I8, I16, I32, I64, declare
 from cuvil.codegen.loops import const, counted_loop, for_range, if_else, if_then, imin, unravel
 from cuvil.codegen.scalar import Builder, Val
 from cuvil.ir.dtypes import DType
@@ -60,6 +61,51 @@ def host_has_vnni() -> bool:
     from cuvil.codegen.target import codegen_target
 
     return codegen_target().has("avx512f", "avx512bw", "avx512vnni")
+
+
+def host_int8_dot() -> str | None:
+    """How the kernels' four-product steps run on the target being compiled for: ``"vnni"`` (``vpdpbusd``),
+    ``"avx2"`` (two ``vpmaddwd`` on the bytes widened to 16 bits, :func:`dot_quads`), or None (no kernel)."""
+    from cuvil.codegen.target import codegen_target
+
+    if host_has_vnni():
+        return "vnni"
+    return "avx2" if codegen_target().has("avx2") else None
+
+
+V32_I16 = ir.VectorType(I16, 2 * LANES)
+V8 = ir.VectorType(I32, LANES // 2)
+V16_I16 = ir.VectorType(I16, LANES)
+
+
+def dot_quads(b: Builder, how: str) -> Callable[[Val, Val, Val], Val]:
+    """``acc + sum_j u[4i + j] * s[4i + j]`` per int32 lane ``i`` (``u`` uint8, ``s`` int8, 64 of each): what
+    ``vpdpbusd`` computes, wrapping. Without VNNI (``"avx2"``) the even and the odd bytes are widened to 16 bits
+    and multiplied in pairs by ``vpmaddwd``: each product of a uint8 and an int8 and each sum of two is exact in
+    16 and 32 bits, so the two sums add to the same int32 as the four-product step."""
+    if how == "vnni":
+        dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
+        return lambda acc, u, s: b.call(dot, [acc, u, s])
+    madd = declare(b.module, "llvm.x86.avx2.pmadd.wd", V8, [V16_I16, V16_I16])
+    eight = ir.Constant(V32_I16, [8] * (2 * LANES))
+    low = ir.Constant(V32_I16, [0xFF] * (2 * LANES))
+    whole = ir.Constant(ir.VectorType(I32, LANES), list(range(LANES)))
+
+    def half(v: Val, h: int) -> Val:
+        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, LANES), list(range(h * LANES, (h + 1) * LANES))))
+
+    def step(acc: Val, u: Val, s: Val) -> Val:
+        u16, s16 = b.bitcast(u, V32_I16), b.bitcast(s, V32_I16)
+        u_even, u_odd = b.and_(u16, low), b.lshr(u16, eight)
+        s_even, s_odd = b.ashr(b.shl(s16, eight), eight), b.ashr(s16, eight)
+        parts = []
+        for h in (0, 1):
+            even = b.call(madd, [half(u_even, h), half(s_even, h)])
+            odd = b.call(madd, [half(u_odd, h), half(s_odd, h)])
+            parts.append(b.add(even, odd))
+        return b.add(acc, b.shuffle_vector(parts[0], parts[1], whole))
+
+    return step
 
 
 def fits_int8(w: np.ndarray) -> bool:
@@ -136,6 +182,13 @@ class _IntegerProduct:
         return packed_rhs_unused(self.c)
 
     @property
+    def how(self) -> str:
+        """:func:`host_int8_dot`'s: the kernels are only chosen where it has one."""
+        how = host_int8_dot()
+        assert how is not None, "an int8 kernel was chosen for a target without an int8 dot product"
+        return how
+
+    @property
     def constant_bytes(self) -> int:
         return int(self.packed.nbytes + self.colsum.nbytes)
 
@@ -158,7 +211,7 @@ class VnniMatmulKernel(_IntegerProduct):
     @property
     def name(self) -> str:
         how = ".offset" if self.offsets is not None else ".halves" if self.halves == 2 else ""
-        return f"int8.vnni.{MR}x{GROUP * LANES}{how}"
+        return f"int8.{self.how}.{MR}x{GROUP * LANES}{how}"
 
     @property
     def kq(self) -> int:
@@ -282,7 +335,7 @@ class VnniMatmulKernel(_IntegerProduct):
         b = ctx.b
         u_at, shift_at, _, sum_at = self._layout()
         kp, kq = 4 * self.kq, self.kq
-        dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
+        dot = dot_quads(b, self.how)
         block0 = b.mul(g, const(GROUP))
         u_rows = [b.gep(ctx.scratch, [b.add(const(u_at), b.mul(r, const(kp)))], inbounds=True, source_etype=I8)
                   for r in rows]
@@ -300,7 +353,7 @@ class VnniMatmulKernel(_IntegerProduct):
                     quad = b.load(b.gep(u, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
                     av = b.bitcast(splat(b, quad, LANES), V64)
                     for j in range(GROUP):
-                        out[i * GROUP + j] = b.call(dot, [out[i * GROUP + j], av, bv[j]])
+                        out[i * GROUP + j] = dot(out[i * GROUP + j], av, bv[j])
                 return out
 
             _, acc = counted_loop(b, "kq", const(0), lambda q: b.icmp_signed("<", q, const(kq)), 1, step, acc)
@@ -385,7 +438,7 @@ def vnni_matmul(op: str, c: Contraction, in_types: Sequence[TensorType], out_typ
     if any(t.dtype is not DType.i32 for t in (c.lhs_type, c.rhs_type, c.out_type)):
         return None
     w = np.asarray(rhs)
-    if not np.issubdtype(w.dtype, np.integer) or not host_has_vnni():
+    if not np.issubdtype(w.dtype, np.integer) or host_int8_dot() is None:
         return None
     w_nk = w if c.attrs.get("transpose_b") else w.T
     m, k = math.prod(int(d) for d in c.lhs_type.shape[:-1]), int(c.lhs_type.shape[-1])
@@ -518,7 +571,7 @@ class VnniConvKernel(_IntegerProduct):
 
     @property
     def name(self) -> str:
-        return f"int8.vnni.conv.{CONV_MR}x{self.g.nv * LANES}{'.halves' if self.halves == 2 else ''}"
+        return f"int8.{self.how}.conv.{CONV_MR}x{self.g.nv * LANES}{'.halves' if self.halves == 2 else ''}"
 
     def _layout(self) -> tuple[int, int, int]:
         """Scratch offsets: the shift, the 'fits' flag, the shifted input."""
@@ -683,7 +736,7 @@ class VnniConvKernel(_IntegerProduct):
         sy, sx = g.stride
         dy, dx = g.dilation
         nv, width = g.nv, g.nv * LANES
-        dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
+        dot = dot_quads(b, self.how)
         image = b.gep(ctx.scratch, [b.add(const(u_at), b.mul(n, const(g.image_bytes)))], inbounds=True,
                       source_etype=I8)
         cos = [imin(b, b.add(co0, const(i)), const(g.co - 1)) for i in range(CONV_MR)]
@@ -709,7 +762,7 @@ class VnniConvKernel(_IntegerProduct):
                         wq = b.load(b.gep(w, [b.mul(q, const(4))], inbounds=True, source_etype=I8), typ=I32, align=4)
                         wv = b.bitcast(splat(b, wq, LANES), V64)
                         for j in range(nv):
-                            out[i * nv + j] = b.call(dot, [out[i * nv + j], av[j], wv])
+                            out[i * nv + j] = dot(out[i * nv + j], av[j], wv)
                     return out
 
                 _, acc = counted_loop(b, "cq", const(0), lambda q: b.icmp_signed("<", q, const(g.c4)), 1,
@@ -790,7 +843,7 @@ def vnni_conv(op: str, c: Contraction, in_types: Sequence[TensorType], out_type:
         return None
     w = np.asarray(weights)
     halves = int8_halves(w) if np.issubdtype(w.dtype, np.integer) else 0
-    if not halves or not host_has_vnni():
+    if not halves or host_int8_dot() is None:
         return None
     from cuvil.ir.ops.nn import window_params
 
