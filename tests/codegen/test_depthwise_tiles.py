@@ -14,7 +14,7 @@ import pytest
 
 from cuvil.codegen.kernels import conv, force_isa
 from cuvil.codegen.kernels.depthwise_tiles import tile_shape
-from cuvil.codegen.kernels.gemm import ISAS
+from cuvil.codegen.kernels.gemm import ISAS, host_isa
 from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
@@ -43,6 +43,9 @@ GEOMETRIES = [
     # stride 2 across, a column dilation of 33: a tap's odd elements are the ones the next vector's
     # first tap loaded (its lanes past the row's end 0)
     ((1, 2, 4, 110), (1, 2), (1, 2), (1, 33), (0, 0, 0, 0)),
+    # rows wider than half of AVX-512's accumulators: segments, the last one's last vector a few lanes
+    ((1, 2, 9, 150), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    ((1, 2, 7, 301), (3, 3), (2, 1), (1, 1), (0, 1, 2, 0)),
 ]
 
 
@@ -89,7 +92,10 @@ def _tiles_against_rows(monkeypatch, hostile: bool) -> list[str]:
 @pytest.mark.parametrize("hostile", [False, True], ids=["numbers", "specials"])
 def test_tiles_are_the_row_loop_bit_for_bit(monkeypatch, hostile: bool) -> None:
     kernels = _tiles_against_rows(monkeypatch, hostile)
-    assert kernels == ["conv.depthwise.tiles"] * len(GEOMETRIES)
+    isa = host_isa()
+    assert kernels == ["conv.depthwise.rows" if tile_shape(isa, _out(g), g[2], math.prod(g[1])) is None
+                       else "conv.depthwise.tiles" for g in GEOMETRIES]
+    assert kernels.count("conv.depthwise.tiles") >= len(GEOMETRIES) - 2  # AVX2 keeps the row loop for two
 
 
 def test_tiles_at_the_avx2_width(monkeypatch) -> None:
@@ -103,9 +109,12 @@ def test_tiles_at_the_avx2_width(monkeypatch) -> None:
         kernels = _tiles_against_rows(monkeypatch, hostile=True)
     finally:
         force_isa(None)
-    # rows of 56 (7 vectors of 8) are wider than half of AVX2's accumulators: those keep the row loop
-    wide = {k for k, g in enumerate(GEOMETRIES) if tile_shape(ISAS["avx2"], _out(g), g[2], math.prod(g[1])) is None}
-    assert wide and len(wide) < len(GEOMETRIES)
+    # rows of 56 (7 vectors of 8) are wider than half of AVX2's accumulators: at a stride across of 1 those run
+    # in segments, at 2 they keep the row loop
+    shapes = [(tile_shape(ISAS["avx2"], _out(g), g[2], math.prod(g[1])), -(-_out(g)[1] // 8)) for g in GEOMETRIES]
+    segmented = [k for k, (shape, vectors) in enumerate(shapes) if shape is not None and shape[1] < vectors]
+    wide = {k for k, (shape, _) in enumerate(shapes) if shape is None}
+    assert segmented and wide and len(segmented) + len(wide) < len(GEOMETRIES)
     assert [n.startswith("conv.depthwise.rows") for n in kernels] == [k in wide for k in range(len(GEOMETRIES))]
 
 
@@ -123,8 +132,12 @@ def test_tile_shape() -> None:
     assert tile_shape(avx512, (14, 14), (1, 1), 9) == (14, 1)
     assert tile_shape(avx512, (7, 7), (2, 2), 9) == (7, 1)
     assert tile_shape(avx512, (3, 128), (1, 1), 9) == (2, 8)
-    assert tile_shape(avx512, (3, 129), (1, 1), 9) is None  # nine vectors: more than half the accumulators
+    assert tile_shape(avx512, (3, 129), (1, 1), 9) == (3, 4)  # nine vectors: segments of four
+    assert tile_shape(avx512, (150, 150), (1, 1), 9) == (4, 4)
     assert tile_shape(avx512, (14, 14), (1, 3), 9) is None  # a stride of 3 across
     assert tile_shape(avx512, (14, 14), (1, 1), 49) == (14, 1)  # 7x7 taps
     assert tile_shape(avx512, (14, 14), (1, 1), 81) is None  # 9x9
     assert tile_shape(ISAS["avx2"], (28, 28), (1, 1), 9) == (2, 4)
+    assert tile_shape(ISAS["avx2"], (112, 112), (1, 1), 9) == (4, 2)  # 14 vectors in segments of two
+    assert tile_shape(ISAS["avx2"], (56, 56), (2, 1), 9) == (4, 2)  # a stride down
+    assert tile_shape(ISAS["avx2"], (56, 56), (2, 2), 9) is None  # across: the row loop
