@@ -10,6 +10,7 @@ widened with sqrt(K) for long reductions (summation order is not part of the mea
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import threading
@@ -1172,3 +1173,15 @@ def _recording(emit: Callable[..., Any], seen: list[tuple[bool, Any]]) -> Callab
         return emit(self, *args, **kwargs)
 
     return wrapped
+
+
+def test_avx2_takes_its_4x3_tile_only_where_it_pads_a_tenth_less():
+    """AVX2's tiles are 6x2 first, 4x3 second (:data:`cuvil.codegen.kernels.gemm.ISAS`): 128 output channels over
+    3,136 positions (MobileNet-v1's 1x1 layers at 56x56) pad 132 x 3,136 in 6x2 and 128 x 3,144 in 4x3, 3 % more,
+    and keep 6x2; 32 channels over 12,544 (its stem) pad 36 rows in 6x2, 12 % more, and take 4x3. AVX-512 takes
+    whichever of its tiles pads least."""
+    avx2, avx512 = gemm.ISAS["avx2"], gemm.ISAS["avx512"]
+    assert (gemm.choose_tiling(avx2, 128, 3136, 128).mr, gemm.choose_tiling(avx2, 128, 3136, 128).nv) == (6, 2)
+    assert (gemm.choose_tiling(avx2, 32, 12544, 27).mr, gemm.choose_tiling(avx2, 32, 12544, 27).nv) == (4, 3)
+    assert gemm.choose_tiling(dataclasses.replace(avx2, other_tile_gain=1.0), 128, 3136, 128).mr == 4  # least padding
+    assert gemm.choose_tiling(avx512, 128, 3136, 128).mr == 8  # 8x3 pads 3136 -> 3168 columns, 6x4 132 rows
