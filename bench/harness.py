@@ -141,14 +141,19 @@ def ort_options(threads: int) -> Any:
     return so
 
 
-def _ort_engine(zm: Any, threads: int, onnx_model: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+def _ort_run(zm: Any, onnx_model: Any, options: Any) -> Callable[[], Any]:
+    """A call of an ONNX Runtime session over ``zm``'s example inputs."""
     import onnxruntime as ort
 
-    start = time.perf_counter()
-    sess = ort.InferenceSession(onnx_model.SerializeToString(), ort_options(threads),
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feed = {i.name: a for i, a in zip(sess.get_inputs(), zm.example_inputs_numpy(), strict=True)}
-    return (lambda: sess.run(None, feed)[0]), {"setup_s": time.perf_counter() - start}
+    return lambda: sess.run(None, feed)[0]
+
+
+def _ort_engine(zm: Any, threads: int, onnx_model: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+    start = time.perf_counter()
+    run = _ort_run(zm, onnx_model, ort_options(threads))
+    return run, {"setup_s": time.perf_counter() - start}
 
 
 def _ort_as_written(zm: Any, onnx_model: Any) -> np.ndarray:
@@ -159,9 +164,7 @@ def _ort_as_written(zm: Any, onnx_model: Any) -> np.ndarray:
 
     options = ort_options(1)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feed = {i.name: a for i, a in zip(sess.get_inputs(), zm.example_inputs_numpy(), strict=True)}
-    return np.asarray(sess.run(None, feed)[0])
+    return np.asarray(_ort_run(zm, onnx_model, options)())
 
 
 def _torch_engine(zm: Any, threads: int) -> tuple[Callable[[], Any], dict[str, Any]]:
