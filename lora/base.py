@@ -7,6 +7,7 @@ model directory (``config.json`` + safetensors weights), loaded offline."""
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -109,12 +110,9 @@ class BaseModel:
         except (json.JSONDecodeError, AttributeError) as e:
             raise BaseModelError(f"{config_path} is not a JSON object: {e}", location=str(config_path)) from None
         _refuse_quantized(config_data.get("quantization_config"), path)
-        try:
-            import torch
-            import transformers
-        except ImportError:
-            raise BaseModelError("loading a Hugging Face directory needs torch and transformers", location=str(path),
-                                 hint="pip install torch transformers") from None
+        transformers = import_transformers(path)
+        import torch
+
         model_class = getattr(transformers, architectures[0], None) if architectures else None
         try:
             config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
@@ -138,6 +136,18 @@ class BaseModel:
                                          hint="the directory's weights do not match its config.json")
                 keys[name] = found
         return cls.from_torch(model, str(path), weights=lambda module, _: stored[keys[module]].array(keys[module]))
+
+
+def import_transformers(path: Path) -> Any:
+    """The ``transformers`` module (with torch), imported by name: the calls into it are dynamic (the class
+    config.json names), and a static import made the package type check bind its 3,000 files."""
+    try:
+        import torch  # noqa: F401  (transformers without torch builds no model)
+
+        return importlib.import_module("transformers")
+    except ImportError:
+        raise BaseModelError("loading a Hugging Face directory needs torch and transformers", location=str(path),
+                             hint="pip install torch transformers") from None
 
 
 def _refuse_quantized(quantization: Any, path: Path) -> None:
@@ -166,8 +176,8 @@ def _kind(m: Any) -> tuple[str, bool] | None:
     """``(kind, fan_in_fan_out)`` of an adaptable module, or None."""
     import torch
 
-    try:
-        from transformers.pytorch_utils import Conv1D
+    try:  # by name: see import_transformers
+        Conv1D = importlib.import_module("transformers.pytorch_utils").Conv1D
     except ImportError:
         Conv1D = ()
     if not isinstance(getattr(m, "weight", None), torch.Tensor):

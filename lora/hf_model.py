@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lora.base import BaseModelError
+from lora.base import BaseModelError, import_transformers
 
 DEFAULT_TOKENS = (1, 8)
 
@@ -18,11 +18,7 @@ def load_model(directory: str | Path) -> Any:
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
         raise BaseModelError(f"{path} is not a Hugging Face model directory with safetensors weights",
                              location=str(path))
-    try:
-        import transformers
-    except ImportError:
-        raise BaseModelError("loading a Hugging Face directory needs torch and transformers", location=str(path),
-                             hint="pip install torch transformers") from None
+    transformers = import_transformers(path)
     architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     try:
