@@ -138,6 +138,49 @@ def test_nested_loops_share_one_unroll_budget(monkeypatch):
         import_onnx(nested_loops(15, 2))  # each loop alone is small; together 15 + 225 > 200
 
 
+@pytest.mark.parametrize(("trips", "fits"), [(5, True), (6, False)])
+def test_nested_for_loops_past_the_budget_are_refused_before_any_body_is_imported(monkeypatch, trips, fits):
+    """Three for loops nested: 5 * (1 + 5 * (1 + 5)) = 155 iterations fit a budget of 200 (the model's output
+    counts them); 6 * (1 + 6 * (1 + 6)) = 258 do not, and the import says so before it unrolls one of them."""
+    monkeypatch.setattr(onnx_import, "MAX_UNROLL_TOTAL", 200)
+    imported = []
+    real = onnx_import.OnnxImporter.import_subgraph
+    monkeypatch.setattr(onnx_import.OnnxImporter, "import_subgraph",
+                        lambda self, *a, **k: imported.append(1) or real(self, *a, **k))
+    if fits:
+        out = cuvil.interp.run_reference(import_onnx(nested_loops(trips, 3)), [np.zeros(1, np.float32)])
+        np.testing.assert_array_equal(out[0], [155.0])
+    else:
+        with pytest.raises(BudgetError, match="200 loop iterations"):
+            import_onnx(nested_loops(trips, 3))
+        assert not imported
+
+
+def test_a_loop_that_stops_early_is_not_charged_its_trip_count(monkeypatch):
+    """The early refusal counts only what is sure to run: an inner loop of 1,000 trips whose body stops it after
+    3 (i < 2) runs 10 * (1 + 3) = 40 iterations in all, within a budget of 200."""
+    monkeypatch.setattr(onnx_import, "MAX_UNROLL_TOTAL", 200)
+    one = helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.ones(1, np.float32)))
+    two = helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array(2, np.int64)))
+    inner = helper.make_graph(
+        [one, two, helper.make_node("Add", ["v1", "one"], ["vo1"]), helper.make_node("Less", ["i1", "two"], ["co1"])],
+        "inner", [_vi("i1", [], TensorProto.INT64), _vi("c1", [], TensorProto.BOOL), _vi("v1", [1])],
+        [_vi("co1", [], TensorProto.BOOL), _vi("vo1", [1])])
+    outer = helper.make_graph(
+        [helper.make_node("Constant", [], ["one0"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+         helper.make_node("Constant", [], ["n1"], value=numpy_helper.from_array(np.array(1000, np.int64))),
+         helper.make_node("Constant", [], ["t1"], value=numpy_helper.from_array(np.array(True))),
+         helper.make_node("Loop", ["n1", "t1", "v0"], ["w0"], body=inner),
+         helper.make_node("Add", ["w0", "one0"], ["vo0"]), helper.make_node("Identity", ["c0"], ["co0"])],
+        "outer", [_vi("i0", [], TensorProto.INT64), _vi("c0", [], TensorProto.BOOL), _vi("v0", [1])],
+        [_vi("co0", [], TensorProto.BOOL), _vi("vo0", [1])])
+    inits = [numpy_helper.from_array(np.array(10, np.int64), "n"), numpy_helper.from_array(np.array(True), "t")]
+    model = _model([helper.make_node("Loop", ["n", "t", "x"], ["y"], body=outer)], [_vi("x", [1])], [_vi("y", [1])],
+                   inits)
+    out = cuvil.interp.run_reference(import_onnx(model), [np.zeros(1, np.float32)])
+    np.testing.assert_array_equal(out[0], [40.0])
+
+
 def test_a_plugin_pass_that_never_returns_is_stopped(tmp_path, monkeypatch):
     (tmp_path / "forever_pass.py").write_text(textwrap.dedent("""
         from dataclasses import dataclass

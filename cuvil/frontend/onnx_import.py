@@ -101,7 +101,13 @@ class OnnxImporter:
         """Count ``steps`` more unrolled iterations (Loop, Scan, recurrences; nested ones multiply)
         against the whole model's budget, so nesting cannot turn import into a hang."""
         self._unrolled += steps
-        if self._unrolled > MAX_UNROLL_TOTAL:
+        self.expect_unroll(0, location)
+
+    def expect_unroll(self, steps: int, location: str) -> None:
+        """Refuse now, before any of them is imported, ``steps`` iterations that the model is sure to unroll
+        where they would take the budget past its end (nested constant loops: one iteration at a time,
+        a refusal took 65,536 imported iterations, 15 s)."""
+        if self._unrolled + steps > MAX_UNROLL_TOTAL:
             raise BudgetError(f"the model unrolls more than {MAX_UNROLL_TOTAL} loop iterations in all "
                               "(nested loops multiply)", location=location,
                               hint="Cuvil unrolls control flow at import; export the model with fewer "

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from cuvil.errors import CuvilError, UnsupportedOpError
 from cuvil.frontend.onnx_node import Entity, NodeCtx, StaticInputRequired, onnx_op
@@ -90,6 +92,10 @@ def loop(ctx: NodeCtx) -> Sequence[Entity]:
     if count is not None and not isinstance(count, (int, float, np.integer, np.floating)):
         raise ctx.unsupported(f"a trip count of {count}")
     trip = int(count) if count is not None else None
+    if trip is not None and cond and _runs_every_trip(ctx.node, body):
+        nested = unrolled_at_least(body)
+        if nested:  # (a single loop's length has its own limit, MAX_UNROLL, checked as it unrolls)
+            ctx.imp.expect_unroll(trip * (1 + nested), ctx.location)
     n_scan = len(body.output) - 1 - len(carried)
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
     initial = list(carried)
@@ -113,6 +119,43 @@ def loop(ctx: NodeCtx) -> Sequence[Entity]:
     if n_scan and i == 0:
         raise ctx.unsupported("a loop that runs zero times has scan outputs of unknown shape")
     return [*carried, *(stack(ctx.b, s, 0) for s in scans)]
+
+
+def unrolled_at_least(graph: onnx.GraphProto) -> int:
+    """A lower bound on the loop iterations importing ``graph`` once unrolls: its Loops that run every trip of
+    a count written in the graph itself (a Constant or an initializer), each with its own body's bound. Loops
+    it cannot bound count 0, so the bound never refuses a model that would have fit."""
+    known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if node.op_type == "Constant" and value is not None:
+            known[node.output[0]] = numpy_helper.to_array(value)
+    total = 0
+    for node in graph.node:
+        if node.op_type != "Loop" or not node.input or not node.input[0]:
+            continue
+        trip, start = known.get(node.input[0]), known.get(node.input[1]) if len(node.input) > 1 else None
+        body = next((a.g for a in node.attribute if a.name == "body"), None)
+        if trip is None or trip.size != 1 or body is None or trip.dtype.kind not in "iu":
+            continue
+        if len(node.input) > 1 and node.input[1] and (start is None or start.size != 1 or not start.reshape(())):
+            continue
+        if _runs_every_trip(node, body):
+            total += max(int(trip.reshape(())), 0) * (1 + unrolled_at_least(body))
+    return total
+
+
+def _runs_every_trip(node: onnx.NodeProto, body: onnx.GraphProto) -> bool:
+    """Whether a Loop whose initial condition holds runs all its trips: it has no condition input (a for
+    loop), or its body passes its condition on unchanged (as PyTorch exports a for loop)."""
+    if len(node.input) < 2 or not node.input[1]:
+        return True
+    if len(body.input) < 2 or not body.output:
+        return False
+    name, passed = body.output[0].name, body.input[1].name
+    if name == passed:
+        return True
+    return any(n.op_type == "Identity" and n.output[0] == name and n.input[0] == passed for n in body.node)
 
 
 @onnx_op("Scan", emits=("gather", "concat", "reshape", "loop", "transpose", "slice"))
