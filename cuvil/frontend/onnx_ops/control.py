@@ -125,14 +125,16 @@ def unrolled_at_least(graph: onnx.GraphProto) -> int:
     """A lower bound on the loop iterations importing ``graph`` once unrolls: its Loops that run every trip of
     a count written in the graph itself (a Constant or an initializer), each with its own body's bound. Loops
     it cannot bound count 0, so the bound never refuses a model that would have fit."""
-    known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    loops = [n for n in graph.node if n.op_type == "Loop"]
+    wanted = {name for n in loops for name in n.input[:2] if name}  # (only these are read: bodies may hold big ones)
+    known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.name in wanted}
     for node in graph.node:
         value = next((a.t for a in node.attribute if a.name == "value"), None)
-        if node.op_type == "Constant" and value is not None:
+        if node.op_type == "Constant" and value is not None and node.output[0] in wanted:
             known[node.output[0]] = numpy_helper.to_array(value)
     total = 0
-    for node in graph.node:
-        if node.op_type != "Loop" or not node.input or not node.input[0]:
+    for node in loops:
+        if not node.input or not node.input[0]:
             continue
         trip, start = known.get(node.input[0]), known.get(node.input[1]) if len(node.input) > 1 else None
         body = next((a.g for a in node.attribute if a.name == "body"), None)
