@@ -210,9 +210,9 @@ def test_the_f16_left_fold_would_be_wrong_on_those_inputs() -> None:
 # the prober: proved where every engine is finite, confirmed where PyTorch's FP16 graph overflows too
 
 
-def _probe(name: str, shape: tuple[int, ...], r: float) -> ProbeReport:
+def _probe(name: str, shape: tuple[int, ...], r: float, z3_witness: bool = True) -> ProbeReport:
     return probe(_module(MODELS[name], shape, DType.f32), {"x": (-r, r)},
-                 ProbeOptions(precision="fp16", time_limit=30, boundary=False))
+                 ProbeOptions(precision="fp16", time_limit=30, boundary=False, z3_witness=z3_witness))
 
 
 def _sites(rep: ProbeReport, op: str) -> list:  # type: ignore[type-arg]
@@ -248,7 +248,9 @@ def test_probe_confirms_the_square_overflow_pytorch_fp16_has_too() -> None:
     """In [-1000, 1000] a deviation above 256 squares past 65504: the square overflows in PyTorch's
     decomposed FP16 graph as in Cuvil's (PyTorch's fused F.layer_norm computes in f32 and stays finite)."""
     torch = pytest.importorskip("torch")
-    rep = _probe("layer_norm", (4, FEATURES), 1000.0)
+    # the gradient search finds the square's witness; z3's stage would only spend its query limits on the
+    # sites after it, which stay open either way (five queries, 28 s on a 2-core Zen 3)
+    rep = _probe("layer_norm", (4, FEATURES), 1000.0, z3_witness=False)
     assert rep.exit_code == EXIT_OVERFLOW
     squares = [s for s in _sites(rep, "mul") if s.verdict == OVERFLOW]
     assert squares and all(s.op != "reduce_mean" for s in rep.sites if s.verdict == OVERFLOW)
