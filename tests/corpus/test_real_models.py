@@ -23,14 +23,14 @@ RTOL = 1e-4
 
 
 def _entry_shapes() -> list[Any]:
-    """Each entry at each of its shapes; past the first, marked slow: every shape is also checked in the
-    default suite by :func:`test_real_model_compiles_once_for_its_shape_class`, and a specialization of
-    the larger models takes LLVM 10-15 s to build."""
+    """Each entry at each of its shapes; past the first, and for large entries the first too, marked slow:
+    every shape is also checked in the default suite by :func:`test_real_model_compiles_once_for_its_shape_class`,
+    and a specialization of the larger models takes LLVM 10-25 s to build."""
     params = []
     for e in CORPUS:
         for k in range(len(e.shapes)):
             marks = [pytest.mark.xfail(strict=True, reason=e.blocked)] if e.blocked else []
-            if k:
+            if k or e.large:
                 marks.append(pytest.mark.slow)
             params.append(pytest.param(e, k, id=f"{e.name}-{k}" if k else e.name, marks=marks))
     return params
