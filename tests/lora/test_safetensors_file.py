@@ -33,7 +33,8 @@ def sample(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndarray
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, size, dtype=dtype, endpoint=True).reshape(shape)
     values = rng.standard_normal(size) * 100
-    special = [np.nan, np.inf, -np.inf, -0.0, float(np.finfo(dtype).smallest_subnormal), float(np.finfo(dtype).max)]
+    info = ml_dtypes.finfo(dtype)  # (numpy's finfo knows bfloat16 only through some ml_dtypes versions)
+    special = [np.nan, np.inf, -np.inf, -0.0, float(info.smallest_subnormal), float(info.max)]
     values[: min(size, len(special))] = special[: min(size, len(special))]
     return values.astype(dtype).reshape(shape)
 
