@@ -8,6 +8,7 @@ weights less their zero point, as ``MatMulInteger`` and ``ConvInteger`` carry th
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -201,15 +202,27 @@ def _conv_inputs(params) -> list[np.ndarray]:
     return [x]
 
 
-@pytest.fixture(params=["host", "avx2"])
+SEVEN_BITS = (-64, 63)  # int8 weights quantized with a reduced range: every pair fits vpmaddubsw
+
+
+@pytest.fixture(params=["host", "avx2", "pairs"])
 def dot_steps(request, monkeypatch) -> str | None:
-    """The host's four-product steps, and the AVX2 ones (``vpmaddwd`` on widened bytes) on a host with VNNI,
-    where they are not chosen by themselves."""
+    """The host's four-product steps; the AVX2 ones (``vpmaddwd`` on widened bytes) on a host with VNNI, where
+    they are not chosen by themselves; and AVX2's ``vpmaddubsw`` pairs, the cases' int8 weights drawn from
+    :data:`SEVEN_BITS` instead (weights outside int8 keep their spans, and the widened steps)."""
     if request.param == "avx2":
         if host_int8_dot() != "vnni":
             pytest.skip("the host's own steps are not VNNI: the host case runs whichever it has")
         monkeypatch.setattr(vnni, "host_has_vnni", lambda: False)
         assert host_int8_dot() == "avx2"
+    if request.param == "pairs":
+        if host_int8_dot() is None:
+            pytest.skip("the host has no int8 dot product")
+        monkeypatch.setattr(vnni, "host_has_vnni", lambda: False)
+        weights = _weights
+        monkeypatch.setattr(sys.modules[__name__], "_weights",
+                            lambda shape, span=INT8: weights(shape, SEVEN_BITS if span == INT8 else span))
+        return "pairs"
     return host_int8_dot()
 
 
@@ -224,7 +237,9 @@ def test_integer_product_matches_the_rule_bit_for_bit(name: str, dot_steps: str 
     args = _conv_inputs(params) if name in ("conv-wide", "conv-wide-halves") else _inputs(params)
     fast = compile(module, cache=False, threads=2)
     if dot_steps is not None:
-        (kernel,) = [k for k in fast.manifest["kernels"] if k.startswith(f"int8.{dot_steps}.")]
+        # (in the pairs case, weights outside int8 take the widened steps: their packed pairs may saturate)
+        how = "avx2" if dot_steps == "pairs" and name in OUTSIDE_INT8 else dot_steps
+        (kernel,) = [k for k in fast.manifest["kernels"] if k.startswith(f"int8.{how}.")]
         last = kernel.split(".")[-1]
         assert last == OUTSIDE_INT8[name] if name in OUTSIDE_INT8 else last not in ("offset", "halves"), kernel
     with kernels.generic_only():
@@ -248,6 +263,43 @@ def test_a_constant_beyond_two_int8_halves_stays_on_the_rule(value: int, vnni: b
     assert any(k.startswith(f"int8.{host_int8_dot()}.") for k in fast.manifest["kernels"]) == vnni
     args = _inputs([x])
     assert np.array_equal(np.asarray(fast(*args)), rule_reference(module, args)[0])
+
+
+def test_pairs_fit_exactly_where_vpmaddubsw_never_saturates() -> None:
+    """Every pair of int8 weights: :func:`vnni.pairs_fit` holds iff no two uint8 values make the pair's sum leave
+    int16 (the sum is linear in each value, so its extremes are at 0 and 255)."""
+    w0, w1 = (a.ravel() for a in np.meshgrid(np.arange(-128, 128), np.arange(-128, 128)))
+    corners = [u0 * w0 + u1 * w1 for u0 in (0, 255) for u1 in (0, 255)]
+    never = (np.min(corners, axis=0) >= -32768) & (np.max(corners, axis=0) <= 32767)
+    fit = np.array([vnni.pairs_fit(np.array(p, np.int8)) for p in zip(w0, w1, strict=True)])
+    assert np.array_equal(fit, never)
+    assert vnni.pairs_fit(np.arange(-64, 64, dtype=np.int8)) and not vnni.pairs_fit(np.array([127, 2], np.int8))
+
+
+@needs_int8_dot
+@pytest.mark.parametrize(("pair", "fits"), [((127, 1), True), ((-128, 0), True), ((127, 2), False),
+                                            ((-128, -1), False), ((100, -128), True)])
+@pytest.mark.parametrize("forced", [False, True])
+def test_weights_whose_pairs_could_saturate_take_the_widened_steps(monkeypatch, pair, fits, forced) -> None:
+    """Every pair of weights ``pair`` against uint8 values of 255: at the int16 bound the pairs are exact; past
+    it the widened steps are chosen and exact, where ``vpmaddubsw`` forced on them saturates."""
+    monkeypatch.setattr(vnni, "host_has_vnni", lambda: False)
+    if forced:
+        monkeypatch.setattr(vnni, "pairs_fit", lambda packed: True)
+    k, n = 64, 32
+    w = np.empty((n, k), np.int32)
+    w[:, 0::2], w[:, 1::2] = pair
+    b = Builder()
+    x = b.param("x", DType.i8, [4, k])
+    module = b.module(b.function("main", [x], [b.matmul(b.sub(b.cast(x, to=DType.i32), b.const(np.int32(-128))),
+                                                        b.const(w), transpose_b=True)]))
+    xs = np.full((4, k), 127, np.int8)
+    xs[:, -2:] = -128  # each row spans 0..255 after the shift: every other pair meets 255 twice
+    fast = compile(module, cache=False)
+    (kernel,) = [k for k in fast.manifest["kernels"] if k.startswith("int8.")]
+    assert kernel.startswith("int8.pairs." if fits or forced else "int8.avx2."), kernel
+    (want,) = rule_reference(module, [xs])
+    assert np.array_equal(np.asarray(fast(xs)), want) == (fits or not forced)
 
 
 def test_packing_puts_four_k_per_lane_and_sums_columns() -> None:

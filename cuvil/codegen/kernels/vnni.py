@@ -1,6 +1,7 @@
 """Integer matrix products and convolutions on AVX-512 VNNI (``vpdpbusd``): the int32 ``matmul`` and
 ``conv`` that ``quantize-int8`` writes, ``(x - zx) @ (w - zw)``, over weights whose values fit in int8. On
-a CPU with AVX2 and no VNNI each four-product step is two ``vpmaddwd`` (:func:`dot_quads`), the same sums.
+a CPU with AVX2 and no VNNI each four-product step is two ``vpmaddwd`` (:func:`dot_quads`), the same sums (or,
+where the weights' pairs cannot saturate it, one ``vpmaddubsw`` and one ``vpmaddwd``).
 
 The rule sums int32 products in int32 (wrapping). The kernel computes the same sums: weights are
 packed at compile time as int8, four consecutive ``k`` per 32-bit lane; each row of the run-time
@@ -24,6 +25,7 @@ planes (:class:`ConvShape`) with output pixels in the lanes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +76,7 @@ def host_int8_dot() -> str | None:
 
 
 V32_I16 = ir.VectorType(I16, 2 * LANES)
+V32_I8 = ir.VectorType(I8, 2 * LANES)
 V8 = ir.VectorType(I32, LANES // 2)
 V16_I16 = ir.VectorType(I16, LANES)
 
@@ -82,14 +85,30 @@ def dot_quads(b: Builder, how: str) -> Callable[[Val, Val, Val], Val]:
     """``acc + sum_j u[4i + j] * s[4i + j]`` per int32 lane ``i`` (``u`` uint8, ``s`` int8, 64 of each): what
     ``vpdpbusd`` computes, wrapping. Without VNNI (``"avx2"``) the even and the odd bytes are widened to 16 bits
     and multiplied in pairs by ``vpmaddwd``: each product of a uint8 and an int8 and each sum of two is exact in
-    16 and 32 bits, so the two sums add to the same int32 as the four-product step."""
+    16 and 32 bits, so the two sums add to the same int32 as the four-product step. Where every pair of weights
+    keeps its products' sum within int16 whatever the uint8 values (:func:`pairs_fit`, ``"pairs"``),
+    ``vpmaddubsw`` adds each pair in 16 bits without saturating and ``vpmaddwd`` by ones adds the two pairs of a
+    lane: half the instructions, the same sums."""
     if how == "vnni":
         dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
         return lambda acc, u, s: b.call(dot, [acc, u, s])
     madd = declare(b.module, "llvm.x86.avx2.pmadd.wd", V8, [V16_I16, V16_I16])
+    whole = ir.Constant(ir.VectorType(I32, LANES), list(range(LANES)))
+    if how == "pairs":
+        madd_bytes = declare(b.module, "llvm.x86.avx2.pmadd.ub.sw", V16_I16, [V32_I8, V32_I8])
+        ones = ir.Constant(V16_I16, [1] * LANES)
+
+        def bytes_half(v: Val, h: int) -> Val:
+            return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 2 * LANES),
+                                                      list(range(h * 2 * LANES, (h + 1) * 2 * LANES))))
+
+        def pairs(acc: Val, u: Val, s: Val) -> Val:
+            parts = [b.call(madd, [b.call(madd_bytes, [bytes_half(u, h), bytes_half(s, h)]), ones]) for h in (0, 1)]
+            return b.add(acc, b.shuffle_vector(parts[0], parts[1], whole))
+
+        return pairs
     eight = ir.Constant(V32_I16, [8] * (2 * LANES))
     low = ir.Constant(V32_I16, [0xFF] * (2 * LANES))
-    whole = ir.Constant(ir.VectorType(I32, LANES), list(range(LANES)))
 
     def half(v: Val, h: int) -> Val:
         return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, LANES), list(range(h * LANES, (h + 1) * LANES))))
@@ -106,6 +125,18 @@ def dot_quads(b: Builder, how: str) -> Callable[[Val, Val, Val], Val]:
         return b.add(acc, b.shuffle_vector(parts[0], parts[1], whole))
 
     return step
+
+
+def pairs_fit(packed: np.ndarray) -> bool:
+    """Whether ``vpmaddubsw`` adds every pair of adjacent packed weights (the pairs it multiplies) to any two
+    uint8 values exactly: ``u0 w0 + u1 w1`` over ``u`` in [0, 255] reaches ``255 (w0+ + w1+)`` and
+    ``255 (w0- + w1-)`` (the positive and the negative parts), which must lie in int16, where the instruction
+    would saturate. Weights in [-64, 63] (quantized with a reduced range, as for AVX2 hosts) always fit."""
+    p = packed.reshape(-1, 2).astype(np.int64)
+    if not p.size:
+        return False
+    high, low = np.maximum(p, 0).sum(axis=1).max(), np.minimum(p, 0).sum(axis=1).min()
+    return bool(255 * high <= np.iinfo(np.int16).max and 255 * low >= np.iinfo(np.int16).min)
 
 
 def fits_int8(w: np.ndarray) -> bool:
@@ -183,10 +214,15 @@ class _IntegerProduct:
 
     @property
     def how(self) -> str:
-        """:func:`host_int8_dot`'s: the kernels are only chosen where it has one."""
+        """:func:`host_int8_dot`'s (the kernels are only chosen where it has one), ``"pairs"`` instead of
+        ``"avx2"`` where the packed weights allow (:func:`pairs_fit`)."""
         how = host_int8_dot()
         assert how is not None, "an int8 kernel was chosen for a target without an int8 dot product"
-        return how
+        return "pairs" if how == "avx2" and self._pairs_fit else how
+
+    @functools.cached_property
+    def _pairs_fit(self) -> bool:
+        return pairs_fit(self.packed)
 
     @property
     def constant_bytes(self) -> int:
