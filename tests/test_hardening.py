@@ -181,6 +181,27 @@ def test_a_loop_that_stops_early_is_not_charged_its_trip_count(monkeypatch):
     np.testing.assert_array_equal(out[0], [40.0])
 
 
+def test_a_malformed_count_of_a_nested_loop_is_a_load_error() -> None:
+    """The early unroll bound reads a nested loop's count before the import would: a count whose raw bytes do not
+    fill its type is still the model's fault (CUVIL-LOAD), not a converter's (CUVIL-IR)."""
+    count = numpy_helper.from_array(np.array(5, np.int64), "n1")
+    count.raw_data = b"\x01\x02\x03"
+    inner = helper.make_graph(
+        [helper.make_node("Identity", ["v1"], ["vo1"]), helper.make_node("Identity", ["c1"], ["co1"])], "inner",
+        [_vi("i1", [], TensorProto.INT64), _vi("c1", [], TensorProto.BOOL), _vi("v1", [1])],
+        [_vi("co1", [], TensorProto.BOOL), _vi("vo1", [1])])
+    outer = helper.make_graph(
+        [helper.make_node("Constant", [], ["n1"], value=count), helper.make_node("Loop", ["n1", "", "v0"], ["w0"],
+                                                                                 body=inner),
+         helper.make_node("Identity", ["w0"], ["vo0"]), helper.make_node("Identity", ["c0"], ["co0"])], "outer",
+        [_vi("i0", [], TensorProto.INT64), _vi("c0", [], TensorProto.BOOL), _vi("v0", [1])],
+        [_vi("co0", [], TensorProto.BOOL), _vi("vo0", [1])])
+    model = _model([helper.make_node("Loop", ["n", "", "x"], ["y"], body=outer)], [_vi("x", [1])], [_vi("y", [1])],
+                   [numpy_helper.from_array(np.array(3, np.int64), "n")])
+    with pytest.raises(ModelLoadError, match="'n1' is malformed"):
+        import_onnx(model)
+
+
 def test_a_plugin_pass_that_never_returns_is_stopped(tmp_path, monkeypatch):
     (tmp_path / "forever_pass.py").write_text(textwrap.dedent("""
         from dataclasses import dataclass

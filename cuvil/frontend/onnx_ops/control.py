@@ -4,12 +4,11 @@ imported as one CIR ``loop``; a Loop whose condition only a run knows becomes a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from cuvil.errors import CuvilError, UnsupportedOpError
 from cuvil.frontend.onnx_node import Entity, NodeCtx, StaticInputRequired, onnx_op
@@ -93,7 +92,7 @@ def loop(ctx: NodeCtx) -> Sequence[Entity]:
         raise ctx.unsupported(f"a trip count of {count}")
     trip = int(count) if count is not None else None
     if trip is not None and cond and _runs_every_trip(ctx.node, body):
-        nested = unrolled_at_least(body)
+        nested = unrolled_at_least(body, lambda t: ctx.imp.tensor_to_numpy(t, ctx.location))
         if nested:  # (a single loop's length has its own limit, MAX_UNROLL, checked as it unrolls)
             ctx.imp.expect_unroll(trip * (1 + nested), ctx.location)
     n_scan = len(body.output) - 1 - len(carried)
@@ -121,17 +120,18 @@ def loop(ctx: NodeCtx) -> Sequence[Entity]:
     return [*carried, *(stack(ctx.b, s, 0) for s in scans)]
 
 
-def unrolled_at_least(graph: onnx.GraphProto) -> int:
+def unrolled_at_least(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto], np.ndarray]) -> int:
     """A lower bound on the loop iterations importing ``graph`` once unrolls: its Loops that run every trip of
     a count written in the graph itself (a Constant or an initializer), each with its own body's bound. Loops
-    it cannot bound count 0, so the bound never refuses a model that would have fit."""
+    it cannot bound count 0, so the bound never refuses a model that would have fit. ``read``: the importer's
+    reading of a tensor (a malformed one is the coded error the import would raise later)."""
     loops = [n for n in graph.node if n.op_type == "Loop"]
     wanted = {name for n in loops for name in n.input[:2] if name}  # (only these are read: bodies may hold big ones)
-    known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.name in wanted}
+    known: dict[str, np.ndarray] = {t.name: read(t) for t in graph.initializer if t.name in wanted}
     for node in graph.node:
         value = next((a.t for a in node.attribute if a.name == "value"), None)
         if node.op_type == "Constant" and value is not None and node.output[0] in wanted:
-            known[node.output[0]] = numpy_helper.to_array(value)
+            known[node.output[0]] = read(value)
     total = 0
     for node in loops:
         if not node.input or not node.input[0]:
@@ -143,7 +143,7 @@ def unrolled_at_least(graph: onnx.GraphProto) -> int:
         if len(node.input) > 1 and node.input[1] and (start is None or start.size != 1 or not start.reshape(())):
             continue
         if _runs_every_trip(node, body):
-            total += max(int(trip.reshape(())), 0) * (1 + unrolled_at_least(body))
+            total += max(int(trip.reshape(())), 0) * (1 + unrolled_at_least(body, read))
     return total
 
 
