@@ -1,6 +1,6 @@
 """``python -m bench.int8_steps``: the zoo's INT8 models quantized with ``reduce_range=True`` (7-bit weights, as
 ONNX Runtime advises for CPUs without VNNI), Cuvil's int8 kernels with each AVX2 step kind and ONNX Runtime,
-called in turn in one process, one thread.
+called in turn in one process (:func:`bench.harness.interleaved_medians`), one thread.
 
 On AVX2 a four-product step is two ``vpmaddwd`` on bytes widened to 16 bits (``avx2``), or, where no pair of a
 kernel's weights can saturate it, one ``vpmaddubsw`` and one ``vpmaddwd`` (``pairs``): the same sums, so the
@@ -13,23 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 KINDS = ("avx2", "pairs")
 MODELS = ("mlp_int8", "resnet18_int8")
-
-
-def _median_ms(run: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
 
 
 def _library(proto: Any, inputs: list[np.ndarray], kind: str) -> Any:
@@ -52,6 +42,7 @@ def _library(proto: Any, inputs: list[np.ndarray], kind: str) -> Any:
 def measure(name: str, batch: int | None, repeat: int, rounds: int, small: bool) -> dict[str, Any]:
     import onnxruntime as ort
 
+    from bench.harness import interleaved_medians
     from bench.models import ZOO, ZOO_SMALL
 
     zm = (ZOO_SMALL if small else ZOO)[name]
@@ -65,12 +56,10 @@ def measure(name: str, batch: int | None, repeat: int, rounds: int, small: bool)
     feeds = dict(zip([i.name for i in session.get_inputs()], inputs, strict=True))
     outs = {kind: np.asarray(model.run(inputs)[0]) for kind, (model, _) in built.items()}
     ort_out = np.asarray(session.run(None, feeds)[0])
-    runs: dict[str, list[float]] = {k: [] for k in (*KINDS, "ort")}
-    for _ in range(rounds):
-        for kind, (model, _) in built.items():
-            runs[kind].append(_median_ms(lambda m=model: m.run(inputs), repeat))
-        runs["ort"].append(_median_ms(lambda: session.run(None, feeds), repeat))
-    ms = {k: float(np.median(v)) for k, v in runs.items()}
+    calls = [*((kind, lambda m=model: m.run(inputs)) for kind, (model, _) in built.items()),
+             ("ort", lambda: session.run(None, feeds))]
+    rows = [interleaved_medians(calls, repeat) for _ in range(rounds)]
+    ms = {name: float(np.median([row[name] for row in rows])) for name, _ in calls}
     return {"model": name, "batch": zm.batch, "kernels": {k: built[k][1] for k in KINDS}, "ms": ms,
             "bit_equal": bool(np.array_equal(outs["avx2"], outs["pairs"])),
             "max_abs_vs_ort": float(np.max(np.abs(outs["pairs"].astype(np.float64) - ort_out)))}
@@ -91,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.int8_steps", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--batch", type=int, default=None, help="the batch size (default: the zoo model's)")
-    parser.add_argument("--repeat", type=int, default=30, help="calls per timing (their median is taken)")
-    parser.add_argument("--rounds", type=int, default=3, help="timings per engine, interleaved (median)")
+    parser.add_argument("--repeat", type=int, default=30, help="calls of each engine per round, in turn (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (the median of their medians)")
     parser.add_argument("--small", action="store_true", help="the zoo's reduced (test) sizes")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]

@@ -93,25 +93,25 @@ def dot_quads(b: Builder, how: str) -> Callable[[Val, Val, Val], Val]:
         dot = declare(b.module, "llvm.x86.avx512.vpdpbusd.512", V16, [V16, V64, V64])
         return lambda acc, u, s: b.call(dot, [acc, u, s])
     madd = declare(b.module, "llvm.x86.avx2.pmadd.wd", V8, [V16_I16, V16_I16])
-    whole = ir.Constant(ir.VectorType(I32, LANES), list(range(LANES)))
+
+    def half(v: Val, h: int, n: int = LANES) -> Val:
+        """Half ``h`` of a vector of ``2 n`` elements (a 256-bit register of the 512-bit value)."""
+        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(h * n, (h + 1) * n))))
+
+    def joined(parts: Sequence[Val]) -> Val:
+        return b.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(I32, LANES), list(range(LANES))))
+
     if how == "pairs":
         madd_bytes = declare(b.module, "llvm.x86.avx2.pmadd.ub.sw", V16_I16, [V32_I8, V32_I8])
         ones = ir.Constant(V16_I16, [1] * LANES)
 
-        def bytes_half(v: Val, h: int) -> Val:
-            return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 2 * LANES),
-                                                      list(range(h * 2 * LANES, (h + 1) * 2 * LANES))))
-
         def pairs(acc: Val, u: Val, s: Val) -> Val:
-            parts = [b.call(madd, [b.call(madd_bytes, [bytes_half(u, h), bytes_half(s, h)]), ones]) for h in (0, 1)]
-            return b.add(acc, b.shuffle_vector(parts[0], parts[1], whole))
+            sums = [b.call(madd_bytes, [half(u, h, 2 * LANES), half(s, h, 2 * LANES)]) for h in (0, 1)]
+            return b.add(acc, joined([b.call(madd, [p, ones]) for p in sums]))
 
         return pairs
     eight = ir.Constant(V32_I16, [8] * (2 * LANES))
     low = ir.Constant(V32_I16, [0xFF] * (2 * LANES))
-
-    def half(v: Val, h: int) -> Val:
-        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, LANES), list(range(h * LANES, (h + 1) * LANES))))
 
     def step(acc: Val, u: Val, s: Val) -> Val:
         u16, s16 = b.bitcast(u, V32_I16), b.bitcast(s, V32_I16)
@@ -122,7 +122,7 @@ def dot_quads(b: Builder, how: str) -> Callable[[Val, Val, Val], Val]:
             even = b.call(madd, [half(u_even, h), half(s_even, h)])
             odd = b.call(madd, [half(u_odd, h), half(s_odd, h)])
             parts.append(b.add(even, odd))
-        return b.add(acc, b.shuffle_vector(parts[0], parts[1], whole))
+        return b.add(acc, joined(parts))
 
     return step
 
