@@ -35,6 +35,7 @@ from cuvil.codegen import abi
 from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
+from cuvil.codegen.kernel_sharing import share_identical_kernels, step_prefix
 from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
 from cuvil.codegen.kernels.gemm import pool_threads
 from cuvil.codegen.kernels.pack import embed_array
@@ -148,11 +149,11 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
         kernel = choose_kernel(v, constants, shape_class)
         if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
             tuned[v] = kernel
-            kernels.append(kernel.emit(mod, f"k{k}.{v.op}"))
+            kernels.append(kernel.emit(mod, f"{step_prefix(k)}{v.op}"))
             logger.debug("op %d %s: kernel %s", k, v.op, kernel.name)
             continue
-        kernels.append(emit_rule_kernel(mod, f"k{k}.{v.op}", op_rule(v), [o.type for o in v.operands], v.type, v.op,
-                                        dims=symbols, scalars=scalar_operands(v, constants)))
+        kernels.append(emit_rule_kernel(mod, f"{step_prefix(k)}{v.op}", op_rule(v), [o.type for o in v.operands],
+                                        v.type, v.op, dims=symbols, scalars=scalar_operands(v, constants)))
 
     # raw constants: only those some kernel reads as they are (a packed weight is embedded packed)
     const_globals: dict[str, ir.GlobalVariable] = {}
@@ -171,7 +172,8 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
     const_bytes += sum(kn.constant_bytes for kn in tuned.values()) + sum(lk.constant_bytes for lk in loops.values())
     for k, v in enumerate(plan.steps):  # the group's first result runs the op; the others are written by it
         if v in loops:
-            kernels[k] = loops[v].emit(mod, f"k{k}.{v.op}", lambda c: const_globals[c.const_hash])
+            kernels[k] = loops[v].emit(mod, f"{step_prefix(k)}{v.op}", lambda c: const_globals[c.const_hash])
+    share_identical_kernels(mod, kernels)
     scratch = max([kn.scratch_bytes for kn in tuned.values()] + [lk.scratch_bytes for lk in loops.values()],
                   default=0)
     set_default_threads(mod, threads)

@@ -1,0 +1,117 @@
+"""Steps whose kernels come out the same share one function; kernels that differ in anything (a packed weight,
+a constant in their code, an embedded table) keep their own, and sharing changes no output bit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from cuvil.codegen import llvm_module
+from cuvil.codegen.artifact import build_library
+from cuvil.codegen.kernel_sharing import share_identical_kernels
+from cuvil.codegen.llvm_module import lower_function
+from cuvil.codegen.loops import loop_hints
+from cuvil.codegen.scalar import Builder as LLVMBuilder
+from cuvil.codegen.target import init_llvm
+from cuvil.interp import run_reference
+from cuvil.ir.builder import Builder
+from cuvil.ir.dtypes import DType
+from cuvil.ir.module import Module
+from cuvil.runtime.loader import CompiledModel
+
+
+def _repeated_layers() -> Module:
+    """Two layer norms and two softmaxes at one shape (each norm with its own weights, read through its
+    operands), two matmuls by constant weights of one shape but different values with the same epilogue (the
+    weights packed into each kernel's own globals), and products by two different scalars (written into the
+    kernels' code)."""
+    rng = np.random.default_rng(7)
+    b = Builder()
+    x = b.param("x", DType.f32, [6, 48])
+
+    def const(*shape: int) -> object:
+        return b.const(rng.standard_normal(shape).astype(np.float32))
+
+    h = b.layer_norm(x, const(48), const(48))
+    h = b.layer_norm(b.softmax(h, axis=-1), const(48), const(48))
+    shift = b.scalar(1.5, DType.f32)
+    y = b.softmax(b.add(b.matmul(h, const(48, 40)), shift), axis=-1)
+    z = b.softmax(b.add(b.matmul(h, const(48, 40)), shift), axis=-1)
+    return b.module(b.function("main", [x], [y, z, b.mul(x, b.scalar(3.0, DType.f32)),
+                                              b.mul(x, b.scalar(-4.0, DType.f32))], ["y", "z", "x3", "x4"]))
+
+
+def _kernel_entries(mod: ir.Module, op: str) -> list[str]:
+    return sorted(n for n in mod.globals if re.fullmatch(rf"k\d+\.{op}", n))
+
+
+def test_repeated_kernels_are_emitted_once_and_different_ones_apart() -> None:
+    module = _repeated_layers()
+    mod = lower_function(module.main, module.constants).module
+    ops = [v.op for v in module.main.values() if not v.is_const and v.op != "param"]
+    assert ops.count("layer_norm") == 2 and ops.count("matmul") == 2
+    assert len(_kernel_entries(mod, "layer_norm")) == 1
+    assert len(_kernel_entries(mod, "matmul")) == 2  # same code, different packed weights
+    assert len(_kernel_entries(mod, "mul")) == 2  # different scalars written into the code
+
+
+def test_sharing_changes_no_output_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _repeated_layers()
+    x = np.random.default_rng(3).standard_normal((6, 48)).astype(np.float32)
+    shared = CompiledModel(build_library(module.main, module.constants, tmp_path / "shared", name="s").library_path)
+    monkeypatch.setattr(llvm_module, "share_identical_kernels", lambda mod, kernels: 0)
+    apart = CompiledModel(build_library(module.main, module.constants, tmp_path / "apart", name="a").library_path)
+    got, want = shared.run({"x": x}), apart.run({"x": x})
+    ref = run_reference(module, {"x": x})
+    for g, w, r in zip(got, want, ref, strict=True):
+        assert g.tobytes() == w.tobytes()
+        np.testing.assert_allclose(g, np.asarray(r), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(got[0], got[1]) and not np.allclose(got[2], got[3])
+
+
+def _step(mod: ir.Module, k: int, table: bytes, hint: str | None = None) -> ir.Function:
+    """Step ``k``'s kernel: returns the byte of its own table at index 1 plus a call of its own helper (after a
+    branch carrying a loop hint, given one)."""
+    i8, i32 = ir.IntType(8), ir.IntType(32)
+    tab = ir.GlobalVariable(mod, ir.ArrayType(i8, len(table)), name=f"k{k}.tab")
+    tab.initializer = ir.Constant(ir.ArrayType(i8, len(table)), bytearray(table))
+    tab.global_constant = True
+    helper = ir.Function(mod, ir.FunctionType(i32, []), name=f"k{k}.op.p0")
+    hb = ir.IRBuilder(helper.append_basic_block())
+    hb.ret(ir.Constant(i32, 3))
+    fn = ir.Function(mod, ir.FunctionType(i32, []), name=f"k{k}.op")
+    b = LLVMBuilder(fn.append_basic_block())
+    if hint is not None:
+        loop_hints(b, b.branch(body := fn.append_basic_block()), hint)
+        b.position_at_end(body)
+    byte = b.load(b.gep(tab, [ir.Constant(i32, 0), ir.Constant(i32, 1)], inbounds=True))
+    b.ret(b.add(b.zext(byte, i32), b.call(helper, [])))
+    return fn
+
+
+def test_a_family_is_compared_whole_and_only_its_own_number_is_abstracted() -> None:
+    """Steps 1 and 12 (a prefix of each other's numbers) and 11 are the same as step 0; step 3 differs only in
+    its table's contents, step 2 in its helper's name pointing at another step's helper; steps 4 and 5 carry the
+    same loop hint in loop ids of their own (the same), step 6 another hint."""
+    mod = ir.Module(name="m")
+    kernels: list[ir.Function | None] = [_step(mod, k, b"\x00\x05" if k != 3 else b"\x00\x06") for k in range(4)]
+    kernels += [_step(mod, 4, b"\x00\x05", "llvm.loop.unroll.disable"),
+                _step(mod, 5, b"\x00\x05", "llvm.loop.unroll.disable"),
+                _step(mod, 6, b"\x00\x05", "llvm.loop.vectorize.enable=false")]
+    kernels += [None] * 4 + [_step(mod, 11, b"\x00\x05"), _step(mod, 12, b"\x00\x05")]
+    other = mod.globals["k0.op.p0"]
+    call = next(i for blk in kernels[2].blocks for i in blk.instructions if isinstance(i, ir.CallInstr))
+    call.callee = other  # step 2's code calls step 0's helper: no longer the same text
+    assert share_identical_kernels(mod, kernels) == 4
+    assert [None if f is None else f.name for f in kernels] == \
+        ["k0.op", "k0.op", "k2.op", "k3.op", "k4.op", "k4.op", "k6.op"] + [None] * 4 + ["k0.op", "k0.op"]
+    assert not any(n.startswith(("k1.", "k5.", "k11.", "k12.")) for n in mod.globals)
+    assert {"k2.tab", "k2.op.p0", "k3.tab", "k3.op.p0"} <= set(mod.globals)
+    init_llvm()
+    llvm.parse_assembly(str(mod)).verify()  # nothing left refers to a removed name
+
