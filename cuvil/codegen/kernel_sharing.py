@@ -41,15 +41,26 @@ def _signature(members: list[ir.GlobalValue], k: int, metadata: dict[str, str]) 
     return _METADATA_REF.sub(lambda m: metadata.get(m.group(1), m.group(0)), text)
 
 
+def _code_and_what_it_reads(members: list[ir.GlobalValue]) -> list[ir.GlobalValue]:
+    """A step's functions and the globals of its own they refer to; its globals that only the call refers to
+    (data passed in an operand slot: :func:`cuvil.codegen.kernels.operand_data`) are the step's, not its code's."""
+    code = [gv for gv in members if isinstance(gv, ir.Function)]
+    text = "\n".join(str(fn) for fn in code)
+    return code + [gv for gv in members if not isinstance(gv, ir.Function) and
+                   re.search(rf"{re.escape(gv.get_reference())}(?![\w.$-])", text)]
+
+
 def share_identical_kernels(mod: ir.Module, kernels: list[ir.Function | None]) -> int:
-    """Point each step whose kernel family's text equals an earlier step's at the earlier family and
-    remove its own from ``mod``; returns how many steps now share."""
+    """Point each step whose kernel (its functions and the globals they read) has the text of an earlier
+    step's at the earlier one and remove its own from ``mod``; returns how many steps now share."""
     families: dict[int, list[ir.GlobalValue]] = {}
     name_of_step = re.compile(r"k(\d+)\.")
     for name, gv in mod.globals.items():
         m = name_of_step.match(name)
         if m is not None:
             families.setdefault(int(m.group(1)), []).append(gv)
+    for k, members in families.items():
+        families[k] = _code_and_what_it_reads(members)
     metadata = _metadata_bodies(mod)
     first: dict[str, int] = {}
     shared = 0

@@ -1,4 +1,5 @@
-"""A CIR function as one LLVM module: a kernel per op, the constants, and the C entry points.
+"""A CIR function as one LLVM module: a kernel per op (ops whose kernels come out the same share one:
+:mod:`cuvil.codegen.kernel_sharing`), the constants, and the C entry points.
 
 Exported symbols (``P`` is ``cuvil_<function name>``; see :mod:`cuvil.codegen.header`):
 
@@ -36,7 +37,7 @@ from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
 from cuvil.codegen.kernel_sharing import share_identical_kernels, step_prefix
-from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
+from cuvil.codegen.kernels import Kernel, choose_kernel, operand_data, takes_dims
 from cuvil.codegen.kernels.gemm import pool_threads
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import default_pool_size, in_run, set_default_threads
@@ -142,6 +143,7 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
 
     kernels: list[ir.Function | None] = []
     tuned: dict[Value, Kernel] = {}
+    passed: dict[Value, dict[int, GlobalVariable]] = {}  # constants a call passes in operand slots (packed weights)
     for k, v in enumerate(plan.steps):
         if get_op(v.op).structured or v in plan.views:  # emitted below / a view of its operand's memory
             kernels.append(None)
@@ -150,6 +152,7 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
         if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
             tuned[v] = kernel
             kernels.append(kernel.emit(mod, f"{step_prefix(k)}{v.op}"))
+            passed[v] = operand_data(kernel, mod, f"{step_prefix(k)}{v.op}")
             logger.debug("op %d %s: kernel %s", k, v.op, kernel.name)
             continue
         kernels.append(emit_rule_kernel(mod, f"{step_prefix(k)}{v.op}", op_rule(v), [o.type for o in v.operands],
@@ -184,7 +187,7 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
     if profile:
         check_profile_target(codegen_target())
     entry = EntryPoints(mod, prefix, plan, const_globals, inputs, outputs, scratch, sizing, profile)
-    run = entry.emit_run(kernels, tuned, loops, checks)
+    run = entry.emit_run(kernels, tuned, passed, loops, checks)
     entry.emit_run_checked(run)
     return LoweredFunction(mod, name, prefix, inputs, outputs, plan, const_bytes,
                            tuple(v.op for v in plan.steps), hashing.compiled_function_hash(fn, constants),
@@ -278,7 +281,8 @@ class EntryPoints:
                                                 abi.ARENA_ALIGN))
 
     def emit_run(self, kernels: list[ir.Function | None], tuned: Mapping[Value, Kernel],
-                 loops: Mapping[Value, StructuredKernel], checks: list[tuple[TensorCheck, ir.Function]]) -> ir.Function:
+                 passed: Mapping[Value, Mapping[int, GlobalVariable]], loops: Mapping[Value, StructuredKernel],
+                 checks: list[tuple[TensorCheck, ir.Function]]) -> ir.Function:
         """The ops in plan order, on trusted buffers (and, for a shape class, trusted dims); the exported
         function counts as a run in progress for the thread pool (:func:`in_run`) around them."""
         plan, sc = self.plan, self.shape_class
@@ -323,8 +327,9 @@ class EntryPoints:
                     args.append(dims_ptr)
             else:
                 unused = tuned[v].unused_operands if v in tuned else frozenset()
-                args = [slot_ptr(v)] + [ir.Constant(PTR, None) if j in unused else slot_ptr(o)
-                                        for j, o in enumerate(v.operands)]
+                data = passed.get(v, {})
+                args = [slot_ptr(v)] + [data[j] if j in data else ir.Constant(PTR, None) if j in unused
+                                        else slot_ptr(o) for j, o in enumerate(v.operands)]
                 if v in tuned:
                     args.append(scratch_ptr())
                 if dims_ptr is not None and (v not in tuned or takes_dims(tuned[v])):  # sizes read at run time

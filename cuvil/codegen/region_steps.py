@@ -16,7 +16,7 @@ from llvmlite import ir
 
 from cuvil.codegen.abi import OK
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.kernels import Kernel, choose_kernel, takes_dims
+from cuvil.codegen.kernels import Kernel, choose_kernel, operand_data, takes_dims
 from cuvil.codegen.llvm_types import I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import const, fail_unless
 from cuvil.codegen.lower_rule import emit_rule_kernel
@@ -58,6 +58,7 @@ class RegionSteps:
         self.sizing = sizing
         self.steps = list(order_steps([u for u in walk(self.results) if not (u.is_param or u.is_const)]))
         self.nested = structured_kernels(self.steps, constants, sizing)
+        self.passed: dict[Value, dict[int, ir.GlobalVariable]] = {}  # filled as the kernels are emitted
         self.kernels: list[Kernel | None] = [None if get_op(u.op).structured
                                              else choose_kernel(u, constants, sizing.shape_class) for u in self.steps]
         offsets, size = plan_steps(self.steps, keep=[r for r in self.results if not r.is_const],
@@ -99,6 +100,7 @@ class RegionSteps:
                 fns.append(None)
             elif kn is not None:
                 fns.append(kn.emit(mod, f"{name}.{k}.{u.op}"))
+                self.passed[u] = operand_data(kn, mod, f"{name}.{k}.{u.op}")
             else:
                 in_types = [o.type for o in u.operands]
                 rule = get_op(u.op).make_rule(in_types, u.attr_dict, u.type)
@@ -124,8 +126,9 @@ class RegionSteps:
                 args += [at(self.nested_work[u]), scratch]
             else:
                 unused = kn.unused_operands if kn is not None else frozenset()
-                args = [where[u]] + [ir.Constant(PTR, None) if j in unused else pointer(o, where, constant)
-                                     for j, o in enumerate(u.operands)]
+                data = self.passed.get(u, {})
+                args = [where[u]] + [data[j] if j in data else ir.Constant(PTR, None) if j in unused
+                                     else pointer(o, where, constant) for j, o in enumerate(u.operands)]
                 if kn is not None:
                     args.append(scratch)
             if dims is not None and (kn is None or takes_dims(kn)):  # sizes read at run time

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from cuvil.codegen.kernels import Kernel, generic_only, select_kernel, select_symbolic_kernel
+from cuvil.codegen.kernels import Kernel, generic_only, operand_data, select_kernel, select_symbolic_kernel
 from cuvil.codegen.link import emit_object, host_target, link_shared, optimize, target_machine
 from cuvil.codegen.llvm_types import I32, PTR
 from cuvil.interp import run_reference
@@ -190,11 +190,13 @@ def _static(name: str) -> tuple[Module, Kernel]:
 
 
 def _entry(mod: ir.Module, name: str, kernel: Kernel, n_args: int) -> None:
-    """``i32 name(args...)`` calling the kernel (a kernel itself is hidden in the library)."""
+    """``i32 name(args...)`` calling the kernel (a kernel itself is hidden in the library), with the data the
+    kernel takes in operand slots (its packed weights) in place of those operands, as the code generator calls it."""
     fn = kernel.emit(mod, f"kernel.{name}")
+    data = operand_data(kernel, mod, f"kernel.{name}")
     entry = ir.Function(mod, ir.FunctionType(I32, [PTR] * n_args), name=name)
     b = ir.IRBuilder(entry.append_basic_block())
-    b.ret(b.call(fn, list(entry.args)))
+    b.ret(b.call(fn, [data.get(j - 1, a) for j, a in enumerate(entry.args)]))
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,11 @@ anything it does not recognize returns None and is lowered from its rule by the 
 nests. Each kernel is differential-tested against the interpreter (tests/codegen/test_kernels.py).
 
 A kernel emits ``i32 name(ptr out, ptr in0, ..., ptr scratch)``; ``unused_operands`` are
-operand positions it never reads (constants it packed), ``scratch_bytes`` the private working
-memory it needs in the context, ``constant_bytes`` what it embeds (packed weights, tables).
+operand positions whose raw values it never reads (constants it packed), ``scratch_bytes`` the private
+working memory it needs in the context, ``constant_bytes`` what it embeds (packed weights, tables).
+A kernel may take data of its own in an unused operand's slot, :func:`operand_data` (the GEMM's
+packed weights: its code is then the same for every weight of one shape, and repeated layers share
+it); every caller passes that data there.
 
 A function with symbolic dims compiled once for its shape class (:mod:`cuvil.codegen.dims`) asks
 :func:`select_symbolic_kernel` instead: for a float32 ``matmul`` (or matmul epilogue) whose M, N,
@@ -28,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from cuvil.codegen.kernels.base import Kernel
+from cuvil.codegen.kernels.base import Kernel, operand_data
 from cuvil.codegen.kernels.chunked import chunked_rule_kernel
 from cuvil.codegen.kernels.conv_transpose import conv_transpose_kernel
 from cuvil.codegen.kernels.copy import copy_kernel
@@ -232,5 +235,5 @@ def takes_dims(kernel: Kernel) -> bool:
     return getattr(kernel, "runtime", None) is not None
 
 
-__all__ = ["KERNELS", "Kernel", "choose_kernel", "force_isa", "generic_only", "host_isa", "select_kernel",
-           "select_symbolic_kernel", "takes_dims", "tuned_kernels"]
+__all__ = ["KERNELS", "Kernel", "choose_kernel", "force_isa", "generic_only", "host_isa", "operand_data",
+           "select_kernel", "select_symbolic_kernel", "takes_dims", "tuned_kernels"]

@@ -58,7 +58,7 @@ from cuvil.codegen.loops import (
     unravel,
 )
 from cuvil.codegen.lower_rule import Buffer, ErfBlocks
-from cuvil.codegen.scalar import Builder, Val
+from cuvil.codegen.scalar import Builder, GlobalVariable, Val
 from cuvil.codegen.target import codegen_target
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
@@ -1472,10 +1472,22 @@ class MatmulKernel:
         dims = self.runtime.values(b, dims_ptr)
         return dims, dims.value
 
+    @property
+    def _packed_in_slot(self) -> bool:
+        return self.packed is not None and self.c.rhs in self.unused_operands
+
+    def operand_data(self, mod: ir.Module, name: str) -> dict[int, GlobalVariable]:
+        """The packed rhs, which the call passes in the raw rhs's slot where that is not read: the kernel's
+        code is then the same for every weight of its shape (one function for a network's repeated layers)."""
+        if not self._packed_in_slot or self.packed is None:
+            return {}
+        return {self.c.rhs: embed_array(mod, f"{name}.packed_b", self.packed)}
+
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
         kf = KernelFunction(mod, name, len(self.in_types), dims=self.runtime is not None)
         t = self.tiling
-        packed = embed_array(mod, f"{name}.packed_b", self.packed) if self.packed is not None else None
+        packed = None if self.packed is None or self._packed_in_slot else \
+            embed_array(mod, f"{name}.packed_b", self.packed)
         m, n, k = self.m, self.n, self.k
         a_block, b_block = m * k, k * n
         packed_block = self.packed.shape[-3] * k * t.nr if self.packed is not None else 0
@@ -1496,12 +1508,13 @@ class MatmulKernel:
         def b_at(ctx: Ctx, prob: Any, n0: Val, k0: Val, cols: int, panel: Val | None) -> BOperand:
             b = ctx.b
             size: SizeOf = prob["size"]
-            if packed is not None:
+            if self.packed is not None:
+                base = ctx.ins[self.c.rhs] if packed is None else packed
                 nt = b.udiv(n0, const(t.nr))
                 off = b.add(prob["b_off"], b.add(b.mul(nt, size(k * t.nr)), b.mul(k0, const(t.nr))))
                 if self.half_panels:
-                    return BOperand("packed16", hgep(b, packed, off))
-                return BOperand("packed", fgep(b, packed, off))
+                    return BOperand("packed16", hgep(b, base, off))
+                return BOperand("packed", fgep(b, base, off))
             if panel is not None:
                 return BOperand("packed", panel)
             base = fgep(b, ctx.ins[self.c.rhs], b.add(prob["b_off"], b.add(b.mul(k0, size(n)), n0)))
@@ -1566,7 +1579,7 @@ class MatmulKernel:
                 "bidx": bidx,
                 "a_off": broadcast_offset(b, bidx, self.a_batch, self.out_batch, a_block, size),
                 "b_off": broadcast_offset(b, bidx, self.b_batch, self.out_batch,
-                                          packed_block if packed is not None else b_block, size),
+                                          packed_block if self.packed is not None else b_block, size),
                 "epi": epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op, dims),
                 "last_row": size(m - 1),
             }

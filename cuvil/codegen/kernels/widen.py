@@ -84,9 +84,12 @@ class WidenedKernel(RunsInner):
         range, may overflow or underflow, so they are rounded before the sum as the rule rounds them."""
         return all(t.dtype is not DType.bf16 for t in self.in_types)
 
+    def inner_name(self, name: str) -> str:
+        return f"{name}.f32"
+
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
         with contextlib.nullcontext() if self.products_exact else products_rounded():
-            inner = self.inner.emit(mod, f"{name}.f32")
+            inner = self.inner.emit(mod, self.inner_name(name))
         n = len(self.in_types)
         fn = ir.Function(mod, ir.FunctionType(I32, [PTR] * (n + 2)), name=name)
         fn.linkage = "hidden"
