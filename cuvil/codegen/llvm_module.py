@@ -143,7 +143,7 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
 
     kernels: list[ir.Function | None] = []
     tuned: dict[Value, Kernel] = {}
-    passed: dict[Value, dict[int, GlobalVariable]] = {}  # constants a call passes in operand slots (packed weights)
+    passed: dict[Value, dict[int, ir.GlobalVariable]] = {}  # constants a call passes in operand slots (packed weights)
     for k, v in enumerate(plan.steps):
         if get_op(v.op).structured or v in plan.views:  # emitted below / a view of its operand's memory
             kernels.append(None)
@@ -281,7 +281,7 @@ class EntryPoints:
                                                 abi.ARENA_ALIGN))
 
     def emit_run(self, kernels: list[ir.Function | None], tuned: Mapping[Value, Kernel],
-                 passed: Mapping[Value, Mapping[int, GlobalVariable]], loops: Mapping[Value, StructuredKernel],
+                 passed: Mapping[Value, Mapping[int, ir.GlobalVariable]], loops: Mapping[Value, StructuredKernel],
                  checks: list[tuple[TensorCheck, ir.Function]]) -> ir.Function:
         """The ops in plan order, on trusted buffers (and, for a shape class, trusted dims); the exported
         function counts as a run in progress for the thread pool (:func:`in_run`) around them."""

@@ -58,7 +58,7 @@ from cuvil.codegen.loops import (
     unravel,
 )
 from cuvil.codegen.lower_rule import Buffer, ErfBlocks
-from cuvil.codegen.scalar import Builder, GlobalVariable, Val
+from cuvil.codegen.scalar import Builder, Val
 from cuvil.codegen.target import codegen_target
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
@@ -1476,12 +1476,13 @@ class MatmulKernel:
     def _packed_in_slot(self) -> bool:
         return self.packed is not None and self.c.rhs in self.unused_operands
 
-    def operand_data(self, mod: ir.Module, name: str) -> dict[int, GlobalVariable]:
+    def operand_data(self, mod: ir.Module, name: str) -> dict[int, ir.GlobalVariable]:
         """The packed rhs, which the call passes in the raw rhs's slot where that is not read: the kernel's
         code is then the same for every weight of its shape (one function for a network's repeated layers)."""
         if not self._packed_in_slot or self.packed is None:
             return {}
-        return {self.c.rhs: embed_array(mod, f"{name}.packed_b", self.packed)}
+        data: dict[int, ir.GlobalVariable] = {self.c.rhs: embed_array(mod, f"{name}.packed_b", self.packed)}
+        return data
 
     def emit(self, mod: ir.Module, name: str) -> ir.Function:
         kf = KernelFunction(mod, name, len(self.in_types), dims=self.runtime is not None)
