@@ -42,12 +42,19 @@ def _signature(members: list[ir.GlobalValue], k: int, metadata: dict[str, str]) 
 
 
 def _code_and_what_it_reads(members: list[ir.GlobalValue]) -> list[ir.GlobalValue]:
-    """A step's functions and the globals of its own they refer to; its globals that only the call refers to
-    (data passed in an operand slot: :func:`cuvil.codegen.kernels.operand_data`) are the step's, not its code's."""
-    code = [gv for gv in members if isinstance(gv, ir.Function)]
-    text = "\n".join(str(fn) for fn in code)
-    return code + [gv for gv in members if not isinstance(gv, ir.Function) and
-                   re.search(rf"{re.escape(gv.get_reference())}(?![\w.$-])", text)]
+    """A step's functions and the globals of its own they refer to, directly or through another such global;
+    its globals that only the call refers to (data passed in an operand slot:
+    :func:`cuvil.codegen.kernels.operand_data`) are the step's, not its code's."""
+    read = [gv for gv in members if isinstance(gv, ir.Function)]
+    rest = [gv for gv in members if not isinstance(gv, ir.Function)]
+    text = "\n".join(str(fn) for fn in read)
+    while True:
+        found = [gv for gv in rest if re.search(rf"{re.escape(gv.get_reference())}(?![\w.$-])", text)]
+        if not found:
+            return read
+        read += found
+        rest = [gv for gv in rest if gv not in found]
+        text = "\n".join(str(gv) for gv in found)
 
 
 def share_identical_kernels(mod: ir.Module, kernels: list[ir.Function | None]) -> int:

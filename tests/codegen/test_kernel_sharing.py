@@ -77,13 +77,22 @@ def test_sharing_changes_no_output_bit(tmp_path: Path, monkeypatch: pytest.Monke
     assert not np.allclose(got[0], got[1]) and not np.allclose(got[2], got[3])
 
 
-def _step(mod: ir.Module, k: int, table: bytes, hint: str | None = None) -> ir.Function:
-    """Step ``k``'s kernel: returns the byte of its own table at index 1 plus a call of its own helper (after a
-    branch carrying a loop hint, given one)."""
+def _global(mod: ir.Module, name: str, ty: ir.Type, value: object) -> ir.GlobalVariable:
+    g = ir.GlobalVariable(mod, ty, name=name)
+    g.initializer = value if isinstance(value, ir.GlobalValue) else ir.Constant(ty, value)
+    g.global_constant = True
+    return g
+
+
+def _step(mod: ir.Module, k: int, table: bytes, hint: str | None = None, indirect: bool = False,
+          data: bytes | None = None) -> ir.Function:
+    """Step ``k``'s kernel: returns the byte of its own table at index 1 (read through a global holding the
+    table's address, if ``indirect``) plus a call of its own helper (after a branch carrying a loop hint, given
+    one); ``data``: a global of the step's that its code does not read (what a call would pass)."""
     i8, i32 = ir.IntType(8), ir.IntType(32)
-    tab = ir.GlobalVariable(mod, ir.ArrayType(i8, len(table)), name=f"k{k}.tab")
-    tab.initializer = ir.Constant(ir.ArrayType(i8, len(table)), bytearray(table))
-    tab.global_constant = True
+    tab = _global(mod, f"k{k}.tab", ir.ArrayType(i8, len(table)), bytearray(table))
+    if data is not None:
+        _global(mod, f"k{k}.data", ir.ArrayType(i8, len(data)), bytearray(data))
     helper = ir.Function(mod, ir.FunctionType(i32, []), name=f"k{k}.op.p0")
     hb = ir.IRBuilder(helper.append_basic_block())
     hb.ret(ir.Constant(i32, 3))
@@ -92,7 +101,11 @@ def _step(mod: ir.Module, k: int, table: bytes, hint: str | None = None) -> ir.F
     if hint is not None:
         loop_hints(b, b.branch(body := fn.append_basic_block()), hint)
         b.position_at_end(body)
-    byte = b.load(b.gep(tab, [ir.Constant(i32, 0), ir.Constant(i32, 1)], inbounds=True))
+    at = tab
+    if indirect:
+        at = b.load(_global(mod, f"k{k}.at", ir.PointerType(), tab), typ=ir.PointerType())
+    byte = b.load(b.gep(at, [ir.Constant(i32, 0), ir.Constant(i32, 1)], inbounds=True, source_etype=tab.value_type),
+                  typ=i8)
     b.ret(b.add(b.zext(byte, i32), b.call(helper, [])))
     return fn
 
@@ -100,21 +113,27 @@ def _step(mod: ir.Module, k: int, table: bytes, hint: str | None = None) -> ir.F
 def test_a_family_is_compared_whole_and_only_its_own_number_is_abstracted() -> None:
     """Steps 1 and 12 (a prefix of each other's numbers) and 11 are the same as step 0; step 3 differs only in
     its table's contents, step 2 in its helper's name pointing at another step's helper; steps 4 and 5 carry the
-    same loop hint in loop ids of their own (the same), step 6 another hint."""
+    same loop hint in loop ids of their own (the same), step 6 another hint; steps 7 and 9 read their tables
+    through a global holding its address and are the same, step 8 does so and its table differs; step 10 is
+    step 0 with data its code does not read, which it keeps."""
     mod = ir.Module(name="m")
     kernels: list[ir.Function | None] = [_step(mod, k, b"\x00\x05" if k != 3 else b"\x00\x06") for k in range(4)]
     kernels += [_step(mod, 4, b"\x00\x05", "llvm.loop.unroll.disable"),
                 _step(mod, 5, b"\x00\x05", "llvm.loop.unroll.disable"),
                 _step(mod, 6, b"\x00\x05", "llvm.loop.vectorize.enable=false")]
-    kernels += [None] * 4 + [_step(mod, 11, b"\x00\x05"), _step(mod, 12, b"\x00\x05")]
+    kernels += [_step(mod, 7, b"\x00\x05", indirect=True), _step(mod, 8, b"\x00\x07", indirect=True),
+                _step(mod, 9, b"\x00\x05", indirect=True), _step(mod, 10, b"\x00\x05", data=b"\x01"),
+                _step(mod, 11, b"\x00\x05"), _step(mod, 12, b"\x00\x05")]
     other = mod.globals["k0.op.p0"]
     call = next(i for blk in kernels[2].blocks for i in blk.instructions if isinstance(i, ir.CallInstr))
     call.callee = other  # step 2's code calls step 0's helper: no longer the same text
-    assert share_identical_kernels(mod, kernels) == 4
+    assert share_identical_kernels(mod, kernels) == 6
     assert [None if f is None else f.name for f in kernels] == \
-        ["k0.op", "k0.op", "k2.op", "k3.op", "k4.op", "k4.op", "k6.op"] + [None] * 4 + ["k0.op", "k0.op"]
-    assert not any(n.startswith(("k1.", "k5.", "k11.", "k12.")) for n in mod.globals)
-    assert {"k2.tab", "k2.op.p0", "k3.tab", "k3.op.p0"} <= set(mod.globals)
+        ["k0.op", "k0.op", "k2.op", "k3.op", "k4.op", "k4.op", "k6.op", "k7.op", "k8.op", "k7.op", "k0.op", "k0.op",
+         "k0.op"]
+    assert not any(n.startswith(("k1.", "k5.", "k9.", "k11.", "k12.")) for n in mod.globals)
+    assert {"k2.tab", "k2.op.p0", "k3.tab", "k3.op.p0", "k8.tab", "k8.at", "k10.data"} <= set(mod.globals)
+    assert not set(mod.globals) & {"k10.tab", "k10.op", "k10.op.p0"}
     init_llvm()
     llvm.parse_assembly(str(mod)).verify()  # nothing left refers to a removed name
 
