@@ -45,7 +45,7 @@ def _code_and_what_it_reads(members: list[ir.GlobalValue]) -> list[ir.GlobalValu
     """A step's functions and the globals of its own they refer to, directly or through another such global;
     its globals that only the call refers to (data passed in an operand slot:
     :func:`cuvil.codegen.kernels.operand_data`) are the step's, not its code's."""
-    read = [gv for gv in members if isinstance(gv, ir.Function)]
+    read: list[ir.GlobalValue] = [gv for gv in members if isinstance(gv, ir.Function)]
     rest = [gv for gv in members if not isinstance(gv, ir.Function)]
     text = "\n".join(str(fn) for fn in read)
     while True:
