@@ -4,6 +4,7 @@ a constant in their code, an embedded table) keep their own, and sharing changes
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -46,6 +47,22 @@ def _repeated_layers() -> Module:
                                               b.mul(x, b.scalar(-4.0, DType.f32))], ["y", "z", "x3", "x4"]))
 
 
+def _repeated_blocks() -> Module:
+    """Two 3x3 convolutions of one shape with different weights, each followed by a relu, then two depthwise
+    ones: every convolution keeps its weights in its code (packed at compile time)."""
+    rng = np.random.default_rng(11)
+    b = Builder()
+    x = b.param("x", DType.f32, [1, 8, 12, 12])
+
+    def conv(h: object, *shape: int, groups: int = 1) -> object:
+        w = b.const(rng.standard_normal(shape).astype(np.float32) / 8)
+        return b.relu(b.conv(h, w, pads=[1, 1, 1, 1], groups=groups))
+
+    h = conv(conv(x, 8, 8, 3, 3), 8, 8, 3, 3)
+    y = conv(conv(h, 8, 1, 3, 3, groups=8), 8, 1, 3, 3, groups=8)
+    return b.module(b.function("main", [x], [h, y], ["h", "y"]))
+
+
 def _kernel_entries(mod: ir.Module, op: str) -> list[str]:
     return sorted(n for n in mod.globals if re.fullmatch(rf"k\d+\.{op}", n))
 
@@ -63,9 +80,19 @@ def test_repeated_kernels_are_emitted_once_and_different_ones_apart() -> None:
     assert len(_kernel_entries(mod, "mul")) == 2  # different scalars written into the code
 
 
-def test_sharing_changes_no_output_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _repeated_layers()
-    x = np.random.default_rng(3).standard_normal((6, 48)).astype(np.float32)
+def test_convolutions_that_keep_their_weights_in_their_code_stay_apart() -> None:
+    module = _repeated_blocks()
+    mod = lower_function(module.main, module.constants).module
+    assert len(_kernel_entries(mod, "conv")) == 4
+    assert len(_kernel_entries(mod, "relu")) == 1
+
+
+@pytest.mark.parametrize("model", [_repeated_layers, _repeated_blocks])
+def test_sharing_changes_no_output_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       model: Callable[[], Module]) -> None:
+    module = model()
+    p = module.main.params[0]
+    x = np.random.default_rng(3).standard_normal(p.type.shape).astype(np.float32)
     shared = CompiledModel(build_library(module.main, module.constants, tmp_path / "shared", name="s").library_path)
     monkeypatch.setattr(llvm_module, "share_identical_kernels", lambda mod, kernels: 0)
     apart = CompiledModel(build_library(module.main, module.constants, tmp_path / "apart", name="a").library_path)
@@ -73,8 +100,8 @@ def test_sharing_changes_no_output_bit(tmp_path: Path, monkeypatch: pytest.Monke
     ref = run_reference(module, {"x": x})
     for g, w, r in zip(got, want, ref, strict=True):
         assert g.tobytes() == w.tobytes()
-        np.testing.assert_allclose(g, np.asarray(r), rtol=1e-5, atol=1e-6)
-    assert not np.allclose(got[0], got[1]) and not np.allclose(got[2], got[3])
+        np.testing.assert_allclose(g, np.asarray(r), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got[0], got[1])
 
 
 def _global(mod: ir.Module, name: str, ty: ir.Type, value: object) -> ir.GlobalVariable:
