@@ -33,28 +33,38 @@ def _metadata_bodies(mod: ir.Module) -> dict[str, str]:
     return bodies
 
 
-def _signature(members: list[ir.GlobalValue], k: int, metadata: dict[str, str]) -> str:
+_GLOBAL_REF = re.compile(r'@"([^"]+)"|@([-\w.$]+)')
+
+
+class _Texts(dict[str, str]):
+    """Each global's text, printed once and only when asked for (a step's data may be megabytes)."""
+
+    def of(self, gv: ir.GlobalValue) -> str:
+        found = self.get(gv.name)
+        return found if found is not None else self.setdefault(gv.name, str(gv))
+
+
+def _signature(members: list[ir.GlobalValue], k: int, text: _Texts, metadata: dict[str, str]) -> str:
     """The members' text with references to the step's own names written without its number and references
     to metadata nodes written as the nodes' contents."""
     own = re.compile(rf'@("?){re.escape(step_prefix(k))}')
-    text = "\n".join(own.sub(r"@\1K.", str(gv)) for gv in members)
-    return _METADATA_REF.sub(lambda m: metadata.get(m.group(1), m.group(0)), text)
+    joined = "\n".join(own.sub(r"@\1K.", text.of(gv)) for gv in members)
+    return _METADATA_REF.sub(lambda m: metadata.get(m.group(1), m.group(0)), joined)
 
 
-def _code_and_what_it_reads(members: list[ir.GlobalValue]) -> list[ir.GlobalValue]:
+def _code_and_what_it_reads(members: list[ir.GlobalValue], text: _Texts) -> list[ir.GlobalValue]:
     """A step's functions and the globals of its own they refer to, directly or through another such global;
     its globals that only the call refers to (data passed in an operand slot:
     :func:`cuvil.codegen.kernels.operand_data`) are the step's, not its code's."""
     read: list[ir.GlobalValue] = [gv for gv in members if isinstance(gv, ir.Function)]
-    rest = [gv for gv in members if not isinstance(gv, ir.Function)]
-    text = "\n".join(str(fn) for fn in read)
-    while True:
-        found = [gv for gv in rest if re.search(rf"{re.escape(gv.get_reference())}(?![\w.$-])", text)]
-        if not found:
-            return read
-        read += found
-        rest = [gv for gv in rest if gv not in found]
-        text = "\n".join(str(gv) for gv in found)
+    rest = {gv.name: gv for gv in members if not isinstance(gv, ir.Function)}
+    frontier = read
+    while frontier and rest:
+        named = {a or b for gv in frontier for a, b in _GLOBAL_REF.findall(text.of(gv))}
+        frontier = [gv for n, gv in rest.items() if n in named]  # in the module's order (not the set's)
+        read += frontier
+        rest = {n: gv for n, gv in rest.items() if n not in named}
+    return read
 
 
 def share_identical_kernels(mod: ir.Module, kernels: list[ir.Function | None]) -> int:
@@ -66,8 +76,9 @@ def share_identical_kernels(mod: ir.Module, kernels: list[ir.Function | None]) -
         m = name_of_step.match(name)
         if m is not None:
             families.setdefault(int(m.group(1)), []).append(gv)
+    text = _Texts()
     for k, members in families.items():
-        families[k] = _code_and_what_it_reads(members)
+        families[k] = _code_and_what_it_reads(members, text)
     metadata = _metadata_bodies(mod)
     first: dict[str, int] = {}
     shared = 0
@@ -75,7 +86,7 @@ def share_identical_kernels(mod: ir.Module, kernels: list[ir.Function | None]) -
         members = families.get(k)
         if kernel is None or not members or not kernel.name.startswith(step_prefix(k)):
             continue
-        j = first.setdefault(_signature(members, k, metadata), k)
+        j = first.setdefault(_signature(members, k, text, metadata), k)
         if j == k:
             continue
         for gv in members:

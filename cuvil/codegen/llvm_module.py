@@ -37,7 +37,7 @@ from cuvil.codegen.abi import TensorSpec
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
 from cuvil.codegen.kernel_sharing import share_identical_kernels, step_prefix
-from cuvil.codegen.kernels import Kernel, choose_kernel, operand_data, takes_dims
+from cuvil.codegen.kernels import Kernel, choose_kernel, operand_args, operand_data, takes_dims
 from cuvil.codegen.kernels.gemm import pool_threads
 from cuvil.codegen.kernels.pack import embed_array
 from cuvil.codegen.kernels.threads import default_pool_size, in_run, set_default_threads
@@ -326,10 +326,7 @@ class EntryPoints:
                 if dims_ptr is not None:
                     args.append(dims_ptr)
             else:
-                unused = tuned[v].unused_operands if v in tuned else frozenset()
-                data = passed.get(v, {})
-                args = [slot_ptr(v)] + [data[j] if j in data else ir.Constant(PTR, None) if j in unused
-                                        else slot_ptr(o) for j, o in enumerate(v.operands)]
+                args = [slot_ptr(v), *operand_args(v.operands, tuned.get(v), passed.get(v, {}), slot_ptr)]
                 if v in tuned:
                     args.append(scratch_ptr())
                 if dims_ptr is not None and (v not in tuned or takes_dims(tuned[v])):  # sizes read at run time

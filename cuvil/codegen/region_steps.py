@@ -16,7 +16,7 @@ from llvmlite import ir
 
 from cuvil.codegen.abi import OK
 from cuvil.codegen.dims import DimValues
-from cuvil.codegen.kernels import Kernel, choose_kernel, operand_data, takes_dims
+from cuvil.codegen.kernels import Kernel, choose_kernel, operand_args, operand_data, takes_dims
 from cuvil.codegen.llvm_types import I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import const, fail_unless
 from cuvil.codegen.lower_rule import emit_rule_kernel
@@ -125,10 +125,8 @@ class RegionSteps:
                 args += [pointer(o, where, constant) for o in nested.operands]
                 args += [at(self.nested_work[u]), scratch]
             else:
-                unused = kn.unused_operands if kn is not None else frozenset()
-                data = self.passed.get(u, {})
-                args = [where[u]] + [data[j] if j in data else ir.Constant(PTR, None) if j in unused
-                                     else pointer(o, where, constant) for j, o in enumerate(u.operands)]
+                args = [where[u], *operand_args(u.operands, kn, self.passed.get(u, {}),
+                                                lambda o: pointer(o, where, constant))]
                 if kn is not None:
                     args.append(scratch)
             if dims is not None and (kn is None or takes_dims(kn)):  # sizes read at run time

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from cuvil.codegen.kernels.base import Kernel, operand_data
+from cuvil.codegen.kernels.base import Kernel, operand_args, operand_data
 from cuvil.codegen.kernels.chunked import chunked_rule_kernel
 from cuvil.codegen.kernels.conv_transpose import conv_transpose_kernel
 from cuvil.codegen.kernels.copy import copy_kernel
@@ -235,5 +235,5 @@ def takes_dims(kernel: Kernel) -> bool:
     return getattr(kernel, "runtime", None) is not None
 
 
-__all__ = ["KERNELS", "Kernel", "choose_kernel", "force_isa", "generic_only", "host_isa", "operand_data",
-           "select_kernel", "select_symbolic_kernel", "takes_dims", "tuned_kernels"]
+__all__ = ["KERNELS", "Kernel", "choose_kernel", "force_isa", "generic_only", "host_isa", "operand_args",
+           "operand_data", "select_kernel", "select_symbolic_kernel", "takes_dims", "tuned_kernels"]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from llvmlite import ir
+
+if TYPE_CHECKING:
+    from cuvil.ir.values import Value
 
 
 class Kernel(Protocol):
@@ -40,6 +44,16 @@ def operand_data(kernel: Kernel, mod: ir.Module, name: str) -> dict[int, ir.Glob
     operands (packed weights, kept out of the kernel's code so that kernels differing only in them share it)."""
     data = getattr(kernel, "operand_data", None)
     return {} if data is None else data(mod, name)
+
+
+def operand_args(operands: Sequence[Value], kernel: Kernel | None, data: Mapping[int, ir.GlobalVariable],
+                 pointer: Callable[[Value], ir.Value]) -> list[ir.Value]:
+    """The operand arguments of a call of a step's kernel (``kernel`` None: its rule's loop nest): the data the
+    kernel takes in a slot (:func:`operand_data`), null for an operand it never reads, else the operand's
+    pointer."""
+    unused = kernel.unused_operands if kernel is not None else frozenset()
+    return [data[j] if j in data else ir.Constant(ir.PointerType(), None) if j in unused else pointer(o)
+            for j, o in enumerate(operands)]
 
 
 class RunsInner:
