@@ -26,6 +26,7 @@ from llvmlite import ir
 
 from cuvil.codegen.target import Target, host_target, init_llvm
 from cuvil.errors import CodegenError
+from cuvil.log import logger
 
 
 def target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
@@ -43,7 +44,13 @@ _HALF_TYPES = re.compile(r"\b(half|bfloat)\b")
 
 
 def optimize(module: ir.Module, tm: llvm.TargetMachine, opt_level: int) -> llvm.ModuleRef:
-    """Parse and verify the module, then run the standard -O<opt_level> pipeline on it."""
+    """Parse and verify the module, then run the standard -O<opt_level> pipeline on it and verify the result.
+
+    LLVM's optimizer has been seen to return a module that fails verification (its loop vectorizer on a loop
+    that reads back, sixteen lanes at a time, vectors a kernel stored eight lanes at a time, which another pass
+    then joined before they were computed), and its code generator aborts the process on such a module. The
+    module is then optimized again without the loop vectorizer, then without any vectorizer: slower code for
+    the same meaning. A module that fails even so is a :class:`CodegenError`, not an abort."""
     init_llvm()
     module.triple = tm.triple
     module.data_layout = str(tm.target_data)
@@ -54,19 +61,33 @@ def optimize(module: ir.Module, tm: llvm.TargetMachine, opt_level: int) -> llvm.
     except RuntimeError as e:
         raise CodegenError(f"the generated LLVM IR is malformed: {e}", location=module.name,
                            hint="this is a bug in the code generator") from None
-    if opt_level > 0:
+    if opt_level <= 0:
+        return mod
+    # Not for a wasm32 module with half-precision values: LLVM 22's WebAssembly backend turns
+    # vectorized f16 conversions into invalid modules (an i64.load16_u passed where i32 is expected)
+    # and spends minutes on vectorized element-wise loops over them.
+    vectorize = opt_level >= 2 and not (tm.triple.startswith("wasm32") and _HALF_TYPES.search(text))
+    tries = [(vectorize, vectorize), (False, vectorize), (False, False)] if vectorize else [(False, False)]
+    problem = ""
+    for k, (loops, slp) in enumerate(tries):
+        if k:  # the first module was changed in place: start again from the text
+            mod = llvm.parse_assembly(text)
         pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
-        # Not for a wasm32 module with half-precision values: LLVM 22's WebAssembly backend turns
-        # vectorized f16 conversions into invalid modules (an i64.load16_u passed where i32 is expected)
-        # and spends minutes on vectorized element-wise loops over them.
-        vectorize = opt_level >= 2 and not (tm.triple.startswith("wasm32") and _HALF_TYPES.search(text))
-        pto.loop_vectorization = vectorize
-        pto.slp_vectorization = vectorize
+        pto.loop_vectorization = loops
+        pto.slp_vectorization = slp
         pto.loop_unrolling = opt_level >= 2
         pb = llvm.create_pass_builder(tm, pto)
-        mpm = pb.getModulePassManager()
-        mpm.run(mod, pb)
-    return mod
+        pb.getModulePassManager().run(mod, pb)
+        try:
+            mod.verify()
+            if k:
+                logger.warning("%s: LLVM's optimizer returned an invalid module (%s); optimized again with the "
+                            "loop vectorizer%s off", module.name, problem, "" if slp else " and the SLP vectorizer")
+            return mod
+        except RuntimeError as e:
+            problem = problem or str(e).strip().splitlines()[0]
+    raise CodegenError(f"LLVM's optimizer returned an invalid module, with and without its vectorizers: {problem}",
+                       location=module.name, hint="a bug in LLVM or in the code generator")
 
 
 def emit_object(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> bytes:
