@@ -61,7 +61,6 @@ from cuvil.codegen.kernels.gemm import (
     masked_store,
     pack_panel,
     pool_size,
-    reads_by_row,
     splat,
     store_rows,
     streams_from_memory,
@@ -596,11 +595,11 @@ class ConvKernel:
             def flat_of(i: Val, j: Val) -> Val:
                 return b.add(out_base, b.add(b.mul(j, const(out_plane)), b.add(p0, i)))
 
-            by_row = reads_by_row(prob["epi"], frozenset(f"i{d}" for d in range(2, 2 + len(g.out_sp))))
             store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of, flat_of, by_columns=True,
-                       max_rows=t.mr if by_row else None)
+                       max_rows=t.mr, row_axes=frozenset(f"i{d}" for d in range(2, 2 + len(g.out_sp))))
 
         core = GemmCore(m, g.mg, k, t, a_at, b_at, store)
+        core.balance_rows()  # positions are read in place
         core.read_ahead = ROWS_AHEAD_FLOATS if out_plane >= ROWS_AHEAD_MIN_PLANE else 0
         return core
 

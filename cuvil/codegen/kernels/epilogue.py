@@ -18,7 +18,7 @@ from llvmlite import ir
 
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.lower_rule import Buffer, RuleKernel, _Keys
-from cuvil.codegen.scalar import Builder, ScalarEmitter, Val
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, storage_type
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.inline import value_rule
@@ -146,27 +146,46 @@ class EpilogueEmitter(RuleKernel):
         self.scalars = {}  # the kernel's operands are read from their buffers
         self.acc: Val | None = None
         self.env = {f"i{k}": ("o", k) for k in range(len(out.shape))}
+        self.flat: Val | None = None  # the output element's flat index, where the kernel gave it
+
+    def in_place(self, e: R.Load) -> bool:
+        """Whether ``e`` reads its operand at the output element's own place: the identity index into an
+        operand of the output's shape, whose flat index is then the output element's."""
+        return (e.operand != self.marker and e.oob is None and tuple(self.inputs[e.operand].shape) == self.out.shape
+                and len(e.index) == len(self.out.shape) and is_identity_index(e.index))
 
     def _load(self, e: R.Load, env: dict, depth: int) -> Val:
         if e.operand == self.marker:
             assert self.acc is not None
             return self.acc
+        if self.flat is not None and self.in_place(e) and all(
+                env.get(f"i{k}") == ("o", k) for k in range(len(e.index))):
+            # the same element as the rule lowering's, addressed as the store addresses the output: a loop
+            # along contiguous outputs then reads the operand contiguously too
+            buf = self.inputs[e.operand]
+            ty = storage_type(buf.dtype)
+            ptr = self.b.gep(buf.ptr, [self.flat], inbounds=True, source_etype=ty)
+            return self.s.from_storage(self.b.load(ptr, typ=ty), buf.dtype)
         return super()._load(e, env, depth)
 
-    def element(self, index: Sequence[Val], acc: Val, known: Sequence[tuple[R.Expr, Val]] = ()) -> Val:
+    def element(self, index: Sequence[Val], acc: Val, known: Sequence[tuple[R.Expr, Val]] = (),
+                flat: Val | None = None) -> Val:
         """The epilogue's value at output ``index`` (i64 values) when the contraction gave ``acc``; ``known``:
-        subexpressions computed already (:meth:`values`), read instead of lowered again."""
-        return self.values(index, acc, [self.rule], known)[0]
+        subexpressions computed already (:meth:`values`), read instead of lowered again; ``flat``: the output
+        element's flat index (operands read :meth:`in_place` are then read at it)."""
+        return self.values(index, acc, [self.rule], known, flat)[0]
 
     def values(self, index: Sequence[Val], acc: Val, exprs: Sequence[R.Expr],
-               known: Sequence[tuple[R.Expr, Val]] = ()) -> list[Val]:
+               known: Sequence[tuple[R.Expr, Val]] = (), flat: Val | None = None) -> list[Val]:
         """Subexpressions of the epilogue at output ``index`` when the contraction gave ``acc``."""
         with self._layer():
             for k, iv in enumerate(index):
                 self.bound[("o", k)] = iv
             self.acc = acc
+            self.flat = flat
             self._known([self.keys.key(e, self.env, 0)[0] for e, _ in known], [v for _, v in known])
             out = [self.lower(e, self.env, 0) for e in exprs]
+            self.flat = None
             for k in range(len(index)):
                 del self.bound[("o", k)]
         return out

@@ -45,6 +45,7 @@ from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
 from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
 from cuvil.codegen.llvm_types import BF16, F16, F32, I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import (
+    MASKED_TAIL,
     NO_UNROLL,
     OUTER_ONLY,
     const,
@@ -918,6 +919,12 @@ def static_size(d: Dim) -> Val:
     return const(int(d))
 
 
+BALANCED_EDGE = True
+EDGE_ROWS = 2
+"""Whether a GEMM whose A is read in place shares its rows out so that no register tile row has at most
+``EDGE_ROWS`` rows (:meth:`GemmCore.balance_rows`)."""
+
+
 class GemmCore:
     """``C = A @ B`` over one problem instance (``m x k`` by ``k x n``), one block per call of
     :meth:`emit_block`. The operand accessors and the store are given by the user of the engine.
@@ -959,6 +966,7 @@ class GemmCore:
         self.blocked = evaluate_dim(self.kblocks, maxima or {}) > 1  # partial sums kept between K blocks
         # rows of the last tile row at a static M; the whole tile otherwise (edge rows then computed and dropped)
         self.m_edge = m - (self.mt - 1) * t.mr if isinstance(m, int) and isinstance(self.mt, int) else t.mr
+        self.short_from: int | None = None  # see balance_rows
         if isinstance(n, int) and isinstance(self.nt, int):
             self.n_edge = n - (self.nt - 1) * t.nr
             self.b_masked_edge = b_masked_edge and self.n_edge != t.nr
@@ -969,6 +977,22 @@ class GemmCore:
     @property
     def blocks(self) -> Dim:
         return self.mblocks * self.nblocks
+
+    def balance_rows(self) -> None:
+        """Where the last register tile row would have at most :data:`EDGE_ROWS` rows, give the last tile rows
+        one row less than the others instead (``short_from`` on), as many as it takes to share M out with the
+        same number of tile rows. A tile of one or two rows reads the whole B panel for a few products; a tile
+        one row short runs near the rate of a whole one. Only for A read in place, whose tiles may start at
+        any row (packed A tiles start at multiples of ``mr``)."""
+        t = self.t
+        m, mt = self.m, self.mt
+        if not BALANCED_EDGE or not isinstance(m, int) or not isinstance(mt, int) or t.mr < 3:
+            return
+        if self.m_edge > EDGE_ROWS or self.m_edge == t.mr:
+            return
+        whole = m - mt * (t.mr - 1)  # tile rows of mr rows; the rest have mr - 1
+        if 0 <= whole < mt:
+            self.short_from = whole
 
     def _next_panel(self, ctx: Ctx, problem: Any, mtv: Val, mt0: Val, nt: Val, nt0: Val, nt1: Val,
                     k0: Val, last_k: Val, n_tiles: Val) -> Val:
@@ -1023,8 +1047,16 @@ class GemmCore:
             def tile_at(nt: Val, mtv: Val) -> None:
                 n0 = b.mul(nt, const(nr))
                 cols = imin(b, const(nr), b.sub(size(self.n), n0))
-                m0 = b.mul(mtv, const(t.mr))
-                rows = imin(b, const(t.mr), b.sub(m_rows, m0))
+                short = None
+                if self.short_from is not None:
+                    whole = self.short_from
+                    short = b.icmp_signed(">=", mtv, const(whole))
+                    m0 = b.select(short, b.add(const(whole * t.mr), b.mul(b.sub(mtv, const(whole)), const(t.mr - 1))),
+                                  b.mul(mtv, const(t.mr)))
+                    rows = b.select(short, const(t.mr - 1), const(t.mr))
+                else:
+                    m0 = b.mul(mtv, const(t.mr))
+                    rows = imin(b, const(t.mr), b.sub(m_rows, m0))
                 slot = b.add(b.mul(b.sub(mtv, mt0), const(t.nb_tiles)), b.sub(nt, nt0)) if blocked else const(0)
                 tile = fgep(b, cbuf, b.mul(slot, const(tile_floats)))
 
@@ -1070,7 +1102,9 @@ class GemmCore:
                     else:
                         compute(nr, height)
 
-                if self.m_edge != t.mr:  # the last tile row has fewer rows: a shorter micro-kernel
+                if short is not None:  # the last tile rows are one row short
+                    if_else(b, short, "tile.short", lambda: across(t.mr - 1), lambda: across(t.mr))
+                elif self.m_edge != t.mr:  # the last tile row has fewer rows: a shorter micro-kernel
                     if_else(b, b.icmp_signed("==", mtv, const(int(self.mt) - 1)), "tile.bottom",
                            lambda: across(self.m_edge), lambda: across(t.mr))
                 else:
@@ -1117,19 +1151,38 @@ def reads_by_row(epi: EpilogueEmitter, row_axes: frozenset[str]) -> bool:
         isinstance(e, R.Load) and e.operand != epi.marker and free(e) & row_axes for e in walk_exprs(epi.rule))
 
 
+IN_PLACE_COLUMNS = True
+"""Whether a transposed store whose epilogue reads a residual (:func:`reads_in_place_along`) transposes the tile
+first and runs the epilogue down its columns (see :func:`store_rows`); else element by element, a gather."""
+
+
+def reads_in_place_along(epi: EpilogueEmitter, row_axes: frozenset[str]) -> bool:
+    """Whether every operand the epilogue reads along the output axes ``row_axes`` is read at the output
+    element's own place (a residual of the output's shape: :meth:`EpilogueEmitter.in_place`)."""
+    free = FreeVars()
+    return all(epi.in_place(e) for e in walk_exprs(epi.rule)
+               if isinstance(e, R.Load) and e.operand != epi.marker and free(e) & row_axes)
+
+
 def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows: int | Val,
                cols: int | Val, index_of: Callable[[Val, Val], Sequence[Val]],
                flat_of: Callable[[Val, Val], Val], col0: Val | int = 0,
-               by_columns: bool = False, max_rows: int | None = None) -> None:
+               by_columns: bool = False, max_rows: int | None = None,
+               row_axes: frozenset[str] = frozenset()) -> None:
     """For ``i < rows``, ``j < cols``: ``out[flat_of(i, j)] = epilogue(tile[i][col0 + j])`` at
     output index ``index_of(i, j)``. The inner loop runs along a tile row (contiguous there, so
     LLVM vectorizes it), or down a tile column when ``by_columns`` (where the output is contiguous:
-    ``flat_of(i, j) = flat_of(0, j) + i``). Given ``max_rows`` (the tile's rows) the latter first applies
-    the epilogue along the tile's rows in place and then stores the tile transposed in registers, where
-    :func:`reads_by_row` allows it; a column of at most eight elements read one by one is a gather."""
+    ``flat_of(i, j) = flat_of(0, j) + i``). Given ``max_rows`` (the tile's rows, at most eight) and the
+    output axes ``row_axes`` that the tile's rows run along, the latter moves the tile in registers: where
+    the epilogue reads nothing along ``row_axes`` (:func:`reads_by_row`) it first runs along the tile's rows
+    in place and then stores the tile transposed; where it reads along them only at the output element's own
+    place (:func:`reads_in_place_along`: a residual) the tile is first transposed into a buffer and the
+    epilogue runs down each column from it, reading the residual as contiguously as it stores. Otherwise
+    (or without ``max_rows``) a column of elements is read one by one, a gather."""
     b = ctx.b
     c0 = const(col0) if isinstance(col0, int) else col0
-    if by_columns and max_rows is not None and isinstance(col0, int) and col0 == 0 and max_rows <= 8:
+    registers = by_columns and max_rows is not None and isinstance(col0, int) and col0 == 0 and max_rows <= 8
+    if registers and max_rows is not None and reads_by_row(epi, row_axes):
         def in_place(i: Val) -> None:
             base = fgep(b, tile, b.mul(i, const(tile_stride)))
 
@@ -1142,6 +1195,21 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
 
         for_range(b, 0, rows, "row", in_place, hints=OUTER_ONLY)
         _store_transposed(b, epi.out.ptr, tile, tile_stride, rows, cols, lambda j: flat_of(const(0), j), max_rows)
+        return
+    if registers and max_rows is not None and IN_PLACE_COLUMNS and reads_in_place_along(epi, row_axes):
+        width = 1 << (max_rows - 1).bit_length()
+        columns = ctx.entry_alloca(ir.ArrayType(F32, tile_stride * width), "columns")
+        _store_transposed(b, columns, tile, tile_stride, rows, cols, lambda j: b.mul(j, const(width)), max_rows)
+
+        def down(j: Val) -> None:
+            def element(i: Val) -> None:
+                acc = b.load(fgep(b, columns, b.add(b.mul(j, const(width)), i)), typ=F32, align=4)
+                flat = flat_of(i, j)
+                epi.store(flat, epi.element(index_of(i, j), acc, flat=flat))
+
+            for_range(b, 0, rows, "row", element, hints=MASKED_TAIL)
+
+        for_range(b, 0, cols, "col", down, hints=OUTER_ONLY)
         return
     if by_columns:
         def column(j: Val) -> None:
@@ -1564,6 +1632,7 @@ class MatmulKernel:
 
         core = GemmCore(m, n, k, t, a_at, b_at, store, b_pack if self.b_mode == "pack" else None,
                         b_masked_edge=self.b_mode == "direct", maxima=self.runtime.maxima if self.runtime else None)
+        core.balance_rows()  # A is read in place
 
         def chunk(ctx: Ctx, c: Val) -> None:
             b = ctx.b
