@@ -335,10 +335,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
 
-    from bench.harness import bench_model
+    from bench.harness import bench_model, passive_torch_workers
     from bench.models import ZOO, ZOO_SMALL
 
     args = parse_args(argv)
+    passive_torch_workers(args.threads)
     console = Console()
     machine = measure_machine(args.threads, 2, fma_steps=200_000, read_bytes=16 << 20) if args.quick \
         else measure_machine(args.threads)

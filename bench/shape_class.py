@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import passive_torch_workers
 from cuvil.compiler import compile as compile_model
 
 
@@ -100,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="threads per engine")
     parser.add_argument("--json", help="write the results as JSON")
     args = parser.parse_args(argv)
+    passive_torch_workers(args.threads)
     result = run([_shape(p) for p in args.points.split(",")], _shape(args.max), args.repeat, args.threads)
     print(f"one library for batch <= {result['largest'][0]}, seq <= {result['largest'][1]}: compiled once in "
           f"{result['class_compile_s']:.1f} s; {result['class_rule_kernels']} of {result['class_kernels']} ops on "

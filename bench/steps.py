@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import ort_options
+from bench.harness import ort_options, passive_torch_workers
 from bench.models import ZOO
 
 
@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads < 1 or args.repeat < 1:
         ap.error("--threads and --repeat must be at least 1")
+    passive_torch_workers(args.threads)
     unknown = [m for m in args.models.split(",") if m not in ZOO]
     if unknown:
         ap.error(f"unknown models {unknown}; the zoo has {', '.join(ZOO)}")

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import interleaved_medians, ort_options
+from bench.harness import interleaved_medians, ort_options, passive_torch_workers
 
 HIDDEN, LAYERS, HEADS, VOCAB, TOKENS = 256, 2, 4, 1000, 64
 SEED = 0
@@ -193,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where the exported ONNX files are kept (default ~/.cache/cuvil-bench, or "
                              "$CUVIL_BENCH_CACHE)")
     args = parser.parse_args(argv)
+    passive_torch_workers(args.threads)
     groups = {"text": TEXT, "vision": VISION}
     names = [n for m in args.models.split(",") if m for n in groups.get(m, (m,))]
     unknown = sorted(set(names) - set(MODELS))
