@@ -82,7 +82,7 @@ def optimize(module: ir.Module, tm: llvm.TargetMachine, opt_level: int) -> llvm.
             mod.verify()
             if k:
                 logger.warning("%s: LLVM's optimizer returned an invalid module (%s); optimized again with the "
-                            "loop vectorizer%s off", module.name, problem, "" if slp else " and the SLP vectorizer")
+                               "loop vectorizer%s off", module.name, problem, "" if slp else " and the SLP vectorizer")
             return mod
         except RuntimeError as e:
             problem = problem or str(e).strip().splitlines()[0]
