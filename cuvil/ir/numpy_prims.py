@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import numpy as np
 
@@ -104,6 +105,41 @@ def literal(value: float | int | bool, to: DType) -> np.ndarray:
     return cast(np.asarray(value), to)
 
 
+def maximum(a: Any, b: Any) -> np.ndarray:
+    """The rules' ``max(a, b)``: a NaN in either operand propagates (``a``'s when both are), and a tie gives
+    ``b`` (``max(+0, -0)`` is -0, ``max(-0, +0)`` is +0), as the code generator and every op's doc say. numpy's
+    float16 loop keeps ``a`` on a tie, so float operands are compared here, whatever numpy's loop does."""
+    return _extremum(a, b, np.maximum, np.greater)
+
+
+def minimum(a: Any, b: Any) -> np.ndarray:
+    """The rules' ``min(a, b)``: as :func:`maximum`, with ``a < b`` picking ``a``."""
+    return _extremum(a, b, np.minimum, np.less)
+
+
+def _extremum(a: Any, b: Any, integral: Callable[..., np.ndarray], keeps_a: Callable[..., np.ndarray]
+              ) -> np.ndarray:
+    dtype = np.result_type(a, b)  # numpy's promotion (a Python scalar takes the array's type)
+    if dtype.kind != "f" and dtype != DType.bf16.np:
+        return integral(a, b)
+    x, y = np.asarray(a), np.asarray(b)
+    with np.errstate(invalid="ignore"):  # a comparison with a NaN is false, as meant
+        return np.where(np.isnan(x) | keeps_a(x, y), x, y).astype(dtype, copy=False)
+
+
+def _fold_extremum(kind: str, flat: np.ndarray) -> np.ndarray:
+    """The left fold of :func:`maximum` (``kind`` "max") or :func:`minimum` over the last axis of a float
+    array, vectorized: the first NaN where a row has one, else the row's last element equal to its extremum
+    (a tie gives the later operand, so the fold keeps the last of the equal ones, signed zeros included)."""
+    nan = np.isnan(flat)
+    filled = np.where(nan, flat.dtype.type(-np.inf if kind == "max" else np.inf), flat)
+    best = filled.max(axis=-1) if kind == "max" else filled.min(axis=-1)
+    n = flat.shape[-1]
+    last = n - 1 - np.argmax((filled == best[..., None])[..., ::-1], axis=-1)
+    pick = np.where(nan.any(axis=-1), np.argmax(nan, axis=-1), last)
+    return np.take_along_axis(flat, pick[..., None], axis=-1)[..., 0]
+
+
 _REDUCE_UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
@@ -122,6 +158,8 @@ def sequential_reduce(kind: str, full: np.ndarray, first_axis: int) -> np.ndarra
         return (np.logical_or if kind in ("sum", "max") else np.logical_and).reduce(flat, axis=-1)
     if n == 1:
         return flat[..., 0].copy()
+    if kind in ("max", "min") and (dt.kind == "f" or dt == DType.bf16.np):
+        return _fold_extremum(kind, flat)
     return _REDUCE_UFUNC[kind].accumulate(flat, axis=-1, dtype=dt)[..., -1]
 
 
@@ -225,7 +263,7 @@ def sequential_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 NUMPY_PRIMITIVES: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": div,
-    "min": np.minimum, "max": np.maximum, "pow": pow_, "fmod": np.fmod, "mod": np.mod,
+    "min": minimum, "max": maximum, "pow": pow_, "fmod": np.fmod, "mod": np.mod,
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
     "tanh": np.tanh, "erf": erf, "sin": np.sin, "cos": np.cos, "tan": np.tan,
     "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cuvil.codegen import kernels
 from cuvil.codegen.kernels import force_isa, pool
 from cuvil.compiler import compile
 from cuvil.ir.builder import Builder
@@ -150,11 +151,37 @@ def test_max_pool_kernel_keeps_the_later_of_tied_zeros() -> None:
         assert same_float32_bits(np.asarray(model(x)), want)
 
 
+@pytest.mark.parametrize("half", [DType.f16, DType.bf16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("case", [0, 2, 6, 9, 11])
+def test_half_max_pool_runs_widened_and_is_the_rule_bit_for_bit(case: int, half: DType) -> None:
+    """A float16 or bfloat16 max pool runs on the float32 kernel between a widening and a rounding: the same
+    bits as the rule (the interpreter) and the generic lowering, on numbers, ties of signed zeros, NaNs and
+    infinities, and halves' extremes (the largest and smallest float16 values, float16 subnormals)."""
+    shape, attrs = GEOMETRIES[case]
+    b = Builder()
+    x = b.param("x", half, list(shape))
+    module = b.module(b.function("main", [x], [b.max_pool(x, **attrs)]))
+    model = compile(module, cache=False)
+    assert model.manifest["kernels"] == ["max_pool.rows, halves widened"]
+    with kernels.generic_only():
+        generic = compile(module, cache=False)
+    rng = np.random.default_rng(case)
+    extremes = np.array([65504.0, -65504.0, 6.0e-8, -6.0e-8, 6.1e-5, 0.0, -0.0], np.float32)
+    for values in (rng.standard_normal(shape).astype(np.float32), _hostile(rng, shape),
+                   rng.choice(extremes, size=shape).astype(np.float32)):
+        xh = values.astype(half.np)
+        (want,) = rule_reference(module, [xh])
+        got, slow = np.asarray(model(xh)), np.asarray(generic(xh))
+        assert got.dtype == half.np and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), (shape, attrs)
+        assert np.array_equal(got.view(np.uint16), slow.view(np.uint16)), (shape, attrs)
+
+
 def test_other_pools_keep_the_generic_lowering() -> None:
     b = Builder()
     x = b.param("x", DType.f16, [1, 2, 8, 8])
-    assert pool.max_pool_kernel(b.max_pool(x, kernel=(2, 2))) is None  # float16: the rule lowering
-    assert pool.avg_pool_kernel(b.avg_pool(x, kernel=(2, 2))) is None
+    assert pool.avg_pool_kernel(b.avg_pool(x, kernel=(2, 2))) is None  # float16 sums round at every step
+    assert pool.max_pool_kernel(b.max_pool(b.param("i", DType.i32, [1, 2, 8, 8]), kernel=(2, 2))) is None
     y = b.param("y", DType.f32, [1, 2, 8])
     assert pool.max_pool_kernel(b.max_pool(y, kernel=(2,))) is None  # 1-D
     assert pool.avg_pool_kernel(b.avg_pool(y, kernel=(2,))) is None

@@ -107,9 +107,9 @@ def _np_clip(xs: list[np.ndarray], out: TensorType, min: float | None, max: floa
     x = xs[0]
     lo, hi = _clip_bound(min, out.dtype), _clip_bound(max, out.dtype)
     if lo is not None:
-        x = np.maximum(x, np.array(lo, dtype=x.dtype))
+        x = numpy_prims.maximum(x, np.array(lo, dtype=x.dtype))
     if hi is not None:
-        x = np.minimum(x, np.array(hi, dtype=x.dtype))
+        x = numpy_prims.minimum(x, np.array(hi, dtype=x.dtype))
     return x
 
 
@@ -118,7 +118,7 @@ def _np_sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _np_hardsigmoid(x: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
-    return np.maximum(np.minimum(x * alpha + beta, 1), 0)
+    return numpy_prims.maximum(numpy_prims.minimum(x * alpha + beta, 1), 0)
 
 
 def _np_gelu(x: np.ndarray, approximate: str) -> np.ndarray:
@@ -244,10 +244,10 @@ _binary("mod", lambda a, b, fmod: R.call("fmod" if fmod else "mod", a, b),
         "(fmod=True); integer remainder by zero gives 0",
         attrs={"fmod": ("bool", False)},
         examples=lambda rng: [c for f in (False, True) for c in _binary_examples("num", {"fmod": f})(rng)])
-_binary("min", R.smin, lambda xs, out: np.minimum(xs[0], xs[1]), "num",
+_binary("min", R.smin, lambda xs, out: numpy_prims.minimum(xs[0], xs[1]), "num",
         "min(lhs, rhs); NaN propagates; a tie gives rhs (min(-0, +0) is +0)", commutative=True,
         commutative_float=False)
-_binary("max", R.smax, lambda xs, out: np.maximum(xs[0], xs[1]), "num",
+_binary("max", R.smax, lambda xs, out: numpy_prims.maximum(xs[0], xs[1]), "num",
         "max(lhs, rhs); NaN propagates; a tie gives rhs (max(+0, -0) is -0)", commutative=True,
         commutative_float=False)
 _binary("bitwise_and", lambda a, b: R.call("bit_and", a, b), lambda xs, out: np.bitwise_and(xs[0], xs[1]),
@@ -353,7 +353,7 @@ _unary("round", lambda x: R.call("round_even", x), _np_unary(np.round), "float",
        "round to nearest, ties to even (ONNX Round)", epilogue_fusible=True)
 
 define("relu", ("x",), shape=_typed("num"), rule=R.elementwise(R.relu),
-       numpy=lambda xs, out: np.maximum(xs[0], np.zeros((), xs[0].dtype)), family="elementwise",
+       numpy=lambda xs, out: numpy_prims.maximum(xs[0], np.zeros((), xs[0].dtype)), family="elementwise",
        examples=_unary_examples("num"), epilogue_fusible=True,
        doc="max(x, 0); NaN propagates")
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cuvil.errors import RuntimeEvalError
+from cuvil.ir import numpy_prims
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.opdef import REQUIRED, define
@@ -328,6 +329,13 @@ _UFUNCS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minim
 def _scatter_into(out: np.ndarray, where: tuple[np.ndarray, ...], upd: np.ndarray, reduction: str) -> np.ndarray:
     if reduction == "none":
         out[where] = upd  # repeated targets: the last update wins
+    elif reduction in ("max", "min") and (out.dtype.kind == "f" or out.dtype == DType.bf16.np):
+        # one update at a time, in order, with the rules' max / min (numpy's float16 loop breaks ties otherwise)
+        fold = numpy_prims.maximum if reduction == "max" else numpy_prims.minimum
+        targets = np.broadcast_arrays(*where)  # the updated places (slices of ``out`` for scatter_nd)
+        for k in np.ndindex(targets[0].shape):
+            at = tuple(int(t[k]) for t in targets)
+            out[at] = fold(out[at], upd[k])
     else:
         _UFUNCS[reduction].at(out, where, upd)
     return out

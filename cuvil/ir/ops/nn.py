@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import reduce_axes, sequential_dot, sequential_matmul
+from cuvil.ir.numpy_prims import maximum, reduce_axes, sequential_dot, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
 from cuvil.ir.ops.reduce import mean_numpy, round_once, wide_array
 from cuvil.ir.symbolic import Dim, sym_min
@@ -454,7 +454,7 @@ def _max_pool_numpy(xs: list[np.ndarray], out: TensorType, kernel: tuple[int, ..
     x = xs[0]
     low = R.lowest(DType.from_numpy(x.dtype))
     if output == "values":
-        return _tap_reduce(x, out, kernel, strides, pads, dilations, low, np.maximum)
+        return _tap_reduce(x, out, kernel, strides, pads, dilations, low, maximum)
     return _max_pool_indices_numpy(x, out, kernel, strides, pads, dilations, low, storage_order)
 
 
