@@ -120,7 +120,7 @@ def minimum(a: Any, b: Any) -> np.ndarray:
 def _extremum(a: Any, b: Any, integral: Callable[..., np.ndarray], keeps_a: Callable[..., np.ndarray]
               ) -> np.ndarray:
     dtype = np.result_type(a, b)  # numpy's promotion (a Python scalar takes the array's type)
-    if dtype.kind != "f" and dtype != DType.bf16.np:
+    if not DType.from_numpy(dtype).is_float:
         return integral(a, b)
     x, y = np.asarray(a), np.asarray(b)
     with np.errstate(invalid="ignore"):  # a comparison with a NaN is false, as meant
@@ -158,7 +158,7 @@ def sequential_reduce(kind: str, full: np.ndarray, first_axis: int) -> np.ndarra
         return (np.logical_or if kind in ("sum", "max") else np.logical_and).reduce(flat, axis=-1)
     if n == 1:
         return flat[..., 0].copy()
-    if kind in ("max", "min") and (dt.kind == "f" or dt == DType.bf16.np):
+    if kind in ("max", "min") and DType.from_numpy(dt).is_float:
         return _fold_extremum(kind, flat)
     return _REDUCE_UFUNC[kind].accumulate(flat, axis=-1, dtype=dt)[..., -1]
 

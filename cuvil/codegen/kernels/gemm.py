@@ -1181,8 +1181,10 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
     (or without ``max_rows``) a column of elements is read one by one, a gather."""
     b = ctx.b
     c0 = const(col0) if isinstance(col0, int) else col0
-    registers = by_columns and max_rows is not None and isinstance(col0, int) and col0 == 0 and max_rows <= 8
-    if registers and max_rows is not None and reads_by_row(epi, row_axes):
+    # the tile's rows where it moves in registers (a transposed store of at most eight rows), else None
+    moves = by_columns and isinstance(col0, int) and col0 == 0 and max_rows is not None and max_rows <= 8
+    tile_rows = max_rows if moves else None
+    if tile_rows is not None and reads_by_row(epi, row_axes):
         def in_place(i: Val) -> None:
             base = fgep(b, tile, b.mul(i, const(tile_stride)))
 
@@ -1194,12 +1196,12 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
             for_range(b, 0, cols, "col", col)
 
         for_range(b, 0, rows, "row", in_place, hints=OUTER_ONLY)
-        _store_transposed(b, epi.out.ptr, tile, tile_stride, rows, cols, lambda j: flat_of(const(0), j), max_rows)
+        _store_transposed(b, epi.out.ptr, tile, tile_stride, rows, cols, lambda j: flat_of(const(0), j), tile_rows)
         return
-    if registers and max_rows is not None and IN_PLACE_COLUMNS and reads_in_place_along(epi, row_axes):
-        width = 1 << (max_rows - 1).bit_length()
+    if tile_rows is not None and IN_PLACE_COLUMNS and reads_in_place_along(epi, row_axes):
+        width = 1 << (tile_rows - 1).bit_length()
         columns = ctx.entry_alloca(ir.ArrayType(F32, tile_stride * width), "columns")
-        _store_transposed(b, columns, tile, tile_stride, rows, cols, lambda j: b.mul(j, const(width)), max_rows)
+        _store_transposed(b, columns, tile, tile_stride, rows, cols, lambda j: b.mul(j, const(width)), tile_rows)
 
         def down(j: Val) -> None:
             def element(i: Val) -> None:

@@ -329,7 +329,7 @@ _UFUNCS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minim
 def _scatter_into(out: np.ndarray, where: tuple[np.ndarray, ...], upd: np.ndarray, reduction: str) -> np.ndarray:
     if reduction == "none":
         out[where] = upd  # repeated targets: the last update wins
-    elif reduction in ("max", "min") and (out.dtype.kind == "f" or out.dtype == DType.bf16.np):
+    elif reduction in ("max", "min") and DType.from_numpy(out.dtype).is_float:
         # one update at a time, in order, with the rules' max / min (numpy's float16 loop breaks ties otherwise)
         fold = numpy_prims.maximum if reduction == "max" else numpy_prims.minimum
         targets = np.broadcast_arrays(*where)  # the updated places (slices of ``out`` for scatter_nd)
