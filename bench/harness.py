@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -82,12 +82,26 @@ def _median_ms(times: Sequence[float]) -> float:
     return float(np.median(np.asarray(times)) * 1e3)
 
 
+T = TypeVar("T")
+
+
+def round_order(items: Sequence[T], k: int) -> list[T]:
+    """The order of round ``k`` of an interleaved benchmark: rotated by ``k`` (who goes first changes) where
+    there are three or more, so that no engine ever runs twice in a row, across rounds either; two simply
+    alternate. Reversing every other round, or rotating two, runs the round's last engine again first: its
+    second call finds its own caches, and its pool's workers still spinning (a two-thread batch-1 MLP ran
+    half its calls in 0.024 ms and half in 0.045 that way, its median falling between the two)."""
+    n = len(items)
+    shift = k % n if n >= 3 else 0
+    return [*items[shift:], *items[:shift]]
+
+
 def interleaved_medians(calls: Sequence[tuple[str, Callable[[], object]]], repeat: int) -> dict[str, float]:
-    """Each call's median milliseconds over ``repeat`` rounds, the calls made in turn within a round (the
-    order reversed every other round), so each finds the caches as the others left them."""
+    """Each call's median milliseconds over ``repeat`` rounds, the calls made in turn within a round
+    (:func:`round_order`), so each finds the caches as the others left them."""
     times: dict[str, list[float]] = {name: [] for name, _ in calls}
     for k in range(repeat):
-        for name, call in calls[:: 1 if k % 2 else -1]:
+        for name, call in round_order(calls, k):
             t0 = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - t0)
@@ -232,8 +246,7 @@ def bench_model(zm: Any, *, engines: Sequence[str], threads: int, repeat: int, w
     order = list(runners)
     before = cpu_times()
     for it in range(warmup + repeat):
-        shift = it % max(len(order), 1)
-        for engine in order[shift:] + order[:shift]:  # rotate who goes first
+        for engine in round_order(order, it):
             start = time.perf_counter()
             runners[engine]()
             elapsed = time.perf_counter() - start

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import passive_torch_workers
+from bench.harness import passive_torch_workers, round_order
 from cuvil.compiler import compile as compile_model
 
 
@@ -78,7 +78,7 @@ def run(points: Sequence[tuple[int, int]], largest: tuple[int, int], repeat: int
         calls = [("class", lambda ids=ids: whole(ids)), ("specialized", lambda ids=ids, f=special: f(ids)),
                  ("ort", lambda ids=ids: session.run(None, {"input_ids": ids}))]
         for k in range(repeat):
-            for name, call in calls[k % 3:] + calls[:k % 3]:
+            for name, call in round_order(calls, k):
                 t0 = time.perf_counter()
                 call()
                 times[name].append(time.perf_counter() - t0)

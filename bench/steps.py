@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import ort_options, passive_torch_workers
+from bench.harness import ort_options, passive_torch_workers, round_order
 from bench.models import ZOO
 
 
@@ -69,7 +69,7 @@ def measure(name: str, threads: int, repeat: int, warmup: int = 10, frontend: st
             session.run(None, feed)
         model.profile(reset=True)
         for k in range(repeat):
-            for engine in ((model, None), (None, session))[:: 1 if k % 2 else -1]:
+            for engine in round_order(((model, None), (None, session)), k):
                 if engine[0] is not None:
                     model(*inputs)
                 else:

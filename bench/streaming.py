@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.harness import round_order
 from cuvil.compiler import compile as compile_model
 
 INPUT, HIDDEN, HEAD = 64, 128, 8
@@ -87,7 +88,7 @@ def run(lengths: Sequence[int], repeat: int) -> list[dict[str, Any]]:
         calls = [("cuvil", lambda x=x: compiled(x)), ("class", lambda x=x: whole(x)),
                  ("ort", lambda x=x: session.run(None, {"x": x}))]
         for k in range(repeat):
-            for name, call in calls if k % 2 == 0 else reversed(calls):
+            for name, call in round_order(calls, k):
                 t0 = time.perf_counter()
                 call()
                 times[name].append(time.perf_counter() - t0)

@@ -40,7 +40,7 @@ from cuvil.codegen.kernel_sharing import share_identical_kernels, step_prefix
 from cuvil.codegen.kernels import Kernel, choose_kernel, operand_args, operand_data, takes_dims
 from cuvil.codegen.kernels.gemm import pool_threads
 from cuvil.codegen.kernels.pack import embed_array
-from cuvil.codegen.kernels.threads import default_pool_size, in_run, set_default_threads
+from cuvil.codegen.kernels.threads import default_pool_size, in_run, set_default_threads, settle_wake
 from cuvil.codegen.llvm_types import I1, I8, I32, I64, PTR, declare
 from cuvil.codegen.loops import fail_unless, not_null
 from cuvil.codegen.lower_rule import emit_rule_kernel, op_rule, scalar_operands, static_shape
@@ -180,6 +180,7 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
     scratch = max([kn.scratch_bytes for kn in tuned.values()] + [lk.scratch_bytes for lk in loops.values()],
                   default=0)
     set_default_threads(mod, threads)
+    settle_wake(mod)
     checks: list[tuple[TensorCheck, ir.Function]] = []
     if guard is not None:
         checks = emit_checks(mod, prefix, guard.plan(inputs, outputs))

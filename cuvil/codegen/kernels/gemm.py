@@ -42,7 +42,7 @@ from cuvil.codegen import abi
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.kernels.epilogue import Contraction, EpilogueEmitter, is_identity_index, reads_operand
 from cuvil.codegen.kernels.pack import embed_array, pack_b_panels
-from cuvil.codegen.kernels.threads import TASK_TYPE, thread_pool
+from cuvil.codegen.kernels.threads import TASK_TYPE, note_pooled_work, thread_pool
 from cuvil.codegen.llvm_types import BF16, F16, F32, I1, I32, I64, PTR, declare
 from cuvil.codegen.loops import (
     MASKED_TAIL,
@@ -615,10 +615,14 @@ class KernelFunction:
             rc = self._serial(body, i64(nchunks))
         elif isinstance(nchunks, int) and isinstance(flops, (int, float)):
             pooled = nchunks > 1 and flops >= PARALLEL_MIN_FLOPS
+            if pooled:
+                note_pooled_work(self.mod, flops)
             group = chunks_per_claim(nchunks, flops)
             rc = self._pooled(k, body, const(-(-nchunks // group)), group=(group, nchunks)) if pooled \
                 else self._serial(body, const(nchunks))
         else:
+            if not isinstance(flops, (int, float)) or flops >= PARALLEL_MIN_FLOPS:
+                note_pooled_work(self.mod, None)  # its work is known at run time only
             rc = self._pooled_or_serial(k, body, i64(nchunks), flops)
         fail = self.fn.append_basic_block(f"p{k}.fail")
         ok = self.fn.append_basic_block(f"p{k}.ok")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,6 +58,38 @@ does not schedule still just gets no chunks. Two threads, two profiled builds in
 between calls, on a Zen 4, ms a call: BERT 4.948 -> 4.817, 4.856 -> 4.716; MobileNet-v1 6.104 -> 6.062,
 6.106 -> 6.057, 6.795 -> 6.757; ResNet-18 17.318 -> 17.307, 17.300 -> 17.263; QDQ ResNet-18 8.798 -> 8.933,
 8.569 -> 8.352; the batch-64 MLP 0.458 -> 0.461, 0.448 -> 0.447."""
+
+
+WAKE_MIN_RUN_FLOPS = 20_000_000
+RECENT_TICKS = 50_000
+"""A library whose run gives the pool less work than ``WAKE_MIN_RUN_FLOPS`` (the pooled phases' flops, as
+:func:`.gemm.product_work` counts them) wakes sleeping workers only when its previous run ended less than
+``RECENT_TICKS`` of the CPU's cycle counter ago (calls back to back: 19 µs of a 2.6 GHz time-stamp counter,
+within the :data:`SPIN_PAUSES` a worker spins after a run, 26 µs on a Zen 4; on a target without a counter,
+always); otherwise it runs its chunks on the calling thread and on the workers still spinning. Waking a
+worker is a system call that on a VM sends an interrupt to another virtual CPU: a caller paid 5-13 µs for it
+and the worker started 3-11 µs later (Zen 4 VM, a C test of ``pthread_cond_broadcast`` after 200 µs of
+sleep), more than a run of a few tens of µs gains."""
+
+_POOLED_WORK: weakref.WeakKeyDictionary[ir.Module, float] = weakref.WeakKeyDictionary()
+
+
+def note_pooled_work(mod: ir.Module, flops: float | None) -> None:
+    """Count a phase that may run on the pool toward its run's work (None: known only at run time, counted as
+    enough to wake the workers)."""
+    _POOLED_WORK[mod] = _POOLED_WORK.get(mod, 0.0) + (WAKE_MIN_RUN_FLOPS if flops is None else float(flops))
+
+
+def settle_wake(mod: ir.Module) -> None:
+    """Once every kernel is emitted: whether a run of this library wakes sleeping workers
+    (:data:`WAKE_MIN_RUN_FLOPS`); a no-op when no kernel uses the pool."""
+    wake = mod.globals.get(WAKE)
+    if isinstance(wake, GlobalVariable):
+        wake.initializer = ir.Constant(I32, int(_POOLED_WORK.get(mod, 0.0) >= WAKE_MIN_RUN_FLOPS))
+
+
+WAKE = "cuvil.pool.wake"
+LAST_END = "cuvil.pool.last_end"
 
 
 @dataclass(frozen=True)
@@ -106,6 +139,8 @@ def in_run(mod: ir.Module, b: Builder, call: Callable[[], Val]) -> Val:
     b.atomic_rmw("add", runs, ir.Constant(I32, 1), _SEQ)
     rc = call()
     b.atomic_rmw("sub", runs, ir.Constant(I32, 1), _SEQ)
+    last_end = mod.globals[LAST_END]
+    b.store_atomic(b.call(declare(mod, "llvm.readcyclecounter", I64, []), []), last_end, "monotonic", 8)
     return rc
 
 
@@ -152,6 +187,10 @@ class _PoolEmitter:
         self.busy = _global(mod, "cuvil.pool.busy", I32, 64)
         self.runs = _global(mod, RUNS, I32, 64)  # runs of the library in progress (see in_run)
         self.want = _global(mod, "cuvil.pool.want", I32)  # requested size; 0: detect
+        self.wake = _global(mod, WAKE, I32)  # whether a run wakes sleeping workers (settle_wake)
+        self.wake.initializer = ir.Constant(I32, 1)
+        self.last_end = _global(mod, LAST_END, I64, 64)  # the cycle counter when the last run ended
+        self.cycles = declare(mod, "llvm.readcyclecounter", I64, [])
         self.size = _global(mod, "cuvil.pool.size", I32)  # resolved size (0: not yet)
         self.started = _global(mod, "cuvil.pool.started", I32)  # workers running
         self.shutdown = _global(mod, "cuvil.pool.shutdown", I32)
@@ -266,9 +305,9 @@ class _PoolEmitter:
         finished = b.add(b.atomic_rmw("add", self.done, ir.Constant(I64, 1), _SEQ), ir.Constant(I64, 1))
         b.cbranch(b.icmp_unsigned("==", finished, count), last, loop)
         b.position_at_end(last)
-        b.call(self.lock, [self.mutex])
-        b.call(self.signal, [self.cond_done])
+        b.call(self.lock, [self.mutex])  # a caller about to sleep holds it from its check to its wait
         b.call(self.unlock, [self.mutex])
+        b.call(self.signal, [self.cond_done])  # after the unlock, as the publication's wake-up
         b.branch(loop)
         b.position_at_end(out)
         b.ret_void()
@@ -486,8 +525,12 @@ class _PoolEmitter:
                      ir.Constant(I64, (1 << 24) - 1))
         new_state = b.or_(b.shl(gen, ir.Constant(I64, _GEN_SHIFT)), b.shl(nchunks, ir.Constant(I64, _CHUNK_BITS)))
         self._store(b, new_state, self.state)
-        b.call(self.broadcast, [self.cond_work])
         b.call(self.unlock, [self.mutex])
+        # after the unlock: a woken worker does not wait on the mutex for a second wake-up
+        since = b.sub(b.call(self.cycles, []), b.load_atomic(self.last_end, "monotonic", 8, typ=I64))
+        recent = b.icmp_unsigned("<", since, ir.Constant(I64, RECENT_TICKS))
+        wake = b.or_(b.icmp_signed("!=", b.load(self.wake, typ=I32), ir.Constant(I32, 0)), recent)
+        if_then(b, wake, "wake", lambda: b.call(self.broadcast, [self.cond_work]))
         b.call(self.work, [new_state, ir.Constant(I1, 0)])
 
         # wait until every chunk has finished
