@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -244,16 +244,44 @@ class NativeLibrary:
             made = tuple((tuple(evaluate_dim(d, env) for d in shape), dtype) for shape, dtype in self._made)
         outputs = [np.empty(shape, dtype=dtype) for shape, dtype in made]
         rc = self._call(arrays, outputs, run_checked)
+        if rc != abi.OK:
+            self._fail(rc, arrays, outputs)
+        return outputs
+
+    def fast_run(self, args: Sequence[Any]) -> list[np.ndarray] | None:
+        """:meth:`check` and :meth:`run` in one for the common call of a static library: writable, C-contiguous
+        numpy arrays of exactly its inputs' dtypes and shapes (checked here as :meth:`check` does); None for
+        any other call, which the checked path then runs or explains. About 2 µs less a call."""
+        if self.shape_class is not None or len(args) != len(self._expect):
+            return None
+        for (_, dtype, shape), a in zip(self._expect, args):  # noqa: B905 (counted above)
+            if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape or not a.flags.c_contiguous:
+                return None
+        outputs = [np.empty(shape, dtype=dtype) for shape, dtype in self._made]
+        with self._lock:
+            if not self._ctx:
+                return None
+            try:
+                for view, a in zip(self._views, (*args, *outputs)):  # noqa: B905 (counted above)
+                    view.data = _addressof(_from_buffer(a))
+            except (TypeError, ValueError, BufferError):  # a read-only input: the checked path copes
+                return None
+            raw, tin_at, n_in, tout_at, n_out = self._raw_run
+            rc = raw(self._ctx, tin_at, n_in, tout_at, n_out)
+        if rc != abi.OK:
+            self._fail(rc, args, outputs)
+        return outputs
+
+    def _fail(self, rc: int, arrays: Sequence[np.ndarray], outputs: list[np.ndarray]) -> NoReturn:
+        """Raise what the entry point's return code ``rc`` (not OK) means."""
         if rc in abi.GUARD_CODES:
             raise guard_fault(self.manifest, rc, arrays, outputs, self.path.name)
-        if rc != abi.OK:
-            function = self.manifest["function"]
-            text = abi.ERROR_TEXT.get(rc, f"unknown error code {rc}")
-            if rc == abi.ERR_INDEX:
-                raise RuntimeEvalError(f"{function}: {text}", location=self.path.name,
-                                       hint="check the index inputs (gather, embedding, ...)")
-            raise InputError(f"{function} rejected its inputs: {text} (code {rc})", location=self.path.name)
-        return outputs
+        function = self.manifest["function"]
+        text = abi.ERROR_TEXT.get(rc, f"unknown error code {rc}")
+        if rc == abi.ERR_INDEX:
+            raise RuntimeEvalError(f"{function}: {text}", location=self.path.name,
+                                   hint="check the index inputs (gather, embedding, ...)")
+        raise InputError(f"{function} rejected its inputs: {text} (code {rc})", location=self.path.name)
 
     def _call(self, arrays: Sequence[np.ndarray], outputs: list[np.ndarray],
               run_checked: Callable[..., int] | None) -> int:
@@ -437,6 +465,10 @@ class CompiledModel:
 
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and self._run_checked is not None and self._last is not None:  # a static library
+            outs = self._last.fast_run(args)
+            if outs is not None:
+                return outs[0] if len(outs) == 1 else tuple(outs)
         if args and kwargs:
             raise InputError("pass inputs either by position or by name, not both",
                              hint="inputs: " + ", ".join(map(str, self.inputs)))
@@ -520,6 +552,10 @@ class CompiledModel:
         return found
 
     def run(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+        if isinstance(inputs, (list, tuple)) and self._run_checked is not None and self._last is not None:
+            outs = self._last.fast_run(inputs)
+            if outs is not None:
+                return outs
         values = self._values(inputs)
         torch_out = False
         arrays = []

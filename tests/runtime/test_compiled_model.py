@@ -180,6 +180,38 @@ def test_every_kind_of_input_buffer_reaches_the_library(rng):
                                    rtol=1e-6, atol=1e-7)
 
 
+def test_the_fast_path_takes_only_calls_the_checked_path_would_pass_unchanged(rng):
+    """A static library's per-call fast path (:meth:`NativeLibrary.fast_run`) runs writable, C-contiguous numpy
+    arrays of exactly the inputs' dtypes and shapes, with the checked path's bits; it declines everything else
+    (which the checked path then converts or refuses, with its errors), and a closed library."""
+    model = compile(softmax_module(), cache=False)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    lib = model.library_for([x])
+    lib.check([x])
+    want = lib.run([x])[0]
+    got = lib.fast_run((x,))
+    assert got is not None and len(got) == 1
+    np.testing.assert_array_equal(got[0], want)
+    np.testing.assert_array_equal(model(x), want)
+    np.testing.assert_array_equal(model.run([x])[0], want)
+    frozen = np.frombuffer(x.tobytes(), dtype=np.float32).reshape(4, 8)
+    declined = {"float64": x.astype(np.float64), "shape": x[:3].copy(), "fortran": np.asfortranarray(x),
+                "read-only": frozen, "byte-swapped": x.astype(">f4"), "subclass": x.view(np.ma.MaskedArray),
+                "torch": torch.from_numpy(x.copy()), "list": x.tolist()}
+    for why, value in declined.items():
+        assert lib.fast_run((value,)) is None, why
+    assert lib.fast_run(()) is None and lib.fast_run((x, x)) is None
+    for value in (frozen, declined["fortran"]):  # converted by the checked path
+        np.testing.assert_array_equal(np.asarray(model(value)), want)
+    for why in ("float64", "byte-swapped", "shape"):
+        with pytest.raises(InputError, match="shape" if why == "shape" else "dtype"):
+            model(declined[why])
+    model.close()
+    assert lib.fast_run((x,)) is None
+    with pytest.raises(InputError):
+        model(x)
+
+
 def test_a_library_checks_the_count_of_its_inputs_itself(rng):
     """The per-call path sets one descriptor per input and output without re-counting them: the library's own
     check refuses a wrong count, so no descriptor can keep a pointer from an earlier call."""
