@@ -1,7 +1,7 @@
 """Cuvil vs ONNX Runtime vs PyTorch eager on the model zoo, plus a GEMM microbenchmark.
 
 Every engine runs the same model on the same inputs in one process, *interleaved*: each
-iteration calls every engine once (in a rotating order), so a noisy neighbour on a shared
+iteration calls every engine once (:func:`round_order`: none twice in a row), so a noisy neighbour on a shared
 machine slows all of them alike. The figures of merit are the ratios of medians
 (``cuvil/ort``, ``cuvil/torch``), not the absolute times.
 
