@@ -251,7 +251,7 @@ class NativeLibrary:
     def fast_run(self, args: Sequence[Any]) -> list[np.ndarray] | None:
         """:meth:`check` and :meth:`run` in one for the common call of a static library: writable, C-contiguous
         numpy arrays of exactly its inputs' dtypes and shapes (checked here as :meth:`check` does); None for
-        any other call, which the checked path then runs or explains. About 2 µs less a call."""
+        any other call, which the checked path then runs or explains. About 1.2 µs less a call (of 4.5)."""
         if self.shape_class is not None or len(args) != len(self._expect):
             return None
         for (_, dtype, shape), a in zip(self._expect, args):  # noqa: B905 (counted above)
