@@ -50,7 +50,7 @@ def test_settling_a_module_without_a_pool_adds_nothing() -> None:
 
 def test_the_libraries_phases_are_counted(monkeypatch) -> None:
     """The code generator notes each pooled phase's work and settles the flag: a batch-1 product streaming
-    1.6 MB of weights (6.4 M) stays under the floor, a 192x256x256 product (25 M) over it."""
+    1.6 MB of weights (6.4 M) stays under the floor, a 192x512x512 product (101 M) over it."""
     noted: list[float | None] = []
     note = threads.note_pooled_work
 
@@ -74,7 +74,7 @@ def _small_module() -> tuple[Module, list[np.ndarray]]:
 
 def _large_module() -> tuple[Module, list[np.ndarray]]:
     c = Cases()
-    _matmul_case(c, 192, 256, 256, const_b=True)
+    _matmul_case(c, 192, 512, 512, const_b=True)  # about 1 ms a call on one core
     return c.module(), c.inputs
 
 
@@ -125,7 +125,9 @@ def test_a_small_run_wakes_its_worker_only_when_called_back_to_back() -> None:
     start = worker_cpu()
     wall = _calls(two, inputs, 0.6, 0.0)
     back_to_back = worker_cpu() - start
-    assert back_to_back >= 0.25 * wall, f"calls back to back left the worker asleep ({back_to_back:.3f} s of CPU)"
+    # awake, it spins through the loop (about all of it); left asleep, it takes none. A loaded machine (the test
+    # suite's other process, its threads) gave it 0.12 s of 0.6 at the least seen
+    assert back_to_back >= 0.05 * wall, f"calls back to back left the worker asleep ({back_to_back:.3f} s of CPU)"
     _started_worker(module, inputs)  # the bits once more, after all those runs
 
 
@@ -135,5 +137,5 @@ def test_a_large_run_wakes_its_worker_however_it_is_called() -> None:
     module, inputs = _large_module()
     two, worker_cpu = _started_worker(module, inputs)
     start = worker_cpu()
-    _calls(two, inputs, 0.6, 0.002)
+    _calls(two, inputs, 0.6, 0.002)  # woken at each call, it computes about half of it (0.1 s or so in all)
     assert worker_cpu() - start >= 0.03, "spaced calls of a large run left its worker asleep"
