@@ -579,6 +579,12 @@ class RuleKernel:
                 self.b.add(flat, term, flags=("nuw", "nsw"))
         return flat
 
+    def _load_at(self, buf: Buffer, flat: Val) -> Val:
+        """``buf``'s element at flat index ``flat`` (in range), in its compute type."""
+        ty = storage_type(buf.dtype)
+        ptr = self.b.gep(buf.ptr, [flat], inbounds=True, source_etype=ty)
+        return self.s.from_storage(self.b.load(ptr, typ=ty), buf.dtype)
+
     def _store(self, buf: Buffer, flat: Val, v: Val) -> None:
         ty = storage_type(buf.dtype)
         ptr = self.b.gep(buf.ptr, [flat], inbounds=True, source_etype=ty)

@@ -255,19 +255,15 @@ class NativeLibrary:
         if self.shape_class is not None or len(args) != len(self._expect):
             return None
         for (_, dtype, shape), a in zip(self._expect, args):  # noqa: B905 (counted above)
-            if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape or not a.flags.c_contiguous:
+            if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
                 return None
+            flags = a.flags  # a read-only array: the checked path takes its address another way
+            if not (flags.c_contiguous and flags.writeable):
+                return None
+        if not self._ctx:  # closed: the checked path explains
+            return None
         outputs = [np.empty(shape, dtype=dtype) for shape, dtype in self._made]
-        with self._lock:
-            if not self._ctx:
-                return None
-            try:
-                for view, a in zip(self._views, (*args, *outputs)):  # noqa: B905 (counted above)
-                    view.data = _addressof(_from_buffer(a))
-            except (TypeError, ValueError, BufferError):  # a read-only input: the checked path copes
-                return None
-            raw, tin_at, n_in, tout_at, n_out = self._raw_run
-            rc = raw(self._ctx, tin_at, n_in, tout_at, n_out)
+        rc = self._call(args, outputs, None)
         if rc != abi.OK:
             self._fail(rc, args, outputs)
         return outputs
@@ -465,15 +461,18 @@ class CompiledModel:
 
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs and self._run_checked is not None and self._last is not None:  # a static library
-            outs = self._last.fast_run(args)
-            if outs is not None:
-                return outs[0] if len(outs) == 1 else tuple(outs)
+        outs = None if kwargs else self._fast_run(args)
+        if outs is not None:
+            return outs[0] if len(outs) == 1 else tuple(outs)
         if args and kwargs:
             raise InputError("pass inputs either by position or by name, not both",
                              hint="inputs: " + ", ".join(map(str, self.inputs)))
         outs = self.run(kwargs if kwargs else list(args))
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _fast_run(self, args: Sequence[Any]) -> list[np.ndarray] | None:
+        """A static library's :meth:`NativeLibrary.fast_run`, or None (a dynamic model, or a call it declines)."""
+        return self._last.fast_run(args) if self._run_checked is not None and self._last is not None else None
 
     def run_guarded(self, *args: Any, **kwargs: Any) -> tuple[Any, GuardFault | None]:
         """``(outputs, None)`` as a call returns them, or ``(None, fault)`` when a library compiled with a
@@ -552,10 +551,9 @@ class CompiledModel:
         return found
 
     def run(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
-        if isinstance(inputs, (list, tuple)) and self._run_checked is not None and self._last is not None:
-            outs = self._last.fast_run(inputs)
-            if outs is not None:
-                return outs
+        outs = self._fast_run(inputs) if isinstance(inputs, (list, tuple)) else None
+        if outs is not None:
+            return outs
         values = self._values(inputs)
         torch_out = False
         arrays = []

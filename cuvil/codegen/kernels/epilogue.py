@@ -18,7 +18,7 @@ from llvmlite import ir
 
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.lower_rule import Buffer, RuleKernel, _Keys
-from cuvil.codegen.scalar import Builder, ScalarEmitter, Val, storage_type
+from cuvil.codegen.scalar import Builder, ScalarEmitter, Val
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.inline import value_rule
@@ -162,10 +162,7 @@ class EpilogueEmitter(RuleKernel):
                 env.get(f"i{k}") == ("o", k) for k in range(len(e.index))):
             # the same element as the rule lowering's, addressed as the store addresses the output: a loop
             # along contiguous outputs then reads the operand contiguously too
-            buf = self.inputs[e.operand]
-            ty = storage_type(buf.dtype)
-            ptr = self.b.gep(buf.ptr, [self.flat], inbounds=True, source_etype=ty)
-            return self.s.from_storage(self.b.load(ptr, typ=ty), buf.dtype)
+            return self._load_at(self.inputs[e.operand], self.flat)
         return super()._load(e, env, depth)
 
     def element(self, index: Sequence[Val], acc: Val, known: Sequence[tuple[R.Expr, Val]] = (),

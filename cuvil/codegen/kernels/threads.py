@@ -141,9 +141,13 @@ def in_run(mod: ir.Module, b: Builder, call: Callable[[], Val]) -> Val:
     b.atomic_rmw("add", runs, ir.Constant(I32, 1), _SEQ)
     rc = call()
     b.atomic_rmw("sub", runs, ir.Constant(I32, 1), _SEQ)
-    last_end = mod.globals[LAST_END]
-    b.store_atomic(b.call(declare(mod, "llvm.readcyclecounter", I64, []), []), last_end, "monotonic", 8)
+    b.store_atomic(_cycles(mod, b), mod.globals[LAST_END], "monotonic", 8)
     return rc
+
+
+def _cycles(mod: ir.Module, b: Builder) -> Val:
+    """The CPU's cycle counter (``llvm.readcyclecounter``: 0 where the target has none)."""
+    return b.call(declare(mod, "llvm.readcyclecounter", I64, []), [])
 
 
 def default_pool_size() -> int:
@@ -192,7 +196,6 @@ class _PoolEmitter:
         self.wake = _global(mod, WAKE, I32)  # whether a run wakes sleeping workers (settle_wake)
         self.wake.initializer = ir.Constant(I32, 1)
         self.last_end = _global(mod, LAST_END, I64, 64)  # the cycle counter when the last run ended
-        self.cycles = declare(mod, "llvm.readcyclecounter", I64, [])
         self.size = _global(mod, "cuvil.pool.size", I32)  # resolved size (0: not yet)
         self.started = _global(mod, "cuvil.pool.started", I32)  # workers running
         self.shutdown = _global(mod, "cuvil.pool.shutdown", I32)
@@ -529,7 +532,7 @@ class _PoolEmitter:
         self._store(b, new_state, self.state)
         b.call(self.unlock, [self.mutex])
         # after the unlock: a woken worker does not wait on the mutex for a second wake-up
-        since = b.sub(b.call(self.cycles, []), b.load_atomic(self.last_end, "monotonic", 8, typ=I64))
+        since = b.sub(_cycles(self.mod, b), b.load_atomic(self.last_end, "monotonic", 8, typ=I64))
         recent = b.icmp_unsigned("<", since, ir.Constant(I64, RECENT_TICKS))
         wake = b.or_(b.icmp_signed("!=", b.load(self.wake, typ=I32), ir.Constant(I32, 0)), recent)
         if_then(b, wake, "wake", lambda: b.call(self.broadcast, [self.cond_work]))
