@@ -34,6 +34,7 @@ from llvmlite import ir
 
 from cuvil.codegen import abi
 from cuvil.codegen.abi import TensorSpec
+from cuvil.codegen.activation_layout import lay_out
 from cuvil.codegen.dims import DimValues
 from cuvil.codegen.guard import GuardChecks, TensorCheck, emit_checks, emit_fault_names
 from cuvil.codegen.kernel_sharing import share_identical_kernels, step_prefix
@@ -144,13 +145,25 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
     kernels: list[ir.Function | None] = []
     tuned: dict[Value, Kernel] = {}
     passed: dict[Value, dict[int, ir.GlobalVariable]] = {}  # constants a call passes in operand slots (packed weights)
+
+    def emitted_below(v: Value) -> bool:  # a structured op, or a view of its operand's memory
+        return get_op(v.op).structured or v in plan.views
+
+    for v in plan.steps:
+        if not emitted_below(v) and (kernel := choose_kernel(v, constants, shape_class)) is not None:
+            tuned[v] = kernel  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
+    if not loops:  # (a loop's body may read any value of the function, row-major)
+        keep = {*fn.results, *(v for v, _ in plan.copies), *plan.views, *plan.views.values()}
+        laid_out = lay_out(plan.steps, tuned, keep)
+        if laid_out:  # the same steps and views, those values' slots larger
+            plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()}, size_of=sizing.planned,
+                               views=True, laid_out=laid_out)
     for k, v in enumerate(plan.steps):
-        if get_op(v.op).structured or v in plan.views:  # emitted below / a view of its operand's memory
+        if emitted_below(v):
             kernels.append(None)
             continue
-        kernel = choose_kernel(v, constants, shape_class)
-        if kernel is not None:  # a tuned schedule of the op's rule (cuvil.codegen.kernels)
-            tuned[v] = kernel
+        if v in tuned:
+            kernel = tuned[v]
             kernels.append(kernel.emit(mod, f"{step_prefix(k)}{v.op}"))
             passed[v] = operand_data(kernel, mod, f"{step_prefix(k)}{v.op}")
             logger.debug("op %d %s: kernel %s", k, v.op, kernel.name)

@@ -158,13 +158,20 @@ def _views(steps: Sequence[Value], slots: Mapping[Value, Slot]) -> dict[Value, V
 
 
 def plan_memory(fn: Function, work: Mapping[Value, int] | None = None,
-                size_of: Callable[[TensorType], int] | None = None, views: bool = False) -> MemoryPlan:
+                size_of: Callable[[TensorType], int] | None = None, views: bool = False,
+                laid_out: Mapping[Value, int] | None = None) -> MemoryPlan:
     """``work``: the work area (bytes) of each loop or cond group, by its first result; ``size_of``
     the bytes a value's slot takes (its size, by default; a function compiled for a shape class
     plans each value at the largest size its dims' constraints allow); ``views``: reshapes share
-    their operand's memory (the emitter then runs no kernel for them)."""
+    their operand's memory (the emitter then runs no kernel for them); ``laid_out``: the bytes of
+    values that kernels store in a layout larger than their type (a convolution's padded input)."""
     work = work or {}
-    size = size_of or nbytes
+    by_type = size_of or nbytes
+    larger = laid_out or {}
+
+    def size(v: Value) -> int:
+        return larger.get(v, by_type(v.type))
+
     steps = ordered_steps(fn)
     slots: dict[Value, Slot] = {}
     for k, p in enumerate(fn.params):
@@ -195,7 +202,7 @@ def plan_memory(fn: Function, work: Mapping[Value, int] | None = None,
         if v in view_of:
             slots[v] = slots[view_of[v]]
         elif v not in slots:
-            slots[v] = Slot("arena", arena.alloc(size(v.type)))
+            slots[v] = Slot("arena", arena.alloc(size(v)))
         if v in work:
             work_at[v] = arena.alloc(work[v])
             open_work[work_end[v]] = (work_at[v], work[v])
@@ -204,5 +211,5 @@ def plan_memory(fn: Function, work: Mapping[Value, int] | None = None,
         for o in {view_of.get(o, o) for o in v.operands}:
             s = slots.get(o)
             if s is not None and s.kind == "arena" and last_use.get(o) == pos:
-                arena.release(s.index, size(o.type))
+                arena.release(s.index, size(o))
     return MemoryPlan(steps, slots, arena.top, tuple(copies), work_at, view_of)

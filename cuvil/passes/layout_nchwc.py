@@ -8,6 +8,10 @@ which values the backend keeps blocked: every conv whose channel counts divide b
 block (and every channel-preserving op downstream of one: elementwise ops with per-channel
 or scalar operands, pooling, batch_norm, fused epilogues), each conv's weight layout, and
 the reorders at the boundaries of those regions. No value changes, so it is ``exact``.
+
+The LLVM backend does not read this plan: it chooses a layout per value from the kernels it picked, keeping
+channels-last (``[N, H, W, C]``) the activations that only its position-row convolutions produce and read
+(:mod:`cuvil.codegen.activation_layout`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,12 @@ contiguously into NCHW and the epilogue vectorizes along a row.
   these run in bands of output rows (:data:`BANDED`): one chunk of the pool copies a band's rows (and the
   rows its taps read past it) into a copy of its own and computes the band from it, so a tile never reads
   rows another core copied.
+- Between two ``.t`` convolutions the activation may be channels-last (:mod:`cuvil.codegen.activation_layout`
+  decides): the producer stores each tile row, one position's channels, as one run instead of transposing
+  it into channel planes, and the reader's padded copy holds each position's channels together (its offset
+  table and row addresses say where; the reduction runs in the same order, so every bit is the same). Where
+  the reader pads at stride 1 and is the value's only reader, the producer stores straight into the reader's
+  padded layout (zeroing its padding each run) and the reader copies nothing.
 - Depthwise (one input channel per output) has no channel reduction, so no GEMM. In 2-D the input is
   read in place, a kernel row in the padding reading a row of zeros: where a row is at most half the
   accumulators' vectors wide at a stride across of 1 or 2, per channel in register tiles of whole rows
@@ -338,17 +344,11 @@ class ConvKernel:
             self.band_rows = band_rows
             if band_rows:
                 self._lay_out((band_rows, *g.out_sp[1:]), used)
-        plane_strides = row_major_strides(list(self.plane))
-        # reduction step k = (c, tap) -> offset of its input in the (padded) buffer, per group
-        koff = []
-        for c in range(g.cg):
-            for tap in itertools.product(*(range(k) for k in g.kernel)):
-                phase = self.phase_index[tuple(used[j][self.phase_of[j][tap[j]]] for j in range(nsp))]
-                inner = sum((offs[j][tap[j]] // split[j]) * plane_strides[j] for j in range(nsp))
-                koff.append(c * self.chan_stride + phase * self.plane_size + inner)
-        self.koff = np.asarray(koff, dtype=np.int64)
-        tiles = self.tiling.nr * -(-self.positions // self.tiling.nr)
-        self.image_floats = g.c_in * self.chan_stride + tiles  # slack: the last tile reads past the data
+        self.used, self.offs = used, offs
+        self.in_last = self.out_last = False  # channels-last input / output (:meth:`channels_last`)
+        self.in_padded = False  # the input is already laid out as the padded copy (:meth:`read_padded`)
+        self.out_padded: PaddedPlane | None = None  # the output is stored so for its reader (:meth:`store_padded`)
+        self._offsets()
         # a 1x1 conv packs its B panels at run time when its channel planes are far apart (rows a
         # page or more apart collide in the cache) and enough output channels reuse each panel
         self.pack_direct = g.direct and g.mg >= PACK_MIN_ROWS and self.plane_size >= PACK_MIN_PLANE and \
@@ -359,6 +359,62 @@ class ConvKernel:
             self.packed = pack_b_panels(np.ascontiguousarray(mats.swapaxes(-1, -2)), self.tiling.nr)
         else:  # weights as A tiles: [G, MT, K, MR]
             self.packed = pack_a_tiles(mats, self.tiling.mr)
+
+    def _offsets(self) -> None:
+        """The reduction step ``k = (c, tap)`` -> the offset of its input in the padded copy (per group), and the
+        floats one image's copy takes. A channels-last copy holds each plane position's channels together."""
+        g = self.g
+        nsp = len(g.out_sp)
+        plane_strides = row_major_strides(list(self.plane))
+        koff = []
+        for c in range(g.cg):
+            for tap in itertools.product(*(range(k) for k in g.kernel)):
+                phase = self.phase_index[tuple(self.used[j][self.phase_of[j][tap[j]]] for j in range(nsp))]
+                inner = sum((self.offs[j][tap[j]] // self.split[j]) * plane_strides[j] for j in range(nsp))
+                koff.append(c + (phase * self.plane_size + inner) * g.c_in if self.in_last else
+                            c * self.chan_stride + phase * self.plane_size + inner)
+        self.koff = np.asarray(koff, dtype=np.int64)
+        slack = self.tiling.nr * -(-self.positions // self.tiling.nr)  # the last tile reads past the data
+        if self.in_last:  # a tap past the last row's end reads the slack, a position (every channel) a column
+            self.image_floats = len(self.phase_index) * self.plane_size * g.c_in + max(slack, g.c_in * self.plane[-1])
+        else:
+            self.image_floats = g.c_in * self.chan_stride + slack
+
+    def can_be_channels_last(self) -> bool:
+        """Whether :meth:`channels_last` applies: positions as rows, one group, two spatial axes (plain conv)."""
+        return type(self) is ConvKernel and self.transposed and self.g.groups == 1 and len(self.g.out_sp) == 2
+
+    def channels_last(self, x: bool, out: bool) -> None:
+        """Read the input (``x``, through a padded copy; not a 1x1 read in place) and/or write the output
+        (``out``) channels-last, ``[N, H, W, C]``: a tile row (a position's output channels) is then one
+        contiguous run, stored without a transpose, and the padded copy is row-long runs of every channel.
+        The tiles, the reduction's order and so every result stay the same bits."""
+        assert self.can_be_channels_last() and not (x and self.g.direct)
+        self.in_last, self.out_last = x, out
+        self._offsets()
+
+    def padded_plane(self) -> PaddedPlane | None:
+        """The layout of the channels-last padded copy, where a producer can store its output so and this kernel
+        then read it in place: one copy of the whole plane (not in bands), one phase (stride 1), every input
+        position inside the plane."""
+        g = self.g
+        if not self.in_last or self.band_rows or any(s != 1 for s in self.split):
+            return None
+        rows, pitch = self.plane
+        lo, hi = self._row_span(0, pitch)
+        if rows < g.pads[0] + g.in_sp[0] or (lo, hi) != (g.pads[1], g.pads[1] + g.in_sp[1]):
+            return None
+        return PaddedPlane(rows, pitch, g.pads[0], g.pads[1], g.c_in, self.image_floats)
+
+    def read_padded(self) -> None:
+        """Read the input as :meth:`padded_plane` lays it out, written so by its producer: no copy."""
+        assert self.padded_plane() is not None
+        self.in_padded = True
+
+    def store_padded(self, plane: PaddedPlane) -> None:
+        """Store the (channels-last) output as ``plane`` lays it out, its padding and slack zeroed every run."""
+        assert self.out_last and plane.channels == self.g.c_out and not self.band_rows
+        self.out_padded = plane
 
     @property
     def bands(self) -> int:
@@ -443,7 +499,11 @@ class ConvKernel:
         t = self.tiling
         kind = "depthwise" if self.g.cg == 1 and self.g.mg == 1 else ("1x1" if self.g.direct else "direct")
         bands = f".b{self.bands}" if self.band_rows else ""
-        return f"conv.{kind}{'.t' if self.transposed else ''}.{self.isa.name}.{t.mr}x{t.nr}{bands}"
+        last = f".{'x' if self.in_last else ''}{'o' if self.out_last else ''}last" if self.in_last or self.out_last \
+            else ""
+        padded = f".{'x' if self.in_padded else ''}{'o' if self.out_padded else ''}pad" \
+            if self.in_padded or self.out_padded else ""
+        return f"conv.{kind}{'.t' if self.transposed else ''}.{self.isa.name}.{t.mr}x{t.nr}{bands}{last}{padded}"
 
     @property
     def unused_operands(self) -> frozenset[int]:
@@ -451,7 +511,7 @@ class ConvKernel:
 
     @property
     def scratch_bytes(self) -> int:
-        return 0 if self.g.direct else 4 * self.g.batch * self.bands * self.image_floats
+        return 0 if self.g.direct or self.in_padded else 4 * self.g.batch * self.bands * self.image_floats
 
     @property
     def constant_bytes(self) -> int:
@@ -464,8 +524,13 @@ class ConvKernel:
         kf = KernelFunction(mod, name, len(self.in_types))
         packed = embed_array(mod, f"{name}.packed_w", self.packed)
         table = embed_array(mod, f"{name}.koff", self.koff.astype(np.int32), align=64) if not g.direct else None
-        if not g.direct and not self.band_rows:
-            kf.phase(g.batch * g.c_in, COPY_WEIGHT * g.batch * g.c_in * self.chan_stride, self._fill)
+        if self.out_padded is not None:
+            kf.phase(g.batch * self.out_padded.rows, 0, self._zero_padding)
+        if not g.direct and not self.band_rows and not self.in_padded:  # the padded copy
+            if self.in_last:
+                kf.phase(g.batch * self._plane_rows, COPY_WEIGHT * g.batch * self.image_floats, self._fill_last)
+            else:
+                kf.phase(g.batch * g.c_in, COPY_WEIGHT * g.batch * g.c_in * self.chan_stride, self._fill)
         k = g.cg * g.taps
         mt_count = -(-g.mg // t.mr)
         in_image = g.c_in * math.prod(g.in_sp)
@@ -534,8 +599,12 @@ class ConvKernel:
         g = self.g
         b = ctx.b
         image, band = b.udiv(c, const(self.bands)), b.urem(c, const(self.bands))
-        for_range(b, 0, g.c_in, "bandc", lambda chan: self._fill(ctx, b.add(b.mul(image, const(g.c_in)), chan),
-                                                               band), hints=NO_UNROLL)
+        if self.in_last:
+            for_range(b, 0, self._plane_rows, "bandr", lambda rv: self._fill_last_row(ctx, image, rv, band),
+                      hints=NO_UNROLL)
+        else:
+            for_range(b, 0, g.c_in, "bandc", lambda chan: self._fill(ctx, b.add(b.mul(image, const(g.c_in)), chan),
+                                                                   band), hints=NO_UNROLL)
         epi = epilogue_emitter(ctx, self.c, self.in_types, self.out_type, self.op)
         base = b.mul(c, const(self.image_floats))
         pos0 = b.mul(band, const(self.band_rows * math.prod(g.out_sp[1:])))
@@ -563,16 +632,19 @@ class ConvKernel:
         def a_at(ctx: Ctx, prob: Any, m0: Val, k0: Val) -> AOperand:
             b = ctx.b
             rows = []
+            copied = ctx.ins[self.c.lhs] if self.in_padded else ctx.scratch  # the padded copy
             for i in range(t.mr):
                 p = imin(b, b.add(m0, const(i)), const(m - 1))
                 if table is None:  # 1x1, stride 1: the input itself, channel planes apart
                     rows.append(fgep(b, ctx.ins[self.c.lhs], b.add(prob["in_off"],
                                                                    b.add(p, b.mul(k0, const(self.plane_size))))))
                     continue
-                at: Val = prob["in_off"]
+                at: Val = const(0)
                 for q, st in zip(unravel(b, p, rows_sp), plane_strides, strict=True):
                     at = b.add(at, b.mul(q, const(st)))
-                rows.append(fgep(b, ctx.scratch, at))
+                if self.in_last:  # a plane position holds the input's every channel
+                    at = b.mul(at, const(g.c_in))
+                rows.append(fgep(b, copied, b.add(prob["in_off"], at)))
             if table is None:
                 return AOperand("rows", rows, self.plane_size)
             return AOperand("rowtable", rows, 0, b.gep(table, [k0], inbounds=True, source_etype=I32))
@@ -591,6 +663,24 @@ class ConvKernel:
 
             def index_of(i: Val, j: Val) -> list[Val]:
                 return [prob["image"], b.add(channel0, j), *unravel(b, b.add(p0, i), g.out_sp)]
+
+            pad = self.out_padded
+            if pad is not None:  # a tile row is a run of one position's channels, in the reader's padded plane
+                image0 = b.mul(prob["image"], const(pad.image_floats))
+
+                def padded_at(i: Val, j: Val) -> Val:
+                    y, x = unravel(b, b.add(p0, i), g.out_sp)
+                    at = b.add(b.mul(b.add(y, const(pad.top)), const(pad.pitch)), b.add(x, const(pad.left)))
+                    return b.add(image0, b.add(b.mul(at, const(g.c_out)), b.add(channel0, j)))
+
+                store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of, padded_at)
+                return
+            if self.out_last:  # a tile row is a run of one position's channels
+                row0 = b.add(b.mul(prob["image"], const(g.c_out * out_plane)),
+                             b.add(b.mul(p0, const(g.c_out)), channel0))
+                store_rows(ctx, prob["epi"], tile, stride, rows, cols, index_of,
+                           lambda i, j: b.add(row0, b.add(b.mul(i, const(g.c_out)), j)), flat_reads=True)
+                return
 
             def flat_of(i: Val, j: Val) -> Val:
                 return b.add(out_base, b.add(b.mul(j, const(out_plane)), b.add(p0, i)))
@@ -616,9 +706,6 @@ class ConvKernel:
         # the band's first plane row, in the whole plane's rows (first axis)
         origin = const(0) if band is None else b.mul(band, const(self.band_rows * self.step[0]))
         dst = fgep(b, ctx.scratch, b.add(dst_image, b.mul(chan, const(self.chan_stride))))
-        nsp = len(self.plane)
-        in_strides = row_major_strides(list(g.in_sp))
-        zero = ir.Constant(F32, 0.0)
         for phase, pi in self.phase_index.items():
             plane = fgep(b, dst, pi * self.plane_size)
             outer = self.plane[:-1]
@@ -632,14 +719,7 @@ class ConvKernel:
                     p_last: int = p_last, lo: int = lo, hi: int = hi) -> None:
                 """Plane row ``rv``: zeros, the input's row read every ``s_last``-th element, zeros."""
                 dst_row = fgep(b, plane, b.mul(rv, const(w)))
-                qs = unravel(b, rv, outer)
-                inside: Val = ir.Constant(ir.IntType(1), 1)
-                src_off: Val = const(0)
-                for j in range(nsp - 1):
-                    q = b.add(qs[j], origin) if j == 0 else qs[j]
-                    pos = b.sub(b.add(b.mul(q, const(self.split[j])), const(phase[j])), const(g.pads[j]))
-                    inside = b.and_(inside, b.icmp_unsigned("<", pos, const(g.in_sp[j])))
-                    src_off = b.add(src_off, b.mul(pos, const(in_strides[j])))
+                inside, src_off = self._source_row(b, unravel(b, rv, outer), phase, origin)
 
                 # a row outside the input is all padding: an empty copy range
                 first = b.select(inside, const(lo), const(w))
@@ -651,17 +731,100 @@ class ConvKernel:
 
         gap_at = len(self.phase_index) * self.plane_size  # the channel's alignment padding: read by edge tiles
         if self.chan_stride > gap_at:
-            gap = fgep(b, dst, gap_at)
-            for_range(b, 0, self.chan_stride - gap_at, "fg", lambda q: b.store(zero, fgep(b, gap, q), align=4),
-                      hints=NO_UNROLL)
+            _zeros(b, fgep(b, dst, gap_at), const(0), const(self.chan_stride - gap_at), "fg")
         slack_at = g.c_in * self.chan_stride
-        slack = self.image_floats - slack_at
+        if_then(b, b.icmp_signed("==", chan, const(0)), "slack", lambda: _zeros(
+            b, fgep(b, ctx.scratch, dst_image), const(slack_at), const(self.image_floats), "fs"))
 
-        def clear_slack() -> None:
-            base = fgep(b, ctx.scratch, b.add(dst_image, const(slack_at)))
-            for_range(b, 0, slack, "fs", lambda q: b.store(zero, fgep(b, base, q), align=4), hints=NO_UNROLL)
+    def _source_row(self, b: Builder, qs: Sequence[Val], phase: tuple[int, ...], origin: Val) -> tuple[Val, Val]:
+        """Whether the padded copy's row at outer coordinates ``qs`` (in ``phase``; the first one from the band's
+        ``origin``) holds input, and which input row it is (its offset in positions of one channel plane)."""
+        g = self.g
+        in_strides = row_major_strides(list(g.in_sp))
+        inside: Val = ir.Constant(ir.IntType(1), 1)
+        src_off: Val = const(0)
+        for j, q in enumerate(qs):
+            q = b.add(q, origin) if j == 0 else q
+            pos = b.sub(b.add(b.mul(q, const(self.split[j])), const(phase[j])), const(g.pads[j]))
+            inside = b.and_(inside, b.icmp_unsigned("<", pos, const(g.in_sp[j])))
+            src_off = b.add(src_off, b.mul(pos, const(in_strides[j])))
+        return inside, src_off
 
-        if_then(b, b.icmp_signed("==", chan, const(0)), "slack", clear_slack)
+    def _zero_padding(self, ctx: Ctx, c: Val) -> None:
+        """Chunk ``image * rows + row`` of a padded output (:meth:`store_padded`): the row's positions that hold
+        no output (the whole row above or below the data, else the columns beside it) set to zero, and with
+        the image's last row the slack after the plane."""
+        pad = self.out_padded
+        assert pad is not None
+        b = ctx.b
+        g = self.g
+        chans = g.c_out
+        image, r = b.udiv(c, const(pad.rows)), b.urem(c, const(pad.rows))
+        row_floats = pad.pitch * chans
+        row = fgep(b, ctx.out, b.add(b.mul(image, const(pad.image_floats)), b.mul(r, const(row_floats))))
+
+        def beside_data() -> None:
+            _zeros(b, row, const(0), const(pad.left * chans), "padl")
+            _zeros(b, row, const((pad.left + g.out_sp[1]) * chans), const(row_floats), "padr")
+
+        data_row = b.icmp_unsigned("<", b.sub(r, const(pad.top)), const(g.out_sp[0]))
+        if_else(b, data_row, "padrow", beside_data, lambda: _zeros(b, row, const(0), const(row_floats), "pada"))
+        last_row = (pad.rows - 1) * row_floats  # where the image's last row starts: the slack follows it
+        if_then(b, b.icmp_signed("==", r, const(pad.rows - 1)), "padslack", lambda: _zeros(
+            b, row, const(row_floats), const(pad.image_floats - last_row), "pads"))
+
+    @property
+    def _plane_rows(self) -> int:
+        """Rows of one phase plane of the padded copy (every axis but the last)."""
+        return math.prod(self.plane[:-1])
+
+    def _fill_last(self, ctx: Ctx, c: Val) -> None:
+        """Chunk ``image * rows + row`` of the channels-last padded copy: that plane row in every phase."""
+        b = ctx.b
+        self._fill_last_row(ctx, b.udiv(c, const(self._plane_rows)), b.urem(c, const(self._plane_rows)), None)
+
+    def _fill_last_row(self, ctx: Ctx, image: Val, rv: Val, band: Val | None) -> None:
+        """Plane row ``rv`` of the channels-last padded copy of ``image`` (or of its ``band``), in every phase,
+        and the copy's slack with its first row: a row is the input row's positions, each ``c_in`` floats,
+        between positions of zeros (at a stride across, every ``stride``-th position)."""
+        g = self.g
+        b = ctx.b
+        chans = g.c_in
+        copy = image if band is None else b.add(b.mul(image, const(self.bands)), band)
+        dst_image = b.mul(copy, const(self.image_floats))
+        origin = const(0) if band is None else b.mul(band, const(self.band_rows * self.step[0]))
+        src = fgep(b, ctx.ins[self.c.lhs], b.mul(image, const(chans * math.prod(g.in_sp))))
+        copy_fn = _copy_row_function(ctx.fn.module)
+
+        def copy_row(dst: Val, at: Val, rest: list[Val]) -> None:
+            b.call(copy_fn, [dst, at, *rest])
+
+        w = self.plane[-1]
+        qs = unravel(b, rv, self.plane[:-1])
+        for phase, pi in self.phase_index.items():
+            dst_row = fgep(b, ctx.scratch, b.add(dst_image, b.mul(b.add(const(pi * self.plane_size),
+                                                                           b.mul(rv, const(w))), const(chans))))
+            inside, src_off = self._source_row(b, qs, phase, origin)
+            row_src = fgep(b, src, b.select(inside, b.mul(src_off, const(chans)), const(0)))
+            lo, hi = self._row_span(phase[-1], w)
+            stride, shift = self.split[-1], phase[-1] - g.pads[-1]
+            if stride == 1:  # the input row's positions are one run
+                first = b.select(inside, const(lo * chans), const(w * chans))
+                last = b.select(inside, const(hi * chans), const(w * chans))
+                copy_row(dst_row, row_src, [first, last, const(w * chans), const(1), const(shift * chans)])
+                continue
+
+            def position(q: Val, inside: Val = inside, row_src: Val = row_src, dst_row: Val = dst_row,
+                         lo: int = lo, hi: int = hi, stride: int = stride, shift: int = shift) -> None:
+                ok = b.and_(inside, b.and_(b.icmp_signed(">=", q, const(lo)), b.icmp_signed("<", q, const(hi))))
+                at = b.select(ok, b.mul(b.add(b.mul(q, const(stride)), const(shift)), const(chans)), const(0))
+                copy_row(fgep(b, dst_row, b.mul(q, const(chans))), fgep(b, row_src, at),
+                         [const(0), b.select(ok, const(chans), const(0)), const(chans), const(1), const(0)])
+
+            for_range(b, 0, w, "fpos", position, hints=NO_UNROLL)
+        slack_at = len(self.phase_index) * self.plane_size * chans
+        if_then(b, b.icmp_signed("==", rv, const(0)), "slack", lambda: _zeros(
+            b, fgep(b, ctx.scratch, dst_image), const(slack_at), const(self.image_floats), "fs"))
 
     def _row_copier(self, ctx: Ctx, c: Val) -> Callable[[Val, Val, list[Val]], object]:
         """How chunk ``c`` of :meth:`_fill` copies a plane row: ``copy(dst_row, at, [lo, hi, w, stride, shift])``
@@ -979,6 +1142,26 @@ def rows_per_block(oh: int, ow: int, sw: int = 1) -> int:
     if ow <= 16:
         return min(oh, 16)
     return min(oh, 4) if ow <= 32 else 1
+
+
+def _zeros(b: Builder, base: Val, start: Val, end: Val, name: str) -> None:
+    """``base[q] = 0`` for ``start <= q < end``."""
+    zero = ir.Constant(F32, 0.0)
+    for_range(b, start, end, name, lambda q: b.store(zero, fgep(b, base, q), align=4), hints=NO_UNROLL)
+
+
+@dataclass(frozen=True)
+class PaddedPlane:
+    """A channels-last image laid out as a convolution's padded copy (stride 1: one phase): ``rows`` plane rows
+    ``pitch`` positions apart, each position ``channels`` floats, the data from row ``top`` and column ``left``
+    on, zeros around it and in the slack that ends each image's ``image_floats``."""
+
+    rows: int
+    pitch: int
+    top: int
+    left: int
+    channels: int
+    image_floats: int
 
 
 def _copy_row_function(mod: ir.Module) -> ir.Function:

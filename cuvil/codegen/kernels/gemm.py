@@ -1172,7 +1172,7 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
                cols: int | Val, index_of: Callable[[Val, Val], Sequence[Val]],
                flat_of: Callable[[Val, Val], Val], col0: Val | int = 0,
                by_columns: bool = False, max_rows: int | None = None,
-               row_axes: frozenset[str] = frozenset()) -> None:
+               row_axes: frozenset[str] = frozenset(), flat_reads: bool = False) -> None:
     """For ``i < rows``, ``j < cols``: ``out[flat_of(i, j)] = epilogue(tile[i][col0 + j])`` at
     output index ``index_of(i, j)``. The inner loop runs along a tile row (contiguous there, so
     LLVM vectorizes it), or down a tile column when ``by_columns`` (where the output is contiguous:
@@ -1182,7 +1182,9 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
     in place and then stores the tile transposed; where it reads along them only at the output element's own
     place (:func:`reads_in_place_along`: a residual) the tile is first transposed into a buffer and the
     epilogue runs down each column from it, reading the residual as contiguously as it stores. Otherwise
-    (or without ``max_rows``) a column of elements is read one by one, a gather."""
+    (or without ``max_rows``) a column of elements is read one by one, a gather. ``flat_reads`` (along rows):
+    operands of the output's shape are read at the output element's flat index (the epilogue's in-place reads),
+    where their layout is the output's and not the row-major one the index would give."""
     b = ctx.b
     c0 = const(col0) if isinstance(col0, int) else col0
     # the tile's rows where it moves in registers (a transposed store of at most eight rows), else None
@@ -1236,14 +1238,17 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
 
         def col(j: Val, known: Sequence[Val] = ()) -> None:
             acc = b.load(fgep(b, base, j), typ=F32, align=4)
-            value = epi.element(index_of(i, j), acc, list(zip(erf, known, strict=True)) if known else ())
-            epi.store(flat_of(i, j), value)
+            flat = flat_of(i, j)
+            value = epi.element(index_of(i, j), acc, list(zip(erf, known, strict=True)) if known else (),
+                                flat=flat if flat_reads else None)
+            epi.store(flat, value)
 
         if blocks is None:
             for_range(b, 0, width, "col", col)
             return
         blocks.run(const(0), const(width) if isinstance(width, int) else width,
-                   lambda j: epi.values(index_of(i, j), b.load(fgep(b, base, j), typ=F32, align=4), erf), col)
+                   lambda j: epi.values(index_of(i, j), b.load(fgep(b, base, j), typ=F32, align=4), erf,
+                                        flat=flat_of(i, j) if flat_reads else None), col)
 
     if isinstance(cols, int) or not isinstance(col0, int) or col0 != 0:
         for_range(b, 0, rows, "row", lambda i: row(i, cols), hints=OUTER_ONLY)  # one copy of the epilogue loop
