@@ -112,6 +112,11 @@ TRANSPOSE_K = 256
 3x3 stride-2 convolution at 56x56 0.71 -> 0.63 ms, MobileNet-v1's 256-channel 1x1 at 28x28 0.551 ->
 0.536; with K = 128 (0.26 -> 0.29) or 3,136 positions (64-channel 3x3 at 56x56: even) it does not pay."""
 
+TRANSPOSE_K_1X1 = 64
+"""... and a strided 1x1 convolution (ResNet's downsampling) from this many steps on: ResNet-18's 64 -> 128 one
+into 28x28 0.146 -> 0.141 ms, and positions as rows its output can stay channels-last for the block it feeds
+(:mod:`cuvil.codegen.activation_layout`; the layers after it 0.01-0.03 ms faster each, one thread)."""
+
 TRANSPOSE_PLANE_LOCAL = 4096
 """... up to this many positions in a library for one thread, or for several where the plane splits into bands
 (:data:`BANDED`). ResNet-18's 64-channel 3x3 layers at 56x56 (a plane of 3,136, 576 steps), two profiled
@@ -337,8 +342,10 @@ class ConvKernel:
         across = conv_tiling(isa, out_plane, g.mg, k, b_streams=streams_from_memory(k, g.mg))
         area = -(-g.mg // self.tiling.mr) * self.tiling.mr * -(-self.positions // self.tiling.nr) * self.tiling.nr
         area_across = -(-out_plane // across.mr) * across.mr * -(-g.mg // across.nr) * across.nr
+        strided_1x1 = g.taps == 1 and not g.direct
         self.transposed = g.mg >= isa.lanes and (self.positions_as_rows or area_across * TRANSPOSE_GAIN < area or (
-            out_plane <= self._transpose_plane(band_rows > 0) and k >= TRANSPOSE_K))
+            out_plane <= self._transpose_plane(band_rows > 0) and k >= (TRANSPOSE_K_1X1 if strided_1x1 else
+                                                                         TRANSPOSE_K)))
         if self.transposed:
             self.tiling = across
             self.band_rows = band_rows
