@@ -30,6 +30,15 @@ PADDED_OUTPUTS = True
 """Whether a channels-last value with one padding reader is stored in that reader's padded layout (:func:`lay_out`)."""
 
 
+def _uses(steps: Sequence[Value]) -> dict[Value, list[tuple[Value, int]]]:
+    """Each value's readers among ``steps``, with the operand position each reads it at."""
+    uses: dict[Value, list[tuple[Value, int]]] = {}
+    for u in steps:
+        for j, o in enumerate(u.operands):
+            uses.setdefault(o, []).append((u, j))
+    return uses
+
+
 def _conv(kernel: Kernel | None) -> ConvKernel | None:
     return kernel if isinstance(kernel, ConvKernel) and kernel.can_be_channels_last() else None
 
@@ -56,10 +65,7 @@ def channels_last_values(steps: Sequence[Value], tuned: Mapping[Value, Kernel], 
     """The values (of ``steps``, none in ``keep``) that stay channels-last, by the rules in the module's doc."""
     if not CHANNELS_LAST:
         return set()
-    uses: dict[Value, list[tuple[Value, int]]] = {}
-    for u in steps:
-        for j, o in enumerate(u.operands):
-            uses.setdefault(o, []).append((u, j))
+    uses = _uses(steps)
     chosen = {v for v in steps if (k := _conv(tuned.get(v))) is not None and v not in keep
               and k.out_type.dtype == DType.f32 and k.out_type.rank == 4}
 
@@ -104,10 +110,7 @@ def lay_out(steps: Sequence[Value], tuned: Mapping[Value, Kernel], keep: Collect
     sizes: dict[Value, int] = {}
     if not PADDED_OUTPUTS:
         return sizes
-    uses: dict[Value, list[tuple[Value, int]]] = {}
-    for u in steps:
-        for j, o in enumerate(u.operands):
-            uses.setdefault(o, []).append((u, j))
+    uses = _uses(steps)
     for v in steps:
         if v not in chosen or len(uses.get(v, [])) != 1 or (k := _conv(tuned.get(v))) is None or _flat_operands(k):
             continue

@@ -139,10 +139,15 @@ def _suffix(name: str) -> str:
     return ".".join(p for p in parts if p.endswith(("last", "pad")))
 
 
-def test_a_pair_at_stride_one_shares_the_padded_layout(monkeypatch: pytest.MonkeyPatch) -> None:
-    g = Graph(np.random.default_rng(1), (1, 32, 14, 14))
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_pair_at_stride_one_shares_the_padded_layout(padded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each conv of a chain is its successor's one reader: it stores into the successor's padded layout (or,
+    with that off, channels-last, and the successor copies it into its padding)."""
+    monkeypatch.setattr(layout, "PADDED_OUTPUTS", padded)
+    g = Graph(np.random.default_rng(1), (2, 32, 14, 14))
     g.results.append(g.conv(g.conv(g.conv(g.x, 32, pads=1), 32, pads=1), 32, pads=1))
-    assert [_suffix(k) for k in _kernels(g.module(), monkeypatch)] == ["olast.opad", "xolast.xopad", "xlast.xpad"]
+    want = ["olast.opad", "xolast.xopad", "xlast.xpad"] if padded else ["olast", "xolast", "xlast"]
+    assert [_suffix(k) for k in _kernels(g.module(), monkeypatch)] == want
 
 
 def test_what_stays_row_major(monkeypatch: pytest.MonkeyPatch) -> None:
