@@ -388,8 +388,12 @@ class ConvKernel:
             self.image_floats = g.c_in * self.chan_stride + slack
 
     def can_be_channels_last(self) -> bool:
-        """Whether :meth:`channels_last` applies: positions as rows, one group, two spatial axes (plain conv)."""
-        return type(self) is ConvKernel and self.transposed and self.g.groups == 1 and len(self.g.out_sp) == 2
+        """Whether :meth:`channels_last` applies: positions as rows, one group, two spatial axes (plain conv), and
+        a channels-last copy whose offsets fit the int32 table."""
+        g = self.g
+        offsets = (len(self.phase_index) * self.plane_size + 1) * g.c_in + self.tiling.nr
+        return type(self) is ConvKernel and self.transposed and g.groups == 1 and len(g.out_sp) == 2 and \
+            offsets < 2**31
 
     def channels_last(self, x: bool, out: bool) -> None:
         """Read the input (``x``, through a padded copy; not a 1x1 read in place) and/or write the output
