@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from cuvil.codegen.kernels.base import Kernel
 from cuvil.codegen.kernels.conv import ConvKernel
-from cuvil.codegen.kernels.epilogue import is_identity_index
+from cuvil.codegen.kernels.epilogue import at_own_place
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.rulewalk import walk_exprs
@@ -49,9 +49,8 @@ def _loads(kernel: ConvKernel, position: int) -> list[R.Load]:
 
 def _read_in_place(kernel: ConvKernel, position: int) -> bool:
     """Whether every load of operand ``position`` in the kernel's epilogue reads the output element's own place."""
-    same = tuple(kernel.in_types[position].shape) == tuple(kernel.out_type.shape)
-    return all(same and e.oob is None and len(e.index) == kernel.out_type.rank and is_identity_index(e.index)
-               for e in _loads(kernel, position))
+    shape = kernel.in_types[position].shape
+    return all(at_own_place(e, shape, kernel.out_type.shape) for e in _loads(kernel, position))
 
 
 def _flat_operands(kernel: ConvKernel) -> set[int]:

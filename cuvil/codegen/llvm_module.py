@@ -134,8 +134,8 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
     outputs = tuple(TensorSpec(n, r.dtype, shape_of(r.type, f"output {n!r}"))
                     for n, r in zip(fn.result_names, fn.results, strict=True))
     loops = structured_kernels(ordered_steps(fn), constants, sizing)
-    plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()}, size_of=sizing.planned,
-                       views=True)
+    work = {first: lk.work_bytes for first, lk in loops.items()}
+    plan = plan_memory(fn, work, size_of=sizing.planned, views=True)
     mod = ir.Module(name=prefix)
 
     for v in fn.values():
@@ -156,8 +156,7 @@ def _lower(fn: Function, constants: Mapping[str, np.ndarray], *, name: str | Non
         keep = {*fn.results, *(v for v, _ in plan.copies), *plan.views, *plan.views.values()}
         laid_out = lay_out(plan.steps, tuned, keep)
         if laid_out:  # the same steps and views, those values' slots larger
-            plan = plan_memory(fn, {first: lk.work_bytes for first, lk in loops.items()}, size_of=sizing.planned,
-                               views=True, laid_out=laid_out)
+            plan = plan_memory(fn, work, size_of=sizing.planned, views=True, laid_out=laid_out)
     for k, v in enumerate(plan.steps):
         if emitted_below(v):
             kernels.append(None)

@@ -510,11 +510,9 @@ class ConvKernel:
         t = self.tiling
         kind = "depthwise" if self.g.cg == 1 and self.g.mg == 1 else ("1x1" if self.g.direct else "direct")
         bands = f".b{self.bands}" if self.band_rows else ""
-        last = f".{'x' if self.in_last else ''}{'o' if self.out_last else ''}last" if self.in_last or self.out_last \
-            else ""
-        padded = f".{'x' if self.in_padded else ''}{'o' if self.out_padded else ''}pad" \
-            if self.in_padded or self.out_padded else ""
-        return f"conv.{kind}{'.t' if self.transposed else ''}.{self.isa.name}.{t.mr}x{t.nr}{bands}{last}{padded}"
+        layouts = _layout_suffix(self.in_last, self.out_last, "last") + \
+            _layout_suffix(self.in_padded, self.out_padded is not None, "pad")
+        return f"conv.{kind}{'.t' if self.transposed else ''}.{self.isa.name}.{t.mr}x{t.nr}{bands}{layouts}"
 
     @property
     def unused_operands(self) -> frozenset[int]:
@@ -804,32 +802,27 @@ class ConvKernel:
         copy = image if band is None else b.add(b.mul(image, const(self.bands)), band)
         dst_image = b.mul(copy, const(self.image_floats))
         origin = const(0) if band is None else b.mul(band, const(self.band_rows * self.step[0]))
-        src = fgep(b, ctx.ins[self.c.lhs], b.mul(image, const(chans * math.prod(g.in_sp))))
-        copy_fn = _copy_row_function(ctx.fn.module)
-
-        def copy_row(dst: Val, at: Val, rest: list[Val]) -> None:
-            b.call(copy_fn, [dst, at, *rest])
-
+        copy_row = self._copier(ctx, b.mul(image, const(chans * math.prod(g.in_sp))))
         w = self.plane[-1]
         qs = unravel(b, rv, self.plane[:-1])
         for phase, pi in self.phase_index.items():
             dst_row = fgep(b, ctx.scratch, b.add(dst_image, b.mul(b.add(const(pi * self.plane_size),
                                                                            b.mul(rv, const(w))), const(chans))))
             inside, src_off = self._source_row(b, qs, phase, origin)
-            row_src = fgep(b, src, b.select(inside, b.mul(src_off, const(chans)), const(0)))
+            row_at = b.select(inside, b.mul(src_off, const(chans)), const(0))
             lo, hi = self._row_span(phase[-1], w)
             stride, shift = self.split[-1], phase[-1] - g.pads[-1]
             if stride == 1:  # the input row's positions are one run
                 first = b.select(inside, const(lo * chans), const(w * chans))
                 last = b.select(inside, const(hi * chans), const(w * chans))
-                copy_row(dst_row, row_src, [first, last, const(w * chans), const(1), const(shift * chans)])
+                copy_row(dst_row, row_at, [first, last, const(w * chans), const(1), const(shift * chans)])
                 continue
 
-            def position(q: Val, inside: Val = inside, row_src: Val = row_src, dst_row: Val = dst_row,
+            def position(q: Val, inside: Val = inside, row_at: Val = row_at, dst_row: Val = dst_row,
                          lo: int = lo, hi: int = hi, stride: int = stride, shift: int = shift) -> None:
                 ok = b.and_(inside, b.and_(b.icmp_signed(">=", q, const(lo)), b.icmp_signed("<", q, const(hi))))
                 at = b.select(ok, b.mul(b.add(b.mul(q, const(stride)), const(shift)), const(chans)), const(0))
-                copy_row(fgep(b, dst_row, b.mul(q, const(chans))), fgep(b, row_src, at),
+                copy_row(fgep(b, dst_row, b.mul(q, const(chans))), b.add(row_at, at),
                          [const(0), b.select(ok, const(chans), const(0)), const(chans), const(1), const(0)])
 
             for_range(b, 0, w, "fpos", position, hints=NO_UNROLL)
@@ -840,8 +833,13 @@ class ConvKernel:
     def _row_copier(self, ctx: Ctx, c: Val) -> Callable[[Val, Val, list[Val]], object]:
         """How chunk ``c`` of :meth:`_fill` copies a plane row: ``copy(dst_row, at, [lo, hi, w, stride, shift])``
         with ``at`` the row's offset in the input channel (:func:`_copy_row_function`)."""
+        return self._copier(ctx, ctx.b.mul(c, const(math.prod(self.g.in_sp))))
+
+    def _copier(self, ctx: Ctx, start: Val) -> Callable[[Val, Val, list[Val]], object]:
+        """``copy(dst_row, at, [lo, hi, w, stride, shift])`` by :func:`_copy_row_function`, ``at`` an offset from
+        the input's float ``start`` (a channel plane's, or a channels-last image's)."""
         b = ctx.b
-        src = fgep(b, ctx.ins[self.c.lhs], b.mul(c, const(math.prod(self.g.in_sp))))
+        src = fgep(b, ctx.ins[self.c.lhs], start)
         fn = _copy_row_function(ctx.fn.module)
         return lambda dst_row, at, rest: b.call(fn, [dst_row, fgep(b, src, at), *rest])
 
@@ -1153,6 +1151,11 @@ def rows_per_block(oh: int, ow: int, sw: int = 1) -> int:
     if ow <= 16:
         return min(oh, 16)
     return min(oh, 4) if ow <= 32 else 1
+
+
+def _layout_suffix(x: bool, out: bool, layout: str) -> str:
+    """A kernel name's mark of a layout its input (``x``) and/or output take: ``.xlast``, ``.opad``, ..."""
+    return f".{'x' if x else ''}{'o' if out else ''}{layout}" if x or out else ""
 
 
 def _zeros(b: Builder, base: Val, start: Val, end: Val, name: str) -> None:

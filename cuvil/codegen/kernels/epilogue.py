@@ -56,6 +56,13 @@ def is_identity_index(index: Sequence[R.Ix]) -> bool:
     return all(ix.kind == "var" and ix.args[0] == f"i{k}" for k, ix in enumerate(index))
 
 
+def at_own_place(e: R.Load, operand_shape: Sequence[object], out_shape: Sequence[object]) -> bool:
+    """Whether load ``e`` reads an operand of the output's shape at the output element's own place (the identity
+    index): its element's flat index is then the output element's, in whatever layout the two share."""
+    return e.oob is None and tuple(operand_shape) == tuple(out_shape) and len(e.index) == len(out_shape) \
+        and is_identity_index(e.index)
+
+
 def reads_operand(e: R.Expr, operand: int) -> bool:
     """Whether the expression loads operand ``operand`` (then a kernel must keep its raw data)."""
     return any(isinstance(x, R.Load) and x.operand == operand for x in walk_exprs(e))
@@ -151,8 +158,7 @@ class EpilogueEmitter(RuleKernel):
     def in_place(self, e: R.Load) -> bool:
         """Whether ``e`` reads its operand at the output element's own place: the identity index into an
         operand of the output's shape, whose flat index is then the output element's."""
-        return (e.operand != self.marker and e.oob is None and tuple(self.inputs[e.operand].shape) == self.out.shape
-                and len(e.index) == len(self.out.shape) and is_identity_index(e.index))
+        return e.operand != self.marker and at_own_place(e, self.inputs[e.operand].shape, self.out.shape)
 
     def _load(self, e: R.Load, env: dict, depth: int) -> Val:
         if e.operand == self.marker:
