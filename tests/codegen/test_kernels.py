@@ -1157,6 +1157,43 @@ def test_rows_read_ahead_changes_no_bit(monkeypatch):
             assert_close(g, w, k, label)
 
 
+def test_streamed_weights_fetched_once_changes_no_bit(monkeypatch):
+    """Where positions are the GEMM rows and the weights stream from memory (1 MB or more), the fetches of the
+    weight panels to come are marked as used once; smaller weights keep the fetch into L2. A hint only: the
+    results are those of the build without it, bit for bit, and match the rule (a bottom tile of fewer rows,
+    two threads)."""
+    import cuvil.codegen.kernels.conv as conv
+
+    c = Cases()
+    for xs, ws in [((1, 128, 7, 7), (256, 128, 3, 3)), ((1, 64, 9, 9), (64, 64, 3, 3))]:
+        x = c.input(_f32(*xs))
+        c.add(f"conv x{xs} w{ws}", c.b.relu(c.b.conv(x, c.b.const(_f32(*ws)), pads=(1, 1, 1, 1))),
+              ws[1] * math.prod(ws[2:]))
+    module = c.module()
+    localities: list[int] = []
+
+    def noting(*args: Any, **kwargs: Any) -> Any:
+        if (args[8] if len(args) > 8 else kwargs.get("ahead_every", 0)):  # it fetches panels ahead
+            localities.append(kwargs.get("ahead_locality", gemm.L2_LOCALITY))
+        return make(*args, **kwargs)
+
+    make = gemm.micro_function
+    monkeypatch.setattr(gemm, "micro_function", noting)
+    builds = {}
+    for once in (True, False):
+        monkeypatch.setattr(conv, "STREAMED_WEIGHTS_ONCE", once)
+        localities.clear()
+        builds[once] = compile(module, cache=False, threads=2)
+        assert set(localities) == ({gemm.STREAMED_LOCALITY, gemm.L2_LOCALITY} if once else {gemm.L2_LOCALITY})
+    plain = builds[False].run(c.inputs)
+    want = rule_reference(module, c.inputs)
+    for once, model in builds.items():
+        assert model.manifest is not None and all(".t." in k for k in model.manifest["kernels"] if k != "view")
+        for g, p, w, label, k in zip(model.run(c.inputs), plain, want, c.labels, c.reductions, strict=True):
+            assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), (once, label)
+            assert_close(g, w, k, label)
+
+
 def _noting_read_ahead(make: Callable[..., Any], flags: list[bool]) -> Callable[..., Any]:
     """``gemm.micro_function`` that notes whether each micro-kernel it makes reads rows ahead."""
     def wrapped(*args: Any, **kwargs: Any) -> Any:

@@ -406,12 +406,20 @@ class DirectB:
         return out
 
 
+L2_LOCALITY = 2
+STREAMED_LOCALITY = 0
+"""``llvm.prefetch`` localities: 2 (``prefetcht1``) fetches into L2 and the last level; 0 (``prefetchnta``)
+marks the line as used once, so that it does not displace what the last level holds for the next call (a
+convolution's weights that stream from memory: :attr:`GemmCore.ahead_locality`)."""
+
+
 def micro_kernel(b: Builder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes: int, count: Val,
                  init: list[Val], ahead: Val | None = None, ahead_every: int = 1,
-                 read_ahead: Val | None = None) -> list[Val]:
+                 read_ahead: Val | None = None, ahead_locality: int = L2_LOCALITY) -> list[Val]:
     """``acc[i*nv + j] += a[i, k] * b[k, j-th vector]`` for ``k < count``; accumulators stay in registers.
     ``ahead``: memory to pull into the caches meanwhile, one line every ``ahead_every`` steps (every step
-    asks for its share, so a line is asked for ``ahead_every`` times). ``read_ahead`` (A's rows read in place):
+    asks for its share, so a line is asked for ``ahead_every`` times), with the prefetch's ``ahead_locality``
+    (:data:`STREAMED_LOCALITY` for weights read once a call). ``read_ahead`` (A's rows read in place):
     a pointer whose step-``k`` element is fetched at every step, at the offset the rows read step ``k`` at (a
     later tile row's, which another core may have written last).
 
@@ -422,7 +430,7 @@ def micro_kernel(b: Builder, a: AAccess, bb: BAccess, rows: int, nv: int, lanes:
     196 against 243). The loop's own count and branch are two of some 40 instructions a step."""
     def step(k: Val, acc: list[Val]) -> list[Val]:
         if ahead is not None:
-            prefetch(b, fgep(b, ahead, b.mul(k, const(LINE_FLOATS // ahead_every), flags=("nsw",))))
+            prefetch(b, fgep(b, ahead, b.mul(k, const(LINE_FLOATS // ahead_every), flags=("nsw",))), ahead_locality)
         if read_ahead is not None:
             assert isinstance(a, (RowsA, RowsTableA))
             prefetch(b, fgep(b, read_ahead, a.offset(b, k), inbounds=False))
@@ -475,10 +483,11 @@ fetching of the next ones while they use the current one. Otherwise a panel read
 M=49 N=512 K=4608 took 2.55 ms without, 1.76 with, and M=196 6.2 and 4.8 (cold weights, one thread)."""
 
 
-def prefetch(b: Builder, p: Val) -> None:
-    """A read prefetch of ``p``'s line (into L2 and the last level; not L1, which the panel in use holds)."""
+def prefetch(b: Builder, p: Val, locality: int = L2_LOCALITY) -> None:
+    """A read prefetch of ``p``'s line (by default into L2 and the last level; not L1, which the panel in use
+    holds)."""
     b.call(declare(b.module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32]),
-           [p, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
+           [p, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1)])
 
 
 def write_prefetch(b: Builder, p: Val) -> None:
@@ -498,7 +507,7 @@ def ahead_every(tiling: Tiling) -> int:
 
 def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, lanes: int, tile_stride: int,
                    valid_last: int | None, ahead_every: int = 0, a_stride: int | None = None,
-                   read_ahead: bool = False) -> ir.Function:
+                   read_ahead: bool = False, ahead_locality: int = L2_LOCALITY) -> ir.Function:
     """The micro-kernel as a function, one per tile shape and operand kind in a module (every
     kernel of a model shares it, so LLVM optimizes and compiles it once). It adds
     ``count`` steps of A x B to the ``mr x nv`` vectors at ``tile`` (or starts from zero).
@@ -507,7 +516,7 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
     name = f"cuvil.micro.{a_kind}.{b_kind}.{mr}x{nv}x{lanes}.s{tile_stride}" + \
         (f".a{a_stride}" if a_kind == "packed" and a_stride != mr else "") + \
         (f".v{valid_last}" if valid_last is not None else "") + (f".ahead{ahead_every}" if ahead_every else "") + \
-        (".ra" if read_ahead else "") + \
+        (".nta" if ahead_every and ahead_locality != L2_LOCALITY else "") + (".ra" if read_ahead else "") + \
         (".bf16x2" if paired() else "" if fused() else ".unfused")
     found = mod.globals.get(name)
     if isinstance(found, ir.Function):
@@ -544,7 +553,8 @@ def micro_function(mod: ir.Module, a_kind: str, b_kind: str, mr: int, nv: int, l
             init.append(b.select(accumulate, old, zero))
     assert not read_ahead or a_kind in ("rows", "rowtable"), "only rows read in place read ahead"
     acc = micro_kernel(b, a, bb, mr, nv, lanes, count, init, ahead=ahead_ptr if ahead_every else None,
-                       ahead_every=max(1, ahead_every), read_ahead=read_ahead_ptr if read_ahead else None)
+                       ahead_every=max(1, ahead_every), read_ahead=read_ahead_ptr if read_ahead else None,
+                       ahead_locality=ahead_locality)
     for i in range(mr):
         for j in range(nv):
             b.store(acc[i * nv + j], fgep(b, tile, i * tile_stride + j * lanes), align=64)
@@ -961,6 +971,7 @@ class GemmCore:
         self.rows_outer = False  # tile rows outside the column tiles in a block (B read in place, or by a table)
         self.read_ahead = 0  # A rows read in place: fetch, step by step, the element this many floats past row 0's
         self.ahead_every = ahead_every(tiling)
+        self.ahead_locality = L2_LOCALITY  # of the fetches of the packed B panels to come
         t = tiling
         self.mt = ceil_div(m, t.mr)
         self.nt = ceil_div(n, t.nr)
@@ -1075,7 +1086,7 @@ class GemmCore:
                     reads_ahead = self.read_ahead > 0 and a_in_place
                     fn = micro_function(ctx.fn.module, a.kind, bb.kind, height, nv, lanes, nr, valid,
                                         self.ahead_every if ahead is not None else 0, a_stride=t.mr,
-                                        read_ahead=reads_ahead)
+                                        read_ahead=reads_ahead, ahead_locality=self.ahead_locality)
                     null = ir.Constant(PTR, None)
                     if a_in_place:
                         rows = a.ptr
