@@ -7,17 +7,22 @@ copies whole rows of every channel into its padded copy. Between two such kernel
 choose: nothing else reads the value. So a value is kept channels-last exactly when its producer and every
 reader are kernels that index it so, and every read of it is one they address by the output element's flat
 index (the conv's input, or an epilogue operand of the output's shape read at the element's own place, in a
-kernel whose output is channels-last too, so that the flat index means the same element in both). Values that
-leave the function, views of memory and everything a rule nest or another kernel reads stay row-major.
+kernel whose output is channels-last too, so that the flat index means the same element in both). A max pool
+(:class:`~cuvil.codegen.kernels.pool.MaxPoolKernel`) may produce such a value too: it reads its input row-major
+and stores its output channels-last, a group of channels at a time (ResNet's stem pool feeds its first stage so).
+Values that leave the function, views of memory and everything a rule nest or another kernel reads stay
+row-major.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import dataclasses
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 
 from cuvil.codegen.kernels.base import Kernel
 from cuvil.codegen.kernels.conv import ConvKernel
 from cuvil.codegen.kernels.epilogue import at_own_place
+from cuvil.codegen.kernels.pool import MaxPoolKernel
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.rulewalk import walk_exprs
@@ -25,6 +30,9 @@ from cuvil.ir.values import Value
 
 CHANNELS_LAST = True
 """Whether libraries keep activations between position-row convolutions channels-last (tests compare both)."""
+
+POOLS = True
+"""Whether a max pool may store its output channels-last for position-row convolutions that read it."""
 
 PADDED_OUTPUTS = True
 """Whether a channels-last value with one padding reader is stored in that reader's padded layout (:func:`lay_out`)."""
@@ -41,6 +49,10 @@ def _uses(steps: Sequence[Value]) -> dict[Value, list[tuple[Value, int]]]:
 
 def _conv(kernel: Kernel | None) -> ConvKernel | None:
     return kernel if isinstance(kernel, ConvKernel) and kernel.can_be_channels_last() else None
+
+
+def _pool(kernel: Kernel | None) -> MaxPoolKernel | None:
+    return kernel if POOLS and type(kernel) is MaxPoolKernel and kernel.can_store_channels_last() else None
 
 
 def _loads(kernel: ConvKernel, position: int) -> list[R.Load]:
@@ -65,7 +77,7 @@ def channels_last_values(steps: Sequence[Value], tuned: Mapping[Value, Kernel], 
     if not CHANNELS_LAST:
         return set()
     uses = _uses(steps)
-    chosen = {v for v in steps if (k := _conv(tuned.get(v))) is not None and v not in keep
+    chosen = {v for v in steps if (k := _conv(tuned.get(v)) or _pool(tuned.get(v))) is not None and v not in keep
               and k.out_type.dtype == DType.f32 and k.out_type.rank == 4}
 
     def readable(v: Value) -> bool:
@@ -82,6 +94,8 @@ def channels_last_values(steps: Sequence[Value], tuned: Mapping[Value, Kernel], 
         return True
 
     def consistent(u: Value) -> bool:
+        if _pool(tuned.get(u)) is not None:  # it reads no operand at the output's flat index
+            return True
         k = _conv(tuned.get(u))
         return k is not None and all(k_op in chosen for j in _flat_operands(k) for k_op in [u.operands[j]])
 
@@ -93,13 +107,18 @@ def channels_last_values(steps: Sequence[Value], tuned: Mapping[Value, Kernel], 
     return chosen
 
 
-def lay_out(steps: Sequence[Value], tuned: Mapping[Value, Kernel], keep: Collection[Value]) -> dict[Value, int]:
-    """Choose the channels-last values and tell their producers' and readers' kernels. A value whose one reader
+def lay_out(steps: Sequence[Value], tuned: MutableMapping[Value, Kernel], keep: Collection[Value]
+            ) -> dict[Value, int]:
+    """Choose the channels-last values and tell their producers' and readers' kernels (a max pool's kernel is
+    replaced by its channels-last one). A value whose one reader
     is a conv that pads it (stride 1, one copy of the plane) and whose producer reads no operand at the output's
     flat index is stored straight into that reader's padded layout, and the reader copies nothing: returns
     those values' sizes in bytes (larger than their types'), for the memory plan."""
     chosen = channels_last_values(steps, tuned, keep)
     for v in steps:
+        if v in chosen and (pool := _pool(tuned.get(v))) is not None:
+            tuned[v] = dataclasses.replace(pool, out_last=True)
+            continue
         k = _conv(tuned.get(v))
         if k is None:
             continue

@@ -3,10 +3,11 @@
 A layout is a choice of where the elements live, never of what they are: a library built with the channels-last
 layouts must compute every output bit for bit as the one built without them, and as the rule says. The random
 graphs chain convolutions of every geometry the position-row schedule takes (strides, paddings, dilations,
-widths that are not a vector's multiple, batches) with residual adds, ReLUs, readers that need the row-major
-layout (a max pool, a 1x1 convolution read in place), values read twice and values that are also outputs, on one
-and two threads, and each library runs twice (the padding a producer writes must be rewritten on every run, in
-arena memory other values share). The rule tests name the layout each kernel takes in the cases that decide it.
+widths that are not a vector's multiple, batches) with residual adds, ReLUs, max pools (which read row-major and
+may store channels-last), readers that need the row-major layout (a max pool, a 1x1 convolution read in place),
+values read twice and values that are also outputs, on one and two threads, and each library runs twice (the
+padding a producer writes must be rewritten on every run, in arena memory other values share). The rule tests
+name the layout each kernel takes in the cases that decide it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ CONVS: list[dict[str, Any]] = [
     {"k": 5, "pads": 2}, {"k": 3, "pads": 2, "dilations": 2}, {"k": 3, "pads": 0}, {"k": 3, "pads": 1, "bias": 0},
 ]
 """Convolution geometries the random graphs draw from (the first, most common one twice)."""
+
+POOLS: list[dict[str, Any]] = [
+    {"kernel": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)},
+    {"kernel": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)},
+    {"kernel": (2, 2), "strides": (2, 2), "pads": (0, 0, 0, 0)},
+    {"kernel": (3, 2), "strides": (1, 2), "pads": (0, 1, 2, 0)},
+]
+"""Max pool windows the random graphs draw from (ResNet's stem pool second)."""
 
 
 def _f32(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
@@ -60,8 +69,8 @@ class Graph:
 
 
 def _random_graph(seed: int) -> tuple[Module, list[np.ndarray]]:
-    """A chain of convolutions (the first two always a same-size pair) with residual adds where shapes allow,
-    now and then a max pool, a 1x1 convolution, a value read twice or an intermediate output."""
+    """A chain of convolutions (the first two always a same-size pair, often then a max pool) with residual adds
+    where shapes allow, now and then a max pool, a 1x1 convolution, a value read twice or an intermediate output."""
     rng = np.random.default_rng(seed)
     batch = int(rng.choice([1, 2]))
     side = int(rng.choice([7, 9, 12, 14]))
@@ -70,13 +79,16 @@ def _random_graph(seed: int) -> tuple[Module, list[np.ndarray]]:
     v = g.conv(g.x, width, pads=1)
     v = g.conv(v, width, pads=1, relu=bool(rng.integers(2)))
     live = [g.x, v]
+    if rng.random() < 0.6:  # a pool that convolutions and their residuals read (ResNet's stem pool)
+        v = g.b.max_pool(v, **POOLS[int(rng.integers(len(POOLS)))])
+        live.append(v)
     for _ in range(int(rng.integers(3, 7))):
         roll = rng.random()
-        if roll < 0.1 and int(v.type.shape[2]) >= 4:  # a row-major reader
-            v = g.b.max_pool(v, kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1))
-        elif roll < 0.2:  # a 1x1 convolution reads its input in place
+        if roll < 0.2 and int(v.type.shape[2]) >= 6:  # reads row-major; may store channels-last
+            v = g.b.max_pool(v, **POOLS[int(rng.integers(len(POOLS)))])
+        elif roll < 0.3:  # a 1x1 convolution reads its input in place
             v = g.conv(v, int(rng.choice([16, 40])), k=1)
-        elif roll < 0.3:
+        elif roll < 0.4:
             g.results.append(v)  # an intermediate output
         else:
             geometry = dict(CONVS[int(rng.integers(len(CONVS)))])
@@ -203,3 +215,56 @@ def test_taps_past_the_plane_read_zeros(side: int, width: int, batch: int, monke
     assert _same_bits(got, _build(module, False, monkeypatch).run([x]))
     for gv, w in zip(got, rule_reference(module, [x]), strict=True):
         assert_close(gv, w, width * 9, f"{side}x{side}x{width}")
+
+
+def _layouts(module: Module, monkeypatch: pytest.MonkeyPatch, x: np.ndarray) -> list[str]:
+    """Every tuned kernel's name in run order, after checking the library against the row-major one on ``x``."""
+    last = _build(module, True, monkeypatch)
+    assert _same_bits(last.run([x]), _build(module, False, monkeypatch).run([x]))
+    return [k for k in last.manifest["kernels"] if k != "view"]
+
+
+def _pool_graph(width: int, read_by: str) -> Graph:
+    """A stride-2 max pool read by a pair of convolutions (the second adding the pool as its residual, ResNet's
+    first block) and, per ``read_by``, by nothing else, by the function's outputs, or by a 1x1 convolution."""
+    g = Graph(np.random.default_rng(width), (2, width, 15, 15))
+    p = g.b.max_pool(g.x, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    g.results.append(g.conv(g.conv(g.conv(p, width, pads=1), width, pads=1, residual=p), width, pads=1))
+    if read_by == "output":
+        g.results.append(p)
+    elif read_by == "1x1":
+        g.results.append(g.conv(p, 16, k=1))
+    return g
+
+
+@pytest.mark.parametrize("width, read_by, pool", [
+    (32, "", "max_pool.rows.olast"), (64, "", "max_pool.rows.olast"), (24, "", "max_pool.rows"),
+    (32, "output", "max_pool.rows"), (32, "1x1", "max_pool.rows")])
+def test_a_max_pool_stores_channels_last_for_convolutions(width: int, read_by: str, pool: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A max pool reads row-major and stores channels-last, whole groups of 16 channels at a time, where every
+    reader is a position-row convolution (its input, or the residual of a channels-last sum), and the block it
+    feeds is then channels-last from its start; read otherwise (an output, a 1x1 convolution), or of channels
+    that are no whole groups, it stays row-major, and so do the sums that add it."""
+    g = _pool_graph(width, read_by)
+    names = _layouts(g.module(), monkeypatch, _f32(np.random.default_rng(1), 2, width, 15, 15))
+    assert names[0] == pool
+    convs = [_suffix(k) for k in names if k.startswith("conv.") and ".t." in k][:3]
+    want = ["xolast.opad", "xolast.xpad", "xlast"] if pool.endswith("olast") else ["olast.opad", "xlast.xpad", ""]
+    assert convs == want
+
+
+def test_a_channels_last_pool_keeps_the_first_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The channels-last pool folds each window as the row-major one does: NaNs of distinct payloads in one
+    window (the first in the rule's order is kept and reaches the convolutions' sums), ties of signed zeros and
+    -inf rows; the library's outputs are those of the row-major build bit for bit."""
+    g = _pool_graph(32, "")
+    x = np.zeros((2, 32, 15, 15), np.float32)
+    x[:, ::2] = -0.0
+    x[0, 3] = -np.inf
+    bits = x.view(np.uint32)
+    for at, payload in (((0, 5, 4, 4), 0x7FC00001), ((0, 5, 4, 5), 0x7FC00002), ((1, 7, 0, 0), 0xFFC00003),
+                        ((1, 7, 1, 0), 0x7FC00004)):
+        bits[at] = payload
+    names = _layouts(g.module(), monkeypatch, x)
+    assert names[0] == "max_pool.rows.olast"

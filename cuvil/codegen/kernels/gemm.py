@@ -1213,12 +1213,12 @@ def store_rows(ctx: Ctx, epi: EpilogueEmitter, tile: Val, tile_stride: int, rows
             for_range(b, 0, cols, "col", col)
 
         for_range(b, 0, rows, "row", in_place, hints=OUTER_ONLY)
-        _store_transposed(b, epi.out.ptr, tile, tile_stride, rows, cols, lambda j: flat_of(const(0), j), tile_rows)
+        store_transposed(b, epi.out.ptr, tile, tile_stride, rows, cols, lambda j: flat_of(const(0), j), tile_rows)
         return
     if tile_rows is not None and IN_PLACE_COLUMNS and reads_in_place_along(epi, row_axes):
         width = 1 << (tile_rows - 1).bit_length()
         columns = ctx.entry_alloca(ir.ArrayType(F32, tile_stride * width), "columns")
-        _store_transposed(b, columns, tile, tile_stride, rows, cols, lambda j: b.mul(j, const(width)), tile_rows)
+        store_transposed(b, columns, tile, tile_stride, rows, cols, lambda j: b.mul(j, const(width)), tile_rows)
 
         def down(j: Val) -> None:
             def element(i: Val) -> None:
@@ -1349,7 +1349,7 @@ def _transpose8(b: Builder, rows: Sequence[Val]) -> list[Val]:
     return [cast(Val, col) for col in columns]
 
 
-def _store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: int | Val, cols: int | Val,
+def store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: int | Val, cols: int | Val,
                       column_at: Callable[[Val], Val], max_rows: int) -> None:
     """``out[column_at(j) + i] = tile[i][j]`` for ``i < rows <= max_rows``, ``j < cols``: every
     :data:`TRANSPOSE_GROUP` columns are read as one vector per tile row, shuffled into one vector per
