@@ -1148,13 +1148,7 @@ def test_rows_read_ahead_changes_no_bit(monkeypatch):
         flags.clear()
         builds[ahead] = compile(module, cache=False, threads=2)
         assert flags and all(flags) == bool(ahead) and any(flags) == bool(ahead), (ahead, flags)
-    plain = builds[0].run(c.inputs)
-    want = rule_reference(module, c.inputs)
-    for ahead, model in builds.items():
-        assert model.manifest is not None and all(".t." in k for k in model.manifest["kernels"] if k != "view")
-        for g, p, w, label, k in zip(model.run(c.inputs), plain, want, c.labels, c.reductions, strict=True):
-            assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), (ahead, label)
-            assert_close(g, w, k, label)
+    _position_rows_same_bits(builds, builds[0], c, module)
 
 
 def test_streamed_weights_fetched_once_changes_no_bit(monkeypatch):
@@ -1185,12 +1179,18 @@ def test_streamed_weights_fetched_once_changes_no_bit(monkeypatch):
         localities.clear()
         builds[once] = compile(module, cache=False, threads=2)
         assert set(localities) == ({gemm.STREAMED_LOCALITY, gemm.L2_LOCALITY} if once else {gemm.L2_LOCALITY})
-    plain = builds[False].run(c.inputs)
+    _position_rows_same_bits(builds, builds[False], c, module)
+
+
+def _position_rows_same_bits(builds: dict[Any, Any], plain: Any, c: Cases, module: Any) -> None:
+    """Every build runs its convolutions with positions as rows and computes ``plain``'s outputs bit for bit,
+    which match the rule."""
+    base = plain.run(c.inputs)
     want = rule_reference(module, c.inputs)
-    for once, model in builds.items():
+    for key, model in builds.items():
         assert model.manifest is not None and all(".t." in k for k in model.manifest["kernels"] if k != "view")
-        for g, p, w, label, k in zip(model.run(c.inputs), plain, want, c.labels, c.reductions, strict=True):
-            assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), (once, label)
+        for g, p, w, label, k in zip(model.run(c.inputs), base, want, c.labels, c.reductions, strict=True):
+            assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), (key, label)
             assert_close(g, w, k, label)
 
 

@@ -28,7 +28,8 @@ class Kernel(Protocol):
 
 
 class ReadsEveryOperand:
-    """For kernels that read every operand as it is and need no scratch (no packed constants)."""
+    """For kernels that read every operand as it is (no packed constants) and, unless they say otherwise, need no
+    scratch."""
 
     @property
     def unused_operands(self) -> frozenset[int]:

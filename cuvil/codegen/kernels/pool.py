@@ -22,7 +22,8 @@ max pool stores channels-last: per group of :data:`CHANNEL_GROUP` channels, each
 NCHW place in scratch, then the group stored transposed, one vector of sixteen channels per output position.
 ResNet-18, one thread, two profiled builds called in turn: the pool 0.19 -> 0.23 ms, the first block's two
 sums 2.09 -> 2.03-2.04 ms each (no transposed store, the residual read channels-last) and the layers after
-them 0.01-0.02 faster. Making each output row of the group's channels in turn (each input row's maxima kept in
+them 0.01-0.02 faster; whole calls (eight rounds of 30 each) 33.13 -> 33.04 ms, two threads (six rounds)
+16.75 -> 16.68. Making each output row of the group's channels in turn (each input row's maxima kept in
 a ring, no scratch) read sixteen planes at once and took the pool to 0.24-0.34 ms; groups of 8, 32 and 64
 planes measured slower than 16.
 """
@@ -76,8 +77,8 @@ ROWS_MAX_BYTES = 64 * 1024
 """Bound on the stack a chunk's row maxima take (:meth:`MaxPoolKernel._rows_then_columns`)."""
 
 CHANNEL_GROUP = 16
-"""Channels a channels-last max pool computes together (:meth:`MaxPoolKernel._channel_groups`): one output row
-of each, transposed into one vector per output position."""
+"""Channels a channels-last max pool computes together (:meth:`MaxPoolKernel._channel_groups`): their planes, then
+one vector of them per output position."""
 
 PADDED_MAX_BYTES = 64 * 1024
 """Bound on the stack a plane's padded copy takes (:meth:`WindowsAlongRows._pad_plane`); a larger plane's
