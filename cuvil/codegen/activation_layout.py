@@ -110,10 +110,10 @@ def channels_last_values(steps: Sequence[Value], tuned: Mapping[Value, Kernel], 
 def lay_out(steps: Sequence[Value], tuned: MutableMapping[Value, Kernel], keep: Collection[Value]
             ) -> dict[Value, int]:
     """Choose the channels-last values and tell their producers' and readers' kernels (a max pool's kernel is
-    replaced by its channels-last one). A value whose one reader
-    is a conv that pads it (stride 1, one copy of the plane) and whose producer reads no operand at the output's
-    flat index is stored straight into that reader's padded layout, and the reader copies nothing: returns
-    those values' sizes in bytes (larger than their types'), for the memory plan."""
+    replaced by its channels-last one). A value whose one reader is a conv that pads it (stride 1, one copy of
+    the plane) and whose producer, a conv, reads no operand at the output's flat index is stored straight into
+    that reader's padded layout, and the reader copies nothing: returns those values' sizes in bytes (larger
+    than their types'), for the memory plan."""
     chosen = channels_last_values(steps, tuned, keep)
     for v in steps:
         if v in chosen and (pool := _pool(tuned.get(v))) is not None:

@@ -1350,7 +1350,7 @@ def _transpose8(b: Builder, rows: Sequence[Val]) -> list[Val]:
 
 
 def store_transposed(b: Builder, out: Val, tile: Val, tile_stride: int, rows: int | Val, cols: int | Val,
-                      column_at: Callable[[Val], Val], max_rows: int) -> None:
+                     column_at: Callable[[Val], Val], max_rows: int) -> None:
     """``out[column_at(j) + i] = tile[i][j]`` for ``i < rows <= max_rows``, ``j < cols``: every
     :data:`TRANSPOSE_GROUP` columns are read as one vector per tile row, shuffled into one vector per
     column and stored with ``rows`` lanes enabled; the columns past the last whole group one element at a time."""
