@@ -149,6 +149,37 @@ def test_gemm_odd_sizes_activation_rhs():
     assert {name.rsplit(".", 1)[-1] for name in manifest["kernels"]} == {"direct_b", "pack_b"}
 
 
+def test_panels_packed_at_run_time_whole_or_partial(monkeypatch):
+    """A 1x1 convolution whose channel planes lie far apart packs its B panels at run time: a whole panel's rows
+    are copied at their known length, a partial last panel's at its width with zeros after; both give the bits
+    of the copy of any length, and the rule's values (planes of 1,155 and 1,280 positions, two images)."""
+    import cuvil.codegen.kernels.conv as conv
+
+    c = Cases()
+    for xs, ws in [((1, 64, 33, 35), (80, 64, 1, 1)), ((2, 48, 32, 40), (96, 48, 1, 1))]:
+        x = c.input(_f32(*xs))
+        c.add(f"conv x{xs} w{ws}", c.b.conv(x, c.b.const(_f32(*ws))), ws[1])
+    module = c.module()
+    packs: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        packs.append(1)
+        return pack(*args, **kwargs)
+
+    pack = gemm.pack_panel
+    monkeypatch.setattr(conv, "pack_panel", counting)
+    builds = {}
+    for whole in (True, False):
+        monkeypatch.setattr(gemm, "WHOLE_PANEL_ROWS", whole)
+        builds[whole] = compile(module, cache=False)
+    assert len(packs) == 4, packs  # each convolution packs at run time, in both builds
+    want = rule_reference(module, c.inputs)
+    for g, p, w, label, k in zip(builds[True].run(c.inputs), builds[False].run(c.inputs), want, c.labels,
+                                 c.reductions, strict=True):
+        assert np.array_equal(g.view(np.uint32), p.view(np.uint32)), label
+        assert_close(g, w, k, label)
+
+
 def test_batched_matmul_broadcasting():
     c = Cases()
     _matmul_case(c, 5, 19, 7, const_b=True, a_batch=(3,))
