@@ -161,13 +161,7 @@ def test_panels_packed_at_run_time_whole_or_partial(monkeypatch):
         c.add(f"conv x{xs} w{ws}", c.b.conv(x, c.b.const(_f32(*ws))), ws[1])
     module = c.module()
     packs: list[int] = []
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        packs.append(1)
-        return pack(*args, **kwargs)
-
-    pack = gemm.pack_panel
-    monkeypatch.setattr(conv, "pack_panel", counting)
+    monkeypatch.setattr(conv, "pack_panel", _noting(gemm.pack_panel, lambda *_, **__: packs.append(1)))
     builds = {}
     for whole in (True, False):
         monkeypatch.setattr(gemm, "WHOLE_PANEL_ROWS", whole)
@@ -1172,7 +1166,8 @@ def test_rows_read_ahead_changes_no_bit(monkeypatch):
     monkeypatch.setattr(conv.ConvKernel, "positions_as_rows", True)
     monkeypatch.setattr(conv, "ROWS_AHEAD_MIN_PLANE", 1)
     flags: list[bool] = []
-    monkeypatch.setattr(gemm, "micro_function", _noting_read_ahead(gemm.micro_function, flags))
+    monkeypatch.setattr(gemm, "micro_function", _noting(
+        gemm.micro_function, lambda *_, **kwargs: flags.append(bool(kwargs.get("read_ahead", False)))))
     builds = {}
     for ahead in (gemm.LINE_FLOATS, 0):
         monkeypatch.setattr(conv, "ROWS_AHEAD_FLOATS", ahead)
@@ -1197,13 +1192,11 @@ def test_streamed_weights_fetched_once_changes_no_bit(monkeypatch):
     module = c.module()
     localities: list[int] = []
 
-    def noting(*args: Any, **kwargs: Any) -> Any:
-        if (args[8] if len(args) > 8 else kwargs.get("ahead_every", 0)):  # it fetches panels ahead
+    def note(*args: Any, **kwargs: Any) -> None:
+        if args[8] if len(args) > 8 else kwargs.get("ahead_every", 0):  # it fetches panels ahead
             localities.append(kwargs.get("ahead_locality", gemm.L2_LOCALITY))
-        return make(*args, **kwargs)
 
-    make = gemm.micro_function
-    monkeypatch.setattr(gemm, "micro_function", noting)
+    monkeypatch.setattr(gemm, "micro_function", _noting(gemm.micro_function, note))
     builds = {}
     for once in (True, False):
         monkeypatch.setattr(conv, "STREAMED_WEIGHTS_ONCE", once)
@@ -1225,10 +1218,10 @@ def _position_rows_same_bits(builds: dict[Any, Any], plain: Any, c: Cases, modul
             assert_close(g, w, k, label)
 
 
-def _noting_read_ahead(make: Callable[..., Any], flags: list[bool]) -> Callable[..., Any]:
-    """``gemm.micro_function`` that notes whether each micro-kernel it makes reads rows ahead."""
+def _noting(make: Callable[..., Any], note: Callable[..., None]) -> Callable[..., Any]:
+    """``make`` that first hands each call's arguments to ``note`` (what a kernel asked its helpers for)."""
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        flags.append(bool(kwargs.get("read_ahead", False)))
+        note(*args, **kwargs)
         return make(*args, **kwargs)
 
     return wrapped

@@ -917,20 +917,22 @@ threads unchanged."""
 def pack_panel(b: Builder, src: Val, row_stride: Val, kn: Val, cols: Val, panel: Val, nr: int) -> None:
     """``panel[kk][j] = src[kk * row_stride + j]`` for ``kk < kn``, ``j < cols``, and 0 for ``cols <= j
     < nr``: a B panel whose rows lie ``row_stride`` apart, copied at run time (zero padded)."""
-    def row(kk: Val, width: Val | int) -> None:
-        s_row = fgep(b, src, b.mul(kk, row_stride))
-        d_row = fgep(b, panel, b.mul(kk, const(nr)))
-        for_range(b, 0, width, "bp", lambda j: b.store(b.load(fgep(b, s_row, j), typ=F32, align=4),
-                                                      fgep(b, d_row, j), align=4))
-        if not isinstance(width, int):
-            for_range(b, width, nr, "bz", lambda j: b.store(ir.Constant(F32, 0.0), fgep(b, d_row, j), align=4))
+    def rows(width: Val | int) -> None:
+        """Every row, ``width`` floats copied (and, at a width known only at run time, zeros to ``nr``)."""
+        def row(kk: Val) -> None:
+            s_row = fgep(b, src, b.mul(kk, row_stride))
+            d_row = fgep(b, panel, b.mul(kk, const(nr)))
+            for_range(b, 0, width, "bp", lambda j: b.store(b.load(fgep(b, s_row, j), typ=F32, align=4),
+                                                          fgep(b, d_row, j), align=4))
+            if not isinstance(width, int):
+                for_range(b, width, nr, "bz", lambda j: b.store(ir.Constant(F32, 0.0), fgep(b, d_row, j), align=4))
 
-    if not WHOLE_PANEL_ROWS:
-        for_range(b, 0, kn, "bk", lambda kk: row(kk, cols), hints=NO_UNROLL)
-        return
-    if_else(b, b.icmp_signed("==", cols, const(nr)), "wholepanel",
-            lambda: for_range(b, 0, kn, "bk", lambda kk: row(kk, nr), hints=NO_UNROLL),
-            lambda: for_range(b, 0, kn, "bk", lambda kk: row(kk, cols), hints=NO_UNROLL))
+        for_range(b, 0, kn, "bk", row, hints=NO_UNROLL)
+
+    if WHOLE_PANEL_ROWS:
+        if_else(b, b.icmp_signed("==", cols, const(nr)), "wholepanel", lambda: rows(nr), lambda: rows(cols))
+    else:
+        rows(cols)
 
 
 def ceil_div(x: Dim, d: int) -> Dim:
