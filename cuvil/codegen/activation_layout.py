@@ -134,7 +134,8 @@ def lay_out(steps: Sequence[Value], tuned: MutableMapping[Value, Kernel], keep: 
             continue
         (u, j), = uses[v]
         reader = _conv(tuned.get(u))
-        if reader is None or j != reader.c.lhs or _loads(reader, j) or (plane := reader.padded_plane()) is None:
+        if reader is None or j != reader.c.lhs or _loads(reader, j) or (plane := reader.padded_plane()) is None \
+                or not k.can_store_padded(plane):
             continue
         k.store_padded(plane)
         reader.read_padded()

@@ -202,6 +202,20 @@ def test_two_threads_read_bands_channels_last(monkeypatch: pytest.MonkeyPatch) -
     assert [_suffix(k) for k in names] == ["olast", "xolast", "xlast"]
 
 
+def test_a_producer_in_bands_stores_channels_last_for_a_reader_that_pads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On two threads a convolution that runs in bands, read by one that would take the shared padded layout
+    (stride 1, one copy of its plane, not in bands itself), stores plain channels-last and its reader copies it:
+    the padded store is made for a whole plane's tiles (it was once asked of a producer in bands, and failed)."""
+    g = Graph(np.random.default_rng(6), (2, 3, 14, 24))
+    w1 = g.b.const(_f32(g.rng, 16, 3, 7, 7, scale=0.1))
+    a = g.b.relu(g.b.conv(g.x, w1, pads=(6, 5, 6, 5), strides=(1, 1), dilations=(2, 2)))
+    w2 = g.b.const(_f32(g.rng, 48, 16, 5, 5, scale=0.05))
+    g.results.append(g.b.conv(a, w2, pads=(1, 3, 1, 3), strides=(1, 1), dilations=(2, 2)))
+    names = _kernels(g.module(), monkeypatch, threads=2)
+    assert ".b" in names[0] and ".b" not in names[1], names
+    assert [_suffix(k) for k in names] == ["olast", "xlast"]
+
+
 @pytest.mark.parametrize("side, width, batch", [(5, 80, 1), (7, 128, 2), (7, 80, 1), (4, 256, 1)])
 def test_taps_past_the_plane_read_zeros(side: int, width: int, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last position's taps read a column past its plane row's end (rows share their padding columns), a

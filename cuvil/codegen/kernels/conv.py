@@ -432,9 +432,14 @@ class ConvKernel:
         assert self.padded_plane() is not None
         self.in_padded = True
 
+    def can_store_padded(self, plane: PaddedPlane) -> bool:
+        """Whether :meth:`store_padded` applies: a channels-last output of ``plane``'s channels, not computed in
+        bands (as a large plane is on two threads: the padded store is made and tested for a whole plane's tiles)."""
+        return self.out_last and plane.channels == self.g.c_out and not self.band_rows
+
     def store_padded(self, plane: PaddedPlane) -> None:
         """Store the (channels-last) output as ``plane`` lays it out, its padding and slack zeroed every run."""
-        assert self.out_last and plane.channels == self.g.c_out and not self.band_rows
+        assert self.can_store_padded(plane)
         self.out_padded = plane
 
     @property
