@@ -111,9 +111,9 @@ def lay_out(steps: Sequence[Value], tuned: MutableMapping[Value, Kernel], keep: 
             ) -> dict[Value, int]:
     """Choose the channels-last values and tell their producers' and readers' kernels (a max pool's kernel is
     replaced by its channels-last one). A value whose one reader is a conv that pads it (stride 1, one copy of
-    the plane) and whose producer, a conv, reads no operand at the output's flat index is stored straight into
-    that reader's padded layout, and the reader copies nothing: returns those values' sizes in bytes (larger
-    than their types'), for the memory plan."""
+    the plane) and whose producer, a conv not computed in bands, reads no operand at the output's flat index is
+    stored straight into that reader's padded layout, and the reader copies nothing: returns those values' sizes
+    in bytes (larger than their types'), for the memory plan."""
     chosen = channels_last_values(steps, tuned, keep)
     for v in steps:
         if v in chosen and (pool := _pool(tuned.get(v))) is not None:
