@@ -234,6 +234,25 @@ def test_convolution_pooling_batchnorm() -> None:
     _check(ConvNet().eval(), (_rand(2, 3, 9, 9),))
 
 
+@pytest.mark.parametrize("shape, size", [
+    ((2, 3, 19, 14), (2, 2)),  # windows 10 rows each, overlapping on row 9
+    ((1, 4, 8, 8), (7, 7)),  # VGG's pool on a 256x256 image's 8x8 features
+    ((1, 2, 5, 9), (3, 4)),
+    ((1, 2, 5, 6), (1, 4)),  # one axis divides, the other does not
+    ((1, 2, 7), (3,)),
+    ((1, 2, 5, 6, 7), (2, 3, 4)),
+])
+def test_adaptive_average_pooling_where_the_output_size_does_not_divide_the_input(shape: tuple[int, ...],
+                                                                                  size: tuple[int, ...]) -> None:
+    """torch's windows there are of unequal sizes and may overlap: each output cell averages its own window."""
+    pool = {3: F.adaptive_avg_pool1d, 4: F.adaptive_avg_pool2d, 5: F.adaptive_avg_pool3d}[len(shape)]
+    module = _check(Fn(lambda x: pool(x, size)), (_rand(*shape),))
+    assert "avg_pool" not in {v.op for v in module.main.values()}
+    got = cuvil.compile(Fn(lambda x: pool(x, size)), example_inputs=(_rand(*shape),), cache=False)(
+        _rand(*shape, seed=1).numpy())
+    np.testing.assert_allclose(got, pool(_rand(*shape, seed=1), size).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_layer_norm_with_and_without_affine() -> None:
     torch.manual_seed(0)
     ln = nn.LayerNorm([4, 5])

@@ -10,7 +10,8 @@ import numpy as np
 
 from cuvil.errors import UnsupportedOpError
 from cuvil.frontend.aten_node import AtenCtx, aten_op
-from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to
+from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to, slice_axis
+from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
 from cuvil.ir.values import Value
@@ -219,7 +220,7 @@ def _avg_pool(ctx: AtenCtx) -> Value:
 
 
 @aten_op("_adaptive_avg_pool2d.default", "adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default",
-         "adaptive_avg_pool1d.default", emits=("reduce_mean", "avg_pool"))
+         "adaptive_avg_pool1d.default", emits=("reduce_mean", "avg_pool", "slice", "concat"))
 def _adaptive_avg_pool(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self")
     n = x.type.rank - 2
@@ -227,11 +228,30 @@ def _adaptive_avg_pool(ctx: AtenCtx) -> Value:
     spatial = tuple(x.shape[2:])
     if all(o == 1 for o in out):
         return ctx.b.reduce_mean(x, axes=tuple(range(2, 2 + n)), keepdims=True)
-    if not all(isinstance(s, int) and s % o == 0 for s, o in zip(spatial, out, strict=True)):
-        raise ctx.unsupported(f"output size {list(out)} does not divide input size {list(spatial)}")
-    kernel = tuple(int(s) // o for s, o in zip(spatial, out, strict=True))
-    return ctx.b.avg_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), ceil_mode=False,
-                          count_include_pad=True)
+    if not all(isinstance(s, int) for s in spatial):
+        raise ctx.unsupported(f"output size {list(out)} of a symbolic input size {list(spatial)}")
+    if all(int(s) % o == 0 for s, o in zip(spatial, out, strict=True)):
+        kernel = tuple(int(s) // o for s, o in zip(spatial, out, strict=True))
+        return ctx.b.avg_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), ceil_mode=False,
+                              count_include_pad=True)
+    return _adaptive_cells(ctx.b, x, [int(s) for s in spatial], out)
+
+
+def _adaptive_cells(b: Builder, x: Value, spatial: list[int], out: tuple[int, ...]) -> Value:
+    """Adaptive average pooling where the output size does not divide the input's, as torch defines it: output
+    cell ``i`` of an axis of ``s`` inputs and ``o`` outputs averages inputs ``floor(i s / o) <= r < ceil((i + 1)
+    s / o)`` (windows of unequal sizes, overlapping where ``o`` does not divide ``s``). Each cell is the mean of
+    its window's slice; the cells are concatenated axis by axis, the last axis innermost."""
+    windows = [[(i * s // o, -(-(i + 1) * s // o)) for i in range(o)] for s, o in zip(spatial, out, strict=True)]
+    rank = x.type.rank
+
+    def cells(axis: int, part: Value) -> Value:
+        if axis == rank:
+            return b.reduce_mean(part, axes=tuple(range(2, rank)), keepdims=True)
+        return b.concat(*(cells(axis + 1, slice_axis(b, part, axis, lo, hi)) for lo, hi in windows[axis - 2]),
+                        axis=axis)
+
+    return cells(2, x)
 
 
 @aten_op("scaled_dot_product_attention.default", "_scaled_dot_product_flash_attention_for_cpu.default",
