@@ -1,5 +1,5 @@
 """Random ONNX graphs compiled end to end (import, the O3 pipeline, the tuned kernels and their layouts) on one and
-two threads, against ONNX Runtime.
+two threads, against ONNX Runtime; random PyTorch modules through ``torch.export``, against PyTorch eager.
 
 Two generators draw the graphs from a seed: convolutional ones (convolutions of every geometry the kernels take:
 kernels 1-7, strides, dilations, asymmetric pads, groups and depthwise, then ReLUs, max and average pools with
@@ -8,7 +8,10 @@ value sometimes a second output) and sequence ones (linear layers, attention blo
 erf GELU, transposes, reductions, broadcast adds, slices and gathers). A schedule is chosen per shape and
 thread count, and the layout between kernels per graph, so the graphs reach the combinations no hand-written
 case names: a random graph found a producer in bands asked for its reader's padded layout, which failed the
-compile on two threads. The two libraries must also give the same bits: the pool splits work, never a sum.
+compile on two threads. The two libraries must also give the same bits: the pool splits work, never a sum. The
+PyTorch modules chain convolutions (depthwise, transposed), batch norms, max and adaptive average pools (output
+sizes that do not divide the input's, which the importer once refused), eight activations, residual blocks,
+upsampling and a linear head.
 """
 
 from __future__ import annotations
@@ -217,3 +220,81 @@ def test_random_graphs_agree_with_onnx_runtime(kind: str, seed: int) -> None:
 @pytest.mark.parametrize("seed", range(8, 200))
 def test_more_random_graphs_agree_with_onnx_runtime(kind: str, seed: int) -> None:
     _check(kind, seed)
+
+
+def _torch_module(seed: int) -> tuple[Any, Any]:
+    """A random convolutional ``nn.Module`` (eval mode, batch norms with drawn statistics) and its input."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    channels = int(rng.choice([1, 3, 8]))
+    layers: list[tuple[str, Any]] = []
+    c = channels
+    for _ in range(int(rng.integers(1, 6))):
+        kind = str(rng.choice(["conv", "depthwise", "transposed", "norm", "max", "adaptive", "act", "residual", "up"]))
+        if kind == "conv":
+            k, co = int(rng.choice([1, 3, 5])), int(rng.choice([4, 8, 16, 24]))
+            m = nn.Conv2d(c, co, k, int(rng.choice([1, 2])), k // 2, bias=bool(rng.random() < 0.7))
+            c = co
+        elif kind == "depthwise":
+            m = nn.Conv2d(c, c, 3, 1, 1, groups=c)
+        elif kind == "transposed":
+            co = int(rng.choice([4, 8]))
+            m, c = nn.ConvTranspose2d(c, co, 2, 2), co
+        elif kind == "norm":
+            m = nn.BatchNorm2d(c)
+            with torch.no_grad():
+                m.running_mean.normal_()
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.normal_()
+                m.bias.normal_()
+        elif kind == "max":
+            m = nn.MaxPool2d(int(rng.choice([2, 3])), 2, int(rng.integers(0, 2)), ceil_mode=bool(rng.random() < 0.3))
+        elif kind == "adaptive":
+            m = nn.AdaptiveAvgPool2d(int(rng.choice([1, 2, 3, 5])))
+        elif kind == "act":
+            m = [nn.ReLU(), nn.GELU(), nn.SiLU(), nn.Hardswish(), nn.Sigmoid(), nn.LeakyReLU(0.1), nn.ReLU6(),
+                 nn.Tanh()][int(rng.integers(0, 8))]
+        elif kind == "residual":
+            m = nn.Conv2d(c, c, 3, 1, 1)
+        else:
+            m = nn.Upsample(scale_factor=2, mode=str(rng.choice(["nearest", "bilinear"])))
+        layers.append((kind, m))
+    head = nn.Linear(c, 5) if rng.random() < 0.5 else None
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kinds = [k for k, _ in layers]
+            self.layers = nn.ModuleList(m for _, m in layers)
+            self.head = head
+
+        def forward(self, x: Any) -> Any:
+            for kind, m in zip(self.kinds, self.layers, strict=True):
+                x = x + torch.relu(m(x)) if kind == "residual" else m(x)
+            return x if self.head is None else self.head(x.mean(dim=(2, 3)))
+
+    shape = (int(rng.choice([1, 2])), channels, int(rng.integers(8, 40)), int(rng.integers(8, 40)))
+    return Net().eval(), torch.randn(*shape)
+
+
+def _check_torch(seed: int) -> None:
+    torch = pytest.importorskip("torch")
+    module, x = _torch_module(seed)
+    with torch.no_grad():
+        want = module(x).numpy()
+    one, two = (compile(module, example_inputs=(x,), threads=t, cache=False).run([x.numpy()]) for t in (1, 2))
+    assert_agrees(one, [want])
+    assert same_float32_bits(two[0], one[0]), "two threads changed a bit"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_torch_modules_agree_with_pytorch(seed: int) -> None:
+    _check_torch(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6, 150))
+def test_more_random_torch_modules_agree_with_pytorch(seed: int) -> None:
+    _check_torch(seed)
