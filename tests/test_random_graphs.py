@@ -43,7 +43,7 @@ class _Graph:
         self.count += 1
         return f"t{self.count}"
 
-    def const(self, array: np.ndarray) -> str:
+    def const(self, array: np.ndarray | np.generic) -> str:
         n = self.name()
         self.inits.append(numpy_helper.from_array(np.asarray(array), n))
         return n
@@ -203,8 +203,13 @@ def _check(kind: str, seed: int) -> None:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    want = [np.asarray(y) for y in session.run(None, {"x": x})]
-    one, two = (compile(model, threads=t, cache=False).run([x]) for t in (1, 2))
+    _one_and_two_threads(lambda threads: compile(model, threads=threads, cache=False), x,
+                         [np.asarray(y) for y in session.run(None, {"x": x})])
+
+
+def _one_and_two_threads(build: Callable[[int], Any], x: np.ndarray, want: list[np.ndarray]) -> None:
+    """The library ``build(threads)`` makes on one thread agrees with ``want`` on ``x``; on two, with it bit for bit."""
+    one, two = (build(threads).run([x]) for threads in (1, 2))
     assert_agrees(one, want)
     assert all(same_float32_bits(a, b) for a, b in zip(two, one, strict=True)), "two threads changed a bit"
 
@@ -284,9 +289,8 @@ def _check_torch(seed: int) -> None:
     module, x = _torch_module(seed)
     with torch.no_grad():
         want = module(x).numpy()
-    one, two = (compile(module, example_inputs=(x,), threads=t, cache=False).run([x.numpy()]) for t in (1, 2))
-    assert_agrees(one, [want])
-    assert same_float32_bits(two[0], one[0]), "two threads changed a bit"
+    _one_and_two_threads(lambda threads: compile(module, example_inputs=(x,), threads=threads, cache=False),
+                         x.numpy(), [want])
 
 
 @pytest.mark.parametrize("seed", range(6))
