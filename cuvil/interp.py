@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 
 from cuvil.arrays import as_array
-from cuvil.errors import BudgetError, ConstraintError, InputError, IRError
+from cuvil.errors import BudgetError, ConstraintError, InputError, IRError, ShapeError
 from cuvil.ir.evaluate import evaluate_op, evaluate_rule
 from cuvil.ir.module import Function, Module
 from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
-from cuvil.ir.opdef import get_op
+from cuvil.ir.opdef import OpDef, get_op
+from cuvil.ir.region import Region
 from cuvil.ir.specialize import bind_attr
 from cuvil.ir.types import TensorType, bind_symbols, check_tensor_size
 from cuvil.ir.values import Value
@@ -80,13 +81,30 @@ def evaluate_values(fn: Function, constants: Mapping[str, np.ndarray],
         check_tensor_size(dims, f"the result of {v.op}", v.op)
         out_type = TensorType(v.type.dtype, dims)
         attrs = {k: bind_attr(a, env) for k, a in v.attrs}
+        opdef = get_op(v.op)
+        if env:
+            _check_shape_rule(v, opdef, attrs, out_type, env)
         try:
-            memo[v] = evaluate_op(get_op(v.op), [memo[o] for o in v.operands], attrs, out_type)
+            memo[v] = evaluate_op(opdef, [memo[o] for o in v.operands], attrs, out_type)
         except MemoryError:
             raise BudgetError(f"the reference interpreter ran out of memory evaluating {v.op} -> {out_type}",
                               location=v.op, hint="the interpreter holds every value of the function; "
                                                   "run it on smaller shapes") from None
     return memo
+
+
+def _check_shape_rule(v: Value, opdef: OpDef, attrs: Mapping[str, Any], out_type: TensorType,
+                      env: Mapping[str, int]) -> None:
+    """``v``'s op at the dims bound: its shape rule takes the operands and gives ``out_type``, as a library
+    specialized to these dims checks. Import fixes some attributes from symbolic dims under assumptions (split
+    sizes, slice bounds within the axis); inputs where one fails are refused, not evaluated to other shapes."""
+    if any(isinstance(a, Region) for a in attrs.values()):
+        return
+    got = opdef.infer([TensorType(o.type.dtype, o.type.concrete(env)) for o in v.operands], opdef.check_attrs(attrs))
+    if got != out_type:
+        raise ShapeError(f"{v.op} gives {got} at these input shapes, where the model's types say {out_type}",
+                         location=v.op, hint="the model's symbolic shapes do not hold at these input sizes: "
+                                             "dims " + ", ".join(f"{k}={n}" for k, n in env.items()))
 
 
 def run_function(fn: Function, constants: Mapping[str, np.ndarray],

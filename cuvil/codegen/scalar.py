@@ -312,8 +312,10 @@ class ScalarEmitter:
             return vmath.erf_f32(b, x, self.erf_below)
         if ty == F32 and fn in vmath.FLOAT32_INLINE:
             return vmath.FLOAT32_INLINE[fn](b, x)
-        if fn in _LIBM_UNARY:
-            y = b.call(self._libm(_LIBM_UNARY[fn], ty), [x])
+        if fn in _LIBM_UNARY:  # the double-precision function rounded once, as the interpreter evaluates it
+            y = b.call(self._libm(_LIBM_UNARY[fn], F64), [x if ty == F64 else b.fpext(x, F64)])
+            if ty != F64:
+                y = b.fptrunc(y, ty)
             if fn in _LIBM_DOMAIN:  # outside the domain the rule gives NaN, whatever a target's libm does
                 lo, hi = _LIBM_DOMAIN[fn]
                 outside = b.or_(b.fcmp_ordered("<", x, ir.Constant(ty, lo)),

@@ -265,8 +265,10 @@ class NodeCtx(ConverterCtx[Importer]):
     def attr_float(self, name: str, default: None) -> float | None: ...
 
     def attr_float(self, name: str, default: Any = _MISSING) -> float | None:
+        """A float attribute, or its default as the float32 an ONNX attribute holds (ONNX Runtime reads a
+        float64 LeakyRelu's default alpha as 0.01f, as it reads a written one)."""
         v = self._typed(name, default, lambda v: isinstance(v, (int, float)), "a float")
-        return float(v) if v is not None else v
+        return float(np.float32(v)) if v is not None else v
 
     def attr_str(self, name: str, default: Any = _MISSING) -> str:
         return self._typed(name, default, lambda v: isinstance(v, str), "a string")

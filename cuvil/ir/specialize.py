@@ -87,7 +87,7 @@ def specialize_dims(fn: Function, env: Mapping[str, int]) -> Function:
         if not c.admits(v):
             raise ConstraintError(f"dim {s}={v} violates the constraint {c}", location=fn.name)
     memo: dict[Value, Value] = {}
-    for v in fn.values():
+    for v in [*fn.params, *(v for v in fn.values() if not v.is_param)]:  # a param no result reads is kept too
         memo[v] = _specialize_value(v, memo, env)
         if not v.is_const:
             where = f"input {v.name!r}" if v.is_param else v.op

@@ -442,10 +442,12 @@ def log_softmax(ctx: NodeCtx) -> Value:
     return _softmax_like(ctx, "log_softmax")
 
 
-@onnx_op("Hardmax", emits=("argmax", "one_hot", "reshape"))
+@onnx_op("Hardmax", emits=("argmax", "one_hot", "reshape", "const"))
 def hardmax(ctx: NodeCtx) -> Value:
     """1 at the first maximum along the axis, 0 elsewhere."""
     x = ctx.input(0)
+    if 0 in x.shape:  # no element, so no maximum to mark: the empty result
+        return ctx.b.const(np.zeros(x.shape, dtype=x.dtype.np))
     flat, axis = _flat_2d(ctx, x, ctx.attr_int("axis", -1 if ctx.opset >= 13 else 1))
     depth = flat.shape[axis]
     if not isinstance(depth, int):

@@ -42,7 +42,8 @@ def reduce_simple(ctx: NodeCtx) -> Value:
 
 
 @onnx_op("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
-         emits=("reduce_sum", "reduce_max", "abs", "mul", "sqrt", "log", "exp", "sub", "add", "cast"))
+         emits=("reduce_sum", "reduce_max", "abs", "mul", "sqrt", "log", "exp", "sub", "add", "cast", "isinf", "where",
+                "const"))
 def reduce_composite(ctx: NodeCtx) -> Value:
     """Half-precision inputs are reduced in f32 and the result rounded once, as ONNX Runtime does (a
     sum of squares in f16 would overflow long before its square root does)."""
@@ -67,10 +68,14 @@ def _composite(ctx: NodeCtx, x: Value) -> Value:
         return total(b.mul(x, x))
     if kind == "ReduceLogSum":
         return b.log(total(x))
-    # log(sum(exp(x - max))) + max: the max keeps exp from overflowing
-    top = b.reduce_max(x, axes=axes, keepdims=True)
-    lse = b.log(total(b.exp(b.sub(x, top))))
-    return b.add(lse, top if keepdims else b.reduce_max(x, axes=axes, keepdims=False))
+    # log(sum(exp(x - m))) + m, m the max where it is finite (it keeps exp from overflowing) and else 0:
+    # a slice of -infs then gives log(0) = -inf and one holding +inf gives +inf, not inf - inf = NaN
+    def shift(keep: bool) -> Value:
+        top = b.reduce_max(x, axes=axes, keepdims=keep)
+        return b.where(b.isinf(top), b.scalar(0, top.dtype), top)
+
+    lse = b.log(total(b.exp(b.sub(x, shift(True)))))
+    return b.add(lse, shift(keepdims))
 
 
 @onnx_op("ArgMax", "ArgMin", emits=("argmax", "argmin"))

@@ -13,7 +13,7 @@ from cuvil.frontend.onnx_node import Entity, NodeCtx, SymbolicValueRequired, onn
 from cuvil.frontend.onnx_ops.blocks import static_scalar
 from cuvil.frontend.onnx_ops.fold import floor_of, is_symbolic, require, times
 from cuvil.ir.dtypes import DType
-from cuvil.ir.symbolic import Dim, Sym, dim_bounds, exact_ratio, quotient
+from cuvil.ir.symbolic import Dim, Sym, dim_bounds, exact_ratio, quotient, sym_max, sym_min
 from cuvil.ir.values import Value
 
 
@@ -192,13 +192,26 @@ def squeeze(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
     axes = axes_arg(ctx, 13, 1)
     if axes is None:
-        drop = {k for k, d in enumerate(x.shape) if d == 1}
+        drop = {k for k, d in enumerate(x.shape) if d == 1 or dim_bounds(d) == (1, 1)}
+        for d in x.shape:
+            if not isinstance(d, int) and dim_bounds(d) != (1, 1):
+                _not_one(ctx, d)
     else:
         drop = set(norm_axes(ctx, axes, x.type.rank))
         for k in drop:
             if isinstance(x.shape[k], int) and x.shape[k] != 1:
                 raise ShapeError(f"cannot squeeze axis {k} of size {x.shape[k]}", location=ctx.location)
     return reshaped(ctx, x, [d for k, d in enumerate(x.shape) if k not in drop])
+
+
+def _not_one(ctx: NodeCtx, d: Dim) -> None:
+    """A symbolic dim that Squeeze without axes keeps must not be 1 at any size (ONNX squeezes it away there,
+    changing the rank): where its bounds do not say so, the model is one to import per shape signature."""
+    lo, _ = dim_bounds(d)
+    if lo is not None and lo >= 2:
+        return
+    raise SymbolicValueRequired(f"whether dim {d} is 1 (Squeeze without axes drops the dims that are)",
+                                ctx.location)
 
 
 @onnx_op("Unsqueeze", emits=("reshape",))
@@ -245,12 +258,14 @@ def split(ctx: NodeCtx) -> list[Value]:
         n = ctx.attr_int("num_outputs") if ctx.opset >= 18 and ctx.has_attr("num_outputs") else ctx.num_outputs
         if n < 1:
             raise ctx.unsupported(f"cannot split into {n} pieces")
-        if isinstance(d, int) and d % n:
-            if ctx.opset < 18:
-                raise ShapeError(f"dim {d} does not split into {n} equal pieces", location=ctx.location)
-            chunk = -(-d // n)
-            sizes = [min(chunk, max(d - k * chunk, 0)) for k in range(n)]
-        else:
+        if (d // n) * n == d:  # equal pieces at every size
+            sizes = [d // n] * n
+        elif ctx.opset >= 18:  # pieces of ceil(d / n), then the rest
+            chunk = (d + (n - 1)) // n
+            sizes = [sym_min(chunk, sym_max(d - k * chunk, 0)) for k in range(n)]
+        elif isinstance(d, int):
+            raise ShapeError(f"dim {d} does not split into {n} equal pieces", location=ctx.location)
+        else:  # equal pieces: a size where they miss a part of the axis is refused at run time
             sizes = [d // n] * n
     return [ctx.b.split(x, axis=axis, sizes=sizes, index=k) for k in range(len(sizes))]
 

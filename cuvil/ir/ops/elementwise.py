@@ -114,7 +114,7 @@ def _np_clip(xs: list[np.ndarray], out: TensorType, min: float | None, max: floa
 
 
 def _np_sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-x))
+    return 1 / (1 + numpy_prims.exp(-x))
 
 
 def _np_hardsigmoid(x: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
@@ -123,7 +123,7 @@ def _np_hardsigmoid(x: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.
 
 def _np_gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     if approximate == "tanh":
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+        return 0.5 * x * (1 + numpy_prims.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
     return 0.5 * x * (1 + numpy_prims.erf(x * (1.0 / math.sqrt(2.0))))
 
 
@@ -335,17 +335,18 @@ _EPILOGUE: dict[str, Any] = {"epilogue_fusible": True}
 _SENSITIVE_EPILOGUE: dict[str, Any] = {**_SENSITIVE, **_EPILOGUE}  # erf: GELU written out in a matmul's epilogue
 
 for _name, _np_fn, _doc, _props in [
-        ("exp", np.exp, "e ** x", _SENSITIVE),
-        ("log", np.log, "natural log; log(0) = -inf, log(x < 0) = NaN", _SENSITIVE),
-        ("sqrt", np.sqrt, "square root; NaN for x < 0", _PLAIN), ("tanh", np.tanh, "hyperbolic tangent", _EPILOGUE),
+        ("exp", numpy_prims.exp, "e ** x", _SENSITIVE),
+        ("log", numpy_prims.log, "natural log; log(0) = -inf, log(x < 0) = NaN", _SENSITIVE),
+        ("sqrt", np.sqrt, "square root; NaN for x < 0", _PLAIN),
+        ("tanh", numpy_prims.tanh, "hyperbolic tangent", _EPILOGUE),
         ("erf", numpy_prims.erf, "Gauss error function", _SENSITIVE_EPILOGUE),
-        ("sin", np.sin, "sine", _PLAIN), ("cos", np.cos, "cosine", _PLAIN), ("tan", np.tan, "tangent", _PLAIN),
-        ("asin", np.arcsin, "arc sine; NaN outside [-1, 1]", _PLAIN),
-        ("acos", np.arccos, "arc cosine; NaN outside [-1, 1]", _PLAIN),
-        ("atan", np.arctan, "arc tangent", _PLAIN), ("sinh", np.sinh, "hyperbolic sine", _SENSITIVE),
-        ("cosh", np.cosh, "hyperbolic cosine", _SENSITIVE), ("asinh", np.arcsinh, "inverse hyperbolic sine", _PLAIN),
-        ("acosh", np.arccosh, "inverse hyperbolic cosine; NaN for x < 1", _PLAIN),
-        ("atanh", np.arctanh, "inverse hyperbolic tangent; +-inf at +-1, NaN outside", _PLAIN),
+        *((name, numpy_prims.NUMPY_PRIMITIVES[name], doc, props) for name, doc, props in [
+            ("sin", "sine", _PLAIN), ("cos", "cosine", _PLAIN), ("tan", "tangent", _PLAIN),
+            ("asin", "arc sine; NaN outside [-1, 1]", _PLAIN), ("acos", "arc cosine; NaN outside [-1, 1]", _PLAIN),
+            ("atan", "arc tangent", _PLAIN), ("sinh", "hyperbolic sine", _SENSITIVE),
+            ("cosh", "hyperbolic cosine", _SENSITIVE), ("asinh", "inverse hyperbolic sine", _PLAIN),
+            ("acosh", "inverse hyperbolic cosine; NaN for x < 1", _PLAIN),
+            ("atanh", "inverse hyperbolic tangent; +-inf at +-1, NaN outside", _PLAIN)]),
         ("floor", np.floor, "round toward -inf", _PLAIN), ("ceil", np.ceil, "round toward +inf", _PLAIN)]:
     _unary(_name, lambda x, _p=_name: R.call(_p, x), _np_unary(_np_fn), "float", _doc, **_props)
 

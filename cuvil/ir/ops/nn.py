@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
-from cuvil.ir.numpy_prims import maximum, reduce_axes, sequential_dot, sequential_matmul
+from cuvil.ir.numpy_prims import exp, log, maximum, pow_, reduce_axes, sequential_dot, sequential_matmul
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
 from cuvil.ir.ops.reduce import mean_numpy, round_once, wide_array
 from cuvil.ir.symbolic import Dim, sym_min
@@ -603,8 +603,8 @@ def _lp_pool_numpy(xs: list[np.ndarray], out: TensorType, kernel: tuple[int, ...
     x = xs[0]
     pw = np.asarray(p, dtype=x.dtype)
     total = _tap_reduce(x, out, kernel, strides, pads, dilations, 0, np.add,
-                        pre=lambda a: np.power(np.abs(a), pw))
-    return np.power(total, np.asarray(1.0 / p, dtype=x.dtype))
+                        pre=lambda a: pow_(np.abs(a), pw))
+    return pow_(total, np.asarray(1.0 / p, dtype=x.dtype))
 
 
 define("lp_pool", ("x",), attrs={**_POOL_ATTRS, "p": ("float", 2.0)},
@@ -771,14 +771,14 @@ def _log_softmax_rule(c: R.RuleCtx) -> R.Expr:
 
 def _softmax_numpy(xs: list[np.ndarray], out: TensorType, axis: int) -> np.ndarray:
     x = xs[0].astype(_acc_dtype(xs[0].dtype), copy=False)
-    e = np.exp(x - reduce_axes("max", x, [axis], keepdims=True))
+    e = exp(x - reduce_axes("max", x, [axis], keepdims=True))
     return (e / reduce_axes("sum", e, [axis], keepdims=True)).astype(xs[0].dtype, copy=False)
 
 
 def _log_softmax_numpy(xs: list[np.ndarray], out: TensorType, axis: int) -> np.ndarray:
     x = xs[0].astype(_acc_dtype(xs[0].dtype), copy=False)
     top = reduce_axes("max", x, [axis], keepdims=True)
-    out_ = x - top - np.log(reduce_axes("sum", np.exp(x - top), [axis], keepdims=True))
+    out_ = x - top - log(reduce_axes("sum", exp(x - top), [axis], keepdims=True))
     return out_.astype(xs[0].dtype, copy=False)
 
 
@@ -836,7 +836,7 @@ def _lrn_numpy(xs: list[np.ndarray], out: TensorType, size: int, alpha: float, b
         total += sq[:, k:k + ch]
     dt = x.dtype
     scale = np.asarray(bias, dt) + total * np.asarray(alpha / size, dt)
-    return x / np.power(scale, np.asarray(beta, dt))
+    return x / pow_(scale, np.asarray(beta, dt))
 
 
 define("lrn", ("x",), attrs={"size": ("int", REQUIRED), "alpha": ("float", 1e-4), "beta": ("float", 0.75),

@@ -6,10 +6,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cuvil.errors import ShapeError
 from cuvil.ir import rules as R
 from cuvil.ir.dtypes import DType
 from cuvil.ir.numpy_prims import cast, div, reduce_axes
 from cuvil.ir.opdef import REQUIRED, define, norm_axis
+from cuvil.ir.rules import reduction_identity
 from cuvil.ir.types import TensorType
 
 
@@ -149,6 +151,9 @@ def _arg_type(types: list[TensorType], axis: int, keepdims: bool, select_last_in
     ax = norm_axis(axis, x.rank)
     shape = [1 if k == ax else d for k, d in enumerate(x.shape)] if keepdims else \
         [d for k, d in enumerate(x.shape) if k != ax]
+    if x.rank and x.shape[ax] == 0 and 0 not in shape:
+        raise ShapeError(f"argmax/argmin along axis {ax} of {x}: the axis is empty, so no position holds the "
+                         "extreme", location="argmax", hint="an empty axis has no maximum or minimum to point at")
     return TensorType(DType.i64, tuple(shape))
 
 
@@ -187,6 +192,11 @@ def _arg_numpy(kind: str) -> Callable[..., np.ndarray]:
             ) -> np.ndarray:
         x = xs[0]
         ax = norm_axis(axis, x.ndim)
+        if x.ndim and x.shape[ax] == 0:  # a symbolic axis that is empty at run time: the rule's empty reduction
+            fill = reduction_identity("max" if select_last_index else "min", DType.i64)
+            shape = [1 if k == ax else d for k, d in enumerate(x.shape)]
+            idx = np.full(shape, fill, dtype=np.int64)
+            return idx if keepdims else np.squeeze(idx, axis=ax)
         if select_last_index:
             idx = x.shape[ax] - 1 - fn(np.flip(x, axis=ax), axis=ax, keepdims=True)
         else:

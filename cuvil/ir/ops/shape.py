@@ -226,7 +226,8 @@ def _slice_type(types: list[TensorType], starts: tuple[Dim, ...], ends: tuple[Di
         if isinstance(d, int) and isinstance(s, int) and isinstance(e, int):
             ok = (0 <= s <= d and s <= e <= d) if st > 0 else (-1 <= e <= s <= d - 1 or (d == 0 and s == e == -1))
             if not ok:
-                raise ValueError(f"axis {k}: bounds start={s}, end={e}, step={st} are not normalized for dim {d}")
+                raise ValueError(f"axis {k}: bounds start={s}, end={e}, step={st} do not lie within dim {d} (a "
+                                 "bound on a symbolic axis is taken to lie within it at every size)")
         shape.append(_slice_len(d, s, e, st))
     return x.with_shape(shape)
 
@@ -399,7 +400,13 @@ _NUMPY_MATH = SimpleNamespace(const=np.float64, select=np.where, maximum=np.maxi
 
 def _source_coord(m: Any, o: Any, in_w: Any, out_w: Any, scale: float, mode: str,
                   roi: tuple[float, float]) -> tuple[Any, Any]:
-    """(source coordinate, extrapolated mask or None) of output position ``o`` along one axis."""
+    """(source coordinate, extrapolated mask or None) of output position ``o`` along one axis.
+
+    ``length_resized`` in the specification's formulas is ``in_w * scale`` (it defines ``scale = length_resized /
+    length_original``), fractional where a scale factor gives it, as onnx's reference and its test data read it;
+    ONNX Runtime and PyTorch divide by the whole output length instead, and differ where ``in_w * scale`` is not
+    whole (``align_corners`` at scale 0.6 on 4: a source step of 3 / 1.4, theirs 3). ``pytorch_half_pixel`` at a
+    length of 1 reads position 0, as the formula says (onnx's reference evaluator reads -0.5)."""
     width = in_w * scale
     one = m.eq(width, 1.0)
     if mode == "align_corners":
@@ -409,7 +416,7 @@ def _source_coord(m: Any, o: Any, in_w: Any, out_w: Any, scale: float, mode: str
     if mode == "half_pixel":
         return (o + 0.5) / scale - 0.5, None
     if mode == "pytorch_half_pixel":
-        return m.select(one, m.const(-0.5), (o + 0.5) / scale - 0.5), None
+        return m.select(one, m.const(0.0), (o + 0.5) / scale - 0.5), None
     if mode == "half_pixel_symmetric":
         offset = in_w / 2.0 * (1.0 - out_w / width)
         return offset + (o + 0.5) / scale - 0.5, None
