@@ -205,6 +205,11 @@ class TorchImporter:
         if isinstance(x, (bool, int, float, np.number)):
             if dtype is None:
                 dtype = DType.bool if isinstance(x, bool) else DType.i64 if isinstance(x, int) else DType.f32
+            if dtype.is_int and isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+                try:  # torch casts a python int to an integer tensor's type with wraparound: -1 is 255 in uint8
+                    return self.b.const(np.array(int(x), dtype=np.int64).astype(dtype.np))
+                except OverflowError:
+                    raise UnsupportedOpError(f"the number {x} does not fit {dtype}", location=where) from None
             return self.b.scalar(x, dtype)
         raise UnsupportedOpError(f"expected a tensor, got {type(x).__name__}", location=where)
 
@@ -284,15 +289,21 @@ class TorchImporter:
                 continue
             self.convert_node(node)
         results: list[Value] = []
+        kept: list[int] = []
         for k, a in enumerate(user_outs):
             where = f"output {k}"
             v = self.resolve(a, where)
+            if v is None:  # no data (MultiheadAttention's weights with need_weights=False): no result
+                continue
+            if isinstance(v, Unavailable):
+                raise UnsupportedOpError(f"output {k}: {v.reason}", location=where)
             if isinstance(v, (int, Sym, float, bool)) and not isinstance(v, Value):
                 v = self.as_value(v, None, where)
             if not isinstance(v, Value):
                 raise UnsupportedOpError(f"output {k} is a {type(v).__name__}, not a tensor", location=where)
             results.append(v)
-        names = _output_names(ep, len(results))
+            kept.append(k)
+        names = [_output_names(ep, len(user_outs))[k] for k in kept]
         symbols: list[str] = []
         for p in params:
             for s in sorted(p.type.symbols()):

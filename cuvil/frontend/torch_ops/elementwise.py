@@ -15,13 +15,17 @@ _UNARY_FLOAT = {  # aten name -> CIR op; the input is converted to the output dt
     "rsqrt": "rsqrt", "neg": "neg", "abs": "abs", "erf": "erf", "sin": "sin", "cos": "cos", "tan": "tan",
     "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
     "acosh": "acosh", "atanh": "atanh", "reciprocal": "reciprocal", "floor": "floor", "ceil": "ceil",
-    "round": "round", "sign": "sign", "silu": "silu", "mish": "mish", "hardswish": "hardswish",
+    "round": "round", "silu": "silu", "mish": "mish", "hardswish": "hardswish",
 }
+_WHOLE_ON_INTEGERS = frozenset({"floor", "ceil", "round"})
+"""torch rounds an integer tensor to itself."""
 
 
 def _unary(cir: str) -> AtenConverter:
     def conv(ctx: AtenCtx) -> Value:
         x = ctx.tensor("self", ctx.out_dtype())
+        if cir in _WHOLE_ON_INTEGERS and not x.dtype.is_float:
+            return x
         return ctx.b.op(cir, x)
 
     return conv
@@ -31,16 +35,55 @@ for _aten, _cir in _UNARY_FLOAT.items():
     aten_op(f"{_aten}.default", emits=(_cir, "cast"))(_unary(_cir))
 
 
-@aten_op("log1p.default", emits=("log", "add", "cast"))
+@aten_op("log1p.default", emits=("log", "add", "sub", "mul", "div", "equal", "where", "cast"))
 def _log1p(ctx: AtenCtx) -> Value:
+    """log(1 + x) without losing a small x (Kahan: ``log(u) * x / (u - 1)`` for ``u = 1 + x``, x where
+    ``u`` rounds to 1): ``log1p(1e-10)`` is 1e-10, not 0."""
     x = ctx.tensor("self", ctx.out_dtype())
-    return ctx.b.log(ctx.b.add(x, ctx.b.scalar(1, x.dtype)))
+    b = ctx.b
+    one = b.scalar(1, x.dtype)
+    u = b.add(x, one)
+    step = b.sub(u, one)
+    scaled = b.div(b.mul(b.log(u), x), step)
+    return b.where(b.equal(step, b.scalar(0, x.dtype)), x, b.where(b.equal(u, x), b.log(u), scaled))
 
 
-@aten_op("expm1.default", emits=("exp", "sub", "cast"))
+@aten_op("expm1.default", emits=("exp", "log", "sub", "mul", "div", "equal", "isinf", "where", "cast"))
 def _expm1(ctx: AtenCtx) -> Value:
+    """exp(x) - 1 without losing a small x (Kahan: ``(u - 1) * x / log(u)`` for ``u = exp(x)``, x where ``u``
+    rounds to 1): ``expm1(1e-7)`` is 1.00000005e-7, not 1.19e-7."""
     x = ctx.tensor("self", ctx.out_dtype())
-    return ctx.b.sub(ctx.b.exp(x), ctx.b.scalar(1, x.dtype))
+    b = ctx.b
+    one = b.scalar(1, x.dtype)
+    u = b.exp(x)
+    step = b.sub(u, one)
+    scaled = b.div(b.mul(step, x), b.log(u))
+    plain = b.where(b.isinf(u), u, scaled)  # exp overflowed: inf, not inf * x / inf
+    plain = b.where(b.equal(u, b.scalar(0, x.dtype)), b.scalar(-1, x.dtype), plain)  # not 0 * -inf / -inf
+    return b.where(b.equal(u, one), x, plain)
+
+
+@aten_op("sign.default", "sgn.default", emits=("greater", "less", "sub", "cast", "sign"))
+def _sign(ctx: AtenCtx) -> Value:
+    """torch's sign: ``(x > 0) - (x < 0)``, so a NaN and either zero give +0."""
+    x = ctx.tensor("self", ctx.out_dtype())
+    if not x.dtype.is_float:
+        return ctx.b.sign(x) if x.dtype is not DType.bool else x
+    b = ctx.b
+    zero = b.scalar(0, x.dtype)
+    return b.sub(b.cast(b.greater(x, zero), to=x.dtype), b.cast(b.less(x, zero), to=x.dtype))
+
+
+@aten_op("fmax.default", "fmin.default", emits=("max", "min", "isnan", "where"))
+def _fmax_fmin(ctx: AtenCtx) -> Value:
+    """max/min ignoring a NaN operand (NaN only where both are)."""
+    dtype = ctx.out_dtype()
+    x, y = binary_operands(ctx, *first_two(ctx), dtype)
+    b = ctx.b
+    pick = b.max(x, y) if ctx.op_name.startswith("aten.fmax") else b.min(x, y)
+    if not dtype.is_float:
+        return pick
+    return b.where(b.isnan(x), y, b.where(b.isnan(y), x, pick))
 
 
 @aten_op("log2.default", "log10.default", emits=("log", "mul", "cast"))
@@ -65,14 +108,21 @@ def _trunc(ctx: AtenCtx) -> Value:
     return b.where(b.less(x, b.scalar(0, x.dtype)), b.ceil(x), b.floor(x))
 
 
-@aten_op("isnan.default", emits=("isnan",))
+@aten_op("isnan.default", emits=("isnan", "const"))
 def _isnan(ctx: AtenCtx) -> Value:
-    return ctx.b.isnan(ctx.tensor("self"))
+    x = ctx.tensor("self")
+    return ctx.b.isnan(x) if x.dtype.is_float else _none_of(ctx, x)
 
 
-@aten_op("isinf.default", emits=("isinf",))
+@aten_op("isinf.default", emits=("isinf", "const"))
 def _isinf(ctx: AtenCtx) -> Value:
-    return ctx.b.isinf(ctx.tensor("self"), detect_positive=True, detect_negative=True)
+    x = ctx.tensor("self")
+    return ctx.b.isinf(x, detect_positive=True, detect_negative=True) if x.dtype.is_float else _none_of(ctx, x)
+
+
+def _none_of(ctx: AtenCtx, x: Value) -> Value:
+    """False for every element of an integer or bool tensor (no NaN or infinity there)."""
+    return ctx.b.expand(ctx.b.scalar(False, DType.bool), shape=tuple(x.shape))
 
 
 @aten_op("logical_not.default", emits=("logical_not", "cast"))
@@ -130,8 +180,8 @@ def _clip(ctx: AtenCtx, x: Value, lo: Any, hi: Any) -> Value:
         return y if hi is None else b.min(y, ctx.imp.as_value(hi, x.dtype, ctx.location))
     if x.dtype.is_float:
         return b.clip(x, min=None if lo is None else float(lo), max=None if hi is None else float(hi))
-    y = x if lo is None else b.max(x, b.scalar(lo, x.dtype))
-    return y if hi is None else b.min(y, b.scalar(hi, x.dtype))
+    y = x if lo is None else b.max(x, ctx.imp.as_value(lo, x.dtype, ctx.location))
+    return y if hi is None else b.min(y, ctx.imp.as_value(hi, x.dtype, ctx.location))
 
 
 @aten_op("hardtanh.default", emits=("clip", "max", "min"))
@@ -158,14 +208,20 @@ _BINARY_ARITH = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximu
                  "pow": "pow", "remainder": "mod", "fmod": "mod"}
 
 
+_ON_BOOLS = {"mul": "logical_and", "min": "logical_and", "add": "logical_or", "max": "logical_or"}
+"""What torch's arithmetic means on bool tensors (``isclose`` and ``logaddexp`` decompose to a ``mul`` of masks)."""
+
+
 def _binary(aten: str, cir: str) -> AtenConverter:
     def conv(ctx: AtenCtx) -> Value:
         a, b_ = first_two(ctx)
         dtype = ctx.out_dtype()
         alpha = ctx.args.get("alpha")
         if alpha is not None and alpha != 1:
-            b_ = ctx.b.mul(ctx.imp.as_value(b_, dtype, ctx.location), ctx.b.scalar(alpha, dtype))
+            b_ = ctx.b.mul(ctx.imp.as_value(b_, dtype, ctx.location), ctx.imp.as_value(alpha, dtype, ctx.location))
         x, y = binary_operands(ctx, a, b_, dtype)
+        if dtype is DType.bool and cir in _ON_BOOLS:  # torch's arithmetic on bools is logic
+            return ctx.b.op(_ON_BOOLS[cir], x, y)
         if aten == "fmod":
             return ctx.b.mod(x, y, fmod=True)
         if aten == "remainder" and dtype.is_float:
@@ -189,12 +245,13 @@ def _rsub(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self", dtype)
     alpha = ctx.get("alpha", 1)
     if alpha != 1:
-        x = ctx.b.mul(x, ctx.b.scalar(alpha, dtype))
+        x = ctx.b.mul(x, ctx.imp.as_value(alpha, dtype, ctx.location))
     return ctx.b.sub(ctx.tensor("other", dtype), x)
 
 
-@aten_op("div.Tensor_mode", "div.Scalar_mode", "floor_divide.default", emits=("div", "floor", "ceil", "where",
-                                                                               "less", "mod", "sub", "cast"))
+@aten_op("div.Tensor_mode", "div.Scalar_mode", "floor_divide.default",
+         emits=("div", "floor", "ceil", "where", "less", "greater", "equal", "not_equal", "logical_and", "mod", "sub",
+                "add", "mul", "cast"))
 def _div_mode(ctx: AtenCtx) -> Value:
     mode = ctx.get("rounding_mode", "floor" if ctx.op_name.startswith("aten.floor_divide") else None)
     dtype = ctx.out_dtype()
@@ -202,15 +259,36 @@ def _div_mode(ctx: AtenCtx) -> Value:
     b = ctx.b
     if mode is None:
         return b.div(x, y)
+    if dtype.is_float and mode == "floor":
+        return _floor_divide(ctx, x, y)
     if dtype.is_float:
         q = b.div(x, y)
-        if mode == "floor":
-            return b.floor(q)
         return b.where(b.less(q, b.scalar(0, dtype)), b.ceil(q), b.floor(q))
     if mode == "trunc":
         return b.div(x, y)
     # floored integer division: (x - x mod y) / y is exact, with mod taking the sign of y
     return b.div(b.sub(x, b.mod(x, y, fmod=False)), y)
+
+
+def _floor_divide(ctx: AtenCtx, x: Value, y: Value) -> Value:
+    """torch's (and Python's) float ``x // y``: ``(x - fmod(x, y)) / y``, moved down one where the remainder's
+    sign is not the divisor's, then rounded to the nearest whole number; a zero keeps the quotient's sign and a
+    zero divisor gives ``x / y``. ``floor(x / y)`` differs where the quotient rounds up to a whole number
+    (``1 // 0.1`` is 9, ``floor(1 / 0.1)`` 10) and at infinities (``inf // 2`` is NaN, ``-1 // inf`` -1). Each
+    step rounds to the operands' type, half precision too, as torch's kernels do (the same bits on all four float
+    types)."""
+    b = ctx.b
+    dt = x.dtype
+    zero, one = b.scalar(0, dt), b.scalar(1, dt)
+    rem = b.mod(x, y, fmod=True)
+    div = b.div(b.sub(x, rem), y)
+    off = b.logical_and(b.not_equal(rem, zero), b.not_equal(b.less(y, zero), b.less(rem, zero)))
+    div = b.where(off, b.sub(div, one), div)
+    whole = b.floor(div)
+    whole = b.where(b.greater(b.sub(div, whole), b.scalar(0.5, dt)), b.add(whole, one), whole)
+    q = b.div(x, y)
+    whole = b.where(b.equal(div, zero), b.mul(q, zero), whole)
+    return b.where(b.equal(y, zero), q, whole)
 
 
 _COMPARE = {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater",

@@ -23,6 +23,17 @@ def reshape_to(ctx: AtenCtx, x: Value, shape: Sequence[Dim]) -> Value:
     return ctx.b.reshape(x, shape=tuple(shape))
 
 
+def as_vector(ctx: AtenCtx, x: Value) -> Value:
+    """torch reads dim 0 (or -1) of a rank-0 tensor as the axis of a one-element vector: an op along a dim
+    runs on that vector, and :func:`like_input` turns its results back to rank 0."""
+    return reshape_to(ctx, x, (1,)) if x.type.rank == 0 else x
+
+
+def like_input(ctx: AtenCtx, y: Value, x: Value) -> Value:
+    """``y``, computed along a dim of :func:`as_vector`'s ``x``, at ``x``'s rank 0 where ``x`` had it."""
+    return reshape_to(ctx, y, ()) if x.type.rank == 0 else y
+
+
 def slice_axis(b: Builder, x: Value, axis: int, start: Dim, end: Dim, step: int = 1) -> Value:
     starts: list[Dim] = [0] * x.type.rank
     ends = list(x.shape)

@@ -9,7 +9,15 @@ from typing import Any
 import numpy as np
 
 from cuvil.frontend.aten_node import AtenCtx, aten_op
-from cuvil.frontend.torch_ops.helpers import axis_of, clamp_index, python_scalar, reshape_to, slice_axis
+from cuvil.frontend.torch_ops.helpers import (
+    as_vector,
+    axis_of,
+    clamp_index,
+    like_input,
+    python_scalar,
+    reshape_to,
+    slice_axis,
+)
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim, Sym
@@ -390,29 +398,31 @@ def _flip(ctx: AtenCtx) -> Value:
     return ctx.b.slice(x, starts=tuple(starts), ends=tuple(ends), steps=tuple(steps))
 
 
-@aten_op("topk.default", emits=("topk",))
+@aten_op("topk.default", emits=("topk", "reshape"))
 def _topk(ctx: AtenCtx) -> tuple[Value, Value]:
-    x = ctx.tensor("self")
+    given = ctx.tensor("self")
+    x = as_vector(ctx, given)
     k = ctx["k"]
     if not isinstance(k, int):
         raise ctx.unsupported("symbolic k")
     axis = axis_of(ctx, ctx.get("dim", -1), x.type.rank)
     largest, ordered = bool(ctx.get("largest", True)), bool(ctx.get("sorted", True))
-    return tuple(ctx.b.topk(x, k=k, axis=axis, largest=largest, sorted=ordered, output=o)  # type: ignore[return-value]
-                 for o in ("values", "indices"))
+    return tuple(like_input(ctx, ctx.b.topk(x, k=k, axis=axis, largest=largest, sorted=ordered, output=o), given)
+                 for o in ("values", "indices"))  # type: ignore[return-value]
 
 
-@aten_op("sort.default", emits=("topk",))
+@aten_op("sort.default", "sort.stable", emits=("topk", "reshape"))
 def _sort(ctx: AtenCtx) -> tuple[Value, Value]:
-    """A full sort is a top-k with k = the axis length (ties may come out in another order)."""
-    x = ctx.tensor("self")
+    """A full sort is a top-k with k = the axis length, ties in their order (so it is also the stable sort)."""
+    given = ctx.tensor("self")
+    x = as_vector(ctx, given)
     axis = axis_of(ctx, ctx.get("dim", -1), x.type.rank)
     n = x.shape[axis]
     if not isinstance(n, int):
         raise ctx.unsupported("sorting along a symbolic dim")
     largest = bool(ctx.get("descending", False))
-    return tuple(ctx.b.topk(x, k=n, axis=axis, largest=largest, sorted=True, output=o)  # type: ignore[return-value]
-                 for o in ("values", "indices"))
+    return tuple(like_input(ctx, ctx.b.topk(x, k=n, axis=axis, largest=largest, sorted=True, output=o), given)
+                 for o in ("values", "indices"))  # type: ignore[return-value]
 
 
 def _resize(ctx: AtenCtx, mode: str, transform: str) -> Value:
@@ -466,7 +476,9 @@ def _trilu(ctx: AtenCtx) -> Value:
                        k=int(ctx.get("diagonal", 0)))
 
 
-@aten_op("cumsum.default", emits=("cumsum", "cast"))
+@aten_op("cumsum.default", emits=("cumsum", "cast", "reshape"))
 def _cumsum(ctx: AtenCtx) -> Value:
-    x = ctx.tensor("self", ctx.out_dtype())
-    return ctx.b.cumsum(x, axis=axis_of(ctx, ctx["dim"], x.type.rank), exclusive=False, reverse=False)
+    given = ctx.tensor("self", ctx.out_dtype())
+    x = as_vector(ctx, given)
+    y = ctx.b.cumsum(x, axis=axis_of(ctx, ctx["dim"], x.type.rank), exclusive=False, reverse=False)
+    return like_input(ctx, y, given)

@@ -10,7 +10,7 @@ import numpy as np
 
 from cuvil.errors import UnsupportedOpError
 from cuvil.frontend.aten_node import AtenCtx, aten_op
-from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to, slice_axis
+from cuvil.frontend.torch_ops.helpers import as_vector, axis_of, like_input, reshape_to, slice_axis
 from cuvil.ir.builder import Builder
 from cuvil.ir.dtypes import DType
 from cuvil.ir.symbolic import Dim
@@ -177,46 +177,57 @@ def _channel_affine(ctx: AtenCtx, y: Value) -> Value:
     return y
 
 
-@aten_op("_softmax.default", "softmax.int", emits=("softmax", "cast"))
+@aten_op("_softmax.default", "softmax.int", emits=("softmax", "cast", "reshape"))
 def _softmax(ctx: AtenCtx) -> Value:
-    x = ctx.tensor("self", ctx.out_dtype())
-    return ctx.b.softmax(x, axis=axis_of(ctx, ctx["dim"], x.type.rank))
+    given = ctx.tensor("self", ctx.out_dtype())
+    x = as_vector(ctx, given)
+    return like_input(ctx, ctx.b.softmax(x, axis=axis_of(ctx, ctx["dim"], x.type.rank)), given)
 
 
-@aten_op("_log_softmax.default", "log_softmax.int", emits=("log_softmax", "cast"))
+@aten_op("_log_softmax.default", "log_softmax.int", emits=("log_softmax", "cast", "reshape"))
 def _log_softmax(ctx: AtenCtx) -> Value:
-    x = ctx.tensor("self", ctx.out_dtype())
-    return ctx.b.log_softmax(x, axis=axis_of(ctx, ctx["dim"], x.type.rank))
+    given = ctx.tensor("self", ctx.out_dtype())
+    x = as_vector(ctx, given)
+    return like_input(ctx, ctx.b.log_softmax(x, axis=axis_of(ctx, ctx["dim"], x.type.rank)), given)
+
+
+def _batched(ctx: AtenCtx) -> tuple[Value, int, bool]:
+    """A pool's input with a batch axis, its spatial rank (from the op's name) and whether torch's input was
+    unbatched ((C, H, W) for a 2-d pool: given a batch of one here, taken off the result)."""
+    x = ctx.tensor("self")
+    n = next(k for k in (1, 2, 3) if f"pool{k}d" in ctx.op_name)
+    unbatched = x.type.rank == n + 1
+    return (reshape_to(ctx, x, (1, *x.shape)) if unbatched else x), n, unbatched
 
 
 def _max_pool(ctx: AtenCtx) -> Value | tuple[Value, None]:
-    x = ctx.tensor("self")
-    n = len(ctx["kernel_size"]) if len(ctx["kernel_size"]) > 1 else x.type.rank - 2
+    x, n, unbatched = _batched(ctx)
     kernel = _spatial(ctx["kernel_size"], n)
     strides = _spatial(ctx.get("stride") or kernel, n)
     padding = _spatial(ctx.get("padding", [0]), n)
     dilations = _spatial(ctx.get("dilation", [1]), n)
     y = ctx.b.max_pool(x, kernel=kernel, strides=strides, pads=padding + padding, dilations=dilations,
                        ceil_mode=bool(ctx.get("ceil_mode", False)))
+    y = reshape_to(ctx, y, y.shape[1:]) if unbatched else y
     return (y, None) if "with_indices" in ctx.op_name else y
 
 
 aten_op("max_pool2d_with_indices.default", "max_pool3d_with_indices.default", "max_pool2d.default",
-        emits=("max_pool",))(_max_pool)
+        emits=("max_pool", "reshape"))(_max_pool)
 
 
-@aten_op("avg_pool2d.default", "avg_pool3d.default", "avg_pool1d.default", emits=("avg_pool",))
+@aten_op("avg_pool2d.default", "avg_pool3d.default", "avg_pool1d.default", emits=("avg_pool", "reshape"))
 def _avg_pool(ctx: AtenCtx) -> Value:
-    x = ctx.tensor("self")
-    n = x.type.rank - 2
+    x, n, unbatched = _batched(ctx)
     if ctx.args.get("divisor_override") is not None:
         raise ctx.unsupported("divisor_override")
     kernel = _spatial(ctx["kernel_size"], n)
     strides = _spatial(ctx.get("stride") or kernel, n)
     padding = _spatial(ctx.get("padding", [0]), n)
-    return ctx.b.avg_pool(x, kernel=kernel, strides=strides, pads=padding + padding,
-                          ceil_mode=bool(ctx.get("ceil_mode", False)),
-                          count_include_pad=bool(ctx.get("count_include_pad", True)))
+    y = ctx.b.avg_pool(x, kernel=kernel, strides=strides, pads=padding + padding,
+                       ceil_mode=bool(ctx.get("ceil_mode", False)),
+                       count_include_pad=bool(ctx.get("count_include_pad", True)))
+    return reshape_to(ctx, y, y.shape[1:]) if unbatched else y
 
 
 @aten_op("_adaptive_avg_pool2d.default", "adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default",

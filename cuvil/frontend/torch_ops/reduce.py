@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 from cuvil.frontend.aten_node import AtenConverter, AtenCtx, aten_op
-from cuvil.frontend.torch_ops.helpers import axis_of, reshape_to
+from cuvil.frontend.torch_ops.helpers import as_vector, axis_of, like_input, reshape_to
 from cuvil.ir.dtypes import DType
-from cuvil.ir.symbolic import Dim
+from cuvil.ir.symbolic import Dim, sym_max
 from cuvil.ir.values import Value
 
 
@@ -78,7 +78,7 @@ def _bool_reduce(kind: str) -> AtenConverter:
         x = ctx.cast(ctx.tensor("self", DType.bool), DType.u8)
         axes = _reduce_axes(ctx, x, ctx.get("dim"))
         r = ctx.b.op(kind, x, axes=axes, keepdims=bool(ctx.get("keepdim", False))) if x.type.rank else x
-        return ctx.cast(r, DType.bool)
+        return ctx.cast(ctx.cast(r, DType.bool), ctx.out_dtype())  # a uint8 input's result is uint8 0 or 1
 
     return conv
 
@@ -89,18 +89,19 @@ aten_op("all.default", "all.dim", "all.dims", emits=("reduce_min", "cast"))(_boo
 
 def _minmax_dim(kind: str) -> AtenConverter:
     def conv(ctx: AtenCtx) -> tuple[Value, Value]:
-        x = ctx.tensor("self")
+        given = ctx.tensor("self")
+        x = as_vector(ctx, given)
         axis = axis_of(ctx, ctx["dim"], x.type.rank)
         keep = bool(ctx.get("keepdim", False))
         values = ctx.b.op(f"reduce_{kind}", x, axes=(axis,), keepdims=keep)
         indices = ctx.b.op(f"arg{kind}", x, axis=axis, keepdims=keep, select_last_index=False)
-        return values, indices
+        return like_input(ctx, values, given), like_input(ctx, indices, given)
 
     return conv
 
 
-aten_op("max.dim", emits=("reduce_max", "argmax"))(_minmax_dim("max"))
-aten_op("min.dim", emits=("reduce_min", "argmin"))(_minmax_dim("min"))
+aten_op("max.dim", emits=("reduce_max", "argmax", "reshape"))(_minmax_dim("max"))
+aten_op("min.dim", emits=("reduce_min", "argmin", "reshape"))(_minmax_dim("min"))
 
 
 def _arg(kind: str) -> AtenConverter:
@@ -112,7 +113,9 @@ def _arg(kind: str) -> AtenConverter:
             flat = ctx.b.reshape(x, shape=(x.type.numel(),))
             out = ctx.b.op(kind, flat, axis=0, keepdims=False, select_last_index=False)
             return reshape_to(ctx, out, ctx.out_shape())
-        return ctx.b.op(kind, x, axis=axis_of(ctx, dim, x.type.rank), keepdims=keep, select_last_index=False)
+        v = as_vector(ctx, x)
+        out = ctx.b.op(kind, v, axis=axis_of(ctx, dim, v.type.rank), keepdims=keep, select_last_index=False)
+        return like_input(ctx, out, x)
 
     return conv
 
@@ -121,10 +124,11 @@ aten_op("argmax.default", emits=("argmax", "reshape"))(_arg("argmax"))
 aten_op("argmin.default", emits=("argmin", "reshape"))(_arg("argmin"))
 
 
-@aten_op("var.correction", "var.dim", "std.correction", "std.dim",
-         emits=("reduce_mean", "reduce_sum", "sub", "mul", "div", "sqrt"))
-def _var(ctx: AtenCtx) -> Value:
-    x = ctx.tensor("self", ctx.out_dtype())
+def _variance(ctx: AtenCtx) -> tuple[Value, Value]:
+    """The variance (the standard deviation for ``std``) and the mean over the reduced dims, each kept or
+    dropped as ``keepdim`` says. The divisor is ``max(0, N - correction)``, as torch's: a correction past N
+    gives inf (or NaN for an all-equal slice), not a negative variance."""
+    x = ctx.tensor("self", ctx.out_dtype(0 if "_mean." in ctx.op_name else None))
     b = ctx.b
     axes = _reduce_axes(ctx, x, ctx.get("dim"))
     keep = bool(ctx.get("keepdim", False))
@@ -139,5 +143,20 @@ def _var(ctx: AtenCtx) -> Value:
     n: Dim = 1
     for a in (axes or tuple(range(x.type.rank))):
         n = n * x.shape[a]
-    var = b.div(ss, ctx.imp.as_value(n - correction, x.dtype, ctx.location))
-    return b.sqrt(var) if ctx.op_name.startswith("aten.std") else var
+    divisor = n - correction
+    divisor = max(divisor, 0) if isinstance(divisor, (int, float)) else sym_max(divisor, 0)
+    var = b.div(ss, ctx.imp.as_value(divisor, x.dtype, ctx.location))
+    spread = b.sqrt(var) if ctx.op_name.startswith("aten.std") else var
+    return spread, mean if keep else b.reduce_mean(x, axes=axes, keepdims=False)
+
+
+@aten_op("var.correction", "var.dim", "std.correction", "std.dim",
+         emits=("reduce_mean", "reduce_sum", "sub", "mul", "div", "sqrt"))
+def _var(ctx: AtenCtx) -> Value:
+    return _variance(ctx)[0]
+
+
+@aten_op("var_mean.correction", "var_mean.dim", "std_mean.correction", "std_mean.dim",
+         emits=("reduce_mean", "reduce_sum", "sub", "mul", "div", "sqrt"))
+def _var_mean(ctx: AtenCtx) -> tuple[Value, Value]:
+    return _variance(ctx)

@@ -537,7 +537,7 @@ def _iota_numpy(xs: list[np.ndarray], out: TensorType, shape: tuple, start: Any,
 
 def _scalar(v: Any, dtype: DType) -> np.ndarray:
     """A numpy scalar coerced the way R.lit coerces rule literals, so fast path and rule agree."""
-    return np.array(R.lit(v, dtype).value, dtype=dtype.np)
+    return numpy_prims.literal(R.lit(v, dtype).value, dtype)  # as the rule reads it: -1 is 255 in uint8
 
 
 define("iota", (), attrs={"shape": ("dims", REQUIRED), "start": ("any", 0), "step": ("any", 1),

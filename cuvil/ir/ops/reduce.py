@@ -375,7 +375,7 @@ def _topk_numpy(xs: list[np.ndarray], out: TensorType, k: int, axis: int, larges
     ax = norm_axis(axis, x.ndim)
     key = x
     if largest:
-        key = ~x if x.dtype.kind in "iu" else -x
+        key = ~x if x.dtype.kind in "iub" else -x
     order = np.argsort(key, axis=ax, kind="stable")
     idx = np.take(order, np.arange(k), axis=ax)
     if output == "indices":
