@@ -5,7 +5,8 @@ Each case is a disagreement or a refusal random single-op modules found: rank-0 
 ``logaddexp`` decompose to a ``mul`` of masks), python ints outside a narrow integer type (torch wraps them:
 -1 is 255 in uint8), ``any`` on uint8, a None output, unbatched pools, torch's float floor division, ``sign``
 of NaN, ``log1p``/``expm1`` of small values, ``fmax``/``fmin``, ``var`` with a correction past N, ``var_mean``,
-rounding and NaN tests on integers, a descending sort of bools.
+rounding and NaN tests on integers, a descending sort of bools, and ops that were refused: ``diagonal`` (so
+``trace``, ``diag`` and ``einsum('ii->i')``), ``signbit``, ``copysign``, a scalar's remainder by a tensor.
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
                                 (torch.tensor([True, False, True, False]),)),
     "sort_stable_ties": (lambda x: torch.sort(x, dim=-1, descending=True, stable=True),
                          (torch.randint(0, 4, (3, 50), generator=_gen()).float(),)),
+    "diagonal": (lambda x: (torch.diagonal(x, 0, 1, 2), torch.diagonal(x, 2, 1, 2), torch.diagonal(x, -2, 1, 2),
+                            torch.diagonal(x, 1, 2, 0), torch.diagonal(x, -1, -1, -3), torch.diagonal(x, 7, 1, 2)),
+                 (torch.randn(2, 4, 5, generator=_gen()),)),
+    "trace_diag_einsum": (lambda x: (torch.trace(x), torch.diag(x), torch.einsum("ii->i", x)),
+                          (torch.arange(16.0).reshape(4, 4),)),
+    "signbit": (torch.signbit, (_SPECIALS,)),
+    "copysign": (torch.copysign, (_NUMERATORS, _DIVISORS)),
+    "remainder_scalar_tensor": (lambda x: (7 % x, 7.5 % x.float()), (torch.tensor([2, -3, 5, 4]),)),
 }
 """name -> (function, inputs). Every output must equal eager's (NaN matching NaN; ``log1p``/``expm1``, whose
 torch kernels call the C library's, within 2 ulps)."""

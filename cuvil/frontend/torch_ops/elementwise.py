@@ -74,6 +74,32 @@ def _sign(ctx: AtenCtx) -> Value:
     return b.sub(b.cast(b.greater(x, zero), to=x.dtype), b.cast(b.less(x, zero), to=x.dtype))
 
 
+_SAME_WIDTH_INT = {DType.f64: DType.i64, DType.f32: DType.i32, DType.f16: DType.i16, DType.bf16: DType.i16}
+
+
+def _sign_bit(ctx: AtenCtx, x: Value) -> Value:
+    """Whether ``x``'s sign bit is set: -0.0 and NaNs with it too, which no comparison tells."""
+    b = ctx.b
+    if not x.dtype.is_float:
+        return b.less(x, b.scalar(0, x.dtype))
+    as_int = _SAME_WIDTH_INT[x.dtype]
+    return b.less(b.bitcast(x, to=as_int), b.scalar(0, as_int))
+
+
+@aten_op("signbit.default", emits=("bitcast", "less"))
+def _signbit(ctx: AtenCtx) -> Value:
+    return _sign_bit(ctx, ctx.tensor("self"))
+
+
+@aten_op("copysign.Tensor", "copysign.Scalar", emits=("bitcast", "less", "abs", "neg", "where", "cast"))
+def _copysign(ctx: AtenCtx) -> Value:
+    dtype = ctx.out_dtype()
+    x, y = binary_operands(ctx, *first_two(ctx), dtype)
+    b = ctx.b
+    magnitude = b.abs(x)
+    return b.where(_sign_bit(ctx, y), b.neg(magnitude), magnitude)
+
+
 @aten_op("fmax.default", "fmin.default", emits=("max", "min", "isnan", "where"))
 def _fmax_fmin(ctx: AtenCtx) -> Value:
     """max/min ignoring a NaN operand (NaN only where both are)."""
@@ -234,8 +260,8 @@ def _binary(aten: str, cir: str) -> AtenConverter:
 for _aten, _cir in _BINARY_ARITH.items():
     _overloads = {"add": ("Tensor", "Scalar"), "sub": ("Tensor", "Scalar"), "mul": ("Tensor", "Scalar"),
                   "div": ("Tensor", "Scalar"), "maximum": ("default",), "minimum": ("default",),
-                  "pow": ("Tensor_Tensor", "Tensor_Scalar", "Scalar"), "remainder": ("Tensor", "Scalar"),
-                  "fmod": ("Tensor", "Scalar")}[_aten]
+                  "pow": ("Tensor_Tensor", "Tensor_Scalar", "Scalar"),
+                  "remainder": ("Tensor", "Scalar", "Scalar_Tensor"), "fmod": ("Tensor", "Scalar")}[_aten]
     aten_op(*(f"{_aten}.{o}" for o in _overloads), emits=(_cir, "mul", "cast"))(_binary(_aten, _cir))
 
 

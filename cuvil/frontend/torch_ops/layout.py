@@ -50,6 +50,32 @@ def _transpose(ctx: AtenCtx) -> Value:
     return x if d0 == d1 else ctx.b.transpose(x, perm=tuple(perm))
 
 
+@aten_op("diagonal.default", "diagonal_copy.default", emits=("transpose", "reshape", "slice"))
+def _diagonal(ctx: AtenCtx) -> Value:
+    """The elements ``x[..., i, i + offset]`` of two dims, as a new last dim: the two dims moved last and
+    merged, then every ``m + 1``-th element from the first on the diagonal (``trace``, ``diag`` of a matrix and
+    ``einsum('ii->i')`` export as this)."""
+    x = ctx.tensor("self")
+    r = x.type.rank
+    d1, d2 = axis_of(ctx, ctx.get("dim1", 0), r), axis_of(ctx, ctx.get("dim2", 1), r)
+    if d1 == d2:
+        raise ctx.unsupported("dim1 and dim2 are the same dim")
+    offset = int(ctx.get("offset", 0))
+    n, m = x.shape[d1], x.shape[d2]
+    if not (isinstance(n, int) and isinstance(m, int)):
+        raise ctx.unsupported(f"a diagonal of symbolic dims {n} x {m}")
+    rest = [k for k in range(r) if k not in (d1, d2)]
+    perm = (*rest, d1, d2)
+    moved = x if perm == tuple(range(r)) else ctx.b.transpose(x, perm=perm)
+    lead = [x.shape[k] for k in rest]
+    flat = reshape_to(ctx, moved, (*lead, n * m))
+    length = max(0, min(n, m - offset) if offset >= 0 else min(n + offset, m))
+    start = offset if offset >= 0 else -offset * m
+    if length == 0:
+        return slice_axis(ctx.b, flat, len(lead), 0, 0)
+    return slice_axis(ctx.b, flat, len(lead), start, start + (length - 1) * (m + 1) + 1, m + 1)
+
+
 @aten_op("expand.default", "expand_copy.default", emits=("expand",))
 def _expand(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self")
