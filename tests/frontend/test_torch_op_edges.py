@@ -6,7 +6,8 @@ Each case is a disagreement or a refusal random single-op modules found: rank-0 
 -1 is 255 in uint8), ``any`` on uint8, a None output, unbatched pools, torch's float floor division, ``sign``
 of NaN, ``log1p``/``expm1`` of small values, ``fmax``/``fmin``, ``var`` with a correction past N, ``var_mean``,
 rounding and NaN tests on integers, a descending sort of bools, and ops that were refused: ``diagonal`` (so
-``trace``, ``diag`` and ``einsum('ii->i')``), ``signbit``, ``copysign``, a scalar's remainder by a tensor.
+``trace``, ``diag`` and ``einsum('ii->i')``), ``signbit``, ``copysign``, ``atan2``, a scalar's remainder by a
+tensor.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ _SCALAR = torch.tensor(1.5)
 _SPECIALS = torch.tensor([1e-10, -1e-7, 1e-7, 0.5, -0.5, 3.0, 100.0, 1000.0, -1000.0, inf, -inf, nan, 0.0, -0.0,
                           -1.0, -0.9999, 1e-30, -2.0])
 _U8 = torch.tensor([0, 5, 200], dtype=torch.uint8)
+_AXES = [0.0, -0.0, 1.0, -1.0, inf, -inf, nan, 1e-30, -2.5, 1e30]
 _NUMERATORS = torch.tensor([1.0, inf, -1.0, 7.0, -7.0, 7.0, -7.0, 0.0, -0.0, 5.0, 1e30, 3.0, nan, 1.0, -1.0, 0.3])
 _DIVISORS = torch.tensor([0.1, 2.0, inf, 2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 7.0, -inf, 1.0, -inf, -inf, 0.1])
 
@@ -101,11 +103,14 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "signbit": (torch.signbit, (_SPECIALS,)),
     "copysign": (torch.copysign, (_NUMERATORS, _DIVISORS)),
     "remainder_scalar_tensor": (lambda x: (7 % x, 7.5 % x.float()), (torch.tensor([2, -3, 5, 4]),)),
+    "atan2": (torch.atan2, (torch.tensor([a for a in _AXES for _ in _AXES]),
+                            torch.tensor([b for _ in _AXES for b in _AXES]))),
+    "atan2_random": (torch.atan2, (torch.randn(3000, generator=_gen()) * 5, torch.randn(3000, generator=_gen()) * 5)),
 }
-"""name -> (function, inputs). Every output must equal eager's (NaN matching NaN; ``log1p``/``expm1``, whose
-torch kernels call the C library's, within 2 ulps)."""
+"""name -> (function, inputs). Every output must equal eager's (NaN matching NaN; ``log1p``, ``expm1`` and
+``atan2``, whose torch kernels call the C library's, within 2 ulps)."""
 
-_WITHIN_ULPS = {"log1p", "expm1", "var_mean", "std_mean"}
+_WITHIN_ULPS = {"log1p", "expm1", "var_mean", "std_mean", "atan2", "atan2_random"}
 
 
 def _same(got: np.ndarray, want: np.ndarray, close: bool) -> bool:

@@ -100,6 +100,33 @@ def _copysign(ctx: AtenCtx) -> Value:
     return b.where(_sign_bit(ctx, y), b.neg(magnitude), magnitude)
 
 
+@aten_op("atan2.default", "arctan2.default",
+         emits=("atan", "div", "add", "abs", "neg", "bitcast", "less", "greater", "equal", "isnan", "isinf",
+                "logical_or", "logical_and", "where", "cast"))
+def _atan2(ctx: AtenCtx) -> Value:
+    """The angle of (x, y) in (-pi, pi]: ``atan(y / x)`` moved by pi where x < 0, C's values on the axes and at
+    infinities (``atan2(-0.0, -1)`` is -pi, ``atan2(inf, -inf)`` 3pi/4), NaN where either is. Narrower floats
+    are computed in float64 and rounded once, so they are within half an ulp of the exact angle."""
+    out = ctx.out_dtype()
+    b = ctx.b
+    wide = DType.f64
+    y, x = (b.cast(v, to=wide) if v.dtype is not wide else v for v in binary_operands(ctx, *first_two(ctx), out))
+    zero = b.scalar(0.0, wide)
+
+    def signed(magnitude: float, of: Value) -> Value:
+        return b.where(_sign_bit(ctx, of), b.scalar(-magnitude, wide), b.scalar(magnitude, wide))
+
+    angle = b.atan(b.div(y, x))
+    angle = b.where(b.less(x, zero), b.add(angle, signed(math.pi, y)), angle)
+    on_axis = b.where(b.equal(y, zero), b.where(_sign_bit(ctx, x), signed(math.pi, y), y),
+                      signed(math.pi / 2, y))
+    angle = b.where(b.equal(x, zero), on_axis, angle)
+    corner = b.where(b.greater(x, zero), signed(math.pi / 4, y), signed(3 * math.pi / 4, y))
+    angle = b.where(b.logical_and(b.isinf(x), b.isinf(y)), corner, angle)
+    angle = b.where(b.logical_or(b.isnan(x), b.isnan(y)), b.add(x, y), angle)
+    return angle if out is wide else b.cast(angle, to=out)
+
+
 @aten_op("fmax.default", "fmin.default", emits=("max", "min", "isnan", "where"))
 def _fmax_fmin(ctx: AtenCtx) -> Value:
     """max/min ignoring a NaN operand (NaN only where both are)."""
