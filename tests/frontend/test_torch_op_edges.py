@@ -6,8 +6,8 @@ Each case is a disagreement or a refusal random single-op modules found: rank-0 
 -1 is 255 in uint8), ``any`` on uint8, a None output, unbatched pools, torch's float floor division, ``sign``
 of NaN, ``log1p``/``expm1`` of small values, ``fmax``/``fmin``, ``var`` with a correction past N, ``var_mean``,
 rounding and NaN tests on integers, a descending sort of bools, and ops that were refused: ``diagonal`` (so
-``trace``, ``diag`` and ``einsum('ii->i')``), ``signbit``, ``copysign``, ``atan2``, a scalar's remainder by a
-tensor.
+``trace``, ``diag`` and ``einsum('ii->i')``), ``signbit``, ``copysign``, ``atan2``, ``addmv``, RReLU in evaluation,
+a scalar's remainder by a tensor.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "remainder_scalar_tensor": (lambda x: (7 % x, 7.5 % x.float()), (torch.tensor([2, -3, 5, 4]),)),
     "atan2": (torch.atan2, (torch.tensor([a for a in _AXES for _ in _AXES]),
                             torch.tensor([b for _ in _AXES for b in _AXES]))),
+    "addmv": (lambda b, m, v: (torch.addmv(b, m, v, beta=0.5, alpha=2.0), torch.addmv(b, m, v)),
+              (torch.randn(4, generator=_gen()), torch.randn(4, 3, generator=_gen()),
+               torch.randn(3, generator=_gen()))),
+    "rrelu_eval": (lambda x: torch.nn.functional.rrelu(x, 0.1, 0.3), (torch.randn(3, 5, generator=_gen()),)),
     "atan2_random": (torch.atan2, (torch.randn(3000, generator=_gen()) * 5, torch.randn(3000, generator=_gen()) * 5)),
 }
 """name -> (function, inputs). Every output must equal eager's (NaN matching NaN; ``log1p``, ``expm1`` and

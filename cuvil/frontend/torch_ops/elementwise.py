@@ -204,6 +204,16 @@ def _leaky_relu(ctx: AtenCtx) -> Value:
     return ctx.b.leaky_relu(ctx.tensor("self"), alpha=float(ctx.get("negative_slope", 0.01)))
 
 
+@aten_op("rrelu_with_noise_functional.default", "rrelu.default", emits=("leaky_relu",))
+def _rrelu(ctx: AtenCtx) -> Value | tuple[Value, Value]:
+    """RReLU in evaluation: a leaky ReLU whose slope is the middle of its range (training draws it)."""
+    if ctx.get("training", False):
+        raise ctx.unsupported("training (a random slope per element)")
+    lower, upper = float(ctx.get("lower", 1.0 / 8.0)), float(ctx.get("upper", 1.0 / 3.0))
+    y = ctx.b.leaky_relu(ctx.tensor("self"), alpha=(lower + upper) / 2)
+    return (y, ctx.tensor("noise")) if ctx.op_name.startswith("aten.rrelu_with_noise_functional") else y
+
+
 @aten_op("elu.default", emits=("elu", "mul"))
 def _elu(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self")

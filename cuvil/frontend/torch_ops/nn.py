@@ -38,6 +38,18 @@ def _addmm(ctx: AtenCtx) -> Value:
     return ctx.b.add(prod, _scaled(ctx, ctx.tensor("self"), beta))
 
 
+@aten_op("addmv.default", emits=("matmul", "add", "mul", "reshape"))
+def _addmv(ctx: AtenCtx) -> Value:
+    """``beta * self + alpha * (mat @ vec)``: the vector a one-column matrix."""
+    vec = ctx.tensor("vec")
+    column = ctx.b.matmul(ctx.tensor("mat"), reshape_to(ctx, vec, (vec.shape[0], 1)))
+    prod = _scaled(ctx, reshape_to(ctx, column, (column.shape[0],)), ctx.get("alpha", 1))
+    beta = ctx.get("beta", 1)
+    if beta == 0:
+        return prod
+    return ctx.b.add(prod, _scaled(ctx, ctx.tensor("self"), beta))
+
+
 @aten_op("linear.default", emits=("matmul", "add"))
 def _linear(ctx: AtenCtx) -> Value:
     y = ctx.b.matmul(ctx.tensor("input"), ctx.tensor("weight"), transpose_b=True)
