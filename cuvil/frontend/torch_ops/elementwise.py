@@ -101,8 +101,8 @@ def _copysign(ctx: AtenCtx) -> Value:
 
 
 @aten_op("atan2.default", "arctan2.default",
-         emits=("atan", "div", "add", "abs", "neg", "bitcast", "less", "greater", "equal", "isnan", "isinf",
-                "logical_or", "logical_and", "where", "cast"))
+         emits=("atan", "div", "add", "bitcast", "less", "greater", "equal", "isnan", "isinf", "logical_or",
+                "logical_and", "where", "cast"))
 def _atan2(ctx: AtenCtx) -> Value:
     """The angle of (x, y) in (-pi, pi]: ``atan(y / x)`` moved by pi where x < 0, C's values on the axes and at
     infinities (``atan2(-0.0, -1)`` is -pi, ``atan2(inf, -inf)`` 3pi/4), NaN where either is. Narrower floats
@@ -161,13 +161,13 @@ def _trunc(ctx: AtenCtx) -> Value:
     return b.where(b.less(x, b.scalar(0, x.dtype)), b.ceil(x), b.floor(x))
 
 
-@aten_op("isnan.default", emits=("isnan", "const"))
+@aten_op("isnan.default", emits=("isnan", "expand"))
 def _isnan(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self")
     return ctx.b.isnan(x) if x.dtype.is_float else _none_of(ctx, x)
 
 
-@aten_op("isinf.default", emits=("isinf", "const"))
+@aten_op("isinf.default", emits=("isinf", "expand"))
 def _isinf(ctx: AtenCtx) -> Value:
     x = ctx.tensor("self")
     return ctx.b.isinf(x, detect_positive=True, detect_negative=True) if x.dtype.is_float else _none_of(ctx, x)
@@ -275,6 +275,24 @@ _ON_BOOLS = {"mul": "logical_and", "min": "logical_and", "add": "logical_or", "m
 """What torch's arithmetic means on bool tensors (``isclose`` and ``logaddexp`` decompose to a ``mul`` of masks)."""
 
 
+def _integer_power(ctx: AtenCtx, x: Value, n: int) -> Value:
+    """An integer tensor to a whole constant power as torch computes it: products (square and multiply), so
+    exact where it fits and wrapping where it overflows (``3 ** 39`` in int64 is 4052555153018976267; the rule's
+    ``pow`` of integers goes through float64 and loses the low bits past 2**53)."""
+    if n < 0:
+        raise ctx.unsupported(f"an integer to the negative power {n} (torch refuses it)")
+    b = ctx.b
+    result: Value | None = None
+    square = x
+    while n:
+        if n & 1:
+            result = square if result is None else b.mul(result, square)
+        n >>= 1
+        if n:
+            square = b.mul(square, square)
+    return result if result is not None else b.expand(ctx.imp.as_value(1, x.dtype, ctx.location), shape=x.shape)
+
+
 def _binary(aten: str, cir: str) -> AtenConverter:
     def conv(ctx: AtenCtx) -> Value:
         a, b_ = first_two(ctx)
@@ -282,6 +300,8 @@ def _binary(aten: str, cir: str) -> AtenConverter:
         alpha = ctx.args.get("alpha")
         if alpha is not None and alpha != 1:
             b_ = ctx.b.mul(ctx.imp.as_value(b_, dtype, ctx.location), ctx.imp.as_value(alpha, dtype, ctx.location))
+        if aten == "pow" and dtype.is_int and isinstance(b_, int) and not isinstance(b_, bool):
+            return _integer_power(ctx, ctx.imp.as_value(a, dtype, ctx.location), b_)
         x, y = binary_operands(ctx, a, b_, dtype)
         if dtype is DType.bool and cir in _ON_BOOLS:  # torch's arithmetic on bools is logic
             return ctx.b.op(_ON_BOOLS[cir], x, y)
@@ -299,7 +319,8 @@ for _aten, _cir in _BINARY_ARITH.items():
                   "div": ("Tensor", "Scalar"), "maximum": ("default",), "minimum": ("default",),
                   "pow": ("Tensor_Tensor", "Tensor_Scalar", "Scalar"),
                   "remainder": ("Tensor", "Scalar", "Scalar_Tensor"), "fmod": ("Tensor", "Scalar")}[_aten]
-    aten_op(*(f"{_aten}.{o}" for o in _overloads), emits=(_cir, "mul", "cast"))(_binary(_aten, _cir))
+    aten_op(*(f"{_aten}.{o}" for o in _overloads), emits=(_cir, "mul", "cast", "expand", "logical_and", "logical_or"))(
+        _binary(_aten, _cir))
 
 
 @aten_op("rsub.Scalar", "rsub.Tensor", emits=("sub", "mul", "cast"))
