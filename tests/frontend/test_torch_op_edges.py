@@ -7,7 +7,8 @@ Each case is a disagreement or a refusal random single-op modules found: rank-0 
 of NaN, ``log1p``/``expm1`` of small values, ``fmax``/``fmin``, ``var`` with a correction past N, ``var_mean``,
 rounding and NaN tests on integers, a descending sort of bools, and ops that were refused: ``diagonal`` (so
 ``trace``, ``diag`` and ``einsum('ii->i')``), ``signbit``, ``copysign``, ``atan2``, ``addmv``, RReLU in evaluation,
-a scalar's remainder by a tensor; integer tensors to whole constant powers, exact and wrapping as torch's products.
+a scalar's remainder by a tensor, adaptive max pools; integer tensors to whole constant powers, exact and
+wrapping as torch's products.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
                torch.randn(3, generator=_gen()))),
     "integer_powers": (lambda x, u: (x ** 39, x ** 0, x ** 1, torch.pow(x.int(), 3), u ** 2),
                        (torch.tensor([3, -3, 2, 7, 100]), torch.tensor([7, 15, 200], dtype=torch.uint8))),
+    "adaptive_max_pool": (lambda x, u: (F.adaptive_max_pool2d(x, (3, 5)), F.adaptive_max_pool2d(x, 2),
+                                        F.adaptive_max_pool1d(x[0], 3), F.adaptive_max_pool2d(u, (3, 3))),
+                          (torch.randn(2, 3, 8, 6, generator=_gen()), torch.randn(3, 7, 7, generator=_gen()))),
     "rrelu_eval": (lambda x: torch.nn.functional.rrelu(x, 0.1, 0.3), (torch.randn(3, 5, generator=_gen()),)),
     "atan2_random": (torch.atan2, (torch.randn(3000, generator=_gen()) * 5, torch.randn(3000, generator=_gen()) * 5)),
 }

@@ -260,17 +260,37 @@ def _adaptive_avg_pool(ctx: AtenCtx) -> Value:
     return _adaptive_cells(ctx.b, x, [int(s) for s in spatial], out)
 
 
-def _adaptive_cells(b: Builder, x: Value, spatial: list[int], out: tuple[int, ...]) -> Value:
-    """Adaptive average pooling where the output size does not divide the input's, as torch defines it: output
-    cell ``i`` of an axis of ``s`` inputs and ``o`` outputs averages inputs ``floor(i s / o) <= r < ceil((i + 1)
-    s / o)`` (windows of unequal sizes, overlapping where ``o`` does not divide ``s``). Each cell is the mean of
-    its window's slice; the cells are concatenated axis by axis, the last axis innermost."""
+@aten_op("adaptive_max_pool2d.default", "adaptive_max_pool3d.default", "adaptive_max_pool1d.default",
+         emits=("reduce_max", "max_pool", "slice", "concat", "reshape"))
+def _adaptive_max_pool(ctx: AtenCtx) -> tuple[Value, None]:
+    """The max of each adaptive cell (the windows of :func:`_adaptive_cells`); the indices are not computed."""
+    x, n, unbatched = _batched(ctx)
+    out = _spatial(ctx["output_size"], n)
+    spatial = tuple(x.shape[2:])
+    if not all(isinstance(s, int) for s in spatial):
+        raise ctx.unsupported(f"output size {list(out)} of a symbolic input size {list(spatial)}")
+    if all(int(s) % o == 0 for s, o in zip(spatial, out, strict=True)):
+        kernel = tuple(int(s) // o for s, o in zip(spatial, out, strict=True))
+        y = ctx.b.max_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), dilations=(1,) * n,
+                           ceil_mode=False)
+    else:
+        y = _adaptive_cells(ctx.b, x, [int(s) for s in spatial], out, "reduce_max")
+    y = reshape_to(ctx, y, y.shape[1:]) if unbatched else y
+    return y, None
+
+
+def _adaptive_cells(b: Builder, x: Value, spatial: list[int], out: tuple[int, ...], reduce: str = "reduce_mean",
+                    ) -> Value:
+    """Adaptive pooling where the output size does not divide the input's, as torch defines it: output
+    cell ``i`` of an axis of ``s`` inputs and ``o`` outputs reduces inputs ``floor(i s / o) <= r < ceil((i + 1)
+    s / o)`` (windows of unequal sizes, overlapping where ``o`` does not divide ``s``). Each cell is the mean (the
+    max) of its window's slice; the cells are concatenated axis by axis, the last axis innermost."""
     windows = [[(i * s // o, -(-(i + 1) * s // o)) for i in range(o)] for s, o in zip(spatial, out, strict=True)]
     rank = x.type.rank
 
     def cells(axis: int, part: Value) -> Value:
         if axis == rank:
-            return b.reduce_mean(part, axes=tuple(range(2, rank)), keepdims=True)
+            return b.op(reduce, part, axes=tuple(range(2, rank)), keepdims=True)
         return b.concat(*(cells(axis + 1, slice_axis(b, part, axis, lo, hi)) for lo, hi in windows[axis - 2]),
                         axis=axis)
 
