@@ -72,7 +72,7 @@ def _composite(ctx: NodeCtx, x: Value) -> Value:
     # a slice of -infs then gives log(0) = -inf and one holding +inf gives +inf, not inf - inf = NaN
     def shift(keep: bool) -> Value:
         top = b.reduce_max(x, axes=axes, keepdims=keep)
-        return b.where(b.isinf(top), b.scalar(0, top.dtype), top)
+        return b.where(b.isinf(top), b.scalar(0, top.dtype), top) if top.dtype.is_float else top
 
     lse = b.log(total(b.exp(b.sub(x, shift(True)))))
     return b.add(lse, shift(keepdims))
