@@ -18,9 +18,9 @@ from cuvil.errors import BudgetError, ConstraintError, InputError, IRError, Shap
 from cuvil.ir.evaluate import evaluate_op, evaluate_rule
 from cuvil.ir.module import Function, Module
 from cuvil.ir.numpy_prims import NUMPY_PRIMITIVES
-from cuvil.ir.opdef import OpDef, get_op
+from cuvil.ir.opdef import get_op
 from cuvil.ir.region import Region
-from cuvil.ir.specialize import bind_attr
+from cuvil.ir.specialize import bind_attr, shape_rule_type
 from cuvil.ir.types import TensorType, bind_symbols, check_tensor_size
 from cuvil.ir.values import Value
 
@@ -83,7 +83,7 @@ def evaluate_values(fn: Function, constants: Mapping[str, np.ndarray],
         attrs = {k: bind_attr(a, env) for k, a in v.attrs}
         opdef = get_op(v.op)
         if env:
-            _check_shape_rule(v, opdef, attrs, out_type, env)
+            _check_shape_rule(v, attrs, out_type, env)
         try:
             memo[v] = evaluate_op(opdef, [memo[o] for o in v.operands], attrs, out_type)
         except MemoryError:
@@ -93,14 +93,13 @@ def evaluate_values(fn: Function, constants: Mapping[str, np.ndarray],
     return memo
 
 
-def _check_shape_rule(v: Value, opdef: OpDef, attrs: Mapping[str, Any], out_type: TensorType,
-                      env: Mapping[str, int]) -> None:
+def _check_shape_rule(v: Value, attrs: Mapping[str, Any], out_type: TensorType, env: Mapping[str, int]) -> None:
     """``v``'s op at the dims bound: its shape rule takes the operands and gives ``out_type``, as a library
     specialized to these dims checks. Import fixes some attributes from symbolic dims under assumptions (split
     sizes, slice bounds within the axis); inputs where one fails are refused, not evaluated to other shapes."""
     if any(isinstance(a, Region) for a in attrs.values()):
         return
-    got = opdef.infer([TensorType(o.type.dtype, o.type.concrete(env)) for o in v.operands], opdef.check_attrs(attrs))
+    got = shape_rule_type(v.op, [TensorType(o.type.dtype, o.type.concrete(env)) for o in v.operands], attrs)
     if got != out_type:
         raise ShapeError(f"{v.op} gives {got} at these input shapes, where the model's types say {out_type}",
                          location=v.op, hint="the model's symbolic shapes do not hold at these input sizes: "

@@ -21,14 +21,6 @@ from cuvil.ir import narrow
 from cuvil.ir.dtypes import DType
 from cuvil.ir.rules import DOT_FTZ_BELOW, bitcast_refusal, reduction_identity
 
-_erf_obj = np.frompyfunc(math.erf, 1, 1)
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    """Gauss error function, evaluated in float64 and rounded to the operand's dtype."""
-    # asarray: on a 0-d operand the object ufunc returns a bare python float, not an array
-    return np.asarray(_erf_obj(np.asarray(x).astype(np.float64))).astype(np.asarray(x).dtype)
-
 
 def _c_math() -> ctypes.CDLL | None:
     """The C math library the compiled libraries call, or None where the platform has none to load."""
@@ -77,18 +69,27 @@ def _transcendental(c_name: str, wide: Callable[..., np.ndarray], arity: int = 1
     return apply
 
 
+_erf_each = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf_float64(x: np.ndarray) -> np.ndarray:
+    # asarray: on a 0-d operand the object ufunc returns a bare python float, not an array
+    return np.asarray(_erf_each(x), dtype=np.float64)
+
+
 exp = _transcendental("exp", np.exp)
+erf = _transcendental("erf", _erf_float64)
 log = _transcendental("log", np.log, domain=(0.0, math.inf))
 tanh = _transcendental("tanh", np.tanh)
 float_pow = _transcendental("pow", np.power, arity=2)
 _TRANSCENDENTAL: dict[str, Callable[..., np.ndarray]] = {
-    "exp": exp, "log": log, "tanh": tanh,
+    "exp": exp, "log": log, "tanh": tanh, "erf": erf,
     **{name: _transcendental(name, fn, domain=domain) for name, fn, domain in [
         ("sin", np.sin, None), ("cos", np.cos, None), ("tan", np.tan, None),
         ("asin", np.arcsin, (-1.0, 1.0)), ("acos", np.arccos, (-1.0, 1.0)), ("atan", np.arctan, None),
         ("sinh", np.sinh, None), ("cosh", np.cosh, None), ("asinh", np.arcsinh, None),
         ("acosh", np.arccosh, (1.0, math.inf)), ("atanh", np.arctanh, (-1.0, 1.0))]}}
-"""The transcendental primitives by rule name (``erf`` apart: float64 by Python's ``math.erf``)."""
+"""The transcendental primitives by rule name (numpy has no ``erf``: Python's ``math.erf`` is its float64 loop)."""
 
 
 def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -329,7 +330,7 @@ def sequential_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 NUMPY_PRIMITIVES: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": div,
     "min": minimum, "max": maximum, "pow": pow_, "fmod": np.fmod, "mod": np.mod,
-    "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, "erf": erf, **_TRANSCENDENTAL,
+    "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, **_TRANSCENDENTAL,
     "floor": np.floor, "ceil": np.ceil, "round_even": np.round,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal,

@@ -104,12 +104,18 @@ def _specialize_value(v: Value, memo: dict[Value, Value], env: Mapping[str, int]
         return param(v.name, concrete)
     attrs = {k: _specialize_attr(a, env) for k, a in v.attrs}
     operands = tuple(memo[o] for o in v.operands)
-    opdef = get_op(v.op)
-    out_type = opdef.infer([o.type for o in operands], opdef.check_attrs(attrs))
+    out_type = shape_rule_type(v.op, [o.type for o in operands], attrs)
     if out_type != concrete:
         raise CodegenError(f"{v.op} gives {out_type} at the specialized shapes, expected {concrete}",
                            location=v.op, hint="the op's shape rule disagrees with the symbolic type")
     return Value(v.op, operands, attrs, out_type)
+
+
+def shape_rule_type(op: str, operand_types: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
+    """What ``op``'s shape rule gives for operands of these (concrete) types and these bound attributes: a
+    specialization, and the interpreter at bound dims, compare it with the type the function says."""
+    opdef = get_op(op)
+    return opdef.infer(list(operand_types), opdef.check_attrs(attrs))
 
 
 def bind_attr(a: Any, env: Mapping[str, int]) -> Any:

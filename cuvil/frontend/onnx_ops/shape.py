@@ -192,9 +192,9 @@ def squeeze(ctx: NodeCtx) -> Value:
     x = ctx.input(0)
     axes = axes_arg(ctx, 13, 1)
     if axes is None:
-        drop = {k for k, d in enumerate(x.shape) if d == 1 or dim_bounds(d) == (1, 1)}
-        for d in x.shape:
-            if not isinstance(d, int) and dim_bounds(d) != (1, 1):
+        drop = {k for k, d in enumerate(x.shape) if dim_bounds(d) == (1, 1)}
+        for k, d in enumerate(x.shape):
+            if k not in drop and not isinstance(d, int):
                 _not_one(ctx, d)
     else:
         drop = set(norm_axes(ctx, axes, x.type.rank))

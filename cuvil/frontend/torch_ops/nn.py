@@ -242,45 +242,41 @@ def _avg_pool(ctx: AtenCtx) -> Value:
     return reshape_to(ctx, y, y.shape[1:]) if unbatched else y
 
 
-@aten_op("_adaptive_avg_pool2d.default", "adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default",
-         "adaptive_avg_pool1d.default", emits=("reduce_mean", "avg_pool", "slice", "concat"))
-def _adaptive_avg_pool(ctx: AtenCtx) -> Value:
-    x = ctx.tensor("self")
-    n = x.type.rank - 2
+def _adaptive_pool(ctx: AtenCtx, reduce: str) -> Value:
+    """torch's adaptive pooling (``reduce_mean`` or ``reduce_max`` over each cell): one reduction for a single
+    cell, a pool where the output size divides the input's, else :func:`_adaptive_cells`."""
+    x, n, unbatched = _batched(ctx)
     out = _spatial(ctx["output_size"], n)
     spatial = tuple(x.shape[2:])
+    b = ctx.b
     if all(o == 1 for o in out):
-        return ctx.b.reduce_mean(x, axes=tuple(range(2, 2 + n)), keepdims=True)
-    if not all(isinstance(s, int) for s in spatial):
+        y = b.op(reduce, x, axes=tuple(range(2, 2 + n)), keepdims=True)
+    elif not all(isinstance(s, int) for s in spatial):
         raise ctx.unsupported(f"output size {list(out)} of a symbolic input size {list(spatial)}")
-    if all(int(s) % o == 0 for s, o in zip(spatial, out, strict=True)):
+    elif all(int(s) % o == 0 for s, o in zip(spatial, out, strict=True)):
         kernel = tuple(int(s) // o for s, o in zip(spatial, out, strict=True))
-        return ctx.b.avg_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), ceil_mode=False,
-                              count_include_pad=True)
-    return _adaptive_cells(ctx.b, x, [int(s) for s in spatial], out)
+        y = b.avg_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), ceil_mode=False,
+                       count_include_pad=True) if reduce == "reduce_mean" else \
+            b.max_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), dilations=(1,) * n, ceil_mode=False)
+    else:
+        y = _adaptive_cells(b, x, [int(s) for s in spatial], out, reduce)
+    return reshape_to(ctx, y, y.shape[1:]) if unbatched else y
+
+
+@aten_op("_adaptive_avg_pool2d.default", "adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default",
+         "adaptive_avg_pool1d.default", emits=("reduce_mean", "avg_pool", "slice", "concat", "reshape"))
+def _adaptive_avg_pool(ctx: AtenCtx) -> Value:
+    return _adaptive_pool(ctx, "reduce_mean")
 
 
 @aten_op("adaptive_max_pool2d.default", "adaptive_max_pool3d.default", "adaptive_max_pool1d.default",
          emits=("reduce_max", "max_pool", "slice", "concat", "reshape"))
 def _adaptive_max_pool(ctx: AtenCtx) -> tuple[Value, None]:
-    """The max of each adaptive cell (the windows of :func:`_adaptive_cells`); the indices are not computed."""
-    x, n, unbatched = _batched(ctx)
-    out = _spatial(ctx["output_size"], n)
-    spatial = tuple(x.shape[2:])
-    if not all(isinstance(s, int) for s in spatial):
-        raise ctx.unsupported(f"output size {list(out)} of a symbolic input size {list(spatial)}")
-    if all(int(s) % o == 0 for s, o in zip(spatial, out, strict=True)):
-        kernel = tuple(int(s) // o for s, o in zip(spatial, out, strict=True))
-        y = ctx.b.max_pool(x, kernel=kernel, strides=kernel, pads=(0,) * (2 * n), dilations=(1,) * n,
-                           ceil_mode=False)
-    else:
-        y = _adaptive_cells(ctx.b, x, [int(s) for s in spatial], out, "reduce_max")
-    y = reshape_to(ctx, y, y.shape[1:]) if unbatched else y
-    return y, None
+    """The max of each adaptive cell; the indices are not computed (refused by name where a result uses them)."""
+    return _adaptive_pool(ctx, "reduce_max"), None
 
 
-def _adaptive_cells(b: Builder, x: Value, spatial: list[int], out: tuple[int, ...], reduce: str = "reduce_mean",
-                    ) -> Value:
+def _adaptive_cells(b: Builder, x: Value, spatial: list[int], out: tuple[int, ...], reduce: str) -> Value:
     """Adaptive pooling where the output size does not divide the input's, as torch defines it: output
     cell ``i`` of an axis of ``s`` inputs and ``o`` outputs reduces inputs ``floor(i s / o) <= r < ceil((i + 1)
     s / o)`` (windows of unequal sizes, overlapping where ``o`` does not divide ``s``). Each cell is the mean (the
